@@ -1,0 +1,1 @@
+"""Analyses built on the core measurements (one module per analysis)."""

@@ -1,0 +1,7 @@
+"""poskernel_tl: how shift-invariant is each attention head's positional kernel?"""
+
+from poskernel_tl.loading import LoadedModel, load_model
+from poskernel_tl.registry import REGISTRY, ModelSpec, resolve
+
+__all__ = ["LoadedModel", "ModelSpec", "REGISTRY", "load_model", "resolve"]
+__version__ = "0.1.0"

@@ -1,0 +1,63 @@
+"""Artifact names: every file a run writes is named here and nowhere else."""
+
+import hashlib
+import re
+from pathlib import Path
+
+DATA_DIR = "data"
+RESULTS_DIR = "results"
+FIGURES_DIR = "figures"
+MANIFEST = "manifest.json"
+
+SPLIT_CENTERING = "centering"
+SPLIT_EVAL = "eval"
+
+# positions of the boundary-effect comparison (0-indexed query rows)
+EARLY_ROWS = (1, 21)  # query positions 1..20
+INTERIOR_FROM = 50  # query positions 50..T-1
+N_SPLITS = 5  # random 80/20 subsets of the evaluation set (seed, Step 3.5)
+SPLIT_FRACTION = 0.8
+VIS_EVAL_INDICES = tuple(range(0, 100, 11))  # eval indices 0, 11, ..., 99
+GRAM_SAVE_MAX_T = 256  # full T×T Gram matrices are written only up to this length
+
+
+def dataset_slug(dataset: str) -> str:
+    """A filename-safe name for a dataset; ``text:PATH`` becomes ``text-<stem>-<hash6>``."""
+    if dataset.startswith("text:"):
+        path = dataset[len("text:"):]
+        stem = re.sub(r"[^A-Za-z0-9]+", "-", Path(path).stem).strip("-")[:32] or "text"
+        digest = hashlib.sha1(path.encode()).hexdigest()[:6]
+        return f"text-{stem}-{digest}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", dataset)
+
+
+def model_slug(model: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", model)
+
+
+def stem(model: str, dataset: str, length: int) -> str:
+    return f"{model_slug(model)}_{dataset_slug(dataset)}_{length}"
+
+
+def seqs_path(out: Path, model: str, dataset: str, length: int) -> Path:
+    return Path(out) / DATA_DIR / f"{stem(model, dataset, length)}_seqs.pt"
+
+
+def result_path(out: Path, model: str, dataset: str, length: int, suffix: str) -> Path:
+    """``results/{model}_{dataset}_{length}_{suffix}``, e.g. suffix ``trackA.csv``."""
+    return Path(out) / RESULTS_DIR / f"{stem(model, dataset, length)}_{suffix}"
+
+
+# suffixes of the per-condition result files
+TRACK_A_CSV = "trackA.csv"
+TRACK_B_CSV = "trackB.csv"
+SPECTRAL_CSV = "spectral.csv"
+SPECTRAL_PEAKS_CSV = "spectral_peaks.csv"
+G_ARRAYS = "g.npz"
+CENTERING_MEANS = "centering_means.pt"
+GRAM_CENTERED = "gram_centered.pt"
+GRAM_RAW = "gram_raw.pt"
+FREQ_USAGE = "freq_usage.npz"
+PE_KERNEL = "pe_kernel.npz"
+CFG = "cfg.json"
+VIS_DIR = "A_vis"

