@@ -1,0 +1,171 @@
+"""The ``poskernel`` command. Each subcommand is a thin wrapper over a library call."""
+
+import argparse
+import os
+import sys
+
+from poskernel_tl import constants as C
+from poskernel_tl.registry import EMBEDDED_DEFAULT, REGISTRY
+
+DEMO = dict(model=EMBEDDED_DEFAULT, dataset="prose", length=256, n_seqs=40)
+
+
+def _add_condition_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--model", required=required, default=EMBEDDED_DEFAULT,
+                   help="registry name (see `poskernel models`) or hf:<repo id>")
+    p.add_argument("--dataset", required=required, default="prose",
+                   help="wikipedia, code, random, prose, stdlib-code or text:PATH")
+    p.add_argument("--length", type=int, required=required, default=256,
+                   help="tokens per sequence (256, 1024)")
+    p.add_argument("--n-seqs", type=int, default=200,
+                   help="sequences: first half centering, second half evaluation")
+    p.add_argument("--out", default="artifacts/run", help="output folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--allow-cross-doc", action="store_true",
+                   help="let windows span document boundaries (recorded in the data file)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="poskernel",
+        description="Measure how shift-invariant each attention head's logits are. "
+                    "With no arguments: a small demo run on the embedded default model.")
+    sub = parser.add_subparsers(dest="command")
+
+    sub.add_parser("models", help="list the model registry")
+
+    p = sub.add_parser("data", help="build (or validate and reuse) a sequence file")
+    _add_condition_args(p)
+    p.add_argument("--overwrite", action="store_true", help="rebuild a mismatched file")
+
+    p = sub.add_parser("run", help="Track A + Track B for one (model, dataset, length)")
+    _add_condition_args(p)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--save-logits", default="auto", choices=["auto", "yes", "no"],
+                   help="full logits of 10 eval sequences (auto: Wikipedia-like, T=256)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--spectral", action="store_true",
+                   help="also run the spectral analysis on the result")
+
+    p = sub.add_parser("spectral", help="spectral analysis of g(Δ) for a finished run")
+    p.add_argument("out", help="the run's output folder")
+    p.add_argument("--model", default=EMBEDDED_DEFAULT)
+    p.add_argument("--dataset", default="prose")
+    p.add_argument("--length", type=int, default=256)
+    p.add_argument("--force", action="store_true", help="analyse all heads, ignoring the gate")
+    p.add_argument("--demean", action="store_true", help="remove g's mean before the FFT")
+
+    sub.add_parser("demo", help="the README's main job on the embedded default model")
+    return parser
+
+
+def cmd_models(args) -> int:
+    cols = ("name", "hub_id", "pe", "norm", "n_layers", "n_heads", "n_kv_heads", "d_head",
+            "rope_base", "loader")
+    rows = [[str(getattr(s, c) if getattr(s, c) is not None else "-") for c in cols]
+            for s in REGISTRY.values()]
+    rows.append(["hf:<repo id>", "any TransformerLens-supported causal LM"] + [""] * 8)
+    widths = [max(len(r[i]) for r in rows + [list(cols)]) for i in range(len(cols))]
+    for r in [list(cols)] + rows:
+        print("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def _tokenizer_for(model_name: str):
+    """Just the tokenizer of a registry model (no weights), for ``poskernel data``."""
+    from transformers import AutoTokenizer
+
+    from poskernel_tl.loading import ModelUnavailableError, _offline_hint, embedded_model_dir
+    from poskernel_tl.registry import resolve
+
+    spec = resolve(model_name)
+    if spec.loader == "gguf":
+        return spec, AutoTokenizer.from_pretrained(embedded_model_dir(),
+                                                   gguf_file=spec.gguf_file)
+    try:
+        return spec, AutoTokenizer.from_pretrained(spec.hub_id)
+    except OSError as err:
+        raise ModelUnavailableError(_offline_hint(spec.hub_id)) from err
+
+
+def cmd_data(args) -> int:
+    from poskernel_tl.sequences import ensure_sequences
+
+    spec, tok = _tokenizer_for(args.model)
+    seqs, path, built = ensure_sequences(
+        args.out, tok, args.dataset, args.length, args.n_seqs, args.seed,
+        model_name=args.model, n_ctx=spec.n_ctx or None,
+        allow_cross_doc=args.allow_cross_doc, overwrite=args.overwrite)
+    n, t = seqs["input_ids"].shape
+    print(f"{'built' if built else 'reused'} {path}: {n} x {t} tokens "
+          f"({seqs['split'].count(C.SPLIT_CENTERING)} centering, "
+          f"{seqs['split'].count(C.SPLIT_EVAL)} eval)")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from poskernel_tl.runner import RunConfig, run_condition
+
+    cfg = RunConfig(model=args.model, dataset=args.dataset, length=args.length,
+                    n_seqs=args.n_seqs, out=args.out, device=args.device,
+                    batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
+                    save_logits=args.save_logits, allow_cross_doc=args.allow_cross_doc,
+                    progress=not args.quiet)
+    res = run_condition(cfg)
+    print(f"\n{args.model} · {args.dataset} · T={args.length} · "
+          f"{res['cfg']['n_eval']} eval sequences ({res['cfg']['weights']}); "
+          "mean R² over heads per layer:")
+    print(res["summary"].round(3).to_string())
+    print(f"\nresults in {os.path.join(args.out, C.RESULTS_DIR)} ({res['cfg']['seconds']} s)")
+    if args.spectral:
+        _spectral(args.out, args.model, args.dataset, args.length, force=False, demean=False)
+    return 0
+
+
+def _spectral(out, model, dataset, length, force, demean) -> None:
+    from poskernel_tl.analyses.spectral import run_spectral
+
+    summary = run_spectral(out, model, dataset, length, force=force, demean=demean)
+    print("spectral:", ", ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+def cmd_spectral(args) -> int:
+    _spectral(args.out, args.model, args.dataset, args.length, args.force, args.demean)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    ns = build_parser().parse_args(
+        ["run", "--model", DEMO["model"], "--dataset", DEMO["dataset"],
+         "--length", str(DEMO["length"]), "--n-seqs", str(DEMO["n_seqs"]),
+         "--out", "artifacts/demo"])
+    return cmd_run(ns)
+
+
+COMMANDS = {"models": cmd_models, "data": cmd_data, "run": cmd_run, "spectral": cmd_spectral,
+            "demo": cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    command = args.command or "demo"
+    from poskernel_tl.loading import ModelUnavailableError
+    from poskernel_tl.registry import UnknownModelError
+
+    expected: tuple = (UnknownModelError, ModelUnavailableError, FileNotFoundError)
+    try:
+        from poskernel_tl.sequences import DataError
+        expected += (DataError,)
+    except ImportError:
+        pass
+    try:
+        return COMMANDS[command](args)
+    except expected as err:
+        print(f"poskernel: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""What every reducer sees: one layer's queries and keys for one batch of sequences."""
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+
+@dataclass
+class LayerBatch:
+    """Post-rotary q/k of one layer for one batch, and the eval/centering indices of
+    the batch's sequences. ``scores`` (q·kᵀ times the model's logit scale, for every
+    query head, computed once and shared by all reducers) is built on first use."""
+
+    layer: int
+    q: Float[Tensor, "batch pos head_index d_head"]
+    k: Float[Tensor, "batch pos kv_head_index d_head"]
+    index: Int[Tensor, " batch"]
+    scale: float
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def group(self) -> int:
+        return self.q.shape[2] // self.k.shape[2]
+
+    @cached_property
+    def scores(self) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+        b, t, h, d = self.q.shape
+        kv = self.k.shape[2]
+        # [b, kv, group, t, d] @ [b, kv, 1, d, t]: GQA without materialising repeated keys
+        q = self.q.float().permute(0, 2, 1, 3).reshape(b, kv, h // kv, t, d)
+        k = self.k.float().permute(0, 2, 3, 1).unsqueeze(2)
+        return (torch.matmul(q, k) * self.scale).reshape(b, h, t, t)
+
+    @cached_property
+    def k_per_head(self) -> Float[Tensor, "batch pos head_index d_head"]:
+        return self.k.repeat_interleave(self.group, dim=2)
+
+
+class Reducer:
+    """Running statistics over batches. ``update`` keeps its state on the model's
+    device and never syncs with the host; ``result`` syncs once at the end."""
+
+    name: str = "reducer"
+
+    def update(self, batch: LayerBatch) -> None:
+        raise NotImplementedError
+
+    def result(self) -> dict:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in vars(self).items() if isinstance(v, Tensor)}

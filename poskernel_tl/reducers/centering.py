@@ -1,0 +1,49 @@
+"""Track B, first pass: per-position means of q and k over the centering set.
+
+The means μ_q[layer, head, pos, d_head] and μ_k[layer, kv_head, pos, d_head] are what
+Track B subtracts; means over only the first half of the centering set are kept too,
+for the seed's 50-vs-100 stability check.
+"""
+
+import torch
+
+from poskernel_tl.reducers.base import LayerBatch, Reducer
+
+
+class CenteringReducer(Reducer):
+    name = "centering"
+
+    def __init__(self, n_seqs: int, n_layers: int, n_heads: int, n_kv_heads: int,
+                 length: int, d_head: int, device: torch.device | str = "cpu"):
+        f64 = dict(dtype=torch.float64, device=device)
+        self.half = n_seqs // 2
+        self.q_sum = torch.zeros(n_layers, n_heads, length, d_head, **f64)
+        self.k_sum = torch.zeros(n_layers, n_kv_heads, length, d_head, **f64)
+        self.q_half = torch.zeros_like(self.q_sum)
+        self.k_half = torch.zeros_like(self.k_sum)
+        self.count = torch.zeros(n_layers, **f64)
+        self.count_half = torch.zeros(n_layers, **f64)
+
+    def update(self, batch: LayerBatch) -> None:
+        L = batch.layer
+        q = batch.q.double().permute(0, 2, 1, 3)  # [batch, head, pos, d]
+        k = batch.k.double().permute(0, 2, 1, 3)
+        first = (batch.index < self.half).double()[:, None, None, None]
+        self.q_sum[L] += q.sum(0)
+        self.k_sum[L] += k.sum(0)
+        self.q_half[L] += (q * first).sum(0)
+        self.k_half[L] += (k * first).sum(0)
+        self.count[L] += q.shape[0]
+        self.count_half[L] += first.sum()
+
+    def result(self) -> dict:
+        n = self.count[:, None, None, None]
+        n_half = self.count_half[:, None, None, None]
+        return {
+            "mean_q": self.q_sum / n,
+            "mean_k": self.k_sum / n,
+            "mean_q_half": self.q_half / n_half,
+            "mean_k_half": self.k_half / n_half,
+            "n_centering": int(self.count[0]),
+            "n_centering_half": int(self.count_half[0]),
+        }

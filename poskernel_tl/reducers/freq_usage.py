@@ -1,0 +1,38 @@
+"""Rotary frequency usage (Barbero et al., ICLR 2025): the mean norm of q and k within
+each rotary 2-D pair, per layer and head, over the evaluation tokens. Low-frequency
+pairs carrying large norms are the "semantic channels"; high-frequency pairs with
+large norms are the positional ones."""
+
+import torch
+
+from poskernel_tl.reducers.base import LayerBatch, Reducer
+
+
+class FreqUsageReducer(Reducer):
+    name = "freq_usage"
+
+    def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int,
+                 first: torch.Tensor, second: torch.Tensor, device="cpu"):
+        f64 = dict(dtype=torch.float64, device=device)
+        self.first, self.second = first.to(device), second.to(device)
+        n_pairs = len(first)
+        self.q_norm = torch.zeros(n_layers, n_heads, n_pairs, **f64)
+        self.k_norm = torch.zeros(n_layers, n_kv_heads, n_pairs, **f64)
+        self.count = torch.zeros(n_layers, **f64)
+
+    def _pair_norm(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = x[..., self.first].double(), x[..., self.second].double()
+        return torch.sqrt(a * a + b * b).sum(dim=(0, 1))  # [head, pair]
+
+    def update(self, batch: LayerBatch) -> None:
+        L = batch.layer
+        self.q_norm[L] += self._pair_norm(batch.q)
+        self.k_norm[L] += self._pair_norm(batch.k)
+        self.count[L] += batch.q.shape[0] * batch.q.shape[1]
+
+    def result(self) -> dict:
+        n = self.count[:, None, None]
+        return {"q_pair_norm": (self.q_norm / n).cpu().numpy(),
+                "k_pair_norm": (self.k_norm / n).cpu().numpy(),
+                "pair_first": self.first.cpu().numpy(),
+                "pair_second": self.second.cpu().numpy()}

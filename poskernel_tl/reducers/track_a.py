@@ -1,0 +1,127 @@
+"""Track A: shift-invariance of the raw per-sequence logits (seed Phase 3).
+
+Per evaluation sequence x and (layer, head) it keeps the per-lag sums S1_x(Δ) and the
+total sum of squares of the strictly lower triangle of A_x = q·kᵀ·scale. From those:
+per-sequence R²_x and g_x(Δ); the pooled R² (all sequences' entries fitted by one g);
+five random 80/20 subsets of the pooled fit; the fit restricted to query rows 1–20 vs
+50+ (boundary effect); and every fit again with the key column s = 0 (the attention
+sink) left out.
+"""
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
+from poskernel_tl.reducers.base import LayerBatch, Reducer
+from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums
+
+
+class NonFiniteError(FloatingPointError):
+    """q or k held NaN/inf (typically half-precision overflow)."""
+
+
+class TrackAReducer(Reducer):
+    name = "track_a"
+
+    def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int,
+                 device: torch.device | str = "cpu"):
+        T = length
+        f64 = dict(dtype=torch.float64, device=device)
+        self.T, self.n_layers, self.n_heads = T, n_layers, n_heads
+        self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
+        self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.sink = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)  # A[Δ, 0]
+        self.sink_sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.early_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
+        self.early_sq = torch.zeros(n_layers, n_heads, **f64)
+        self.late_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
+        self.late_sq = torch.zeros(n_layers, n_heads, **f64)
+        self.nonfinite = torch.zeros(n_seqs, n_layers, n_heads, dtype=torch.int64,
+                                     device=device)
+        self.seen = torch.zeros(n_seqs, dtype=torch.bool, device=device)
+
+    def update(self, batch: LayerBatch) -> None:
+        L, idx = batch.layer, batch.index
+        A: Float[Tensor, "batch head_index query_pos key_pos"] = batch.scores
+        bad = (~torch.isfinite(batch.q)).sum(dim=(1, 3)) + \
+            (~torch.isfinite(batch.k_per_head)).sum(dim=(1, 3))
+        self.nonfinite[idx, L] += bad
+        s1, sq = lag_sums(A)
+        self.s1[idx, L] = s1
+        self.sq[idx, L] = sq
+        col0 = A[:, :, 1:, 0].double()  # key s = 0 for query rows t = 1..T-1, i.e. lag Δ = t
+        self.sink[idx, L] = col0
+        self.sink_sq[idx, L] = (col0 * col0).sum(-1)
+        e1, esq = lag_sums(A, *EARLY_ROWS)
+        self.early_s1[L] += e1.sum(0)
+        self.early_sq[L] += esq.sum(0)
+        l1, lsq = lag_sums(A, INTERIOR_FROM)
+        self.late_s1[L] += l1.sum(0)
+        self.late_sq[L] += lsq.sum(0)
+        self.seen[idx] = True
+
+    def check_finite(self, layer_names: str = "layer") -> None:
+        """Raise :class:`NonFiniteError` naming the first bad (sequence, layer, head).
+        One host sync; the runner calls it once per batch."""
+        if int(self.nonfinite.sum()) == 0:
+            return
+        seq, layer, head = (int(i) for i in torch.nonzero(self.nonfinite)[0])
+        raise NonFiniteError(
+            f"non-finite q/k at layer {layer}, head {head}, eval sequence {seq}: "
+            "run in float32 (--dtype float32) instead of half precision"
+        )
+
+    # ----------------------------------------------------------------- results
+
+    def pooled(self, rows: Tensor | None = None, sink: bool = True):
+        """Pooled R² and g over the sequences ``rows`` (default: all seen)."""
+        sel = self.seen if rows is None else rows
+        n = float(sel.sum()) if sel.dtype == torch.bool else float(len(sel))
+        s1 = self.s1[sel].sum(0)
+        sq = self.sq[sel].sum(0)
+        counts = lag_counts(self.T, device=s1.device)
+        if not sink:
+            s1 = s1 - self.sink[sel].sum(0)
+            sq = sq - self.sink_sq[sel].sum(0)
+            counts = counts - 1
+        return r2_from_sums(s1, sq, counts * n)
+
+    def result(self, seed: int = 0) -> dict:
+        seen = self.seen
+        T, dev = self.T, self.s1.device
+        counts = lag_counts(T, device=dev)
+        r2_seq, g_seq = r2_from_sums(self.s1[seen], self.sq[seen], counts)
+        r2_seq_ns, _ = r2_from_sums(self.s1[seen] - self.sink[seen],
+                                 self.sq[seen] - self.sink_sq[seen], counts - 1)
+        r2_pool, g_pool = self.pooled()
+        r2_pool_ns, _ = self.pooled(sink=False)
+        n = int(seen.sum())
+        r2_early, _ = r2_from_sums(self.early_s1, self.early_sq,
+                                lag_counts(T, *EARLY_ROWS, device=dev) * n)
+        r2_late, _ = r2_from_sums(self.late_s1, self.late_sq,
+                               lag_counts(T, INTERIOR_FROM, device=dev) * n)
+        rng = np.random.default_rng(seed)
+        seen_idx = torch.nonzero(seen).flatten().cpu().numpy()
+        k = max(1, int(round(SPLIT_FRACTION * len(seen_idx))))
+        splits = []
+        for _ in range(N_SPLITS):
+            rows = torch.as_tensor(np.sort(rng.choice(seen_idx, size=k, replace=False)),
+                                   device=dev)
+            splits.append(self.pooled(rows)[0])
+        splits = torch.stack(splits)
+        cpu = lambda t: t.detach().cpu().numpy()  # noqa: E731
+        return {
+            "seq_index": seen_idx,
+            "R2_per_seq": cpu(r2_seq),  # [n, L, H]
+            "R2_per_seq_nosink": cpu(r2_seq_ns),
+            "g_per_seq": cpu(g_seq).astype(np.float32),  # [n, L, H, T-1]
+            "R2_pooled": cpu(r2_pool),  # [L, H]
+            "R2_pooled_nosink": cpu(r2_pool_ns),
+            "g_pooled": cpu(g_pool).astype(np.float32),
+            "R2_pooled_early": cpu(r2_early),
+            "R2_pooled_interior": cpu(r2_late),
+            "R2_split_mean": cpu(splits.mean(0)),
+            "R2_split_std": cpu(splits.std(0, unbiased=True)) if N_SPLITS > 1 else None,
+        }

@@ -1,0 +1,62 @@
+"""Tiny random models of each seed architecture, built from configs (no hub)."""
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    OlmoConfig,
+    OlmoForCausalLM,
+)
+
+from poskernel_tl.loading import LoadedModel, apply_nope, boot_bridge, describe
+from poskernel_tl.registry import ModelSpec
+
+VOCAB = 300
+N_CTX = 128
+
+
+def _build(arch: str):
+    if arch == "gpt2":
+        cfg = GPT2Config(vocab_size=VOCAB, n_positions=N_CTX, n_embd=64, n_layer=2, n_head=4)
+        return GPT2LMHeadModel, cfg
+    if arch == "olmo":  # non-parametric LayerNorm, full rotary (like OLMo-1B)
+        cfg = OlmoConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4,
+                         max_position_embeddings=N_CTX)
+        return OlmoForCausalLM, cfg
+    # llama with GQA (4 query heads, 2 kv heads), also the NoPE base
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=N_CTX)
+    return LlamaForCausalLM, cfg
+
+
+SPECS = {
+    "gpt2": ModelSpec("tiny-gpt2", None, "learned-absolute", "layernorm", 2, 4, 4, 16,
+                      None, N_CTX),
+    "olmo": ModelSpec("tiny-olmo", None, "rope", "layernorm", 2, 4, 4, 16, 10000.0, N_CTX),
+    "llama": ModelSpec("tiny-llama", None, "rope", "rmsnorm", 2, 4, 2, 16, 10000.0, N_CTX),
+    "nope": ModelSpec("tiny-nope", None, "none", "rmsnorm", 2, 4, 2, 16, None, N_CTX,
+                      loader="hub-nope"),
+}
+
+
+def tiny_hf_model(arch: str, seed: int = 0):
+    cls, cfg = _build("llama" if arch == "nope" else arch)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    model.config.architectures = [cls.__name__]
+    if arch == "nope":
+        apply_nope(model)
+    return model
+
+
+def tiny_loaded(arch: str, tokenizer, seed: int = 0, compatibility_mode: bool = True
+                ) -> LoadedModel:
+    hf = tiny_hf_model(arch, seed)
+    spec = describe(hf, SPECS[arch])
+    bridge = boot_bridge(hf, tokenizer, compatibility_mode=compatibility_mode)
+    return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf)
