@@ -46,6 +46,7 @@ SPECS = {
 def tiny_hf_model(arch: str, seed: int = 0):
     cls, cfg = _build("llama" if arch == "nope" else arch)
     cfg._attn_implementation = "eager"
+    cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 1, 2, 2
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     model.config.architectures = [cls.__name__]

