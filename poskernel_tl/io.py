@@ -20,11 +20,18 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; outputs are shared
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def save_csv(df: pd.DataFrame, path: Path) -> Path:
