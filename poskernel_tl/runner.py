@@ -92,7 +92,7 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers, batch_siz
         reducers = make_reducers()
         state: dict = {}
 
-        def on_qk(layer, q, k):
+        def on_qk(layer, q, k, state=state, reducers=reducers):
             batch = LayerBatch(layer, q, k, state["index"], scale)
             for r in reducers:
                 r.update(batch)
@@ -139,7 +139,7 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None) -> dict:
     eval_seq_id = seqs["seq_id"][ev].numpy()
     L, H, Hkv, d, T = spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head, cfg.length
     dev = model.device
-    path = lambda suffix: C.result_path(out, cfg.model, cfg.dataset, T, suffix)  # noqa: E731
+    path = lambda suffix: C.result_path(out, cfg.model, cfg.dataset, T, suffix)
     written = {"sequences": seq_file}
 
     centering = None

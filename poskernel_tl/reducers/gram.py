@@ -49,7 +49,7 @@ class GramReducer(Reducer):
         q_bar = self.q_sum[layer] / n
         k_bar = self._heads(self.k_sum[layer] / n)
         mu_q, mu_k = mean_q.to(q_bar), self._heads(mean_k.to(k_bar))
-        outer = lambda a, b: einops.einsum(a, b, "h t d, h s d -> h t s")  # noqa: E731
+        outer = lambda a, b: einops.einsum(a, b, "h t d, h s d -> h t s")
         correction = outer(mu_q, k_bar) + outer(q_bar, mu_k) - outer(mu_q, mu_k)
         return self.raw(layer) - self.scale * correction
 

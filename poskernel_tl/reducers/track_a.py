@@ -111,7 +111,7 @@ class TrackAReducer(Reducer):
                                    device=dev)
             splits.append(self.pooled(rows)[0])
         splits = torch.stack(splits)
-        cpu = lambda t: t.detach().cpu().numpy()  # noqa: E731
+        cpu = lambda t: t.detach().cpu().numpy()
         return {
             "seq_index": seen_idx,
             "R2_per_seq": cpu(r2_seq),  # [n, L, H]

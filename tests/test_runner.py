@@ -1,0 +1,105 @@
+"""`poskernel run` end to end: tiny models (fast) and the embedded SmolLM2 (small N)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from tiny_models import tiny_loaded
+
+import poskernel_tl as pk
+from poskernel_tl import constants as C
+from poskernel_tl.cli import main
+from poskernel_tl.hooks import scores_hook_name
+from poskernel_tl.runner import RunConfig, run_condition
+from poskernel_tl.sequences import load_sequences
+
+TRACK_A_COLS = ["model", "dataset", "length", "layer", "head", "seq_id", "R2_per_seq",
+                "R2_pooled"]
+TRACK_B_COLS = ["model", "dataset", "length", "layer", "head", "R2_gram", "R2_gram_raw"]
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    words = ("the cat sat on a mat while quick brown foxes jumped over lazy dogs and "
+             "every function returned its argument plus one").split()
+    rng = np.random.default_rng(0)
+    folder = tmp_path_factory.mktemp("corpus")
+    for i in range(12):
+        text = " ".join(rng.choice(words, size=400))
+        (folder / f"doc{i:02d}.txt").write_text(text)
+    return folder
+
+
+def _run(model, out, dataset, length=32, n_seqs=8, **kw):
+    cfg = RunConfig(model=model.spec.name, dataset=dataset, length=length, n_seqs=n_seqs,
+                    out=str(out), batch_size=3, progress=False, **kw)
+    return run_condition(cfg, model=model)
+
+
+def test_run_writes_seed_files_and_matches_direct_fit(tiny_tokenizer, corpus, tmp_path):
+    model = tiny_loaded("llama", tiny_tokenizer)
+    dataset = f"text:{corpus}"
+    res = _run(model, tmp_path, dataset, save_logits="yes")
+    path = lambda s: C.result_path(tmp_path, "tiny-llama", dataset, 32, s)
+    a = pd.read_csv(path(C.TRACK_A_CSV))
+    b = pd.read_csv(path(C.TRACK_B_CSV))
+    assert list(a.columns[:8]) == TRACK_A_COLS and list(b.columns[:7]) == TRACK_B_COLS
+    assert len(a) == 4 * 2 * 4 and len(b) == 2 * 4  # eval seqs x layers x heads
+    assert b["centered"].all() and (a["kv_head"] == a["head"] // 2).all()
+    # independent check: the model's own hook_attn_scores through the public fit
+    seqs = load_sequences(C.seqs_path(tmp_path, "tiny-llama", dataset, 32))
+    ev = [i for i, s in enumerate(seqs["split"]) if s == "eval"]
+    grabbed = {}
+    with torch.no_grad(), model.bridge.hooks(fwd_hooks=[
+            (scores_hook_name(1), lambda x, hook: grabbed.__setitem__(1, x.clone()))]):
+        model.bridge(seqs["input_ids"][ev])
+    r2, _ = pk.shift_invariance_r2(grabbed[1])  # [eval, head]
+    got = a[a.layer == 1].pivot(index="seq_id", columns="head", values="R2_per_seq")
+    assert np.abs(got.to_numpy() - r2.numpy()).max() < TOL
+    g = np.load(path(C.G_ARRAYS))
+    assert g["trackA_per_seq"].shape == (4, 2, 4, 31) and g["gram_centered"].shape == (2, 4, 31)
+    means = torch.load(path(C.CENTERING_MEANS), weights_only=True)
+    assert means["mean_q"].shape == (2, 4, 32, 16) and means["mean_k"].shape == (2, 2, 32, 16)
+    assert torch.load(path(C.GRAM_CENTERED), weights_only=True).shape == (2, 4, 32, 32)
+    vis = sorted(path(C.VIS_DIR).iterdir())
+    assert len(vis) == 1  # of eval indices 0, 11, ..., 99 only 0 exists among 4
+    cfg = json.loads(path(C.CFG).read_text())
+    assert cfg["spec"]["inv_freq"] and cfg["centered"] is True
+    assert res["summary"].shape[0] == 2
+
+
+def test_random_tokens_are_not_centered(tiny_tokenizer, tmp_path):
+    model = tiny_loaded("olmo", tiny_tokenizer)
+    _run(model, tmp_path, "random", n_seqs=6)
+    b = pd.read_csv(C.result_path(tmp_path, "tiny-olmo", "random", 32, C.TRACK_B_CSV))
+    assert not b["centered"].any()
+    assert np.allclose(b["R2_gram"], b["R2_gram_raw"])
+    assert not C.result_path(tmp_path, "tiny-olmo", "random", 32, C.CENTERING_MEANS).exists()
+    a = pd.read_csv(C.result_path(tmp_path, "tiny-olmo", "random", 32, C.TRACK_A_CSV))
+    assert a["seq_id"].nunique() == 6  # all random sequences are evaluation sequences
+
+
+def test_length_above_context_fails_before_forward(tiny_tokenizer, tmp_path):
+    model = tiny_loaded("gpt2", tiny_tokenizer)
+    with pytest.raises(ValueError, match="context"):
+        _run(model, tmp_path, "random", length=4096)
+    assert not (tmp_path / C.RESULTS_DIR).exists()
+
+
+@pytest.mark.smollm2
+def test_cli_run_on_smollm2(smollm2, tmp_path, monkeypatch, capsys):
+    """The CLI path with the real model (loaded once per session) and a small N."""
+    from poskernel_tl import runner
+
+    monkeypatch.setattr(runner, "load_model", lambda *a, **k: smollm2)
+    rc = main(["run", "--model", "smollm2-135m", "--dataset", "prose", "--length", "64",
+               "--n-seqs", "4", "--out", str(tmp_path), "--quiet"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "R2_A_pooled" in out and "Q4_1" in out
+    a = pd.read_csv(C.result_path(tmp_path, "smollm2-135m", "prose", 64, C.TRACK_A_CSV))
+    assert len(a) == 2 * 30 * 9
+    assert a["R2_per_seq"].between(-1e-9, 1 + 1e-9).all()
