@@ -1,6 +1,6 @@
 """What every reducer sees: one layer's queries and keys for one batch of sequences."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
@@ -19,7 +19,6 @@ class LayerBatch:
     k: Float[Tensor, "batch pos kv_head_index d_head"]
     index: Int[Tensor, " batch"]
     scale: float
-    _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def group(self) -> int:
@@ -33,10 +32,6 @@ class LayerBatch:
         q = self.q.float().permute(0, 2, 1, 3).reshape(b, kv, h // kv, t, d)
         k = self.k.float().permute(0, 2, 3, 1).unsqueeze(2)
         return (torch.matmul(q, k) * self.scale).reshape(b, h, t, t)
-
-    @cached_property
-    def k_per_head(self) -> Float[Tensor, "batch pos head_index d_head"]:
-        return self.k.repeat_interleave(self.group, dim=2)
 
 
 class Reducer:

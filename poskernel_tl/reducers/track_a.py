@@ -15,7 +15,7 @@ from torch import Tensor
 
 from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers.base import LayerBatch, Reducer
-from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums
+from poskernel_tl.toeplitz import lag_counts, lag_sums_blocks, r2_from_sums
 
 
 class NonFiniteError(FloatingPointError):
@@ -45,19 +45,21 @@ class TrackAReducer(Reducer):
     def update(self, batch: LayerBatch) -> None:
         L, idx = batch.layer, batch.index
         A: Float[Tensor, "batch head_index query_pos key_pos"] = batch.scores
+        bad_k = (~torch.isfinite(batch.k)).sum(dim=(1, 3))  # [batch, kv_head_index]
         bad = (~torch.isfinite(batch.q)).sum(dim=(1, 3)) + \
-            (~torch.isfinite(batch.k_per_head)).sum(dim=(1, 3))
+            bad_k.repeat_interleave(batch.group, dim=1)
         self.nonfinite[idx, L] += bad
-        s1, sq = lag_sums(A)
-        self.s1[idx, L] = s1
-        self.sq[idx, L] = sq
+        # one skewed copy of A; row blocks [1, 21), [21, 50), [50, T) add up to the whole
+        # (row 0 has no key before it)
+        (e1, esq), (m1, msq), (l1, lsq) = lag_sums_blocks(
+            A, [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM), (INTERIOR_FROM, None)])
+        self.s1[idx, L] = e1 + m1 + l1
+        self.sq[idx, L] = esq + msq + lsq
         col0 = A[:, :, 1:, 0].double()  # key s = 0 for query rows t = 1..T-1, i.e. lag Δ = t
         self.sink[idx, L] = col0
         self.sink_sq[idx, L] = (col0 * col0).sum(-1)
-        e1, esq = lag_sums(A, *EARLY_ROWS)
         self.early_s1[L] += e1.sum(0)
         self.early_sq[L] += esq.sum(0)
-        l1, lsq = lag_sums(A, INTERIOR_FROM)
         self.late_s1[L] += l1.sum(0)
         self.late_sq[L] += lsq.sum(0)
         self.seen[idx] = True
@@ -74,6 +76,13 @@ class TrackAReducer(Reducer):
         )
 
     # ----------------------------------------------------------------- results
+
+    @staticmethod
+    def _block_r2(s1: Tensor, sq: Tensor, counts: Tensor, n: int) -> Tensor:
+        """Pooled R² of a block of query rows; NaN when T is too short to have it."""
+        if counts.sum() < 3:
+            return torch.full(sq.shape, float("nan"), dtype=torch.float64)
+        return r2_from_sums(s1, sq, counts * n)[0]
 
     def pooled(self, rows: Tensor | None = None, sink: bool = True):
         """Pooled R² and g over the sequences ``rows`` (default: all seen)."""
@@ -98,10 +107,8 @@ class TrackAReducer(Reducer):
         r2_pool, g_pool = self.pooled()
         r2_pool_ns, _ = self.pooled(sink=False)
         n = int(seen.sum())
-        r2_early, _ = r2_from_sums(self.early_s1, self.early_sq,
-                                lag_counts(T, *EARLY_ROWS, device=dev) * n)
-        r2_late, _ = r2_from_sums(self.late_s1, self.late_sq,
-                               lag_counts(T, INTERIOR_FROM, device=dev) * n)
+        r2_early = self._block_r2(self.early_s1, self.early_sq, lag_counts(T, *EARLY_ROWS), n)
+        r2_late = self._block_r2(self.late_s1, self.late_sq, lag_counts(T, INTERIOR_FROM), n)
         rng = np.random.default_rng(seed)
         seen_idx = torch.nonzero(seen).flatten().cpu().numpy()
         k = max(1, int(round(SPLIT_FRACTION * len(seen_idx))))
