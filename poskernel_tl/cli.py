@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--save-logits", default="auto", choices=["auto", "yes", "no"],
                    help="full logits of 10 eval sequences (auto: Wikipedia-like, T=256)")
+    p.add_argument("--whiten", action="store_true",
+                   help="Track B diagnostic: also fit the centered and whitened Gram")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--spectral", action="store_true",
                    help="also run the spectral analysis on the result")
@@ -112,6 +114,7 @@ def cmd_run(args) -> int:
                     n_seqs=args.n_seqs, out=args.out, device=args.device,
                     batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
                     save_logits=args.save_logits, allow_cross_doc=args.allow_cross_doc,
+                    whiten=args.whiten,
                     progress=not args.quiet)
     res = run_condition(cfg)
     print(f"\n{args.model} · {args.dataset} · T={args.length} · "

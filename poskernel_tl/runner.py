@@ -28,6 +28,7 @@ from poskernel_tl.reducers import (
     LayerBatch,
     Reducer,
     TrackAReducer,
+    WhitenedGramReducer,
 )
 from poskernel_tl.sequences import centering_mask, ensure_sequences, eval_mask
 
@@ -49,6 +50,7 @@ class RunConfig:
     dtype: str = "float32"
     save_logits: str = "auto"  # auto: Wikipedia-like datasets at T=256 only
     allow_cross_doc: bool = False
+    whiten: bool = False  # Track B diagnostic: also fit the centered + whitened Gram
     progress: bool = True
 
     def wants_logits(self) -> bool:
@@ -149,9 +151,11 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None) -> dict:
             lambda: [CenteringReducer(len(cen_ids), L, H, Hkv, T, d, dev)],
             cfg.batch_size, "centering pass", cfg.progress)
         centering = cred.result()
+        if cfg.whiten:
+            centering["white_q"], centering["white_k"] = cred.whitening()
         written["centering_means"] = save_torch(
-            {k: (v.float().cpu() if torch.is_tensor(v) else v) for k, v in centering.items()},
-            path(C.CENTERING_MEANS))
+            {k: (v.float().cpu() if torch.is_tensor(v) else v) for k, v in centering.items()
+             if not k.startswith("white_")}, path(C.CENTERING_MEANS))
 
     pairs = None
     if spec.pe == "rope":
@@ -167,12 +171,19 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None) -> dict:
             reds.append(FreqUsageReducer(L, H, Hkv, *pairs, device=dev))
         if vis:
             reds.append(_LogitSaver(vis, L))
+        if cfg.whiten and centering is not None:
+            reds.append(WhitenedGramReducer(
+                centering["mean_q"], centering["mean_k"], centering["white_q"],
+                centering["white_k"], logit_scale(model.hf_model, d)))
         return reds
 
     reducers = forward_pass(model, eval_ids, make_eval, cfg.batch_size, "evaluation pass",
                             cfg.progress, after_batch=lambda rs: rs[0].check_finite())
-    track_a, gram = reducers[0].result(cfg.seed), reducers[1]
-    track_b = gram.result(centering, keep_matrices=T <= C.GRAM_SAVE_MAX_T)
+    reducers = {r.name: r for r in reducers}
+    track_a = reducers["track_a"].result(cfg.seed)
+    track_b = reducers["gram"].result(centering, keep_matrices=T <= C.GRAM_SAVE_MAX_T)
+    if "whitened_gram" in reducers:
+        track_b.update(reducers["whitened_gram"].result())
 
     kv = np.array(kv_head_map(H, Hkv))
     base = dict(model=cfg.model, dataset=cfg.dataset, length=T)
@@ -190,11 +201,11 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None) -> dict:
     if "gram_centered" in track_b:
         written["gram_centered"] = save_torch(track_b["gram_centered"], path(C.GRAM_CENTERED))
     if pairs is not None:
-        fu = reducers[2].result()
+        fu = reducers["freq_usage"].result()
         written["freq_usage"] = save_npz(path(C.FREQ_USAGE), theta=spec.rotary_frequencies(),
                                          **fu)
     if vis:
-        for seq_id, tensor in reducers[-1].result().items():
+        for seq_id, tensor in reducers["logit_saver"].result().items():
             written[f"A_vis_{seq_id}"] = save_torch(
                 tensor, path(C.VIS_DIR) / f"seq_{seq_id}.pt")
     if spec.pe == "learned-absolute":
@@ -243,6 +254,8 @@ def _track_b_table(base: dict, res: dict, kv: np.ndarray, centering: dict | None
     layer, head = (g.ravel() for g in np.meshgrid(np.arange(L), np.arange(H), indexing="ij"))
     raw = res["R2_gram_raw"][layer, head]
     centered = centering is not None
+    extra = {"R2_gram_whitened": res["R2_gram_whitened"][layer, head]} \
+        if "R2_gram_whitened" in res else {}
     return pd.DataFrame({
         **base, "layer": layer, "head": head,
         # random tokens are not centered (seed, Track B): R2_gram is then the raw fit
@@ -252,6 +265,7 @@ def _track_b_table(base: dict, res: dict, kv: np.ndarray, centering: dict | None
         "centered": centered, "kv_head": kv[head],
         "n_centering": centering["n_centering"] if centered else 0,
         "n_centering_half": centering["n_centering_half"] if centered else 0,
+        **extra,
     })
 
 

@@ -42,13 +42,14 @@ def _run(model, out, dataset, length=32, n_seqs=8, **kw):
 def test_run_writes_seed_files_and_matches_direct_fit(tiny_tokenizer, corpus, tmp_path):
     model = tiny_loaded("llama", tiny_tokenizer)
     dataset = f"text:{corpus}"
-    res = _run(model, tmp_path, dataset, save_logits="yes")
+    res = _run(model, tmp_path, dataset, save_logits="yes", whiten=True)
     path = lambda s: C.result_path(tmp_path, "tiny-llama", dataset, 32, s)
     a = pd.read_csv(path(C.TRACK_A_CSV))
     b = pd.read_csv(path(C.TRACK_B_CSV))
     assert list(a.columns[:8]) == TRACK_A_COLS and list(b.columns[:7]) == TRACK_B_COLS
     assert len(a) == 4 * 2 * 4 and len(b) == 2 * 4  # eval seqs x layers x heads
     assert b["centered"].all() and (a["kv_head"] == a["head"] // 2).all()
+    assert b["R2_gram_whitened"].between(-1e-9, 1).all()
     # independent check: the model's own hook_attn_scores through the public fit
     seqs = load_sequences(C.seqs_path(tmp_path, "tiny-llama", dataset, 32))
     ev = [i for i, s in enumerate(seqs["split"]) if s == "eval"]

@@ -148,3 +148,32 @@ def test_nonfinite_names_layer_head_sequence(qk):
     feed(red, q, k, layer=1)
     with pytest.raises(NonFiniteError, match="layer 1, head 2, eval sequence 3"):
         red.check_finite()
+
+
+def test_whitened_gram_matches_naive(qk, rng):
+    from poskernel_tl.reducers import WhitenedGramReducer
+
+    q, k = qk
+    cq = torch.randn(5, T, H, D, generator=rng) * torch.linspace(0.5, 3, D) + q[:1]
+    ck = torch.randn(5, T, HKV, D, generator=rng) + k[:1]
+    cen = CenteringReducer(5, 1, H, HKV, T, D)
+    feed(cen, cq, ck)
+    means, (wq, wk) = cen.result(), cen.whitening()
+    red = WhitenedGramReducer(means["mean_q"], means["mean_k"], wq, wk, float(SCALE))
+    feed(red, q, k)
+    got = red.result()["R2_gram_whitened"]
+    qn, kn, cqn, ckn = (x.double().numpy() for x in (q, k, cq, ck))
+
+    def inv_sqrt_cov(x):  # x: [n, T, d], centered per position, pooled covariance
+        c = (x - x.mean(0)).reshape(-1, x.shape[-1])
+        vals, vecs = np.linalg.eigh(c.T @ c / len(c))
+        return vecs @ np.diag(vals ** -0.5) @ vecs.T
+
+    for h in range(H):
+        kvh = h // (H // HKV)
+        w_q, w_k = inv_sqrt_cov(cqn[:, :, h]), inv_sqrt_cov(ckn[:, :, kvh])
+        assert np.abs(wq[0, h].numpy() - w_q).max() < 1e-6
+        mq, mk = cqn.mean(0)[:, h], ckn.mean(0)[:, kvh]
+        gram = np.mean([((qn[x, :, h] - mq) @ w_q) @ ((kn[x, :, kvh] - mk) @ w_k).T * SCALE
+                        for x in range(B)], axis=0)
+        assert abs(got[0, h] - naive_fit(entries(gram))) < 1e-5
