@@ -148,7 +148,7 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None) -> dict:
     if len(cen_ids):
         (cred,) = forward_pass(
             model, cen_ids,
-            lambda: [CenteringReducer(len(cen_ids), L, H, Hkv, T, d, dev)],
+            lambda: [CenteringReducer(len(cen_ids), L, H, Hkv, T, d, dev, cfg.whiten)],
             cfg.batch_size, "centering pass", cfg.progress)
         centering = cred.result()
         if cfg.whiten:

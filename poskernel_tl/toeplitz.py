@@ -109,3 +109,56 @@ def shift_invariance_r2(
         raise ValueError(f"need square score matrices with T >= 3, got {tuple(scores.shape)}")
     s1, sq = lag_sums(scores)
     return r2_from_sums(s1, sq, lag_counts(T, device=scores.device))
+
+
+# ------------------------------------------------------------- straight from q and k
+def qk_lag_sums(
+    q: Float[Tensor, "batch pos head_index d_head"],
+    k: Float[Tensor, "batch pos kv_head_index d_head"],
+    scale: float,
+    row_blocks: list[tuple[int, int]],
+    chunk: int = 128,
+) -> list[tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]]:
+    """The sufficient statistics of A = scale·q·kᵀ (per query head; keys shared by GQA
+    groups) for blocks of query rows, without forming any T×T matrix, in float64:
+
+    * S1(Δ) = scale·Σ_{t∈block} q_t·k_{t−Δ}: a cross-correlation along positions, one
+      zero-padded FFT per block (O(T log T · d));
+    * Σ_{t∈block} Σ_{s<t} A[t, s]² = scale²·Σ_t q_tᵀ P_t q_t with the running key moment
+      P_t = Σ_{s<t} k_s k_sᵀ (O(T · d²), in chunks of ``chunk`` positions).
+    """
+    b, T, h, d = q.shape
+    kv = k.shape[2]
+    g = h // kv
+    q64 = q.double().permute(0, 2, 1, 3).reshape(b, kv, g, T, d)
+    k64 = k.double().permute(0, 2, 1, 3).unsqueeze(2)  # [b, kv, 1, T, d]
+    n = 2 * T  # zero padding: k at negative positions wraps onto zeros
+    k_hat = torch.fft.rfft(k64, n=n, dim=-2).conj()
+    rows = torch.arange(T, device=q.device)
+
+    # per-row sums of squares of the strictly lower triangle, [b, kv, g, T]
+    moment = torch.zeros(b, kv, 1, d, d, dtype=torch.float64, device=q.device)
+    row_sq = []
+    for c0 in range(0, T, chunk):
+        kc = k64[..., c0:c0 + chunk, :]
+        outer = kc.unsqueeze(-1) * kc.unsqueeze(-2)  # [b, kv, 1, C, d, d]
+        inclusive = outer.cumsum(dim=-3)
+        before = inclusive - outer + moment.unsqueeze(-3)  # Σ_{s<t} k_s k_sᵀ
+        qc = q64[..., c0:c0 + chunk, :]
+        row_sq.append(torch.einsum("bkgcd,bkcde,bkgce->bkgc", qc, before[:, :, 0], qc))
+        moment = moment + inclusive[..., -1, :, :]
+    row_sq = torch.cat(row_sq, dim=-1) * scale * scale
+
+    out = []
+    for lo, hi in row_blocks:
+        mask = ((rows >= lo) & (rows < hi)).double()
+        if not bool(mask.any()):
+            out.append((torch.zeros(b, h, T - 1, dtype=torch.float64, device=q.device),
+                        torch.zeros(b, h, dtype=torch.float64, device=q.device)))
+            continue
+        q_hat = torch.fft.rfft(q64 * mask[:, None], n=n, dim=-2)
+        corr = torch.fft.irfft((q_hat * k_hat).sum(-1), n=n, dim=-1)  # [b, kv, g, n]
+        s1 = corr[..., 1:T].reshape(b, h, T - 1) * scale
+        sq = (row_sq * mask).sum(-1).reshape(b, h)
+        out.append((s1, sq))
+    return out

@@ -156,7 +156,7 @@ def test_whitened_gram_matches_naive(qk, rng):
     q, k = qk
     cq = torch.randn(5, T, H, D, generator=rng) * torch.linspace(0.5, 3, D) + q[:1]
     ck = torch.randn(5, T, HKV, D, generator=rng) + k[:1]
-    cen = CenteringReducer(5, 1, H, HKV, T, D)
+    cen = CenteringReducer(5, 1, H, HKV, T, D, second_moments=True)
     feed(cen, cq, ck)
     means, (wq, wk) = cen.result(), cen.whitening()
     red = WhitenedGramReducer(means["mean_q"], means["mean_k"], wq, wk, float(SCALE))

@@ -11,8 +11,9 @@ from torch import Tensor
 @dataclass
 class LayerBatch:
     """Post-rotary q/k of one layer for one batch, and the eval/centering indices of
-    the batch's sequences. ``scores`` (q·kᵀ times the model's logit scale, for every
-    query head, computed once and shared by all reducers) is built on first use."""
+    the batch's sequences. The derived tensors are built on first use and shared by
+    all reducers: ``scores`` (q·kᵀ times the model's logit scale, per sequence and query
+    head) and ``scores_sum`` (the same summed over the batch, from one matmul)."""
 
     layer: int
     q: Float[Tensor, "batch pos head_index d_head"]
@@ -32,6 +33,15 @@ class LayerBatch:
         q = self.q.float().permute(0, 2, 1, 3).reshape(b, kv, h // kv, t, d)
         k = self.k.float().permute(0, 2, 3, 1).unsqueeze(2)
         return (torch.matmul(q, k) * self.scale).reshape(b, h, t, t)
+
+    @cached_property
+    def scores_sum(self) -> Float[Tensor, "head_index query_pos key_pos"]:
+        b, t, h, d = self.q.shape
+        kv = self.k.shape[2]
+        # Σ_x q_x k_xᵀ = [q_1 … q_b] [k_1 … k_b]ᵀ: concatenate the batch along d_head
+        q = self.q.float().permute(2, 1, 0, 3).reshape(kv, h // kv, t, b * d)
+        k = self.k.float().permute(2, 0, 3, 1).reshape(kv, 1, b * d, t)
+        return (torch.matmul(q, k) * self.scale).reshape(h, t, t)
 
 
 class Reducer:

@@ -1,7 +1,9 @@
 """Track A: shift-invariance of the raw per-sequence logits (seed Phase 3).
 
 Per evaluation sequence x and (layer, head) it keeps the per-lag sums S1_x(Δ) and the
-total sum of squares of the strictly lower triangle of A_x = q·kᵀ·scale. From those:
+total sum of squares of the strictly lower triangle of A_x = q·kᵀ·scale, computed from
+q and k directly (FFT cross-correlation and running key moments, see
+:func:`poskernel_tl.toeplitz.qk_lag_sums`), so Track A never forms a T×T matrix. From those:
 per-sequence R²_x and g_x(Δ); the pooled R² (all sequences' entries fitted by one g);
 five random 80/20 subsets of the pooled fit; the fit restricted to query rows 1–20 vs
 50+ (boundary effect); and every fit again with the key column s = 0 (the attention
@@ -15,7 +17,7 @@ from torch import Tensor
 
 from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers.base import LayerBatch, Reducer
-from poskernel_tl.toeplitz import lag_counts, lag_sums_blocks, r2_from_sums
+from poskernel_tl.toeplitz import lag_counts, qk_lag_sums, r2_from_sums
 
 
 class NonFiniteError(FloatingPointError):
@@ -44,18 +46,21 @@ class TrackAReducer(Reducer):
 
     def update(self, batch: LayerBatch) -> None:
         L, idx = batch.layer, batch.index
-        A: Float[Tensor, "batch head_index query_pos key_pos"] = batch.scores
         bad_k = (~torch.isfinite(batch.k)).sum(dim=(1, 3))  # [batch, kv_head_index]
         bad = (~torch.isfinite(batch.q)).sum(dim=(1, 3)) + \
             bad_k.repeat_interleave(batch.group, dim=1)
         self.nonfinite[idx, L] += bad
-        # one skewed copy of A; row blocks [1, 21), [21, 50), [50, T) add up to the whole
-        # (row 0 has no key before it)
-        (e1, esq), (m1, msq), (l1, lsq) = lag_sums_blocks(
-            A, [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM), (INTERIOR_FROM, None)])
+        # row blocks [1, 21), [21, 50), [50, T) add up to the whole lower triangle
+        # (row 0 has no key before it); no T×T matrix is formed
+        (e1, esq), (m1, msq), (l1, lsq) = qk_lag_sums(
+            batch.q, batch.k, batch.scale,
+            [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM), (INTERIOR_FROM, self.T)])
         self.s1[idx, L] = e1 + m1 + l1
         self.sq[idx, L] = esq + msq + lsq
-        col0 = A[:, :, 1:, 0].double()  # key s = 0 for query rows t = 1..T-1, i.e. lag Δ = t
+        # key s = 0 (the attention sink) for query rows t = 1..T-1, i.e. lag Δ = t
+        k0: Float[Tensor, "batch head_index d_head"] = \
+            batch.k[:, 0].double().repeat_interleave(batch.group, dim=1)
+        col0 = torch.einsum("bthd,bhd->bht", batch.q[:, 1:].double(), k0) * batch.scale
         self.sink[idx, L] = col0
         self.sink_sq[idx, L] = (col0 * col0).sum(-1)
         self.early_s1[L] += e1.sum(0)
