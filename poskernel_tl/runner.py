@@ -73,7 +73,8 @@ class _LogitSaver(Reducer):
     def update(self, batch: LayerBatch) -> None:
         for row, i in enumerate(batch.index.tolist()):
             if i in self.wanted:
-                self.layers[i][batch.layer] = batch.scores[row].detach().float().cpu()
+                # clone: ``scores`` lives in a buffer that the next layer overwrites
+                self.layers[i][batch.layer] = batch.scores[row].detach().float().cpu().clone()
 
     def result(self) -> dict:
         return {self.wanted[i]: torch.stack(v) for i, v in self.layers.items()
@@ -93,9 +94,10 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers, batch_siz
     while True:
         reducers = make_reducers()
         state: dict = {}
+        workspace: dict = {}
 
-        def on_qk(layer, q, k, state=state, reducers=reducers):
-            batch = LayerBatch(layer, q, k, state["index"], scale)
+        def on_qk(layer, q, k, state=state, reducers=reducers, workspace=workspace):
+            batch = LayerBatch(layer, q, k, state["index"], scale, workspace)
             for r in reducers:
                 r.update(batch)
 

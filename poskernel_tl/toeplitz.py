@@ -111,54 +111,80 @@ def shift_invariance_r2(
     return r2_from_sums(s1, sq, lag_counts(T, device=scores.device))
 
 
-# ------------------------------------------------------------- straight from q and k
-def qk_lag_sums(
+# ---------------------------------------------------------- the streaming fast path
+def lower_mean_from_qk(
     q: Float[Tensor, "batch pos head_index d_head"],
     k: Float[Tensor, "batch pos kv_head_index d_head"],
     scale: float,
-    row_blocks: list[tuple[int, int]],
-    chunk: int = 128,
-) -> list[tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]]:
-    """The sufficient statistics of A = scale·q·kᵀ (per query head; keys shared by GQA
-    groups) for blocks of query rows, without forming any T×T matrix, in float64:
+) -> Float[Tensor, "batch head_index"]:
+    """Mean of the strictly lower triangle of A = scale·q·kᵀ in O(T·d), without A:
+    Σ_{s<t} q_t·k_s = Σ_t q_t·(Σ_{s<t} k_s). Computed in the input precision: it only
+    serves as the shift that keeps sums of squares well conditioned."""
+    T = q.shape[1]
+    before = (k.cumsum(dim=1) - k).repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    total = (q * before).sum(dim=(1, 3))
+    return total.double() * scale / (T * (T - 1) / 2)
 
-    * S1(Δ) = scale·Σ_{t∈block} q_t·k_{t−Δ}: a cross-correlation along positions, one
-      zero-padded FFT per block (O(T log T · d));
-    * Σ_{t∈block} Σ_{s<t} A[t, s]² = scale²·Σ_t q_tᵀ P_t q_t with the running key moment
-      P_t = Σ_{s<t} k_s k_sᵀ (O(T · d²), in chunks of ``chunk`` positions).
+
+_MASKS: dict = {}
+
+
+def _strict_lower_mask(T: int, like: Tensor) -> Tensor:
+    key = (T, like.dtype, like.device)
+    if key not in _MASKS:
+        _MASKS[key] = torch.ones(T, T, dtype=like.dtype, device=like.device).tril(-1)
+    return _MASKS[key]
+
+
+def lower_lag_stats(
+    scores: Float[Tensor, "batch head_index query_pos key_pos"],
+    shift: Float[Tensor, "batch head_index"],
+    small_blocks: list[tuple[int, int]],
+    work: Tensor | None = None,
+) -> tuple[tuple[Tensor, Tensor], list[tuple[Tensor, Tensor]]]:
+    """Per-lag sums S1(Δ) and sums of squares of the strictly lower triangle, for the
+    whole triangle and for a few small blocks of query rows, in a handful of passes
+    over ``scores`` (which is left untouched).
+
+    Sums are formed on A − shift (choose the shift near the mean, e.g.
+    :func:`lower_mean_from_qk`, so sums of squares do not cancel), within one lag or
+    one row in the input dtype, and converted back to raw float64 statistics exactly.
+    ``work`` is an optional reusable buffer [batch, head_index, 2T, T] whose lower half
+    is zero. Returns ``((s1, sq), [(s1_block, sq_block), ...])``.
     """
-    b, T, h, d = q.shape
-    kv = k.shape[2]
-    g = h // kv
-    q64 = q.double().permute(0, 2, 1, 3).reshape(b, kv, g, T, d)
-    k64 = k.double().permute(0, 2, 1, 3).unsqueeze(2)  # [b, kv, 1, T, d]
-    n = 2 * T  # zero padding: k at negative positions wraps onto zeros
-    k_hat = torch.fft.rfft(k64, n=n, dim=-2).conj()
-    rows = torch.arange(T, device=q.device)
+    b, h, T, _ = scores.shape
+    if work is None or work.shape != (b, h, 2 * T, T):
+        work = torch.zeros(b, h, 2 * T, T, dtype=scores.dtype, device=scores.device)
+    top = work[:, :, :T]
+    c = shift.to(torch.float64)
+    torch.sub(scores, c[..., None, None].to(scores.dtype), out=top)
+    # sub-diagonal Δ of the top half is a strided row of the buffer: element (Δ, j) is
+    # work[Δ + j, j], and runs past row T−1 into the zero half
+    diag = work.as_strided((b, h, T - 1, T), (work.stride(0), work.stride(1), T, T + 1),
+                           work.storage_offset() + T)
+    s1_shift = diag.sum(-1).double()
+    top.mul_(_strict_lower_mask(T, top))
+    sq_shift = torch.linalg.vector_norm(top, dim=-1).double().pow(2).sum(-1)
 
-    # per-row sums of squares of the strictly lower triangle, [b, kv, g, T]
-    moment = torch.zeros(b, kv, 1, d, d, dtype=torch.float64, device=q.device)
-    row_sq = []
-    for c0 in range(0, T, chunk):
-        kc = k64[..., c0:c0 + chunk, :]
-        outer = kc.unsqueeze(-1) * kc.unsqueeze(-2)  # [b, kv, 1, C, d, d]
-        inclusive = outer.cumsum(dim=-3)
-        before = inclusive - outer + moment.unsqueeze(-3)  # Σ_{s<t} k_s k_sᵀ
-        qc = q64[..., c0:c0 + chunk, :]
-        row_sq.append(torch.einsum("bkgcd,bkcde,bkgce->bkgc", qc, before[:, :, 0], qc))
-        moment = moment + inclusive[..., -1, :, :]
-    row_sq = torch.cat(row_sq, dim=-1) * scale * scale
+    def unshift(s1p: Tensor, sqp: Tensor, counts: Tensor):
+        counts = counts.to(s1p.device)
+        s1 = s1p + c[..., None] * counts
+        sq = sqp + 2 * c * s1p.sum(-1) + c * c * counts.sum()
+        return s1, sq
 
-    out = []
-    for lo, hi in row_blocks:
-        mask = ((rows >= lo) & (rows < hi)).double()
-        if not bool(mask.any()):
-            out.append((torch.zeros(b, h, T - 1, dtype=torch.float64, device=q.device),
-                        torch.zeros(b, h, dtype=torch.float64, device=q.device)))
+    total = unshift(s1_shift, sq_shift, lag_counts(T))
+    blocks = []
+    lags = torch.arange(1, T, device=scores.device)
+    for lo, hi in small_blocks:
+        hi = min(hi, T)
+        if hi <= lo:
+            zero = torch.zeros(b, h, T - 1, dtype=torch.float64, device=scores.device)
+            blocks.append((zero, zero.sum(-1)))
             continue
-        q_hat = torch.fft.rfft(q64 * mask[:, None], n=n, dim=-2)
-        corr = torch.fft.irfft((q_hat * k_hat).sum(-1), n=n, dim=-1)  # [b, kv, g, n]
-        s1 = corr[..., 1:T].reshape(b, h, T - 1) * scale
-        sq = (row_sq * mask).sum(-1).reshape(b, h)
-        out.append((s1, sq))
-    return out
+        rows = torch.arange(lo, hi, device=scores.device)[:, None]
+        keys = rows - lags[None]  # [rows, lag]
+        valid = (keys >= 0).to(top.dtype)
+        g = top[:, :, lo:hi].gather(-1, keys.clamp(min=0).expand(b, h, -1, -1)) * valid
+        blocks.append(unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
+                              lag_counts(T, lo, hi)))
+    return total, blocks

@@ -1,7 +1,7 @@
 """Track B, second pass: the averaged Gram matrix over the evaluation set (Phase 4).
 
-It accumulates Σ_x A_x (A = q·kᵀ·scale; one matmul per batch with the batch concatenated
-along d_head, added to a float64 total), Σ_x q and Σ_x k.
+It accumulates Σ_x A_x (A = q·kᵀ·scale, the matrices Track A forms anyway, summed over
+the batch and added to a float64 total), Σ_x q and Σ_x k.
 With centering means μ fixed in advance, the centered Gram needs no second product:
 
     mean_x q̃(t)·k̃(s) = mean_x q(t)·k(s) − μ_q(t)·k̄(s) − q̄(t)·μ_k(s) + μ_q(t)·μ_k(s),
@@ -34,7 +34,7 @@ class GramReducer(Reducer):
 
     def update(self, batch: LayerBatch) -> None:
         L = batch.layer
-        self.gram_sum[L] += batch.scores_sum
+        self.gram_sum[L] += batch.scores.sum(0)  # ≤ batch terms in float32, then float64
         self.q_sum[L] += batch.q.sum(0, dtype=torch.float64).permute(1, 0, 2)
         self.k_sum[L] += batch.k.sum(0, dtype=torch.float64).permute(1, 0, 2)
         self.count[L] += batch.q.shape[0]

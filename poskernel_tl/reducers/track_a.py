@@ -1,9 +1,8 @@
 """Track A: shift-invariance of the raw per-sequence logits (seed Phase 3).
 
 Per evaluation sequence x and (layer, head) it keeps the per-lag sums S1_x(Δ) and the
-total sum of squares of the strictly lower triangle of A_x = q·kᵀ·scale, computed from
-q and k directly (FFT cross-correlation and running key moments, see
-:func:`poskernel_tl.toeplitz.qk_lag_sums`), so Track A never forms a T×T matrix. From those:
+total sum of squares of the strictly lower triangle of A_x = q·kᵀ·scale, in a few
+passes over A (:func:`poskernel_tl.toeplitz.lower_lag_stats`). From those:
 per-sequence R²_x and g_x(Δ); the pooled R² (all sequences' entries fitted by one g);
 five random 80/20 subsets of the pooled fit; the fit restricted to query rows 1–20 vs
 50+ (boundary effect); and every fit again with the key column s = 0 (the attention
@@ -12,12 +11,16 @@ sink) left out.
 
 import numpy as np
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers.base import LayerBatch, Reducer
-from poskernel_tl.toeplitz import lag_counts, qk_lag_sums, r2_from_sums
+from poskernel_tl.toeplitz import (
+    lag_counts,
+    lower_lag_stats,
+    lower_mean_from_qk,
+    r2_from_sums,
+)
 
 
 class NonFiniteError(FloatingPointError):
@@ -43,6 +46,7 @@ class TrackAReducer(Reducer):
         self.nonfinite = torch.zeros(n_seqs, n_layers, n_heads, dtype=torch.int64,
                                      device=device)
         self.seen = torch.zeros(n_seqs, dtype=torch.bool, device=device)
+        self._work: Tensor | None = None  # reusable [batch, head, 2T, T] buffer
 
     def update(self, batch: LayerBatch) -> None:
         L, idx = batch.layer, batch.index
@@ -50,17 +54,20 @@ class TrackAReducer(Reducer):
         bad = (~torch.isfinite(batch.q)).sum(dim=(1, 3)) + \
             bad_k.repeat_interleave(batch.group, dim=1)
         self.nonfinite[idx, L] += bad
-        # row blocks [1, 21), [21, 50), [50, T) add up to the whole lower triangle
-        # (row 0 has no key before it); no T×T matrix is formed
-        (e1, esq), (m1, msq), (l1, lsq) = qk_lag_sums(
-            batch.q, batch.k, batch.scale,
-            [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM), (INTERIOR_FROM, self.T)])
-        self.s1[idx, L] = e1 + m1 + l1
-        self.sq[idx, L] = esq + msq + lsq
+        # the whole lower triangle, plus query-row blocks [1, 21) and [21, 50); rows ≥ 50
+        # are the rest (row 0 has no key before it)
+        shift = lower_mean_from_qk(batch.q, batch.k, batch.scale)
+        A = batch.scores
+        if self._work is None or self._work.shape != (A.shape[0], A.shape[1], 2 * self.T, self.T):
+            self._work = torch.zeros(A.shape[0], A.shape[1], 2 * self.T, self.T,
+                                     dtype=A.dtype, device=A.device)
+        (s1, sq), [(e1, esq), (m1, msq)] = lower_lag_stats(
+            A, shift, [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM)], self._work)
+        l1, lsq = s1 - e1 - m1, sq - esq - msq
+        self.s1[idx, L] = s1
+        self.sq[idx, L] = sq
         # key s = 0 (the attention sink) for query rows t = 1..T-1, i.e. lag Δ = t
-        k0: Float[Tensor, "batch head_index d_head"] = \
-            batch.k[:, 0].double().repeat_interleave(batch.group, dim=1)
-        col0 = torch.einsum("bthd,bhd->bht", batch.q[:, 1:].double(), k0) * batch.scale
+        col0 = A[:, :, 1:, 0].double()
         self.sink[idx, L] = col0
         self.sink_sq[idx, L] = (col0 * col0).sum(-1)
         self.early_s1[L] += e1.sum(0)
