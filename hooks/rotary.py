@@ -26,6 +26,11 @@ def rotary_pairs(bridge, d_head: int, probe_token: int = 0) -> tuple[torch.Tenso
     with torch.no_grad(), bridge.hooks(fwd_hooks=[(COS, grab)]):
         bridge(torch.full((1, 2), probe_token, dtype=torch.long, device=bridge.cfg.device))
     cos = seen["cos"].reshape(-1, seen["cos"].shape[-1])[1].double()  # position 1
+    return pairs_from_cos(cos, d_head)
+
+
+def pairs_from_cos(cos: torch.Tensor, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read the pairing from cos(θ·1) per head dimension (see :func:`rotary_pairs`)."""
     half = d_head // 2
     idx = torch.arange(half)
     if cos.shape[-1] != d_head:

@@ -130,8 +130,13 @@ def cmd_run(args) -> int:
 def _spectral(out, model, dataset, length, force, demean) -> None:
     from poskernel_tl.analyses.spectral import run_spectral
 
+    from poskernel_tl.analyses.freq_usage import write_freq_usage
+
     summary = run_spectral(out, model, dataset, length, force=force, demean=demean)
     print("spectral:", ", ".join(f"{k}={v}" for k, v in summary.items()))
+    usage = write_freq_usage(out, model, dataset, length)
+    if usage is not None:
+        print(f"frequency usage per head and rotary pair: {usage}")
 
 
 def cmd_spectral(args) -> int:

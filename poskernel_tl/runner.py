@@ -245,6 +245,8 @@ def _track_a_table(base: dict, res: dict, seq_id: np.ndarray, kv: np.ndarray) ->
     df["R2_pooled"] = res["R2_pooled"][layer, head]
     df["kv_head"] = kv[head]
     df["R2_per_seq_nosink"] = res["R2_per_seq_nosink"].ravel()
+    df["R2_per_seq_mean"] = np.nanmean(res["R2_per_seq"], axis=0)[layer, head]
+    df["R2_per_seq_std"] = np.nanstd(res["R2_per_seq"], axis=0, ddof=1)[layer, head]
     for col in per_head[1:]:
         df[col] = res[col][layer, head]
     return df

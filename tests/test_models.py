@@ -123,3 +123,19 @@ def test_loaded_spec_reads_model_inv_freq(tiny_tokenizer):
     theta = model.spec.rotary_frequencies()
     want = model.hf_model.model.rotary_emb.inv_freq.double().numpy()
     assert theta is not None and (abs(theta - want) < 1e-12).all()
+
+
+def test_rotary_pairs_read_from_the_model(tiny_tokenizer):
+    from poskernel_tl.hooks import pairs_from_cos, rotary_pairs
+
+    model = tiny_loaded("llama", tiny_tokenizer)
+    first, second = rotary_pairs(model.bridge, 16)
+    assert first.tolist() == list(range(8)) and second.tolist() == list(range(8, 16))
+    theta = torch.tensor([1.0, 0.3, 0.1, 0.01])
+    interleaved = torch.cos(theta.repeat_interleave(2))
+    a, b = pairs_from_cos(interleaved, 8)
+    assert a.tolist() == [0, 2, 4, 6] and b.tolist() == [1, 3, 5, 7]
+    with pytest.raises(ValueError):
+        pairs_from_cos(torch.linspace(0, 1, 8), 8)
+    with pytest.raises(ValueError, match="no rotary hooks"):
+        rotary_pairs(tiny_loaded("gpt2", tiny_tokenizer).bridge, 16)

@@ -104,3 +104,53 @@ def test_cli_run_on_smollm2(smollm2, tmp_path, monkeypatch, capsys):
     a = pd.read_csv(C.result_path(tmp_path, "smollm2-135m", "prose", 64, C.TRACK_A_CSV))
     assert len(a) == 2 * 30 * 9
     assert a["R2_per_seq"].between(-1e-9, 1 + 1e-9).all()
+
+
+def test_spectral_and_frequency_usage_after_a_run(tiny_tokenizer, corpus, tmp_path):
+    from poskernel_tl.analyses.freq_usage import freq_usage_table, write_freq_usage
+    from poskernel_tl.analyses.spectral import run_spectral
+
+    model = tiny_loaded("llama", tiny_tokenizer)
+    dataset = f"text:{corpus}"
+    _run(model, tmp_path, dataset)
+    summary = run_spectral(tmp_path, "tiny-llama", dataset, 32, force=True)
+    assert summary["forced"] and summary["n_analysed"] == 2 * 4
+    spec_csv = pd.read_csv(C.result_path(tmp_path, "tiny-llama", dataset, 32, C.SPECTRAL_CSV))
+    assert len(spec_csv) == 8 and spec_csv["forced"].all()
+    table = freq_usage_table(tmp_path, "tiny-llama", dataset, 32)
+    assert len(table) == 2 * 4 * 8  # layers x heads x d_head/2 pairs
+    first = table[(table.layer == 0) & (table.head == 0)]
+    assert first["theta"].is_monotonic_decreasing and abs(first["q_share"].sum() - 1) < 1e-9
+    assert (first["dim_b"] - first["dim_a"] == 8).all()  # HF rotate_half pairs i, i + d/2
+    assert write_freq_usage(tmp_path, "tiny-llama", dataset, 32).exists()
+
+
+def test_gpt2_run_writes_positional_kernel_for_spectral(tiny_tokenizer, tmp_path):
+    from poskernel_tl.analyses.spectral import run_spectral
+
+    model = tiny_loaded("gpt2", tiny_tokenizer)
+    _run(model, tmp_path, "random", n_seqs=4)
+    s_pe = np.load(C.result_path(tmp_path, "tiny-gpt2", "random", 32, C.PE_KERNEL))["s_pe"]
+    assert s_pe.shape == (2, 4, 31)
+    run_spectral(tmp_path, "tiny-gpt2", "random", 32, force=True)
+    df = pd.read_csv(C.result_path(tmp_path, "tiny-gpt2", "random", 32, C.SPECTRAL_CSV))
+    assert df["pearson"].notna().all() and (df["pe"] == "learned-absolute").all()
+    assert not C.result_path(tmp_path, "tiny-gpt2", "random", 32, C.FREQ_USAGE).exists()
+
+
+def test_out_of_memory_backs_off_and_says_so(tiny_tokenizer, tmp_path, monkeypatch, capsys):
+    model = tiny_loaded("llama", tiny_tokenizer)
+    real_forward = model.bridge.forward
+    sizes = []
+
+    def forward(ids, *a, **k):
+        sizes.append(len(ids))
+        if len(ids) > 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_forward(ids, *a, **k)
+
+    monkeypatch.setattr(model.bridge, "forward", forward)
+    _run(model, tmp_path, "random", n_seqs=4)
+    assert "retrying evaluation pass with --batch-size 1" in capsys.readouterr().out
+    a = pd.read_csv(C.result_path(tmp_path, "tiny-llama", "random", 32, C.TRACK_A_CSV))
+    assert a["seq_id"].nunique() == 4 and a["R2_per_seq"].notna().all()
