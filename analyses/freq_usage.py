@@ -48,7 +48,7 @@ def plot_freq_usage(table: pd.DataFrame, layer: int, title: str = ""):
     """Heatmap of q-norm share per (head, pair) for one layer, pairs ordered by θ
     (highest frequency on the left). Returns the figure."""
     sub = table[table.layer == layer].pivot(index="head", columns="rank", values="q_share")
-    thetas = table[(table.layer == layer) & (table.head == 0)].sort_values("rank")["theta"]
+    thetas = table[(table.layer == layer) & (table["head"] == 0)].sort_values("rank")["theta"]
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(sub) + 1.5))
     im = ax.imshow(sub.to_numpy(), aspect="auto", cmap="viridis")
     ticks = np.linspace(0, len(thetas) - 1, min(8, len(thetas))).astype(int)

@@ -61,11 +61,18 @@ def _blocks(hf_model):
             f"{type(hf_model).__name__} has no learned position table (transformer.wpe); "
             "S_PE is defined only for learned-absolute-PE models such as GPT-2"
         )
-    return body, wpe
+    return body, unwrap(wpe)
 
 
-def layer_positions(ln: torch.nn.LayerNorm, P: Tensor, include_bias: bool) -> Tensor:
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The HF module behind a TransformerBridge component (booting a bridge replaces the
+    HF model's submodules with wrappers that keep the original)."""
+    return getattr(module, "original_component", None) or module
+
+
+def layer_positions(ln: torch.nn.Module, P: Tensor, include_bias: bool) -> Tensor:
     """p̃ = LN(p) in float64 on the CPU, with (``include_bias``) or without the shift β."""
+    ln = unwrap(ln)
     x = P - P.mean(-1, keepdim=True)
     x = x / torch.sqrt((x * x).mean(-1, keepdim=True) + ln.eps)
     x = x * ln.weight.detach().double().cpu()
@@ -76,11 +83,12 @@ def layer_positions(ln: torch.nn.LayerNorm, P: Tensor, include_bias: bool) -> Te
 
 def head_qk(attn, x: Tensor, n_heads: int, include_bias: bool) -> tuple[Tensor, Tensor]:
     """Per-head query/key vectors [head_index, pos, d_head] from a GPT-2 Conv1D c_attn."""
-    W = attn.c_attn.weight.detach().double().cpu()  # [d_model, 3 d_model]
+    c_attn = unwrap(attn.c_attn)
+    W = c_attn.weight.detach().double().cpu()  # [d_model, 3 d_model]
     D = W.shape[0]
     q, k = x @ W[:, :D], x @ W[:, D: 2 * D]
-    if include_bias and attn.c_attn.bias is not None:
-        b = attn.c_attn.bias.detach().double().cpu()
+    if include_bias and c_attn.bias is not None:
+        b = c_attn.bias.detach().double().cpu()
         q, k = q + b[:D], k + b[D: 2 * D]
     T = x.shape[0]
     return (q.reshape(T, n_heads, -1).transpose(0, 1), k.reshape(T, n_heads, -1).transpose(0, 1))

@@ -128,9 +128,8 @@ def cmd_run(args) -> int:
 
 
 def _spectral(out, model, dataset, length, force, demean) -> None:
-    from poskernel_tl.analyses.spectral import run_spectral
-
     from poskernel_tl.analyses.freq_usage import write_freq_usage
+    from poskernel_tl.analyses.spectral import run_spectral
 
     summary = run_spectral(out, model, dataset, length, force=force, demean=demean)
     print("spectral:", ", ".join(f"{k}={v}" for k, v in summary.items()))

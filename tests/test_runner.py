@@ -119,7 +119,7 @@ def test_spectral_and_frequency_usage_after_a_run(tiny_tokenizer, corpus, tmp_pa
     assert len(spec_csv) == 8 and spec_csv["forced"].all()
     table = freq_usage_table(tmp_path, "tiny-llama", dataset, 32)
     assert len(table) == 2 * 4 * 8  # layers x heads x d_head/2 pairs
-    first = table[(table.layer == 0) & (table.head == 0)]
+    first = table[(table.layer == 0) & (table["head"] == 0)]
     assert first["theta"].is_monotonic_decreasing and abs(first["q_share"].sum() - 1) < 1e-9
     assert (first["dim_b"] - first["dim_a"] == 8).all()  # HF rotate_half pairs i, i + d/2
     assert write_freq_usage(tmp_path, "tiny-llama", dataset, 32).exists()
@@ -132,6 +132,12 @@ def test_gpt2_run_writes_positional_kernel_for_spectral(tiny_tokenizer, tmp_path
     _run(model, tmp_path, "random", n_seqs=4)
     s_pe = np.load(C.result_path(tmp_path, "tiny-gpt2", "random", 32, C.PE_KERNEL))["s_pe"]
     assert s_pe.shape == (2, 4, 31)
+    from tiny_models import tiny_hf_model
+
+    from poskernel_tl.analyses.pe_kernel import head_projected_pe_kernel
+
+    pristine = head_projected_pe_kernel(tiny_hf_model("gpt2"), 32)  # same seed, not booted
+    assert np.abs(s_pe - pristine).max() < 1e-6
     run_spectral(tmp_path, "tiny-gpt2", "random", 32, force=True)
     df = pd.read_csv(C.result_path(tmp_path, "tiny-gpt2", "random", 32, C.SPECTRAL_CSV))
     assert df["pearson"].notna().all() and (df["pe"] == "learned-absolute").all()
