@@ -46,25 +46,6 @@ class LayerBatch:
             buf = self.workspace[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
         return buf
 
-    def _buffer(self, name: str, shape: tuple, like: Tensor) -> Tensor | None:
-        """A workspace buffer reused from layer to layer (fresh CPU allocations of this
-        size cost more than the matmul that fills them). Valid until the next layer."""
-        if self.workspace is None:
-            return None
-        buf = self.workspace.get(name)
-        if buf is None or buf.shape != shape or buf.device != like.device:
-            buf = self.workspace[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
-        return buf
-
-    @cached_property
-    def scores_sum(self) -> Float[Tensor, "head_index query_pos key_pos"]:
-        b, t, h, d = self.q.shape
-        kv = self.k.shape[2]
-        # Σ_x q_x k_xᵀ = [q_1 … q_b] [k_1 … k_b]ᵀ: concatenate the batch along d_head
-        q = self.q.float().permute(2, 1, 0, 3).reshape(kv, h // kv, t, b * d)
-        k = self.k.float().permute(2, 0, 3, 1).reshape(kv, 1, b * d, t)
-        return (torch.matmul(q, k) * self.scale).reshape(h, t, t)
-
 
 class Reducer:
     """Running statistics over batches. ``update`` keeps its state on the model's
