@@ -111,3 +111,13 @@ def test_row_restricted_sums_match_naive(rng):
 def test_rejects_bad_shapes():
     with pytest.raises(ValueError):
         shift_invariance_r2(torch.zeros(4, 5))
+
+
+def test_runtime_shape_checks_are_on():
+    """pytest runs with jaxtyping's import hook: a wrong rank is a type-check error."""
+    from jaxtyping import TypeCheckError
+
+    from poskernel_tl.toeplitz import lower_mean_from_qk
+
+    with pytest.raises(TypeCheckError):
+        lower_mean_from_qk(torch.zeros(2, 8, 4), torch.zeros(2, 8, 4), 1.0)  # rank 3, not 4
