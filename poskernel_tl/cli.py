@@ -159,17 +159,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     command = args.command or "demo"
     from poskernel_tl.loading import ModelUnavailableError
+    from poskernel_tl.reducers import NonFiniteError
     from poskernel_tl.registry import UnknownModelError
 
-    expected: tuple = (UnknownModelError, ModelUnavailableError, FileNotFoundError)
-    try:
-        from poskernel_tl.sequences import DataError
-        expected += (DataError,)
-    except ImportError:
-        pass
+    # bad input of any kind (including DataError, a ValueError) is one line on stderr;
+    # POSKERNEL_DEBUG=1 shows the traceback
+    expected = (UnknownModelError, ModelUnavailableError, FileNotFoundError, ValueError,
+                NonFiniteError)
     try:
         return COMMANDS[command](args)
     except expected as err:
+        if os.environ.get("POSKERNEL_DEBUG") == "1":
+            raise
         print(f"poskernel: error: {err}", file=sys.stderr)
         return 2
 

@@ -30,6 +30,7 @@ from poskernel_tl.reducers import (
     TrackAReducer,
     WhitenedGramReducer,
 )
+from poskernel_tl.registry import resolve
 from poskernel_tl.sequences import centering_mask, ensure_sequences, eval_mask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -126,6 +127,9 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None) -> dict:
     summary with the paths written and per-layer means."""
     t0 = time.time()
     dtype = DTYPES[cfg.dtype]
+    known = model.spec if model is not None else resolve(cfg.model)
+    if known.n_ctx and cfg.length > known.n_ctx:  # before spending time on loading
+        raise ValueError(f"--length {cfg.length} exceeds {known.name}'s context of {known.n_ctx}")
     if model is None:
         model = load_model(cfg.model, device=cfg.device, dtype=dtype)
     spec = model.spec

@@ -93,3 +93,30 @@ def test_cli_unknown_model_is_one_line_error(capsys):
     assert main(["data", "--model", "bogus", "--dataset", "prose", "--length", "16"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("poskernel: error: unknown model") and "\n" not in err
+
+
+def test_cli_length_above_context_fails_before_loading(capsys, tmp_path):
+    rc = main(["run", "--model", "gpt2", "--dataset", "random", "--length", "4096",
+               "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "exceeds gpt2's context of 1024" in err and "\n" not in err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("arch,pe,norm,kv", [("llama", "rope", "rmsnorm", 2),
+                                             ("gpt2", "learned-absolute", "layernorm", 4)])
+def test_hf_prefix_loads_a_saved_model_and_reads_its_geometry(arch, pe, norm, kv,
+                                                              tiny_tokenizer, tmp_path):
+    """The hub loader path (from_pretrained) on a checkpoint folder, fully offline."""
+    from tiny_models import tiny_hf_model
+
+    tiny_hf_model(arch).save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    model = pk.load_model(f"hf:{tmp_path}")
+    spec = model.spec
+    assert (spec.pe, spec.norm, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head) == \
+        (pe, norm, 2, 4, kv, 16)
+    if pe == "rope":
+        assert spec.rotary_frequencies().shape == (8,)
+    else:
+        assert spec.rotary_frequencies() is None
