@@ -76,7 +76,7 @@ class TrackAReducer(Reducer):
         self.late_sq[L] += lsq.sum(0)
         self.seen[idx] = True
 
-    def check_finite(self, layer_names: str = "layer") -> None:
+    def check_finite(self) -> None:
         """Raise :class:`NonFiniteError` naming the first bad (sequence, layer, head).
         One host sync; the runner calls it once per batch."""
         if int(self.nonfinite.sum()) == 0:
