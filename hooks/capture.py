@@ -50,7 +50,9 @@ def capture_qk(
 
         hooks += [(q_name, make("q")), (k_name, make("k"))]
         if on_scores is not None:
-            hooks.append((scores_hook_name(layer),
-                          lambda x, hook, layer=layer: on_scores(layer, x) and None))
+            def scores_hook(x: Tensor, hook, layer: int = layer) -> None:
+                on_scores(layer, x)
+
+            hooks.append((scores_hook_name(layer), scores_hook))
     with bridge.hooks(fwd_hooks=hooks):
         yield
