@@ -48,23 +48,11 @@ def lag_sums(
     row_hi: int | None = None,
 ) -> tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]:
     """Per-lag sums S1(Δ) and the total sum of squares over the strictly lower triangle
-    (optionally only query rows in [row_lo, row_hi)), accumulated in float64."""
-    return lag_sums_blocks(scores, [(row_lo, row_hi)])[0]
-
-
-def lag_sums_blocks(
-    scores: Float[Tensor, "*batch query_pos key_pos"],
-    blocks: list[tuple[int, int | None]],
-) -> list[tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]]:
-    """:func:`lag_sums` for several blocks of query rows from one skewed copy of A.
-    Products are formed in the input dtype; all sums are accumulated in float64."""
-    z = skew_lower(scores)
-    zz = z * z
-    out = []
-    for lo, hi in blocks:
-        out.append((z[..., lo:hi, :].sum(dim=-2, dtype=torch.float64),
-                    zz[..., lo:hi, :].sum(dim=(-2, -1), dtype=torch.float64)))
-    return out
+    (optionally only query rows in [row_lo, row_hi)), all in float64. This is the
+    reference path of :func:`shift_invariance_r2`; the streaming reducers use
+    :func:`lower_lag_stats`."""
+    z = skew_lower(scores)[..., row_lo:row_hi, :].double()
+    return z.sum(dim=-2), (z * z).sum(dim=(-2, -1))
 
 
 def r2_from_sums(
