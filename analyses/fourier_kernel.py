@@ -1,0 +1,489 @@
+"""Fourier relative-position kernel (seed 001): cosine-series fits of g(Δ) and the seed's
+kernelized attention with a Fourier relative kernel, in quadratic and linear form.
+
+**(a) Cosine-series fit of a head's kernel.** g(Δ), Δ = 1..T−1 (``g[..., Δ−1]``, the
+toolkit's lag convention), is fitted by
+
+    g(Δ) ≈ offset + Σ_{k=1..K} c_k cos(a_k Δ + b_k),     a_k ∈ [0, π] rad/token, c_k ≥ 0,
+
+with ``scipy.optimize.least_squares`` over all 3K + 1 parameters jointly (internally as
+u_k cos(a_k Δ) + w_k sin(a_k Δ), which stays smooth at c_k = 0; analytic Jacobian). The
+initial frequencies are spectral peaks of the zero-padded (N_fft = 4T), demeaned spectrum:
+``init="residual"`` (default) adds one frequency at a time, the largest peak of the spectrum
+of what the current fit leaves (the first one is g's own largest peak), refitting everything
+after each addition, so a small component next to a large one's sidelobes is still found;
+``init="peaks"`` takes the K largest local maxima of g's spectrum at once (as in
+:mod:`poskernel_tl.analyses.spectral`); ``init_freqs`` gives them explicitly. R² = 1 −
+SS_res/SS_tot over the fitted lags. Components are reported largest amplitude first.
+
+:func:`cosine_fit_table` runs the fit per head of g [layer, head_index, lag] for several K
+and returns two tidy tables (:class:`CosineFitTables`): ``fits``, one row per (layer, head,
+K), and ``components``, one row per fitted cosine. Given the model's rotary frequencies θ_i
+(rad/token), every a_k gets its nearest θ_i, the relative error and ``matched`` by the
+spectral analysis' criterion (relative error < 10 % or closer than 2π/N_fft); ``fits`` then
+carries ``n_matched`` and ``frac_matched``. Frequencies below ~4π/T (fewer than two periods
+in the window) are not separable from the offset and from each other.
+
+**(b) Kernelized attention with a Fourier relative kernel (seed 001).** With kernel feature
+maps Q̄, K̄ (already applied: these functions take the feature-mapped tensors as given),
+
+    A_id = Σ_k Σ_j Q̄_ik K̄_jk ΔP_ijk V_jd,   ΔP_ijk = c_k cos(b_k + Σ_n a_kn (p_in − p_jn)),
+
+summed over j ≤ i (causal, diagonal included) or over all j; there is no normaliser, as in
+the seed. The quadratic form materialises ΔP [batch, head_index, query_pos, key_pos,
+feature]. The linear form uses p̂_ik = b_k + Σ_n a_kn p_in (the query side carries b_k),
+p̂_jk = Σ_n a_kn p_jn and cos(p̂_i − p̂_j) = cos p̂_i cos p̂_j + sin p̂_i sin p̂_j, so that
+
+    A_id = Σ_k c_k Q̄_ik [cos p̂_ik Σ_j K̄_jk cos p̂_jk V_jd + sin p̂_ik Σ_j K̄_jk sin p̂_jk V_jd]
+
+with the j-sums as prefix sums (causal) or full sums: time and memory linear in T. Shapes
+(TransformerLens order, one set of a, b, c per head): Q̄, K̄ ``[batch pos head_index
+feature]``, V ``[batch pos head_index d_head]``, a ``[head_index feature pos_dim]``, b, c
+``[head_index feature]``, positions ``[pos]`` (scalar, pos_dim = 1), ``[pos pos_dim]`` or
+``[batch pos pos_dim]``. Phases p̂ are formed in float64 in the linear form (they grow like
+a·p); ΔP in the quadratic form is built in the inputs' dtype.
+"""
+
+import dataclasses
+import math
+from typing import Literal, NamedTuple
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from scipy.optimize import least_squares
+from torch import Tensor
+
+from poskernel_tl.analyses.spectral import PAD_FACTOR, TAU_REL, match_peaks, top_peaks
+
+DEFAULT_KS = (1, 2, 3, 5, 8)
+_FREQ_EPS = 1e-9
+
+
+# ----------------------------------------------------------------------------- (a) fit
+
+
+@dataclasses.dataclass(frozen=True)
+class CosineFit:
+    """g(Δ) ≈ offset + Σ_k amplitudes[k]·cos(freqs[k]·Δ + phases[k]); largest amplitude first.
+
+    ``fitted`` is the model on ``lags`` (all of g's lags, Δ = 1..T−1); ``r2`` is computed
+    over the fitted lags (Δ ≤ ``max_lag``)."""
+
+    freqs: Float[np.ndarray, " component"]
+    amplitudes: Float[np.ndarray, " component"]
+    phases: Float[np.ndarray, " component"]
+    offset: float
+    r2: float
+    fitted: Float[np.ndarray, " lag"]
+    lags: Float[np.ndarray, " lag"]
+    max_lag: int
+    success: bool
+    nfev: int
+
+    @property
+    def K(self) -> int:
+        return len(self.freqs)
+
+    def __call__(self, lags: Float[np.ndarray, " n"]) -> Float[np.ndarray, " n"]:
+        """Evaluate the fitted series at arbitrary lags."""
+        lags = np.asarray(lags, np.float64)
+        arg = np.outer(lags, self.freqs) + self.phases
+        return self.offset + np.cos(arg) @ self.amplitudes
+
+
+def _design(lags: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+    """Columns [1, cos(a_k Δ)…, sin(a_k Δ)…]."""
+    arg = np.outer(lags, freqs)
+    return np.concatenate([np.ones((len(lags), 1)), np.cos(arg), np.sin(arg)], axis=1)
+
+
+def _linear_coefs(g: np.ndarray, lags: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+    """[offset, u…, w…] by linear least squares at fixed frequencies."""
+    return np.linalg.lstsq(_design(lags, freqs), g, rcond=None)[0]
+
+
+def _joint_fit(g: np.ndarray, lags: np.ndarray, freqs0: np.ndarray, max_nfev: int):
+    """Nonlinear least squares over x = [offset, a (K), u (K), w (K)]."""
+    K = len(freqs0)
+    freqs0 = np.clip(np.asarray(freqs0, np.float64), _FREQ_EPS, math.pi - _FREQ_EPS)
+    lin = _linear_coefs(g, lags, freqs0)
+    if K == 0:
+        return lin[0], freqs0, lin[1:1], lin[1:1], True, 0
+    x0 = np.concatenate([lin[:1], freqs0, lin[1:]])
+
+    def unpack(x):
+        return x[0], x[1:1 + K], x[1 + K:1 + 2 * K], x[1 + 2 * K:]
+
+    def residual(x):
+        off, a, u, w = unpack(x)
+        arg = np.outer(lags, a)
+        return off + np.cos(arg) @ u + np.sin(arg) @ w - g
+
+    def jacobian(x):
+        _, a, u, w = unpack(x)
+        arg = np.outer(lags, a)
+        cos, sin = np.cos(arg), np.sin(arg)
+        d_a = lags[:, None] * (w * cos - u * sin)
+        return np.concatenate([np.ones((len(lags), 1)), d_a, cos, sin], axis=1)
+
+    lo = np.full(len(x0), -np.inf)
+    hi = np.full(len(x0), np.inf)
+    lo[1:1 + K], hi[1:1 + K] = 0.0, math.pi
+    sol = least_squares(residual, x0, jac=jacobian, bounds=(lo, hi), method="trf",
+                        x_scale="jac", ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=max_nfev)
+    off, a, u, w = unpack(sol.x)
+    return off, a, u, w, bool(sol.success), int(sol.nfev)
+
+
+def _make_fit(g, lags, n_fit, off, a, u, w, success, nfev) -> CosineFit:
+    amp = np.hypot(u, w)
+    phase = np.arctan2(-w, u)  # u cos − … : c cos(aΔ + b) = c cos b cos aΔ − c sin b sin aΔ
+    order = np.argsort(-amp, kind="stable")
+    fit = CosineFit(freqs=np.asarray(a, np.float64)[order], amplitudes=amp[order],
+                    phases=phase[order], offset=float(off), r2=float("nan"),
+                    fitted=np.zeros(len(lags)), lags=lags, max_lag=n_fit, success=success,
+                    nfev=nfev)
+    fitted = fit(lags)
+    resid = g[:n_fit] - fitted[:n_fit]
+    ss_tot = float(np.sum((g[:n_fit] - g[:n_fit].mean()) ** 2))
+    r2 = 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else float("nan")
+    return dataclasses.replace(fit, fitted=fitted, r2=r2)
+
+
+def _nan_fit(lags: np.ndarray, K: int, n_fit: int) -> CosineFit:
+    nan = np.full(K, np.nan)
+    return CosineFit(freqs=nan, amplitudes=nan, phases=nan, offset=float("nan"),
+                     r2=float("nan"), fitted=np.full(len(lags), np.nan), lags=lags,
+                     max_lag=n_fit, success=False, nfev=0)
+
+
+def _largest_peak(resid: np.ndarray, n_fft: int) -> float:
+    """ω of the largest bin (m ≥ 1) of the zero-padded, demeaned spectrum of ``resid``."""
+    mag = np.abs(np.fft.rfft(resid - resid.mean(), n=n_fft))
+    return 2 * math.pi * (1 + int(np.argmax(mag[1:]))) / n_fft
+
+
+def _prepare(g, max_lag):
+    g = np.asarray(g, np.float64)
+    if g.ndim != 1 or len(g) < 2:
+        raise ValueError(f"g must be one kernel over lags Δ = 1..T−1; got shape {g.shape}")
+    lags = np.arange(1, len(g) + 1, dtype=np.float64)
+    n_fit = len(g) if max_lag is None else int(min(max(max_lag, 2), len(g)))
+    return g, lags, n_fit
+
+
+def _residual_path(g, lags, n_fit, Ks, max_nfev) -> dict[int, CosineFit]:
+    """Greedy frequency addition up to max(Ks); the fit at each K in ``Ks``."""
+    gf, lf = g[:n_fit], lags[:n_fit]
+    n_fft = PAD_FACTOR * (n_fit + 1)
+    out, freqs = {}, np.zeros(0)
+    state = _joint_fit(gf, lf, freqs, max_nfev)
+    for k in range(max(Ks) + 1):
+        if k > 0:
+            off, a, u, w = state[:4]
+            arg = np.outer(lf, a)
+            resid = gf - (off + np.cos(arg) @ u + np.sin(arg) @ w)
+            freqs = np.append(a, _largest_peak(resid, n_fft))
+            state = _joint_fit(gf, lf, freqs, max_nfev)
+        if k in Ks:
+            out[k] = _make_fit(g, lags, n_fit, *state)
+    return out
+
+
+def _peak_freqs(g: np.ndarray, K: int) -> np.ndarray:
+    """The K largest local maxima of g's zero-padded, demeaned spectrum (fewer if absent)."""
+    length = len(g) + 1
+    mag = np.abs(np.fft.rfft(g - g.mean(), n=PAD_FACTOR * length))
+    idx = top_peaks(mag, length, K)
+    return 2 * math.pi * idx / (PAD_FACTOR * length)
+
+
+def fit_cosine_series(
+    g: Float[np.ndarray, " lag"],
+    *,
+    K: int = 3,
+    init_freqs: Float[np.ndarray, " component"] | None = None,
+    init: Literal["residual", "peaks"] = "residual",
+    max_lag: int | None = None,
+    max_nfev: int = 200,
+) -> CosineFit:
+    """Fit g(Δ) (Δ = 1..len(g)) ≈ offset + Σ_{k ≤ K} c_k cos(a_k Δ + b_k).
+
+    ``init_freqs`` (rad/token) overrides K and the spectral initialisation. ``init``:
+    "residual" (peaks of the residual's spectrum, one at a time) or "peaks" (the K largest
+    spectral peaks of g; the residual rule fills in if g has fewer). ``max_lag`` fits only
+    Δ ≤ max_lag. Returns a :class:`CosineFit` (NaN-filled if g is not finite)."""
+    g, lags, n_fit = _prepare(g, max_lag)
+    if init_freqs is not None:
+        init_freqs = np.asarray(init_freqs, np.float64).ravel()
+        K = len(init_freqs)
+    if not np.isfinite(g[:n_fit]).all():
+        return _nan_fit(lags, K, n_fit)
+    if init_freqs is None and init == "residual":
+        return _residual_path(g, lags, n_fit, (K,), max_nfev)[K]
+    if init_freqs is None:
+        if init != "peaks":
+            raise ValueError(f"init must be 'residual' or 'peaks', not {init!r}")
+        init_freqs = _peak_freqs(g[:n_fit], K)
+        if len(init_freqs) < K:
+            seed = _make_fit(g, lags, n_fit, *_joint_fit(g[:n_fit], lags[:n_fit], init_freqs,
+                                                          max_nfev))
+            extra = fit_cosine_series(g[:n_fit] - seed.fitted[:n_fit], K=K - len(init_freqs),
+                                      max_nfev=max_nfev)
+            init_freqs = np.concatenate([init_freqs, extra.freqs])
+    return _make_fit(g, lags, n_fit, *_joint_fit(g[:n_fit], lags[:n_fit], init_freqs,
+                                                 max_nfev))
+
+
+class CosineFitTables(NamedTuple):
+    """``fits``: one row per (layer, head, K) with ``R2_fit``; ``components``: one row per
+    (layer, head, K, component) with the fitted a_k (``freq``) and, given θ, the nearest θ_i."""
+
+    fits: pd.DataFrame
+    components: pd.DataFrame
+
+
+def cosine_fit_table(
+    g: Float[np.ndarray, "layer head_index lag"],
+    Ks: tuple[int, ...] = DEFAULT_KS,
+    thetas: Float[np.ndarray, " theta"] | None = None,
+    *,
+    init: Literal["residual", "peaks"] = "residual",
+    max_lag: int | None = None,
+    tau_rel: float = TAU_REL,
+    max_nfev: int = 200,
+) -> CosineFitTables:
+    """Cosine-series fits of every head's g(Δ) for each K in ``Ks``.
+
+    ``fits`` columns: layer, head, K, R2_fit, offset, n_lags, success, nfev and, with
+    ``thetas`` (rad/token), n_matched, frac_matched, median_rel_error. ``components``
+    columns: layer, head, K, component (1 = largest amplitude), freq (a_k), amplitude (c_k),
+    phase (b_k), amplitude_share (c_k / Σ c), period (2π/a_k) and, with ``thetas``, nearest_theta, theta_index, rel_error,
+    matched (the spectral analysis' criterion, τ_rel = ``tau_rel``)."""
+    g = np.asarray(g, np.float64)
+    Ks = tuple(sorted({int(k) for k in Ks}))
+    thetas = None if thetas is None else np.asarray(thetas, np.float64)
+    n_fft = PAD_FACTOR * (g.shape[-1] + 1)  # the spectral analysis' N_fft = 4T
+    fit_rows, comp_rows = [], []
+    for layer in range(g.shape[0]):
+        for head in range(g.shape[1]):
+            gh, lags, n_fit = _prepare(g[layer, head], max_lag)
+            if not np.isfinite(gh[:n_fit]).all():
+                fits = {k: _nan_fit(lags, k, n_fit) for k in Ks}
+            elif init == "residual":
+                fits = _residual_path(gh, lags, n_fit, Ks, max_nfev)
+            else:
+                fits = {k: fit_cosine_series(gh, K=k, init=init, max_lag=max_lag,
+                                             max_nfev=max_nfev) for k in Ks}
+            for k, fit in fits.items():
+                row = {"layer": layer, "head": head, "K": k, "R2_fit": fit.r2,
+                       "offset": fit.offset, "n_lags": n_fit, "success": fit.success,
+                       "nfev": fit.nfev}
+                match = None
+                if thetas is not None and len(thetas) and k and np.isfinite(fit.freqs).all():
+                    match = match_peaks(fit.freqs, thetas, n_fft, tau_rel)
+                    row.update(n_matched=int(match["matched"].sum()),
+                               frac_matched=float(match["matched"].mean()),
+                               median_rel_error=float(np.median(match["rel_error"])))
+                elif thetas is not None:
+                    row.update(n_matched=np.nan, frac_matched=np.nan, median_rel_error=np.nan)
+                fit_rows.append(row)
+                total = float(np.sum(fit.amplitudes)) if k else 0.0
+                for c in range(k):
+                    a = fit.freqs[c]
+                    comp = {"layer": layer, "head": head, "K": k, "component": c + 1,
+                            "freq": a, "amplitude": fit.amplitudes[c], "phase": fit.phases[c],
+                            "amplitude_share": fit.amplitudes[c] / total if total > 0 else np.nan,
+                            "period": 2 * math.pi / a if a > 0 else np.inf}
+                    if match is not None:
+                        comp.update(nearest_theta=match["nearest_theta"][c],
+                                    theta_index=int(match["theta_index"][c]),
+                                    rel_error=match["rel_error"][c],
+                                    matched=bool(match["matched"][c]))
+                    elif thetas is not None:
+                        comp.update(nearest_theta=np.nan, theta_index=-1, rel_error=np.nan,
+                                    matched=False)
+                    comp_rows.append(comp)
+    return CosineFitTables(pd.DataFrame(fit_rows), pd.DataFrame(comp_rows))
+
+
+def plot_cosine_fit(
+    tables: CosineFitTables,
+    *,
+    thetas: Float[np.ndarray, " theta"] | None = None,
+    K: int | None = None,
+    highlight: tuple[int, int] | None = None,
+    title: str | None = None,
+):
+    """Left: R² of the fit against K (one thin line per head, the median in black, the
+    ``highlight`` (layer, head) in red). Right: the fitted a_k at ``K`` (default: the
+    largest) per head on a log frequency axis, marker area ∝ c_k / max c_k, beside the θ_i
+    (grey lines). Returns a ``matplotlib.figure.Figure`` (the backend is left alone)."""
+    from matplotlib.figure import Figure
+
+    fits, comps = tables.fits, tables.components
+    fig = Figure(figsize=(10, 4))
+    ax_r2, ax_f = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
+    wide = fits.pivot_table(index=["layer", "head"], columns="K", values="R2_fit",
+                            dropna=False)
+    ks = wide.columns.to_numpy()
+    if len(wide) <= 400:
+        for row in wide.to_numpy():
+            ax_r2.plot(ks, row, color="0.75", lw=0.6)
+    ax_r2.plot(ks, np.nanmedian(wide.to_numpy(), axis=0), "k-o", ms=3, lw=1.5,
+               label=f"median over {len(wide)} heads")
+    if highlight is not None and tuple(highlight) in wide.index:
+        ax_r2.plot(ks, wide.loc[tuple(highlight)].to_numpy(), "r-o", ms=3,
+                   label=f"L{highlight[0]}H{highlight[1]}")
+    ax_r2.set(xlabel="K (cosines)", ylabel="R² of the fit", xticks=ks, ylim=(None, 1.02),
+              title="cosine-series fit of g(Δ)")
+    ax_r2.legend(fontsize=7, loc="lower right")
+
+    K = int(max(ks)) if K is None else K
+    sel = comps[(comps["K"] == K) & (comps["freq"] > 0)].copy()
+    heads = list(wide.index)
+    row_of = {h: i for i, h in enumerate(heads)}
+    if len(sel):
+        sel["row"] = [row_of[(la, he)] for la, he in zip(sel["layer"], sel["head"])]
+        top = sel.groupby("row")["amplitude"].transform("max").replace(0, np.nan)
+        colors = np.where(sel["matched"], "C0", "C1") if "matched" in sel else "C0"
+        ax_f.scatter(sel["freq"], sel["row"], s=8 + 40 * (sel["amplitude"] / top).fillna(0),
+                     c=colors, alpha=0.8, lw=0)
+    for theta in [] if thetas is None else np.asarray(thetas):
+        ax_f.axvline(theta, color="0.85", lw=0.6, zorder=0)
+    ax_f.set_xscale("log")
+    ax_f.set(xlabel="a_k (rad/token); grey: θ_i", ylabel="head",
+             title=f"fitted frequencies, K={K}" + (" (blue: matched θ_i)"
+                                                    if "matched" in sel else ""))
+    if len(heads) <= 40:
+        ax_f.set_yticks(range(len(heads)), [f"L{la}H{he}" for la, he in heads], fontsize=6)
+    ax_f.invert_yaxis()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------- (b) attention
+
+
+def _positions(positions: Tensor, batch: int) -> Float[Tensor, "batch pos pos_dim"]:
+    p = positions
+    if p.ndim == 1:
+        p = p[:, None]
+    if p.ndim == 2:
+        p = p[None]
+    if p.ndim != 3 or p.shape[0] not in (1, batch):
+        raise ValueError(f"positions must be [pos], [pos pos_dim] or [batch pos pos_dim]; "
+                         f"got {tuple(positions.shape)}")
+    return p.expand(batch, -1, -1)
+
+
+def _check(q, k, v, a, b, c, p):
+    if q.shape != k.shape or q.shape[:3] != v.shape[:3]:
+        raise ValueError(f"q̄ {tuple(q.shape)}, k̄ {tuple(k.shape)}, v {tuple(v.shape)} "
+                         "must share [batch pos head_index]; q̄ and k̄ [.. feature]")
+    if a.shape != (q.shape[2], q.shape[3], p.shape[-1]) or b.shape != a.shape[:2] \
+            or c.shape != a.shape[:2]:
+        raise ValueError(f"a {tuple(a.shape)}, b {tuple(b.shape)}, c {tuple(c.shape)} must be "
+                         f"[head_index feature pos_dim] = {(q.shape[2], q.shape[3], p.shape[-1])}"
+                         " and [head_index feature]")
+
+
+def fourier_delta_p(
+    a: Float[Tensor, "head_index feature pos_dim"],
+    b: Float[Tensor, "head_index feature"],
+    c: Float[Tensor, "head_index feature"],
+    positions: Float[Tensor, " pos"] | Float[Tensor, "pos pos_dim"]
+    | Float[Tensor, "batch pos pos_dim"],
+) -> Float[Tensor, "batch head_index query_pos key_pos feature"]:
+    """ΔP_ijk = c_k cos(b_k + Σ_n a_kn (p_in − p_jn)), materialised (batch = 1 for shared
+    positions)."""
+    p = _positions(positions, positions.shape[0] if positions.ndim == 3 else 1).to(a.dtype)
+    dp = p[:, :, None, :] - p[:, None, :, :]                       # [batch, i, j, pos_dim]
+    phase = torch.einsum("bijn,hkn->bhijk", dp, a)
+    del dp
+    phase += b[None, :, None, None, :]
+    return phase.cos_().mul_(c[None, :, None, None, :])
+
+
+def fourier_kernel_scores(
+    q_feat: Float[Tensor, "batch pos head_index feature"],
+    k_feat: Float[Tensor, "batch pos head_index feature"],
+    a: Float[Tensor, "head_index feature pos_dim"],
+    b: Float[Tensor, "head_index feature"],
+    c: Float[Tensor, "head_index feature"],
+    positions: Float[Tensor, " pos"] | Float[Tensor, "pos pos_dim"]
+    | Float[Tensor, "batch pos pos_dim"],
+) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """Scores S_ij = Σ_k Q̄_ik K̄_jk ΔP_ijk (unmasked). With constant features and scalar
+    positions t, S depends on t_i − t_j only: a cosine series in Δ, what (a) fits."""
+    dP = fourier_delta_p(a, b, c, positions)
+    return torch.einsum("bihk,bjhk,bhijk->bhij", q_feat, k_feat, dP)
+
+
+def fourier_kernel_attention_quadratic(
+    q_feat: Float[Tensor, "batch pos head_index feature"],
+    k_feat: Float[Tensor, "batch pos head_index feature"],
+    v: Float[Tensor, "batch pos head_index d_head"],
+    a: Float[Tensor, "head_index feature pos_dim"],
+    b: Float[Tensor, "head_index feature"],
+    c: Float[Tensor, "head_index feature"],
+    positions: Float[Tensor, " pos"] | Float[Tensor, "pos pos_dim"]
+    | Float[Tensor, "batch pos pos_dim"],
+    causal: bool = True,
+) -> Float[Tensor, "batch pos head_index d_head"]:
+    """A_id = Σ_k Σ_j Q̄_ik K̄_jk ΔP_ijk V_jd with ΔP materialised: O(T²·K) memory and time.
+    ``causal``: j ≤ i (diagonal included); otherwise all j."""
+    p = _positions(positions, q_feat.shape[0])
+    _check(q_feat, k_feat, v, a, b, c, p)
+    scores = fourier_kernel_scores(q_feat, k_feat, a, b, c, positions)
+    if causal:
+        scores = scores.tril()
+    return torch.einsum("bhij,bjhd->bihd", scores, v)
+
+
+def fourier_kernel_attention_linear(
+    q_feat: Float[Tensor, "batch pos head_index feature"],
+    k_feat: Float[Tensor, "batch pos head_index feature"],
+    v: Float[Tensor, "batch pos head_index d_head"],
+    a: Float[Tensor, "head_index feature pos_dim"],
+    b: Float[Tensor, "head_index feature"],
+    c: Float[Tensor, "head_index feature"],
+    positions: Float[Tensor, " pos"] | Float[Tensor, "pos pos_dim"]
+    | Float[Tensor, "batch pos pos_dim"],
+    causal: bool = True,
+    chunk_size: int | None = None,
+) -> Float[Tensor, "batch pos head_index d_head"]:
+    """The same A_id via cos(p̂_i − p̂_j) = cos p̂_i cos p̂_j + sin p̂_i sin p̂_j: no T×T
+    tensor. Causal: prefix sums over j ≤ i of K̄_jk [cos|sin] p̂_jk V_jd, an intermediate
+    of [batch, pos, head_index, 2·feature, d_head] (or [batch, chunk_size, …] with a running
+    state when ``chunk_size`` is set); non-causal: full sums, [batch, head_index, 2·feature,
+    d_head]."""
+    p = _positions(positions, q_feat.shape[0])
+    _check(q_feat, k_feat, v, a, b, c, p)
+    p_hat_j = torch.einsum("bjn,hkn->bjhk", p.double(), a.double())       # Σ_n a_kn p_jn
+    p_hat_i = p_hat_j + b.double()                                       # + b_k (query side)
+    dtype = q_feat.dtype
+    phi_q = torch.cat([p_hat_i.cos().to(dtype), p_hat_i.sin().to(dtype)], -1)
+    phi_q = phi_q * (c.repeat(1, 2) * q_feat.repeat(1, 1, 1, 2))
+    phi_k = torch.cat([p_hat_j.cos().to(dtype), p_hat_j.sin().to(dtype)], -1)
+    phi_k = phi_k * k_feat.repeat(1, 1, 1, 2)
+    del p_hat_i, p_hat_j
+    if not causal:
+        state = torch.einsum("bjhk,bjhd->bhkd", phi_k, v)
+        return torch.einsum("bihk,bhkd->bihd", phi_q, state)
+    T = q_feat.shape[1]
+    step = T if chunk_size is None else max(1, int(chunk_size))
+    out = []
+    carry = None
+    for start in range(0, T, step):
+        sl = slice(start, start + step)
+        kv = torch.einsum("bjhk,bjhd->bjhkd", phi_k[:, sl], v[:, sl]).cumsum_(1)
+        if carry is not None:
+            kv += carry[:, None]
+        out.append(torch.einsum("bihk,bihkd->bihd", phi_q[:, sl], kv))
+        carry = kv[:, -1]
+    return torch.cat(out, 1)
