@@ -260,8 +260,11 @@ def cosine_fit_table(
     ``fits`` columns: layer, head, K, R2_fit, offset, n_lags, success, nfev and, with
     ``thetas`` (rad/token), n_matched, frac_matched, median_rel_error. ``components``
     columns: layer, head, K, component (1 = largest amplitude), freq (a_k), amplitude (c_k),
-    phase (b_k), amplitude_share (c_k / Σ c), period (2π/a_k) and, with ``thetas``, nearest_theta, theta_index, rel_error,
-    matched (the spectral analysis' criterion, τ_rel = ``tau_rel``)."""
+    phase (b_k ∈ (−π, π]), amplitude_share (c_k / Σ c), period (2π/a_k) and, with ``thetas``,
+    nearest_theta, theta_index, rel_error, matched (the spectral analysis' criterion, τ_rel =
+    ``tau_rel``). When K exceeds the number of cosines g really holds, the extra components
+    have tiny ``amplitude_share`` and arbitrary frequencies: filter on it before reading a_k.
+    Heads whose g is not finite get NaN rows."""
     g = np.asarray(g, np.float64)
     Ks = tuple(sorted({int(k) for k in Ks}))
     thetas = None if thetas is None else np.asarray(thetas, np.float64)
