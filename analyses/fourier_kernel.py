@@ -12,8 +12,8 @@ initial frequencies are spectral peaks of the zero-padded (N_fft = 4T), demeaned
 ``init="residual"`` (default) adds one frequency at a time, the largest peak of the spectrum
 of what the current fit leaves (the first one is g's own largest peak), refitting everything
 after each addition, so a small component next to a large one's sidelobes is still found;
-``init="peaks"`` takes the K largest local maxima of g's spectrum at once (as in
-:mod:`poskernel_tl.analyses.spectral`); ``init_freqs`` gives them explicitly. R² = 1 −
+``init="peaks"`` takes the K largest local maxima (≥ 2π/T apart) of g's spectrum at once
+(they can be a larger component's sidelobes); ``init_freqs`` gives them explicitly. R² = 1 −
 SS_res/SS_tot over the fitted lags. Components are reported largest amplitude first.
 
 :func:`cosine_fit_table` runs the fit per head of g [layer, head_index, lag] for several K
@@ -53,12 +53,28 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from scipy.optimize import least_squares
+from scipy.signal import find_peaks
 from torch import Tensor
 
-from poskernel_tl.analyses.spectral import PAD_FACTOR, TAU_REL, match_peaks, top_peaks
-
 DEFAULT_KS = (1, 2, 3, 5, 8)
+PAD_FACTOR = 4  # N_fft = 4T, as in the spectral analysis
+TAU_REL = 0.10  # θ matching: relative error < 10 % (or closer than 2π/N_fft)
 _FREQ_EPS = 1e-9
+
+
+def match_thetas(freqs: Float[np.ndarray, " component"], thetas: Float[np.ndarray, " theta"],
+                 n_fft: int, tau_rel: float = TAU_REL) -> dict[str, np.ndarray]:
+    """Per frequency: the nearest θ_i by relative error (among the matching θ_i when any
+    match), its index, that relative error, and matched: |a − θ|/θ < τ_rel or |a − θ| <
+    2π/N_fft (the spectral analysis' criterion)."""
+    freqs, thetas = np.asarray(freqs, np.float64), np.asarray(thetas, np.float64)
+    diff = np.abs(freqs[:, None] - thetas[None])
+    rel = diff / thetas[None]
+    ok = (rel < tau_rel) | (diff < 2 * math.pi / n_fft)
+    matched = ok.any(1)
+    index = np.where(matched[:, None] & ~ok, np.inf, rel).argmin(1)
+    return {"nearest_theta": thetas[index], "theta_index": index,
+            "rel_error": rel[np.arange(len(freqs)), index], "matched": matched}
 
 
 # ----------------------------------------------------------------------------- (a) fit
@@ -196,7 +212,8 @@ def _peak_freqs(g: np.ndarray, K: int) -> np.ndarray:
     """The K largest local maxima of g's zero-padded, demeaned spectrum (fewer if absent)."""
     length = len(g) + 1
     mag = np.abs(np.fft.rfft(g - g.mean(), n=PAD_FACTOR * length))
-    idx = top_peaks(mag, length, K)
+    idx, _ = find_peaks(mag, distance=PAD_FACTOR)  # local maxima at least 2π/T apart
+    idx = idx[np.argsort(-mag[idx], kind="stable")[:K]]
     return 2 * math.pi * idx / (PAD_FACTOR * length)
 
 
@@ -286,7 +303,7 @@ def cosine_fit_table(
                        "nfev": fit.nfev}
                 match = None
                 if thetas is not None and len(thetas) and k and np.isfinite(fit.freqs).all():
-                    match = match_peaks(fit.freqs, thetas, n_fft, tau_rel)
+                    match = match_thetas(fit.freqs, thetas, n_fft, tau_rel)
                     row.update(n_matched=int(match["matched"].sum()),
                                frac_matched=float(match["matched"].mean()),
                                median_rel_error=float(np.median(match["rel_error"])))

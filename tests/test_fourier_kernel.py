@@ -93,6 +93,14 @@ def test_cosine_fit_table_rows_and_theta_matching():
     assert "nearest_theta" not in no_theta and no_theta.R2_fit.iloc[0] > 1 - 1e-10
 
 
+def test_match_thetas_criterion():
+    thetas = np.array([1.0, 0.5, 0.01])
+    m = F.match_thetas(np.array([0.95, 0.7, 0.0105, 0.0125]), thetas, n_fft=4 * 512)
+    np.testing.assert_array_equal(m["theta_index"], [0, 1, 2, 2])
+    np.testing.assert_array_equal(m["matched"], [True, False, True, True])  # last: |Δω| < 2π/N
+    np.testing.assert_allclose(m["rel_error"], [0.05, 0.4, 0.05, 0.25])
+
+
 def test_plot_returns_figure_and_keeps_backend():
     backend = matplotlib.get_backend()
     tables = F.cosine_fit_table(planted_g()[None, None], Ks=(1, 2, 4), thetas=THETAS)

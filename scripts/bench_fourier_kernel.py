@@ -1,0 +1,173 @@
+"""Benchmark: kernelized attention with a Fourier relative kernel (seed 001), quadratic form
+(ΔP [batch, head_index, T, T, feature] materialised) vs linear form (cos/sin factorisation,
+prefix sums over j ≤ i), on CPU (not a test).
+
+For each length T it prints
+  time     best wall time of one call over ≥ --repeats calls after one warm-up (ms)
+  peak     peak bytes allocated by torch during one call, from torch.profiler's memory
+           events (inputs excluded; "n/a" if this torch build does not expose them)
+  largest  the largest intermediate, computed analytically: ΔP = B·H·T²·K·itemsize for the
+           quadratic form, the prefix-sum tensor B·T·H·2K·d_head·itemsize for the linear one
+  ×        the ratio to the previous length: ≈ 2 per doubling is linear, ≈ 4 quadratic
+The quadratic form runs only while its ΔP fits under --max-quadratic-mb; longer lengths are
+skipped and marked so. Where both ran, the last column is max |A_quadratic − A_linear| /
+max |A_quadratic|.
+
+Usage: python scripts/bench_fourier_kernel.py [--lengths 256 512 ... 16384] [--batch 1]
+       [--heads 1] [--features 16] [--d-head 64] [--pos-dim 1] [--max-quadratic-mb 1100]
+       [--repeats 3] [--threads N] [--non-causal] [--chunk-size C]
+"""
+
+import argparse
+import math
+import time
+
+import torch
+
+from poskernel_tl.analyses.fourier_kernel import (
+    fourier_kernel_attention_linear,
+    fourier_kernel_attention_quadratic,
+)
+
+MB = 2 ** 20
+
+
+def make_inputs(args, T: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    B, H, K, D, n = args.batch, args.heads, args.features, args.d_head, args.pos_dim
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    q = torch.nn.functional.elu(rnd(B, T, H, K)) + 1
+    k = torch.nn.functional.elu(rnd(B, T, H, K)) + 1
+    v = rnd(B, T, H, D)
+    # frequencies spread like rotary θ_i over [1/T, 1] rad/token
+    a = torch.logspace(0, -math.log10(T), K).repeat(H, 1)[..., None].expand(H, K, n) / n
+    b, c = rnd(H, K), rnd(H, K) / K
+    p = torch.arange(T, dtype=torch.float32)
+    if n > 1:
+        p = p[:, None].expand(T, n).contiguous()
+    return q, k, v, a.contiguous(), b, c, p
+
+
+def timed(fn, repeats: int, budget_s: float = 2.0) -> float:
+    """Best of at least ``repeats`` calls after a warm-up (more while the calls are short,
+    fewer once ``budget_s`` is spent): the minimum is the least disturbed by other load."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max(1, repeats) or time.perf_counter() - start < budget_s / 4:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() - start > budget_s or len(times) >= 50:
+            break
+    return min(times)
+
+
+def peak_bytes(fn) -> float:
+    """Peak of the running sum of torch's CPU allocations during one call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+        events = prof.profiler.kineto_results.events()
+        mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    except Exception:  # private profiler API: report n/a rather than fail
+        return float("nan")
+    current = peak = 0
+    for _, nbytes in mem:
+        current += nbytes
+        peak = max(peak, current)
+    return float(peak) if mem else float("nan")
+
+
+def fmt(x: float, digits: int = 1) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def ratio(cur: float | None, prev: float | None) -> str:
+    if cur is None or prev is None or not (math.isfinite(cur) and math.isfinite(prev)) \
+            or prev <= 0:
+        return "-"
+    return f"{cur / prev:.2f}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lengths", type=int, nargs="+",
+                    default=[256 * 2 ** i for i in range(7)])  # 256 … 16384
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=1)
+    ap.add_argument("--features", type=int, default=16, help="K, kernel features")
+    ap.add_argument("--d-head", type=int, default=64)
+    ap.add_argument("--pos-dim", type=int, default=1)
+    ap.add_argument("--max-quadratic-mb", type=float, default=1100.0,
+                    help="skip the quadratic form when ΔP would exceed this (MiB)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--non-causal", action="store_true")
+    ap.add_argument("--chunk-size", type=int, default=None,
+                    help="linear form: prefix sums per chunk with a running state")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    causal = not args.non_causal
+    B, H, K, D = args.batch, args.heads, args.features, args.d_head
+    item = torch.finfo(torch.float32).bits // 8
+    print(f"Fourier-kernel attention, CPU float32, {torch.get_num_threads()} threads; "
+          f"batch={B} heads={H} features K={K} d_head={D} pos_dim={args.pos_dim} "
+          f"{'causal' if causal else 'non-causal'}"
+          + (f", chunk={args.chunk_size}" if args.chunk_size else ""))
+    cols = ["T", "lin ms", "×", "lin peak MB", "×", "lin largest MB", "quad ms", "×",
+            "quad peak MB", "×", "quad ΔP MB", "quad/lin time", "max rel diff"]
+    widths = [6, 9, 5, 11, 5, 14, 9, 5, 12, 5, 10, 13, 12]
+    print(" ".join(f"{c:>{w}}" for c, w in zip(cols, widths)))
+    prev: dict[str, float | None] = {}
+    skipped = []
+    t_start = time.perf_counter()
+    for T in sorted(args.lengths):
+        x = make_inputs(args, T)
+        lin = lambda: fourier_kernel_attention_linear(*x, causal=causal,  # noqa: B023
+                                                      chunk_size=args.chunk_size)
+        rows = T if (args.chunk_size is None or not causal) else min(T, args.chunk_size)
+        lin_largest = (B * rows * H * 2 * K * D if causal else B * T * H * 2 * K) * item
+        lin_t = timed(lin, args.repeats)
+        lin_peak = peak_bytes(lin)
+        dp_bytes = B * H * T * T * K * item
+        quad_t = quad_peak = None
+        diff = float("nan")
+        if dp_bytes <= args.max_quadratic_mb * MB:
+            quad = lambda: fourier_kernel_attention_quadratic(*x, causal=causal)  # noqa: B023
+            quad_t = timed(quad, args.repeats)
+            quad_peak = peak_bytes(quad)
+            ref = quad()
+            diff = ((ref - lin()).abs().max() / ref.abs().max()).item()
+            del ref
+        else:
+            skipped.append(T)
+        cells = [
+            str(T), fmt(lin_t * 1e3), ratio(lin_t, prev.get("lt")), fmt(lin_peak / MB),
+            ratio(lin_peak, prev.get("lp")), fmt(lin_largest / MB),
+            fmt(quad_t * 1e3) if quad_t is not None else "skipped",
+            ratio(quad_t, prev.get("qt")),
+            fmt(quad_peak / MB) if quad_peak is not None else "-",
+            ratio(quad_peak, prev.get("qp")), fmt(dp_bytes / MB),
+            f"{quad_t / lin_t:.1f}" if quad_t is not None else "-",
+            f"{diff:.1e}" if math.isfinite(diff) else "-",
+        ]
+        print(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)), flush=True)
+        prev = {"lt": lin_t, "lp": lin_peak, "qt": quad_t, "qp": quad_peak}
+    if skipped:
+        print(f"quadratic form skipped for T = {', '.join(map(str, skipped))}: ΔP would exceed "
+              f"--max-quadratic-mb {args.max_quadratic_mb:g} MiB "
+              f"(it needs B·H·T²·K·4 bytes, e.g. {B * H * max(skipped) ** 2 * K * item / MB:,.0f}"
+              f" MiB at T={max(skipped)})")
+    print("× = ratio to the previous (half) length: ≈2 linear, ≈4 quadratic. "
+          f"Total {time.perf_counter() - t_start:.0f} s.")
+
+
+if __name__ == "__main__":
+    main()
