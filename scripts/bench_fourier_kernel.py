@@ -7,8 +7,10 @@ For each length T it prints
   peak     peak bytes allocated by torch during one call, from torch.profiler's memory
            events (inputs excluded; "n/a" if this torch build does not expose them)
   largest  the largest intermediate, computed analytically: ΔP = B·H·T²·K·itemsize for the
-           quadratic form, the prefix-sum tensor B·T·H·2K·d_head·itemsize for the linear one
-  ×        the ratio to the previous length: ≈ 2 per doubling is linear, ≈ 4 quadratic
+           quadratic form; for the linear one the largest of the prefix-sum tensor
+           B·T·H·2K·d_head·itemsize (T → C with --chunk-size C), the float64 phases B·T·H·K·8
+           and the features/output B·T·H·max(2K, d_head)·itemsize
+  ×        growth per doubling of T against the previous length: ≈ 2 is linear, ≈ 4 quadratic
 The quadratic form runs only while its ΔP fits under --max-quadratic-mb; longer lengths are
 skipped and marked so. Where both ran, the last column is max |A_quadratic − A_linear| /
 max |A_quadratic|.
@@ -20,6 +22,7 @@ Usage: python scripts/bench_fourier_kernel.py [--lengths 256 512 ... 16384] [--b
 
 import argparse
 import math
+import os
 import time
 
 import torch
@@ -88,11 +91,12 @@ def fmt(x: float, digits: int = 1) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
 
 
-def ratio(cur: float | None, prev: float | None) -> str:
+def ratio(cur: float | None, prev: float | None, doublings: float) -> str:
+    """Growth per doubling of T: (cur / prev) ** (1 / doublings)."""
     if cur is None or prev is None or not (math.isfinite(cur) and math.isfinite(prev)) \
-            or prev <= 0:
+            or prev <= 0 or doublings <= 0:
         return "-"
-    return f"{cur / prev:.2f}"
+    return f"{(cur / prev) ** (1 / doublings):.2f}"
 
 
 def main(argv=None):
@@ -106,8 +110,9 @@ def main(argv=None):
     ap.add_argument("--pos-dim", type=int, default=1)
     ap.add_argument("--max-quadratic-mb", type=float, default=1100.0,
                     help="skip the quadratic form when ΔP would exceed this (MiB)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: the least disturbed by other load)")
     ap.add_argument("--non-causal", action="store_true")
     ap.add_argument("--chunk-size", type=int, default=None,
                     help="linear form: prefix sums per chunk with a running state")
@@ -120,7 +125,8 @@ def main(argv=None):
     print(f"Fourier-kernel attention, CPU float32, {torch.get_num_threads()} threads; "
           f"batch={B} heads={H} features K={K} d_head={D} pos_dim={args.pos_dim} "
           f"{'causal' if causal else 'non-causal'}"
-          + (f", chunk={args.chunk_size}" if args.chunk_size else ""))
+          + (f", chunk={args.chunk_size}" if args.chunk_size else "")
+          + (f"; load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""))
     cols = ["T", "lin ms", "×", "lin peak MB", "×", "lin largest MB", "quad ms", "×",
             "quad peak MB", "×", "quad ΔP MB", "quad/lin time", "max rel diff"]
     widths = [6, 9, 5, 11, 5, 14, 9, 5, 12, 5, 10, 13, 12]
@@ -132,8 +138,10 @@ def main(argv=None):
         x = make_inputs(args, T)
         lin = lambda: fourier_kernel_attention_linear(*x, causal=causal,  # noqa: B023
                                                       chunk_size=args.chunk_size)
-        rows = T if (args.chunk_size is None or not causal) else min(T, args.chunk_size)
-        lin_largest = (B * rows * H * 2 * K * D if causal else B * T * H * 2 * K) * item
+        rows = T if args.chunk_size is None else min(T, args.chunk_size)
+        lin_largest = max(B * rows * H * 2 * K * D * item if causal else 0,  # prefix sums
+                          B * T * H * K * 8,  # float64 phases p̂
+                          B * T * H * max(2 * K, D) * item)  # cos/sin features, output
         lin_t = timed(lin, args.repeats)
         lin_peak = peak_bytes(lin)
         dp_bytes = B * H * T * T * K * item
@@ -148,24 +156,25 @@ def main(argv=None):
             del ref
         else:
             skipped.append(T)
+        dbl = math.log2(T / prev["T"]) if prev else 0.0
         cells = [
-            str(T), fmt(lin_t * 1e3), ratio(lin_t, prev.get("lt")), fmt(lin_peak / MB),
-            ratio(lin_peak, prev.get("lp")), fmt(lin_largest / MB),
+            str(T), fmt(lin_t * 1e3), ratio(lin_t, prev.get("lt"), dbl), fmt(lin_peak / MB),
+            ratio(lin_peak, prev.get("lp"), dbl), fmt(lin_largest / MB),
             fmt(quad_t * 1e3) if quad_t is not None else "skipped",
-            ratio(quad_t, prev.get("qt")),
+            ratio(quad_t, prev.get("qt"), dbl),
             fmt(quad_peak / MB) if quad_peak is not None else "-",
-            ratio(quad_peak, prev.get("qp")), fmt(dp_bytes / MB),
+            ratio(quad_peak, prev.get("qp"), dbl), fmt(dp_bytes / MB),
             f"{quad_t / lin_t:.1f}" if quad_t is not None else "-",
             f"{diff:.1e}" if math.isfinite(diff) else "-",
         ]
         print(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)), flush=True)
-        prev = {"lt": lin_t, "lp": lin_peak, "qt": quad_t, "qp": quad_peak}
+        prev = {"T": T, "lt": lin_t, "lp": lin_peak, "qt": quad_t, "qp": quad_peak}
     if skipped:
         print(f"quadratic form skipped for T = {', '.join(map(str, skipped))}: ΔP would exceed "
               f"--max-quadratic-mb {args.max_quadratic_mb:g} MiB "
               f"(it needs B·H·T²·K·4 bytes, e.g. {B * H * max(skipped) ** 2 * K * item / MB:,.0f}"
               f" MiB at T={max(skipped)})")
-    print("× = ratio to the previous (half) length: ≈2 linear, ≈4 quadratic. "
+    print("× = growth per doubling of T: ≈2 linear, ≈4 quadratic. "
           f"Total {time.perf_counter() - t_start:.0f} s.")
 
 
