@@ -109,15 +109,11 @@ class CosineFit:
         return self.offset + np.cos(arg) @ self.amplitudes
 
 
-def _design(lags: np.ndarray, freqs: np.ndarray) -> np.ndarray:
-    """Columns [1, cos(a_k Δ)…, sin(a_k Δ)…]."""
-    arg = np.outer(lags, freqs)
-    return np.concatenate([np.ones((len(lags), 1)), np.cos(arg), np.sin(arg)], axis=1)
-
-
 def _linear_coefs(g: np.ndarray, lags: np.ndarray, freqs: np.ndarray) -> np.ndarray:
     """[offset, u…, w…] by linear least squares at fixed frequencies."""
-    return np.linalg.lstsq(_design(lags, freqs), g, rcond=None)[0]
+    arg = np.outer(lags, freqs)
+    design = np.concatenate([np.ones((len(lags), 1)), np.cos(arg), np.sin(arg)], axis=1)
+    return np.linalg.lstsq(design, g, rcond=None)[0]
 
 
 def _joint_fit(g: np.ndarray, lags: np.ndarray, freqs0: np.ndarray, max_nfev: int):
@@ -144,8 +140,7 @@ def _joint_fit(g: np.ndarray, lags: np.ndarray, freqs0: np.ndarray, max_nfev: in
         d_a = lags[:, None] * (w * cos - u * sin)
         return np.concatenate([np.ones((len(lags), 1)), d_a, cos, sin], axis=1)
 
-    lo = np.full(len(x0), -np.inf)
-    hi = np.full(len(x0), np.inf)
+    lo, hi = np.full(len(x0), -np.inf), np.full(len(x0), np.inf)
     lo[1:1 + K], hi[1:1 + K] = 0.0, math.pi
     sol = least_squares(residual, x0, jac=jacobian, bounds=(lo, hi), method="trf",
                         x_scale="jac", ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=max_nfev)
@@ -190,19 +185,19 @@ def _prepare(g, max_lag):
     return g, lags, n_fit
 
 
-def _residual_path(g, lags, n_fit, Ks, max_nfev) -> dict[int, CosineFit]:
-    """Greedy frequency addition up to max(Ks); the fit at each K in ``Ks``."""
+def _residual_path(g, lags, n_fit, Ks, max_nfev, start=None) -> dict[int, CosineFit]:
+    """Fit at the ``start`` frequencies, then add the residual spectrum's largest peak one
+    at a time (refitting jointly) up to max(Ks); the fit at each K in ``Ks``."""
     gf, lf = g[:n_fit], lags[:n_fit]
     n_fft = PAD_FACTOR * (n_fit + 1)
-    out, freqs = {}, np.zeros(0)
-    state = _joint_fit(gf, lf, freqs, max_nfev)
-    for k in range(max(Ks) + 1):
-        if k > 0:
+    freqs = np.zeros(0) if start is None else np.asarray(start, np.float64)
+    out, state = {}, _joint_fit(gf, lf, freqs, max_nfev)
+    for k in range(len(freqs), max(Ks) + 1):
+        if k > len(freqs):
             off, a, u, w = state[:4]
             arg = np.outer(lf, a)
             resid = gf - (off + np.cos(arg) @ u + np.sin(arg) @ w)
-            freqs = np.append(a, _largest_peak(resid, n_fft))
-            state = _joint_fit(gf, lf, freqs, max_nfev)
+            state = _joint_fit(gf, lf, np.append(a, _largest_peak(resid, n_fft)), max_nfev)
         if k in Ks:
             out[k] = _make_fit(g, lags, n_fit, *state)
     return out
@@ -233,25 +228,16 @@ def fit_cosine_series(
     spectral peaks of g; the residual rule fills in if g has fewer). ``max_lag`` fits only
     Δ ≤ max_lag. Returns a :class:`CosineFit` (NaN-filled if g is not finite)."""
     g, lags, n_fit = _prepare(g, max_lag)
+    if init not in ("residual", "peaks"):
+        raise ValueError(f"init must be 'residual' or 'peaks', not {init!r}")
     if init_freqs is not None:
         init_freqs = np.asarray(init_freqs, np.float64).ravel()
         K = len(init_freqs)
     if not np.isfinite(g[:n_fit]).all():
         return _nan_fit(lags, K, n_fit)
-    if init_freqs is None and init == "residual":
-        return _residual_path(g, lags, n_fit, (K,), max_nfev)[K]
-    if init_freqs is None:
-        if init != "peaks":
-            raise ValueError(f"init must be 'residual' or 'peaks', not {init!r}")
+    if init_freqs is None and init == "peaks":
         init_freqs = _peak_freqs(g[:n_fit], K)
-        if len(init_freqs) < K:
-            seed = _make_fit(g, lags, n_fit, *_joint_fit(g[:n_fit], lags[:n_fit], init_freqs,
-                                                          max_nfev))
-            extra = fit_cosine_series(g[:n_fit] - seed.fitted[:n_fit], K=K - len(init_freqs),
-                                      max_nfev=max_nfev)
-            init_freqs = np.concatenate([init_freqs, extra.freqs])
-    return _make_fit(g, lags, n_fit, *_joint_fit(g[:n_fit], lags[:n_fit], init_freqs,
-                                                 max_nfev))
+    return _residual_path(g, lags, n_fit, (K,), max_nfev, start=init_freqs)[K]
 
 
 class CosineFitTables(NamedTuple):
