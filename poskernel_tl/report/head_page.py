@@ -98,11 +98,13 @@ def head_html(
     r2_shown.update(data.r2_values)
     view = attention_pattern_html(data.tokens, data.pattern, assets_rel=assets_rel,
                                   max_tokens=max_tokens)
+    T = len(data.tokens)
+    note = f"The figures below use all {T} tokens." if T > max_tokens else ""
     parts = [
         _header(data.title, data.links, data.notes),
         _section("Shift invariance", values_html(r2_shown)),
         _section("Attention pattern",
-                 f'<div class="pk-cv-box">{view}</div>\n{tokens_html(data.tokens)}'),
+                 f'<div class="pk-cv-box">{view}</div>\n{tokens_html(data.tokens)}', note),
         _section(
             "Logits and their Toeplitz fit",
             figure_img(figures.fig_logits_fit(data.logits, fit),
@@ -196,7 +198,7 @@ def layer_html(
     links: Mapping[str, str] | None = None,
     tables: dict[str, pd.DataFrame] | None = None,
     notes: Sequence[str] = (),
-    max_tokens: int = 128,
+    max_tokens: int = 64,
     include_style: bool = True,
 ) -> str:
     """All heads of one layer as an HTML block (circuitsvis ``AttentionHeads``)."""
@@ -225,7 +227,7 @@ def render_layer_page(
     links: Mapping[str, str] | None = None,
     tables: dict[str, pd.DataFrame] | None = None,
     notes: Sequence[str] = (),
-    max_tokens: int = 128,
+    max_tokens: int = 64,
 ) -> Path:
     """Write one layer's page (every head's pattern side by side) and return its path.
     ``links`` (``{label: relative href}``, e.g. each head's page) go in the header;

@@ -235,9 +235,8 @@ def _visible(tokens: Sequence[str], n_pos: int, max_tokens: int) -> tuple[int, s
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     shown = min(n_pos, max_tokens)
     note = "" if shown == n_pos else (
-        f"Showing the first {shown} of {n_pos} tokens (queries and keys). Under causal "
-        f"attention the first {shown} query rows are complete; the figures use all "
-        f"{n_pos}. ")
+        f"Showing the first {shown} of {n_pos} tokens (queries and keys); under causal "
+        f"attention these {shown} query rows are complete. ")
     return shown, note
 
 
@@ -248,12 +247,15 @@ def attention_pattern_html(
     assets_rel: str | None,
     max_tokens: int = 256,
     decimals: int = 3,
+    max_value: float | None = None,
     load_bundle: bool = True,
 ) -> str:
     """``circuitsvis.attention.attention_pattern(tokens, pattern)`` as a fragment that
-    loads the shared bundle, with a note on rounding and on truncation to ``max_tokens``."""
+    loads the shared bundle, with a note on rounding and on truncation to ``max_tokens``.
+    ``max_value`` sets the value drawn darkest (circuitsvis' default: 1)."""
     shown, note = _visible(tokens, pattern.shape[0], max_tokens)
-    props = {"tokens": [clean_text(t) for t in tokens[:shown]], "maskUpperTri": True}
+    props = {"tokens": [clean_text(t) for t in tokens[:shown]], "maskUpperTri": True,
+             "maxValue": max_value}
     body = circuitsvis_html("AttentionPattern", props,
                             {"attention": pattern[:shown, :shown]},
                             assets_rel=assets_rel, decimals=decimals, load_bundle=load_bundle)
@@ -267,19 +269,22 @@ def attention_heads_html(
     attention_head_names: Sequence[str] | None = None,
     *,
     assets_rel: str | None,
-    max_tokens: int = 128,
+    max_tokens: int = 64,
     decimals: int = 3,
+    max_value: float | None = None,
     load_bundle: bool = True,
 ) -> str:
     """``circuitsvis.attention.attention_heads(attention, tokens, attention_head_names)``
-    as a fragment that loads the shared bundle (thumbnails of every head, one enlarged)."""
+    as a fragment that loads the shared bundle (thumbnails of every head, one enlarged).
+    The browser draws every cell of every head, so the default shows 64 tokens: 9 heads
+    × 128² cells take seconds to draw, and thumbnails are ≈ 120 px wide anyway."""
     shown, note = _visible(tokens, attention.shape[1], max_tokens)
     names = None if attention_head_names is None else [clean_text(n)
                                                        for n in attention_head_names]
     if names is not None and len(names) != attention.shape[0]:
         raise ValueError(f"{len(names)} head names for {attention.shape[0]} heads")
     props = {"tokens": [clean_text(t) for t in tokens[:shown]],
-             "attentionHeadNames": names, "maskUpperTri": True}
+             "attentionHeadNames": names, "maskUpperTri": True, "maxValue": max_value}
     body = circuitsvis_html("AttentionHeads", props,
                             {"attention": attention[:, :shown, :shown]},
                             assets_rel=assets_rel, decimals=decimals, load_bundle=load_bundle)
@@ -352,7 +357,7 @@ STYLE = """<style>
 .pk-report { font-family: system-ui, sans-serif; max-width: 1300px; margin: 0 auto;
   padding: 0 16px; color: #222; }
 .pk-report h1 { font-size: 1.5em; } .pk-report h2 { font-size: 1.2em; margin-top: 1.6em;
-  border-bottom: 1px solid #ddd; }
+  border-bottom: 1px solid #ddd; } .pk-report h3 { font-size: 1em; }
 .pk-report .pk-note { color: #555; font-size: 0.9em; }
 .pk-report .pk-fig { max-width: 100%; height: auto; display: block; margin: 8px 0; }
 .pk-report .pk-table { border-collapse: collapse; font-size: 0.9em; margin: 6px 0; }
