@@ -1,55 +1,53 @@
 """Rotary frequency usage per head (Barbero et al., ICLR 2025, "Round and Round We Go").
 
-Reads ``freq_usage.npz`` written by ``poskernel run`` (the mean norm of q and k inside
-each rotary 2-D pair, pairs read from the model's own ``hook_cos``) and lays it out
-per (layer, head, pair) ordered by rotation frequency θ: large norms in the
+Lays out a :class:`~poskernel_tl.result.ConditionResult`'s frequency usage (the mean
+norm of q and k inside each rotary 2-D pair, pairs read from the model's own
+``hook_cos``) per (layer, head, pair) ordered by rotation frequency θ: large norms in the
 highest-frequency pairs mark positional heads; large norms in the lowest-frequency pairs
 are the near-constant "semantic" channels.
 """
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from poskernel_tl.constants import FREQ_USAGE_CSV, result_path
+from poskernel_tl.io import save_csv
+from poskernel_tl.result import ConditionResult
 
-from poskernel_tl.constants import FREQ_USAGE, result_path  # noqa: E402
+COLUMNS = ["layer", "head", "kv_head", "rank", "pair", "theta", "dim_a", "dim_b", "q_norm",
+           "k_norm", "q_share"]
 
 
-def freq_usage_table(out_dir: Path, model: str, dataset: str, length: int) -> pd.DataFrame:
-    """Tidy table: layer, head, kv_head, pair, theta, dim_a, dim_b, q_norm, k_norm,
+def freq_usage_table(result: ConditionResult) -> pd.DataFrame:
+    """Tidy table: layer, head, kv_head, rank, pair, theta, dim_a, dim_b, q_norm, k_norm,
     q_share (the pair's share of the head's summed q norms), sorted by θ descending."""
-    path = result_path(out_dir, model, dataset, length, FREQ_USAGE)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: frequency usage exists for rotary models "
-                                "after `poskernel run`")
-    z = np.load(path)
-    qn, kn, theta = z["q_pair_norm"], z["k_pair_norm"], z["theta"]
+    if result.q_pair_norm is None:
+        raise ValueError(f"{result.model} has no rotary frequency usage (pe={result.spec.pe})")
+    qn, kn, theta = result.q_pair_norm, result.k_pair_norm, result.thetas
     L, H, P = qn.shape
-    group = H // kn.shape[1]
     order = np.argsort(-theta, kind="stable")
-    rows = []
-    for layer in range(L):
-        for head in range(H):
-            share = qn[layer, head] / qn[layer, head].sum()
-            for rank, pair in enumerate(order):
-                rows.append((layer, head, head // group, rank, int(pair), float(theta[pair]),
-                             int(z["pair_first"][pair]), int(z["pair_second"][pair]),
-                             float(qn[layer, head, pair]), float(kn[layer, head // group, pair]),
-                             float(share[pair])))
-    return pd.DataFrame(rows, columns=["layer", "head", "kv_head", "rank", "pair", "theta",
-                                       "dim_a", "dim_b", "q_norm", "k_norm", "q_share"])
+    layer, head, rank = (g.ravel() for g in np.meshgrid(np.arange(L), np.arange(H),
+                                                        np.arange(P), indexing="ij"))
+    pair = order[rank]
+    kv = result.kv_head[head]
+    share = qn / qn.sum(-1, keepdims=True)
+    return pd.DataFrame({
+        "layer": layer, "head": head, "kv_head": kv, "rank": rank, "pair": pair,
+        "theta": theta[pair], "dim_a": result.pair_first[pair],
+        "dim_b": result.pair_second[pair], "q_norm": qn[layer, head, pair],
+        "k_norm": kn[layer, kv, pair], "q_share": share[layer, head, pair]})[COLUMNS]
 
 
-def plot_freq_usage(table: pd.DataFrame, layer: int, title: str = ""):
+def plot_freq_usage(table: pd.DataFrame, layer: int, title: str = "") -> Figure:
     """Heatmap of q-norm share per (head, pair) for one layer, pairs ordered by θ
-    (highest frequency on the left). Returns the figure."""
+    (highest frequency on the left)."""
     sub = table[table.layer == layer].pivot(index="head", columns="rank", values="q_share")
     thetas = table[(table.layer == layer) & (table["head"] == 0)].sort_values("rank")["theta"]
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(sub) + 1.5))
+    fig = Figure(figsize=(8, 0.35 * len(sub) + 1.5))
+    ax = fig.subplots()
     im = ax.imshow(sub.to_numpy(), aspect="auto", cmap="viridis")
     ticks = np.linspace(0, len(thetas) - 1, min(8, len(thetas))).astype(int)
     ax.set_xticks(ticks, [f"{thetas.iloc[i]:.2g}" for i in ticks])
@@ -61,12 +59,9 @@ def plot_freq_usage(table: pd.DataFrame, layer: int, title: str = ""):
     return fig
 
 
-def write_freq_usage(out_dir: Path, model: str, dataset: str, length: int) -> Path | None:
-    """Write ``freq_usage.csv`` beside the run's results (None for non-rotary models)."""
-    from poskernel_tl.constants import FREQ_USAGE_CSV
-    from poskernel_tl.io import save_csv
-
-    if not result_path(out_dir, model, dataset, length, FREQ_USAGE).exists():
+def write_freq_usage(result: ConditionResult, out: str | Path) -> Path | None:
+    """Write ``freq_usage.csv`` beside the condition's results (None without rotary)."""
+    if result.q_pair_norm is None:
         return None
-    return save_csv(freq_usage_table(out_dir, model, dataset, length),
-                    result_path(out_dir, model, dataset, length, FREQ_USAGE_CSV))
+    return save_csv(freq_usage_table(result), result_path(
+        out, result.model, result.dataset, result.length, FREQ_USAGE_CSV))

@@ -1,58 +1,93 @@
-"""Stream per-layer post-rotary queries and keys from a forward pass into a callback.
+"""Stream per-layer post-rotary queries and keys (and the pre-softmax scores) from a
+forward pass into a callback.
 
 Only the hooks asked for are attached, through the bridge's ``hooks`` context manager;
 the hook functions observe and return None, so the forward pass is unchanged and no
 activation cache is built.
+
+    with capture_qk(model.bridge, on_layer, scores=True) as capture:
+        for index in batches:
+            capture.forward(tokens[index], context=index)
+
+``on_layer(layer)`` receives a :class:`CapturedLayer` per layer and forward pass, carrying
+the ``context`` of the :meth:`Capture.forward` call that produced it (e.g. which
+sequences the batch holds), so a callback needs no state of its own.
 """
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.hooks.names import qk_hook_names, scores_hook_name
 
-QKCallback = Callable[
-    [int, Float[Tensor, "batch pos head_index d_head"],
-     Float[Tensor, "batch pos kv_head_index d_head"]],
-    None,
-]
-ScoresCallback = Callable[[int, Float[Tensor, "batch head_index query_pos key_pos"]], None]
+
+@dataclass
+class CapturedLayer:
+    """One layer's tensors from one forward pass. ``scores`` is ``hook_attn_scores``
+    (pre-softmax, causally masked: entries above the diagonal hold a fill value, read
+    the lower triangle by index) when the capture asked for it, else None."""
+
+    layer: int
+    q: Float[Tensor, "batch pos head_index d_head"]
+    k: Float[Tensor, "batch pos kv_head_index d_head"]
+    scores: Float[Tensor, "batch head_index query_pos key_pos"] | None
+    context: Any
+
+
+class Capture:
+    """Handle returned by :func:`capture_qk`; run forward passes through it."""
+
+    def __init__(self, bridge):
+        self.bridge = bridge
+        self.context: Any = None
+
+    def forward(self, tokens: torch.Tensor, context: Any = None):
+        """``bridge(tokens)`` with ``context`` handed to every callback of this pass."""
+        self.context = context
+        try:
+            return self.bridge(tokens)
+        finally:
+            self.context = None
 
 
 @contextmanager
 def capture_qk(
     bridge,
-    on_qk: QKCallback,
+    on_layer: Callable[[CapturedLayer], None],
+    *,
+    scores: bool = False,
     layers: Sequence[int] | None = None,
-    on_scores: ScoresCallback | None = None,
-) -> Iterator[None]:
-    """Within the block, each forward pass of ``bridge`` calls ``on_qk(layer, q, k)``
-    once per layer with the tensors that enter Q·Kᵀ (keys are not expanded for GQA; use
-    :func:`poskernel_tl.hooks.kv_head_map`), and ``on_scores(layer, scores)`` with
-    ``hook_attn_scores`` when given (masked entries hold an unspecified fill value: read
-    the lower triangle by index)."""
+) -> Iterator[Capture]:
+    """Within the block, every :meth:`Capture.forward` calls ``on_layer`` once per layer
+    with the tensors that enter Q·Kᵀ (keys are not expanded for GQA), and with
+    ``hook_attn_scores`` too when ``scores=True`` (the bridge computes them anyway when
+    it runs attention eagerly)."""
     if layers is None:
         layers = range(bridge.cfg.n_layers)
+    capture = Capture(bridge)
     hooks = []
     for layer in layers:
         q_name, k_name = qk_hook_names(bridge, layer)
         pending: dict[str, Tensor] = {}
 
-        def make(slot: str, layer: int = layer, pending: dict = pending):
+        def emit(layer: int = layer, pending: dict = pending) -> None:
+            on_layer(CapturedLayer(layer, pending.pop("q"), pending.pop("k"),
+                                   pending.pop("scores", None), capture.context))
+
+        def make(slot: str, pending: dict = pending, emit=emit):
             def hook(x: Tensor, hook) -> None:
                 pending[slot] = x
-                if "q" in pending and "k" in pending:
-                    q, k = pending.pop("q"), pending.pop("k")
-                    on_qk(layer, q, k)
+                if len(pending) == (3 if scores else 2):
+                    emit()
             return hook
 
         hooks += [(q_name, make("q")), (k_name, make("k"))]
-        if on_scores is not None:
-            def scores_hook(x: Tensor, hook, layer: int = layer) -> None:
-                on_scores(layer, x)
-
-            hooks.append((scores_hook_name(layer), scores_hook))
+        if scores:
+            hooks.append((scores_hook_name(layer), make("scores")))
     with bridge.hooks(fwd_hooks=hooks):
-        yield
+        yield capture

@@ -1,15 +1,20 @@
 """poskernel_tl: how shift-invariant is each attention head's positional kernel?"""
 
-from poskernel_tl.loading import LoadedModel, load_model
-from poskernel_tl.registry import REGISTRY, ModelSpec, resolve
-from poskernel_tl.toeplitz import shift_invariance_r2
+__version__ = "0.2.0"
+
+from poskernel_tl.loading import LoadedModel, load_model  # noqa: E402
+from poskernel_tl.measure import measure  # noqa: E402
+from poskernel_tl.registry import REGISTRY, ModelSpec, resolve  # noqa: E402
+from poskernel_tl.result import ConditionResult  # noqa: E402
+from poskernel_tl.toeplitz import shift_invariance_r2  # noqa: E402
 
 __all__ = [
-           "REGISTRY",
-           "LoadedModel",
-           "ModelSpec",
-           "load_model",
-           "resolve",
-           "shift_invariance_r2",
+    "REGISTRY",
+    "ConditionResult",
+    "LoadedModel",
+    "ModelSpec",
+    "load_model",
+    "measure",
+    "resolve",
+    "shift_invariance_r2",
 ]
-__version__ = "0.1.0"

@@ -47,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="full logits of 10 eval sequences (auto: Wikipedia-like, T=256)")
     p.add_argument("--whiten", action="store_true",
                    help="Track B diagnostic: also fit the centered and whitened Gram")
+    p.add_argument("--scores", default="auto", choices=["auto", "hook", "qk"],
+                   help="Track A logits from hook_attn_scores (hook), from q·kᵀ (qk), or "
+                        "whichever the model computes anyway (auto)")
+    p.add_argument("--compatibility-mode", action="store_true",
+                   help="TransformerLens' HookedTransformer weight processing (slower; "
+                        "q/k and the results do not change)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="rebuild a sequence file that does not match this run")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--spectral", action="store_true",
                    help="also run the spectral analysis on the result")
@@ -75,27 +83,15 @@ def cmd_models(args) -> int:
     return 0
 
 
-def _tokenizer_for(model_name: str):
-    """Just the tokenizer of a registry model (no weights), for ``poskernel data``."""
-    from transformers import AutoTokenizer
-
-    from poskernel_tl.loading import ModelUnavailableError, _offline_hint, embedded_model_dir
-    from poskernel_tl.registry import resolve
-
-    spec = resolve(model_name)
-    if spec.loader == "gguf":
-        return spec, AutoTokenizer.from_pretrained(embedded_model_dir(),
-                                                   gguf_file=spec.gguf_file)
-    try:
-        return spec, AutoTokenizer.from_pretrained(spec.hub_id)
-    except OSError as err:
-        raise ModelUnavailableError(_offline_hint(spec.hub_id)) from err
-
-
 def cmd_data(args) -> int:
+    from poskernel_tl.datasets import check_dataset_name
+    from poskernel_tl.loading import load_tokenizer
+    from poskernel_tl.registry import resolve
     from poskernel_tl.sequences import ensure_sequences
 
-    spec, tok = _tokenizer_for(args.model)
+    check_dataset_name(args.dataset)
+    spec = resolve(args.model)
+    tok = load_tokenizer(args.model)
     seqs, path, built = ensure_sequences(
         args.out, tok, args.dataset, args.length, args.n_seqs, args.seed,
         model_name=args.model, n_ctx=spec.n_ctx or None,
@@ -114,26 +110,39 @@ def cmd_run(args) -> int:
                     n_seqs=args.n_seqs, out=args.out, device=args.device,
                     batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
                     save_logits=args.save_logits, allow_cross_doc=args.allow_cross_doc,
-                    whiten=args.whiten,
-                    progress=not args.quiet)
-    res = run_condition(cfg)
-    print(f"\n{args.model} · {args.dataset} · T={args.length} · "
-          f"{res['cfg']['n_eval']} eval sequences ({res['cfg']['weights']}); "
-          "mean R² over heads per layer:")
-    print(res["summary"].round(3).to_string())
-    print(f"\nresults in {os.path.join(args.out, C.RESULTS_DIR)} ({res['cfg']['seconds']} s)")
+                    whiten=args.whiten, scores=args.scores, overwrite=args.overwrite,
+                    compatibility_mode=args.compatibility_mode, progress=not args.quiet)
+    cfg.validate()  # before the model is loaded
+    if args.quiet:
+        _quiet_libraries()
+    result, _ = run_condition(cfg)
+    prov = result.provenance
+    print(f"\n{args.model} · {args.dataset} · T={args.length} · {prov['n_eval']} eval "
+          f"sequences ({prov['weights']}); mean R² over heads per layer:")
+    print(result.layer_summary().round(3).to_string())
+    print(f"\nresults in {os.path.join(args.out, C.RESULTS_DIR)} ({prov['seconds']} s)")
     if args.spectral:
         _spectral(args.out, args.model, args.dataset, args.length, force=False, demean=False)
     return 0
 
 
+def _quiet_libraries() -> None:
+    """Silence the progress bars of transformers (the GGUF conversion) and datasets."""
+    os.environ["TQDM_DISABLE"] = "1"
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _spectral(out, model, dataset, length, force, demean) -> None:
     from poskernel_tl.analyses.freq_usage import write_freq_usage
     from poskernel_tl.analyses.spectral import run_spectral
+    from poskernel_tl.result import ConditionResult
 
+    result = ConditionResult.load(out, model, dataset, length)  # validates every file
     summary = run_spectral(out, model, dataset, length, force=force, demean=demean)
     print("spectral:", ", ".join(f"{k}={v}" for k, v in summary.items()))
-    usage = write_freq_usage(out, model, dataset, length)
+    usage = write_freq_usage(result, out)
     if usage is not None:
         print(f"frequency usage per head and rotary pair: {usage}")
 
@@ -168,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
                 NonFiniteError)
     try:
         return COMMANDS[command](args)
+    except KeyboardInterrupt:
+        if os.environ.get("POSKERNEL_DEBUG") == "1":
+            raise
+        print("\nposkernel: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
     except expected as err:
         if os.environ.get("POSKERNEL_DEBUG") == "1":
             raise

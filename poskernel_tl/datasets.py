@@ -36,6 +36,8 @@ from pathlib import Path
 OFFLINE_DATASETS = ("prose", "stdlib-code", "random")
 HUB_DATASETS = ("wikipedia", "code")
 TEXT_PREFIX = "text:"
+# the seed keeps the full logits of 10 evaluation sequences for Wikipedia only
+LOGITS_BY_DEFAULT = ("wikipedia",)
 
 WIKIPEDIA_REPO, WIKIPEDIA_CONFIG = "wikimedia/wikipedia", "20231101.en"
 CODE_REPO = "codeparrot/github-code"
@@ -64,6 +66,11 @@ def check_dataset_name(dataset: str) -> None:
     if dataset.startswith(TEXT_PREFIX) and len(dataset) > len(TEXT_PREFIX):
         return
     raise DataError(f"unknown dataset {dataset!r}; known: {known_datasets()}")
+
+
+def saves_logits_by_default(dataset: str) -> bool:
+    """Whether ``poskernel run --save-logits auto`` keeps full logits for ``dataset``."""
+    return dataset in LOGITS_BY_DEFAULT
 
 
 def describe_source(dataset: str, seed: int = 0) -> str:

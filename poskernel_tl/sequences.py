@@ -189,7 +189,7 @@ def build_sequences(tokenizer, dataset: str, length: int, n_seqs: int = 200, see
     n_cand = len(tokens)
     if n_cand < n_seqs:
         how = "with" if allow_cross_doc else "without"
-        hint = "" if allow_cross_doc else "; allow_cross_doc=True may supply more"
+        hint = "" if allow_cross_doc else "; --allow-cross-doc may supply more"
         raise DataError(f"dataset {dataset!r} can supply only {n_cand} sequences of "
                         f"{length} tokens {how} crossing documents, {n_seqs} requested{hint}")
     drawn = np.random.default_rng(int(seed)).choice(n_cand, size=n_seqs, replace=False)
@@ -300,7 +300,7 @@ def ensure_sequences(out_dir: Path, tokenizer, dataset: str, length: int, n_seqs
             seqs = load_sequences(path, expect=expect)
         except DataError as err:
             if not overwrite:
-                raise DataError(f"{err}; delete the file or pass overwrite=True to rebuild it") \
+                raise DataError(f"{err}; delete the file or rerun with --overwrite to rebuild it") \
                     from err
             warnings.warn(f"rebuilding {path}: {err}", stacklevel=2)
         else:

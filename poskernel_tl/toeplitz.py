@@ -117,11 +117,26 @@ def lower_mean_from_qk(
 _MASKS: dict = {}
 
 
-def _strict_lower_mask(T: int, like: Tensor) -> Tensor:
-    key = (T, like.dtype, like.device)
+def _upper_mask(T: int, device) -> Tensor:
+    """Bool [T, T], True on and above the diagonal (the entries a fit never reads)."""
+    key = (T, str(device))
     if key not in _MASKS:
-        _MASKS[key] = torch.ones(T, T, dtype=like.dtype, device=like.device).tril(-1)
+        _MASKS[key] = torch.ones(T, T, dtype=torch.bool, device=device).triu()
     return _MASKS[key]
+
+
+def key_block_index(T: int, key_hi: int, row_lo: int, device=None) -> tuple[Tensor, Tensor]:
+    """For the entries with key s < ``key_hi`` and query row t ≥ ``row_lo`` (and s < t):
+    ``rows[s, Δ−1] = s + Δ`` (clamped into range) and ``valid[s, Δ−1]``, Δ = 1..T−1."""
+    s = torch.arange(key_hi, device=device)[:, None]
+    t = s + torch.arange(1, T, device=device)[None]
+    valid = (t < T) & (t >= row_lo)
+    return t.clamp(max=T - 1), valid
+
+
+def key_block_counts(T: int, key_hi: int, row_lo: int, device=None) -> Float[Tensor, " lag"]:
+    """n(Δ) of the entries with key s < ``key_hi`` and query row t ≥ ``row_lo``."""
+    return key_block_index(T, key_hi, row_lo, device)[1].sum(0).double()
 
 
 def lower_lag_stats(
@@ -129,10 +144,13 @@ def lower_lag_stats(
     shift: Float[Tensor, "batch head_index"],
     small_blocks: list[tuple[int, int]],
     work: Tensor | None = None,
+    key_block: tuple[int, int] | None = None,
 ) -> tuple[tuple[Tensor, Tensor], list[tuple[Tensor, Tensor]]]:
     """Per-lag sums S1(Δ) and sums of squares of the strictly lower triangle, for the
-    whole triangle and for a few small blocks of query rows, in a handful of passes
-    over ``scores`` (which is left untouched).
+    whole triangle, for a few small blocks of query rows [lo, hi), and optionally for the
+    block of keys s < key_hi in query rows t ≥ row_lo (``key_block = (key_hi, row_lo)``,
+    appended last), in a handful of passes over ``scores`` (left untouched; entries on
+    and above the diagonal may hold anything, masked fills included).
 
     Sums are formed on A − shift (choose the shift near the mean, e.g.
     :func:`lower_mean_from_qk`, so sums of squares do not cancel), within one lag or
@@ -146,12 +164,12 @@ def lower_lag_stats(
     top = work[:, :, :T]
     c = shift.to(torch.float64)
     torch.sub(scores, c[..., None, None].to(scores.dtype), out=top)
+    top.masked_fill_(_upper_mask(T, top.device), 0.0)
     # sub-diagonal Δ of the top half is a strided row of the buffer: element (Δ, j) is
     # work[Δ + j, j], and runs past row T−1 into the zero half
     diag = work.as_strided((b, h, T - 1, T), (work.stride(0), work.stride(1), T, T + 1),
                            work.storage_offset() + T)
     s1_shift = diag.sum(-1).double()
-    top.mul_(_strict_lower_mask(T, top))
     sq_shift = torch.linalg.vector_norm(top, dim=-1).double().pow(2).sum(-1)
 
     def unshift(s1p: Tensor, sqp: Tensor, counts: Tensor):
@@ -175,4 +193,11 @@ def lower_lag_stats(
         g = top[:, :, lo:hi].gather(-1, keys.clamp(min=0).expand(b, h, -1, -1)) * valid
         blocks.append(unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
                               lag_counts(T, lo, hi)))
+    if key_block is not None:
+        key_hi, row_lo = min(key_block[0], T), key_block[1]
+        rows, valid = key_block_index(T, key_hi, row_lo, scores.device)
+        cols = top.transpose(-1, -2)[:, :, :key_hi]  # [b, h, key, query]
+        g = cols.gather(-1, rows.expand(b, h, -1, -1)) * valid.to(top.dtype)
+        blocks.append(unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
+                              key_block_counts(T, key_hi, row_lo)))
     return total, blocks

@@ -340,7 +340,7 @@ def test_ensure_builds_then_reuses(tiny_tokenizer, tmp_path):
     fresh, _, _ = ensure_sequences(tmp_path / "other", tiny_tokenizer, "prose", 32, 20,
                                    model_name="tiny")
     assert torch.equal(fresh["input_ids"], seqs["input_ids"])  # rebuilding is identical
-    with pytest.raises(DataError, match="seed=0, not seed=1.*overwrite=True") as err:
+    with pytest.raises(DataError, match="seed=0, not seed=1.*--overwrite") as err:
         ensure_sequences(tmp_path, tiny_tokenizer, "prose", 32, 20, 1, model_name="tiny")
     one_line(err)
     assert path.stat().st_mtime_ns == stamp
@@ -377,7 +377,7 @@ def test_hand_edited_file_is_rejected(tiny_tokenizer, tmp_path, how, match):
     with pytest.raises(DataError, match=match) as err:
         load_sequences(path)
     one_line(err)
-    with pytest.raises(DataError, match="overwrite=True"):
+    with pytest.raises(DataError, match="--overwrite"):
         ensure_sequences(tmp_path, tiny_tokenizer, "prose", 32, 20, model_name="tiny")
 
 
@@ -385,7 +385,7 @@ def test_corrupt_cache_never_silently_reused(tiny_tokenizer, tmp_path):
     path = constants.seqs_path(tmp_path, "tiny", "prose", 32)
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a torch file")
-    with pytest.raises(DataError, match="corrupt.*delete the file or pass overwrite=True") as e:
+    with pytest.raises(DataError, match="corrupt.*delete the file or rerun with --overwrite") as e:
         ensure_sequences(tmp_path, tiny_tokenizer, "prose", 32, 20, model_name="tiny")
     one_line(e)
     assert path.read_bytes() == b"not a torch file"

@@ -21,14 +21,12 @@ def _ids(T=12, batch=2, seed=0):
 def _capture(model, ids):
     got, scores = {}, {}
 
-    def on_qk(layer, q, k):
-        got[layer] = (q.clone(), k.clone())
+    def on_layer(c):
+        got[c.layer] = (c.q.clone(), c.k.clone())
+        scores[c.layer] = c.scores.clone()
 
-    def on_scores(layer, s):
-        scores[layer] = s.clone()
-
-    with torch.no_grad(), capture_qk(model.bridge, on_qk, on_scores=on_scores):
-        out = model.bridge(ids)
+    with torch.no_grad(), capture_qk(model.bridge, on_layer, scores=True) as capture:
+        out = capture.forward(ids)
     return out, got, scores
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from poskernel_tl.analyses.pe_kernel import (
+from poskernel_tl.pe_kernel import (
     NoPositionTableError,
     head_projected_pe_kernel,
     layer_positions,

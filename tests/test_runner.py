@@ -36,7 +36,7 @@ def corpus(tmp_path_factory):
 def _run(model, out, dataset, length=32, n_seqs=8, **kw):
     cfg = RunConfig(model=model.spec.name, dataset=dataset, length=length, n_seqs=n_seqs,
                     out=str(out), batch_size=3, progress=False, **kw)
-    return run_condition(cfg, model=model)
+    return run_condition(cfg, model=model)[0]
 
 
 def test_run_writes_seed_files_and_matches_direct_fit(tiny_tokenizer, corpus, tmp_path):
@@ -69,7 +69,7 @@ def test_run_writes_seed_files_and_matches_direct_fit(tiny_tokenizer, corpus, tm
     assert len(vis) == 1  # of eval indices 0, 11, ..., 99 only 0 exists among 4
     cfg = json.loads(path(C.CFG).read_text())
     assert cfg["spec"]["inv_freq"] and cfg["centered"] is True
-    assert res["summary"].shape[0] == 2
+    assert res.layer_summary().shape[0] == 2
 
 
 def test_random_tokens_are_not_centered(tiny_tokenizer, tmp_path):
@@ -117,12 +117,13 @@ def test_spectral_and_frequency_usage_after_a_run(tiny_tokenizer, corpus, tmp_pa
     assert summary["forced"] and summary["n_analysed"] == 2 * 4
     spec_csv = pd.read_csv(C.result_path(tmp_path, "tiny-llama", dataset, 32, C.SPECTRAL_CSV))
     assert len(spec_csv) == 8 and spec_csv["forced"].all()
-    table = freq_usage_table(tmp_path, "tiny-llama", dataset, 32)
+    result = pk.ConditionResult.load(tmp_path)
+    table = freq_usage_table(result)
     assert len(table) == 2 * 4 * 8  # layers x heads x d_head/2 pairs
     first = table[(table.layer == 0) & (table["head"] == 0)]
     assert first["theta"].is_monotonic_decreasing and abs(first["q_share"].sum() - 1) < 1e-9
     assert (first["dim_b"] - first["dim_a"] == 8).all()  # HF rotate_half pairs i, i + d/2
-    assert write_freq_usage(tmp_path, "tiny-llama", dataset, 32).exists()
+    assert write_freq_usage(result, tmp_path).exists()
 
 
 def test_gpt2_run_writes_positional_kernel_for_spectral(tiny_tokenizer, tmp_path):
@@ -134,7 +135,7 @@ def test_gpt2_run_writes_positional_kernel_for_spectral(tiny_tokenizer, tmp_path
     assert s_pe.shape == (2, 4, 31)
     from tiny_models import tiny_hf_model
 
-    from poskernel_tl.analyses.pe_kernel import head_projected_pe_kernel
+    from poskernel_tl.pe_kernel import head_projected_pe_kernel
 
     pristine = head_projected_pe_kernel(tiny_hf_model("gpt2"), 32)  # same seed, not booted
     assert np.abs(s_pe - pristine).max() < 1e-6

@@ -40,10 +40,12 @@ def test_hook_shapes_and_scores_all_layers(smollm2):
     ids = smollm2.tokenizer(text, return_tensors="pt").input_ids.to(smollm2.device)
     T = ids.shape[1]
     got, scores = {}, {}
-    with torch.no_grad(), capture_qk(
-            smollm2.bridge, lambda layer, q, k: got.__setitem__(layer, (q, k)),
-            on_scores=lambda layer, s: scores.__setitem__(layer, s)):
-        smollm2.bridge(ids)
+    def on_layer(c):
+        got[c.layer] = (c.q, c.k)
+        scores[c.layer] = c.scores
+
+    with torch.no_grad(), capture_qk(smollm2.bridge, on_layer, scores=True) as capture:
+        capture.forward(ids)
     assert sorted(got) == list(range(30))
     scale = logit_scale(smollm2.hf_model, 64)
     tri = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()

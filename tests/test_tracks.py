@@ -5,8 +5,14 @@ import pytest
 import torch
 
 from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
-from poskernel_tl.reducers import CenteringReducer, GramReducer, LayerBatch, TrackAReducer
-from poskernel_tl.reducers.track_a import NonFiniteError
+from poskernel_tl.reducers import (
+    GramReducer,
+    LayerBatch,
+    MomentsReducer,
+    NonFiniteError,
+    TrackAReducer,
+)
+from poskernel_tl.reducers.moments import random_half
 
 TOL = 1e-6
 B, T, H, HKV, D, L = 6, 64, 4, 2, 8, 2
@@ -31,10 +37,19 @@ def logits(q, k, h):
     return (q[:, h] @ k[:, kvh].T) * SCALE  # q: [pos, head, d]
 
 
-def feed(reducer, qs, ks, batch=2, layer=0):
+def feed(reducer, qs, ks, batch=2, layer=0, hooked_fill=None):
+    """Feed q/k in batches; with ``hooked_fill`` the logits come precomputed, as from
+    ``hook_attn_scores``, with the masked entries set to that fill value."""
     for start in range(0, len(qs), batch):
         idx = torch.arange(start, min(len(qs), start + batch))
-        reducer.update(LayerBatch(layer, qs[idx], ks[idx], idx, float(SCALE)))
+        scores = None
+        if hooked_fill is not None:
+            kk = ks[idx].repeat_interleave(H // HKV, dim=2)
+            scores = torch.einsum("bthd,bshd->bhts", qs[idx], kk) * SCALE
+            upper = torch.ones(T, T, dtype=torch.bool).triu(1)
+            scores = scores.masked_fill(upper, hooked_fill)
+        reducer.update(LayerBatch(layer, qs[idx], ks[idx], idx, float(SCALE),
+                                  rows=tuple(idx.tolist()), hooked_scores=scores))
 
 
 @pytest.fixture
@@ -48,47 +63,66 @@ def qk(rng):
 
 def test_track_a_matches_naive(qk):
     q, k = qk
-    red = TrackAReducer(B, 1, H, T)
+    red = TrackAReducer(B, 1, H, T, seed=3)
     feed(red, q, k)
-    res = red.result(seed=3)
+    res = red.result()
     qn, kn = q.double().numpy(), k.double().numpy()
     for h in range(H):
         mats = [logits(qn[x], kn[x], h) for x in range(B)]
         for x in range(B):
             want = naive_fit(entries(mats[x]))
-            assert abs(res["R2_per_seq"][x, 0, h] - want) < TOL
+            assert abs(res.r2_per_seq[x, 0, h] - want) < TOL
             want_ns = naive_fit(entries(mats[x], skip_sink=True))
-            assert abs(res["R2_per_seq_nosink"][x, 0, h] - want_ns) < TOL
+            assert abs(res.r2_per_seq_nosink[x, 0, h] - want_ns) < TOL
             g1 = np.mean([mats[x][t, t - 1] for t in range(1, T)])
-            assert abs(res["g_per_seq"][x, 0, h, 0] - g1) < 1e-5
+            assert abs(res.g_per_seq[x, 0, h, 0] - g1) < 1e-5
         pooled = sum((entries(m) for m in mats), [])
-        assert abs(res["R2_pooled"][0, h] - naive_fit(pooled)) < TOL
+        assert abs(res.r2_pooled[0, h] - naive_fit(pooled)) < TOL
         pooled_ns = sum((entries(m, skip_sink=True) for m in mats), [])
-        assert abs(res["R2_pooled_nosink"][0, h] - naive_fit(pooled_ns)) < TOL
+        assert abs(res.r2_pooled_nosink[0, h] - naive_fit(pooled_ns)) < TOL
         early = sum((entries(m, rows=range(*EARLY_ROWS)) for m in mats), [])
-        assert abs(res["R2_pooled_early"][0, h] - naive_fit(early)) < TOL
+        assert abs(res.r2_pooled_early[0, h] - naive_fit(early)) < TOL
         late = sum((entries(m, rows=range(INTERIOR_FROM, T)) for m in mats), [])
-        assert abs(res["R2_pooled_interior"][0, h] - naive_fit(late)) < TOL
+        assert abs(res.r2_pooled_interior[0, h] - naive_fit(late)) < TOL
+        inner = sum(([(t - s_, m[t, s_]) for t in range(INTERIOR_FROM, T)
+                      for s_ in range(INTERIOR_FROM, t)] for m in mats), [])
+        assert abs(res.r2_pooled_interior_keys[0, h] - naive_fit(inner)) < TOL
         # the 80/20 subsets: same generator, same draws
         rng = np.random.default_rng(3)
         k_sub = int(round(SPLIT_FRACTION * B))
         subs = [naive_fit(sum((entries(mats[i]) for i in
                                np.sort(rng.choice(np.arange(B), k_sub, replace=False))), []))
                 for _ in range(N_SPLITS)]
-        assert abs(res["R2_split_mean"][0, h] - np.mean(subs)) < TOL
-        assert abs(res["R2_split_std"][0, h] - np.std(subs, ddof=1)) < TOL
+        assert abs(res.r2_split.mean(0)[0, h] - np.mean(subs)) < TOL
+        assert abs(res.r2_split.std(0, ddof=1)[0, h] - np.std(subs, ddof=1)) < TOL
+
+
+@pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min, 7.0])
+def test_track_a_from_hooked_scores_equals_qk_path(qk, fill):
+    """The two sources of Track A's logits (hook_attn_scores, masked with any fill value;
+    or q·kᵀ formed from the hooked q/k) give the same numbers."""
+    q, k = qk
+    ours = TrackAReducer(B, 1, H, T)
+    feed(ours, q, k)
+    hooked = TrackAReducer(B, 1, H, T)
+    feed(hooked, q, k, hooked_fill=fill)
+    a, b = ours.result(), hooked.result()
+    for name in ("r2_per_seq", "r2_pooled", "r2_pooled_nosink", "r2_pooled_early",
+                 "r2_pooled_interior", "r2_pooled_interior_keys", "g_pooled"):
+        assert np.abs(getattr(a, name) - getattr(b, name)).max() < TOL, name
 
 
 def test_gram_matches_naive(qk, rng):
     q, k = qk
     cq = torch.randn(4, T, H, D, generator=rng) + q[:1]
     ck = torch.randn(4, T, HKV, D, generator=rng) + k[:1]
-    cen = CenteringReducer(4, 1, H, HKV, T, D)
+    cen = MomentsReducer(4, 1, H, HKV, T, D, half_seed=5)
     feed(cen, cq, ck)
     means = cen.result()
-    gram = GramReducer(1, H, HKV, T, D, float(SCALE))
+    gram = GramReducer(1, H, HKV, T, D, float(SCALE), reference=means)
     feed(gram, q, k, batch=4)
     res = gram.result(means, keep_matrices=True)
+    half_idx = random_half(4, 5)
     qn, kn, cqn, ckn = (x.double().numpy() for x in (q, k, cq, ck))
     for h in range(H):
         kvh = h // (H // HKV)
@@ -96,14 +130,52 @@ def test_gram_matches_naive(qk, rng):
         mq, mk = cqn.mean(0)[:, h], ckn.mean(0)[:, kvh]
         cen_mat = np.mean([(qn[x, :, h] - mq) @ (kn[x, :, kvh] - mk).T * SCALE
                            for x in range(B)], axis=0)
-        mq2, mk2 = cqn[:2].mean(0)[:, h], ckn[:2].mean(0)[:, kvh]
+        mq2, mk2 = cqn[half_idx].mean(0)[:, h], ckn[half_idx].mean(0)[:, kvh]
         half = np.mean([(qn[x, :, h] - mq2) @ (kn[x, :, kvh] - mk2).T * SCALE
                         for x in range(B)], axis=0)
-        assert np.abs(res["gram_raw"][0, h].numpy() - raw).max() < 1e-4
-        assert np.abs(res["gram_centered"][0, h].numpy() - cen_mat).max() < 1e-4
-        assert abs(res["R2_gram_raw"][0, h] - naive_fit(entries(raw))) < TOL
-        assert abs(res["R2_gram"][0, h] - naive_fit(entries(cen_mat))) < TOL
-        assert abs(res["R2_gram_half"][0, h] - naive_fit(entries(half))) < TOL
+        assert np.abs(res.gram_raw[0, h] - raw).max() < 1e-4
+        assert np.abs(res.gram_centered[0, h] - cen_mat).max() < 1e-4
+        assert abs(res.r2_gram_raw[0, h] - naive_fit(entries(raw))) < TOL
+        assert abs(res.r2_gram[0, h] - naive_fit(entries(cen_mat))) < TOL
+        assert abs(res.r2_gram_half[0, h] - naive_fit(entries(half))) < TOL
+
+
+@pytest.mark.parametrize("centered", [True, False])
+def test_float32_gram_keeps_float64_precision(rng, centered):
+    """The Gram accumulates in float32; with per-position mean terms 100× the content
+    part (as in real q/k), R² of the raw and centered Gram stay within 1e-6 of a float64
+    computation of the same products."""
+    n, Tn = 40, 48
+    mu_q = 100 * torch.randn(1, Tn, H, D, generator=rng, dtype=torch.float64)
+    mu_k = 100 * torch.randn(1, Tn, HKV, D, generator=rng, dtype=torch.float64)
+    pos = torch.randn(1, Tn, 1, D, generator=rng, dtype=torch.float64)  # weak structure
+    draw = lambda m, heads: m + pos + torch.randn(n, Tn, heads, D, generator=rng,
+                                                  dtype=torch.float64)
+    q, k = draw(mu_q, H).float(), draw(mu_k, HKV).float()
+    cq, ck = draw(mu_q, H).float(), draw(mu_k, HKV).float()
+    means = None
+    if centered:
+        cen = MomentsReducer(n, 1, H, HKV, Tn, D)
+        for s in range(0, n, 4):
+            idx = torch.arange(s, s + 4)
+            cen.update(LayerBatch(0, cq[idx], ck[idx], idx, float(SCALE)))
+        means = cen.result()
+    gram = GramReducer(1, H, HKV, Tn, D, float(SCALE), reference=means)
+    for s in range(0, n, 4):
+        idx = torch.arange(s, s + 4)
+        gram.update(LayerBatch(0, q[idx], k[idx], idx, float(SCALE)))
+    res = gram.result(means)
+    qd, kd = q.double(), k.double().repeat_interleave(H // HKV, dim=2)
+    ref_raw = torch.einsum("bthd,bshd->hts", qd, kd) / n * SCALE
+    from poskernel_tl.toeplitz import shift_invariance_r2
+
+    assert np.abs(res.r2_gram_raw[0] - shift_invariance_r2(ref_raw)[0].numpy()).max() < 1e-6
+    if centered:
+        mq = means.mean_q[0].transpose(0, 1)[None]
+        mk = means.mean_k[0].transpose(0, 1)[None].repeat_interleave(H // HKV, dim=2)
+        ref_c = torch.einsum("bthd,bshd->hts", qd - mq, kd - mk) / n * SCALE
+        r2c = shift_invariance_r2(ref_c)[0].numpy()
+        assert np.abs(res.r2_gram[0] - r2c).max() < 1e-6
 
 
 def rope_rotate(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -130,14 +202,14 @@ def test_exact_rope_head_has_r2_one(rng):
     red = TrackAReducer(B, 1, H, T)
     feed(red, q, k)
     a = red.result()
-    assert np.abs(a["R2_per_seq"] - 1).max() < TOL
-    cen = CenteringReducer(4, 1, H, HKV, T, D)
+    assert np.abs(a.r2_per_seq - 1).max() < TOL
+    cen = MomentsReducer(4, 1, H, HKV, T, D)
     feed(cen, cq, ck)
-    gram = GramReducer(1, H, HKV, T, D, float(SCALE))
+    gram = GramReducer(1, H, HKV, T, D, float(SCALE), reference=cen.result())
     feed(gram, q, k)
     b = gram.result(cen.result())
-    assert np.abs(b["R2_gram"] - 1).max() < TOL
-    assert np.abs(b["R2_gram_raw"] - 1).max() < TOL
+    assert np.abs(b.r2_gram - 1).max() < TOL
+    assert np.abs(b.r2_gram_raw - 1).max() < TOL
 
 
 def test_nonfinite_names_layer_head_sequence(qk):
@@ -156,12 +228,13 @@ def test_whitened_gram_matches_naive(qk, rng):
     q, k = qk
     cq = torch.randn(5, T, H, D, generator=rng) * torch.linspace(0.5, 3, D) + q[:1]
     ck = torch.randn(5, T, HKV, D, generator=rng) + k[:1]
-    cen = CenteringReducer(5, 1, H, HKV, T, D, second_moments=True)
+    cen = MomentsReducer(5, 1, H, HKV, T, D, second_moments=True)
     feed(cen, cq, ck)
-    means, (wq, wk) = cen.result(), cen.whitening()
-    red = WhitenedGramReducer(means["mean_q"], means["mean_k"], wq, wk, float(SCALE))
+    means = cen.result()
+    wq, wk = means.whitening()
+    red = WhitenedGramReducer(means, float(SCALE))
     feed(red, q, k)
-    got = red.result()["R2_gram_whitened"]
+    got = red.result().r2_gram_whitened
     qn, kn, cqn, ckn = (x.double().numpy() for x in (q, k, cq, ck))
 
     def inv_sqrt_cov(x):  # x: [n, T, d], centered per position, pooled covariance

@@ -1,16 +1,14 @@
-"""Streaming reducers fed by the hook layer, one per file, registered by name."""
+"""Streaming reducers fed by the hook layer, one per file (protocol: ``base.py``)."""
 
-from poskernel_tl.reducers.base import LayerBatch, Reducer
-from poskernel_tl.reducers.centering import CenteringReducer
-from poskernel_tl.reducers.freq_usage import FreqUsageReducer
-from poskernel_tl.reducers.gram import GramReducer
-from poskernel_tl.reducers.track_a import NonFiniteError, TrackAReducer
-from poskernel_tl.reducers.whitened_gram import WhitenedGramReducer
+from poskernel_tl.reducers.base import LayerBatch, Reducer, Workspace
+from poskernel_tl.reducers.freq_usage import FreqUsage, FreqUsageReducer
+from poskernel_tl.reducers.gram import GramReducer, GramResult
+from poskernel_tl.reducers.logits import LogitSaver, SavedLogits
+from poskernel_tl.reducers.moments import Moments, MomentsReducer
+from poskernel_tl.reducers.track_a import NonFiniteError, TrackAReducer, TrackAResult
+from poskernel_tl.reducers.whitened_gram import WhitenedGramReducer, WhitenedGramResult
 
-REDUCERS: dict[str, type[Reducer]] = {
-    r.name: r for r in (TrackAReducer, CenteringReducer, GramReducer, FreqUsageReducer,
-                        WhitenedGramReducer)
-}
-
-__all__ = ["REDUCERS", "CenteringReducer", "FreqUsageReducer", "GramReducer", "LayerBatch",
-           "NonFiniteError", "Reducer", "TrackAReducer", "WhitenedGramReducer"]
+__all__ = ["FreqUsage", "FreqUsageReducer", "GramReducer", "GramResult", "LayerBatch",
+           "LogitSaver", "Moments", "MomentsReducer", "NonFiniteError", "Reducer",
+           "SavedLogits", "TrackAReducer", "TrackAResult", "Workspace", "WhitenedGramReducer",
+           "WhitenedGramResult"]

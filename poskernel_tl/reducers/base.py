@@ -1,7 +1,14 @@
-"""What every reducer sees: one layer's queries and keys for one batch of sequences."""
+"""What every reducer sees: one layer's queries, keys and logits for one batch.
 
-from dataclasses import dataclass
+The protocol: a reducer takes its options in its constructor, ``update(batch)`` adds one
+:class:`LayerBatch` to running statistics kept on the model's device (no ``.item()``,
+``.cpu()`` or boolean-mask indexing: nothing that waits for the device), and
+``result()`` syncs once and returns a typed dataclass of numpy arrays.
+"""
+
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, Protocol
 
 import torch
 from jaxtyping import Float, Int
@@ -9,55 +16,61 @@ from torch import Tensor
 
 
 @dataclass
+class Workspace:
+    """Output buffers reused from layer to layer and batch to batch (on CPU a fresh
+    allocation of a [batch, head, T, T] tensor costs more than the matmul filling it).
+    A buffer's contents are valid until the next layer asks for it."""
+
+    buffers: dict[str, Tensor] = field(default_factory=dict)
+
+    def get(self, name: str, shape: tuple, like: Tensor, zero: bool = False) -> Tensor:
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape != shape or buf.device != like.device \
+                or buf.dtype != like.dtype:
+            make = torch.zeros if zero else torch.empty
+            buf = self.buffers[name] = make(shape, dtype=like.dtype, device=like.device)
+        return buf
+
+
+@dataclass
 class LayerBatch:
-    """Post-rotary q/k of one layer for one batch, and the eval/centering indices of
-    the batch's sequences. The derived tensors are built on first use and shared by
-    all reducers: ``scores``, q·kᵀ times the model's logit scale, per sequence and query
-    head (GQA keys are broadcast, not copied)."""
+    """Post-rotary q/k of one layer for one batch and the indices of the batch's
+    sequences within the pass (``index`` on the model's device, ``rows`` the same on the
+    host). ``scores`` (q·kᵀ times the model's logit scale, per
+    sequence and query head, valid on the strictly lower triangle) is taken from
+    ``hook_attn_scores`` when the capture read it, otherwise formed from q/k on first
+    use (GQA keys broadcast, not copied) into a workspace buffer shared by all reducers."""
 
     layer: int
     q: Float[Tensor, "batch pos head_index d_head"]
     k: Float[Tensor, "batch pos kv_head_index d_head"]
     index: Int[Tensor, " batch"]
     scale: float
-    workspace: dict | None = None  # reusable output buffers shared across layers
+    rows: tuple[int, ...] = ()  # ``index`` on the host, for the few reducers that need it
+    workspace: Workspace = field(default_factory=Workspace)
+    hooked_scores: Float[Tensor, "batch head_index query_pos key_pos"] | None = None
 
     @property
     def group(self) -> int:
+        """Query heads per key/value head."""
         return self.q.shape[2] // self.k.shape[2]
 
     @cached_property
     def scores(self) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+        if self.hooked_scores is not None:
+            return self.hooked_scores
         b, t, h, d = self.q.shape
         kv = self.k.shape[2]
         # [b, kv, group, t, d] @ [b, kv, 1, d, t]: GQA without materialising repeated keys
         q = self.q.float().permute(0, 2, 1, 3).reshape(b, kv, h // kv, t, d) * self.scale
         k = self.k.float().permute(0, 2, 3, 1).unsqueeze(2)
-        out = self._buffer("scores", (b, kv, h // kv, t, t), q)
+        out = self.workspace.get("scores", (b, kv, h // kv, t, t), q)
         return torch.matmul(q, k, out=out).reshape(b, h, t, t)
 
-    def _buffer(self, name: str, shape: tuple, like: Tensor) -> Tensor | None:
-        """A workspace buffer reused from layer to layer (fresh CPU allocations of this
-        size cost more than the matmul that fills them). Valid until the next layer."""
-        if self.workspace is None:
-            return None
-        buf = self.workspace.get(name)
-        if buf is None or buf.shape != shape or buf.device != like.device:
-            buf = self.workspace[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
-        return buf
 
+class Reducer(Protocol):
+    """Running statistics over batches (see the module docstring)."""
 
-class Reducer:
-    """Running statistics over batches. ``update`` keeps its state on the model's
-    device and never syncs with the host; ``result`` syncs once at the end."""
+    def update(self, batch: LayerBatch) -> None: ...
 
-    name: str = "reducer"
-
-    def update(self, batch: LayerBatch) -> None:
-        raise NotImplementedError
-
-    def result(self) -> dict:
-        raise NotImplementedError
-
-    def state_dict(self) -> dict:
-        return {k: v for k, v in vars(self).items() if isinstance(v, Tensor)}
+    def result(self) -> Any: ...

@@ -3,14 +3,24 @@ each rotary 2-D pair, per layer and head, over the evaluation tokens. Low-freque
 pairs carrying large norms are the "semantic channels"; high-frequency pairs with
 large norms are the positional ones."""
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
+from jaxtyping import Float, Int
 
-from poskernel_tl.reducers.base import LayerBatch, Reducer
+from poskernel_tl.reducers.base import LayerBatch
 
 
-class FreqUsageReducer(Reducer):
-    name = "freq_usage"
+@dataclass
+class FreqUsage:
+    q_pair_norm: Float[np.ndarray, "layer head_index pair"]
+    k_pair_norm: Float[np.ndarray, "layer kv_head_index pair"]
+    pair_first: Int[np.ndarray, " pair"]
+    pair_second: Int[np.ndarray, " pair"]
 
+
+class FreqUsageReducer:
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int,
                  first: torch.Tensor, second: torch.Tensor, device="cpu"):
         f64 = dict(dtype=torch.float64, device=device)
@@ -18,7 +28,7 @@ class FreqUsageReducer(Reducer):
         n_pairs = len(first)
         self.q_norm = torch.zeros(n_layers, n_heads, n_pairs, **f64)
         self.k_norm = torch.zeros(n_layers, n_kv_heads, n_pairs, **f64)
-        self.count = torch.zeros(n_layers, **f64)
+        self.count = [0] * n_layers
 
     def _pair_norm(self, x: torch.Tensor) -> torch.Tensor:
         a, b = x[..., self.first].double(), x[..., self.second].double()
@@ -30,9 +40,8 @@ class FreqUsageReducer(Reducer):
         self.k_norm[L] += self._pair_norm(batch.k)
         self.count[L] += batch.q.shape[0] * batch.q.shape[1]
 
-    def result(self) -> dict:
-        n = self.count[:, None, None]
-        return {"q_pair_norm": (self.q_norm / n).cpu().numpy(),
-                "k_pair_norm": (self.k_norm / n).cpu().numpy(),
-                "pair_first": self.first.cpu().numpy(),
-                "pair_second": self.second.cpu().numpy()}
+    def result(self) -> FreqUsage:
+        n = torch.tensor(self.count, dtype=torch.float64, device=self.q_norm.device)[:, None,
+                                                                                    None]
+        return FreqUsage((self.q_norm / n).cpu().numpy(), (self.k_norm / n).cpu().numpy(),
+                         self.first.cpu().numpy(), self.second.cpu().numpy())

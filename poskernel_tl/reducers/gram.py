@@ -1,91 +1,127 @@
 """Track B, second pass: the averaged Gram matrix over the evaluation set (Phase 4).
 
-It accumulates Σ_x A_x (A = q·kᵀ·scale, the matrices Track A forms anyway, summed over
-the batch and added to a float64 total), Σ_x q and Σ_x k.
-With centering means μ fixed in advance, the centered Gram needs no second product:
+The accumulator holds Σ_x (q_x − m_q)(k_x − m_k)ᵀ·scale in float32, [layer, head, T, T],
+where m is a fixed reference: the centering means when there are any, otherwise the
+first batch's per-position means. One in-place batched matmul per layer and batch adds
+a whole batch (the batch axis folded into the contraction), and because the reference
+has removed the large mean term there is no cancellation to lose precision to. Every
+Gram the fit needs then follows exactly, in float64, from the evaluation means q̄, k̄:
 
-    mean_x q̃(t)·k̃(s) = mean_x q(t)·k(s) − μ_q(t)·k̄(s) − q̄(t)·μ_k(s) + μ_q(t)·μ_k(s),
+    mean_x (q − a)(k − b)ᵀ = C_m + (m_q − a)(k̄ − m_k)ᵀ + (q̄ − m_q)(m_k − b)ᵀ
+                             + (m_q − a)(m_k − b)ᵀ,
 
-with q̄, k̄ the evaluation means. The fit of g(Δ) is the Track A fit applied to Ḡ.
+with C_m the accumulator's mean: the raw Gram (a = b = 0), the centered Gram
+(a, b = the centering means) and the half-centering check (a, b = means of a random
+half of the centering set). The fit of g(Δ) is the Track A fit applied to Ḡ.
 """
 
-import einops
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.reducers.base import LayerBatch, Reducer
+from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.moments import Moments, MomentsReducer
 from poskernel_tl.toeplitz import shift_invariance_r2
 
 
-class GramReducer(Reducer):
-    name = "gram"
+@dataclass
+class GramResult:
+    r2_gram_raw: Float[np.ndarray, "layer head_index"]
+    g_gram_raw: Float[np.ndarray, "layer head_index lag"]
+    r2_gram: Float[np.ndarray, "layer head_index"]  # NaN without centering
+    g_gram: Float[np.ndarray, "layer head_index lag"]
+    r2_gram_half: Float[np.ndarray, "layer head_index"]
+    gram_raw: Float[np.ndarray, "layer head_index query_pos key_pos"] | None
+    gram_centered: Float[np.ndarray, "layer head_index query_pos key_pos"] | None
+    eval_moments: Moments
 
+
+class GramReducer:
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, length: int,
-                 d_head: int, scale: float, device: torch.device | str = "cpu"):
-        f64 = dict(dtype=torch.float64, device=device)
-        self.scale = scale
-        self.group = n_heads // n_kv_heads
-        self.gram_sum = torch.zeros(n_layers, n_heads, length, length, **f64)
-        self.q_sum = torch.zeros(n_layers, n_heads, length, d_head, **f64)
-        self.k_sum = torch.zeros(n_layers, n_kv_heads, length, d_head, **f64)
-        self.count = torch.zeros(n_layers, **f64)
+                 d_head: int, scale: float, device: torch.device | str = "cpu",
+                 reference: Moments | None = None):
+        self.scale, self.group = scale, n_heads // n_kv_heads
+        self.acc = torch.zeros(n_layers, n_heads, length, length, dtype=torch.float32,
+                               device=device)
+        self.sums = MomentsReducer(0, n_layers, n_heads, n_kv_heads, length, d_head, device,
+                                   half_seed=None)
+        self.ref_q: list[Tensor | None] = [None] * n_layers
+        self.ref_k: list[Tensor | None] = [None] * n_layers
+        if reference is not None:
+            for L in range(n_layers):
+                self.ref_q[L] = reference.mean_q[L].transpose(0, 1).float()  # [pos, head, d]
+                self.ref_k[L] = reference.mean_k[L].transpose(0, 1).float()
 
     def update(self, batch: LayerBatch) -> None:
         L = batch.layer
-        self.gram_sum[L] += batch.scores.sum(0)  # ≤ batch terms in float32, then float64
-        self.q_sum[L] += batch.q.sum(0, dtype=torch.float64).permute(1, 0, 2)
-        self.k_sum[L] += batch.k.sum(0, dtype=torch.float64).permute(1, 0, 2)
-        self.count[L] += batch.q.shape[0]
+        self.sums.update(batch)
+        q, k = batch.q.float(), batch.k.float()
+        if self.ref_q[L] is None:  # no centering set: the first batch is the reference
+            self.ref_q[L], self.ref_k[L] = q.mean(0), k.mean(0)
+        b, T, H, d = q.shape
+        kv = k.shape[2]
+        # [kv, group·T, b·d] @ [kv, b·d, T] accumulates Σ_x q̃_x k̃_xᵀ for every query head
+        qc = ((q - self.ref_q[L]) * self.scale).permute(2, 1, 0, 3)  # [H, T, b, d]
+        qc = qc.reshape(kv, self.group * T, b * d)
+        kc = (k - self.ref_k[L]).permute(2, 0, 3, 1).reshape(kv, b * d, T)
+        self.acc[L].view(kv, self.group * T, T).baddbmm_(qc, kc)
 
-    def _heads(self, k: Float[Tensor, "kv_head_index pos d_head"]
-               ) -> Float[Tensor, "head_index pos d_head"]:
-        return k.repeat_interleave(self.group, dim=0)
+    def _heads(self, x: Tensor) -> Tensor:
+        """[kv_head_index, ...] → [head_index, ...] (each query head's key/value head)."""
+        return x.repeat_interleave(self.group, dim=0)
 
-    def centered(self, layer: int, mean_q: Tensor, mean_k: Tensor
-                 ) -> Float[Tensor, "head_index query_pos key_pos"]:
-        """Ḡ of ``layer`` after subtracting the per-position means ``mean_q``/``mean_k``."""
-        n = self.count[layer]
-        q_bar = self.q_sum[layer] / n
-        k_bar = self._heads(self.k_sum[layer] / n)
-        mu_q, mu_k = mean_q.to(q_bar), self._heads(mean_k.to(k_bar))
-        outer = lambda a, b: einops.einsum(a, b, "h t d, h s d -> h t s")
-        correction = outer(mu_q, k_bar) + outer(q_bar, mu_k) - outer(mu_q, mu_k)
-        return self.raw(layer) - self.scale * correction
+    def gram(self, layer: int, mean_q: Tensor | None, mean_k: Tensor | None,
+             ev: Moments) -> Float[Tensor, "head_index query_pos key_pos"]:
+        """mean_x (q − a)(k − b)ᵀ·scale in float64, a/b = ``mean_q``/``mean_k`` (zero when
+        None) in [head(kv), pos, d] layout."""
+        n = ev.n
+        m_q = self.ref_q[layer].transpose(0, 1).double()  # [H, T, d]
+        m_k = self._heads(self.ref_k[layer].transpose(0, 1).double())
+        a = torch.zeros_like(m_q) if mean_q is None else mean_q.double()
+        b_ = torch.zeros_like(m_k) if mean_k is None else self._heads(mean_k.double())
+        q_bar, k_bar = ev.mean_q[layer], self._heads(ev.mean_k[layer])
+        outer = lambda x, y: torch.einsum("htd,hsd->hts", x, y)
+        correction = (outer(m_q - a, k_bar - m_k) + outer(q_bar - m_q, m_k - b_)
+                      + outer(m_q - a, m_k - b_))
+        return self.acc[layer].double() / n + self.scale * correction
 
-    def raw(self, layer: int) -> Float[Tensor, "head_index query_pos key_pos"]:
-        return self.gram_sum[layer] / self.count[layer]
-
-    def result(self, centering: dict | None = None, keep_matrices: bool = False) -> dict:
-        """R²/g for the raw Gram and, given the centering reducer's result, for the
-        centered Gram (all centering sequences, and the first half only)."""
-        n_layers = self.gram_sum.shape[0]
-        out: dict = {"R2_gram_raw": [], "g_gram_raw": []}
-        if centering is not None:
-            out.update(R2_gram=[], g_gram=[], R2_gram_half=[])
-        mats: dict = {"gram_raw": [], "gram_centered": []}
+    def result(self, centering: Moments | None = None, keep_matrices: bool = False
+               ) -> GramResult:
+        """R²/g of the raw Gram and, given the centering means, of the centered Gram (all
+        centering sequences, and the random half)."""
+        ev = self.sums.result()
+        n_layers, n_heads, T, _ = self.acc.shape
+        nan = np.full((n_layers, n_heads), np.nan)
+        out = {"r2_gram_raw": [], "g_gram_raw": [], "r2_gram": [], "g_gram": [],
+               "r2_gram_half": []}
+        mats: dict[str, list] = {"gram_raw": [], "gram_centered": []}
         for L in range(n_layers):
-            raw = self.raw(L)
+            raw = self.gram(L, None, None, ev)
             r2, g = shift_invariance_r2(raw)
-            out["R2_gram_raw"].append(r2)
-            out["g_gram_raw"].append(g)
+            out["r2_gram_raw"].append(r2.cpu().numpy())
+            out["g_gram_raw"].append(g.cpu().numpy())
             if keep_matrices:
-                mats["gram_raw"].append(raw.float().cpu())
+                mats["gram_raw"].append(raw.float().cpu().numpy())
             if centering is None:
                 continue
-            cen = self.centered(L, centering["mean_q"][L], centering["mean_k"][L])
+            cen = self.gram(L, centering.mean_q[L], centering.mean_k[L], ev)
             r2c, gc = shift_invariance_r2(cen)
-            out["R2_gram"].append(r2c)
-            out["g_gram"].append(gc)
-            half = self.centered(L, centering["mean_q_half"][L], centering["mean_k_half"][L])
-            out["R2_gram_half"].append(shift_invariance_r2(half)[0])
+            out["r2_gram"].append(r2c.cpu().numpy())
+            out["g_gram"].append(gc.cpu().numpy())
+            if centering.mean_q_half is not None:
+                half = self.gram(L, centering.mean_q_half[L], centering.mean_k_half[L], ev)
+                out["r2_gram_half"].append(shift_invariance_r2(half)[0].cpu().numpy())
             if keep_matrices:
-                mats["gram_centered"].append(cen.float().cpu())
-        res = {k: torch.stack(v).cpu().numpy() for k, v in out.items()}
-        for k in ("g_gram_raw", "g_gram"):
-            if k in res:
-                res[k] = res[k].astype(np.float32)
-        if keep_matrices:
-            res.update({k: torch.stack(v) for k, v in mats.items() if v})
-        return res
+                mats["gram_centered"].append(cen.float().cpu().numpy())
+        stack = lambda key, fallback: np.stack(out[key]) if out[key] else fallback
+        g_nan = np.full((n_layers, n_heads, T - 1), np.nan)
+        return GramResult(
+            r2_gram_raw=stack("r2_gram_raw", nan), g_gram_raw=stack("g_gram_raw", g_nan),
+            r2_gram=stack("r2_gram", nan), g_gram=stack("g_gram", g_nan),
+            r2_gram_half=stack("r2_gram_half", nan),
+            gram_raw=np.stack(mats["gram_raw"]) if mats["gram_raw"] else None,
+            gram_centered=np.stack(mats["gram_centered"]) if mats["gram_centered"] else None,
+            eval_moments=ev)

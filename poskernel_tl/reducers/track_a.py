@@ -5,17 +5,21 @@ total sum of squares of the strictly lower triangle of A_x = q·kᵀ·scale, in 
 passes over A (:func:`poskernel_tl.toeplitz.lower_lag_stats`). From those:
 per-sequence R²_x and g_x(Δ); the pooled R² (all sequences' entries fitted by one g);
 five random 80/20 subsets of the pooled fit; the fit restricted to query rows 1–20 vs
-50+ (boundary effect); and every fit again with the key column s = 0 (the attention
-sink) left out.
+50+ (boundary effect) and to the interior sub-matrix A[50:, 50:] (boundary keys left out
+too); and every fit again with the key column s = 0 (the attention sink) left out.
 """
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
-from poskernel_tl.reducers.base import LayerBatch, Reducer
+from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.toeplitz import (
+    key_block_counts,
     lag_counts,
     lower_lag_stats,
     lower_mean_from_qk,
@@ -23,18 +27,31 @@ from poskernel_tl.toeplitz import (
 )
 
 
+@dataclass
+class TrackAResult:
+    seq_index: Int[np.ndarray, " n_seqs"]  # positions within the pass
+    r2_per_seq: Float[np.ndarray, "n_seqs layer head_index"]
+    r2_per_seq_nosink: Float[np.ndarray, "n_seqs layer head_index"]
+    g_per_seq: Float[np.ndarray, "n_seqs layer head_index lag"]  # float32 (size)
+    r2_pooled: Float[np.ndarray, "layer head_index"]
+    r2_pooled_nosink: Float[np.ndarray, "layer head_index"]
+    g_pooled: Float[np.ndarray, "layer head_index lag"]  # float64
+    r2_pooled_early: Float[np.ndarray, "layer head_index"]
+    r2_pooled_interior: Float[np.ndarray, "layer head_index"]
+    r2_pooled_interior_keys: Float[np.ndarray, "layer head_index"]
+    r2_split: Float[np.ndarray, "split layer head_index"]
+
+
 class NonFiniteError(FloatingPointError):
     """q or k held NaN/inf (typically half-precision overflow)."""
 
 
-class TrackAReducer(Reducer):
-    name = "track_a"
-
+class TrackAReducer:
     def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", seed: int = 0):
         T = length
         f64 = dict(dtype=torch.float64, device=device)
-        self.T, self.n_layers, self.n_heads = T, n_layers, n_heads
+        self.T, self.n_layers, self.n_heads, self.seed = T, n_layers, n_heads, seed
         self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
         self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.sink = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)  # A[Δ, 0]
@@ -43,10 +60,11 @@ class TrackAReducer(Reducer):
         self.early_sq = torch.zeros(n_layers, n_heads, **f64)
         self.late_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
         self.late_sq = torch.zeros(n_layers, n_heads, **f64)
+        self.rect_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)  # keys < 50, rows ≥ 50
+        self.rect_sq = torch.zeros(n_layers, n_heads, **f64)
         self.nonfinite = torch.zeros(n_seqs, n_layers, n_heads, dtype=torch.int64,
                                      device=device)
         self.seen = torch.zeros(n_seqs, dtype=torch.bool, device=device)
-        self._work: Tensor | None = None  # reusable [batch, head, 2T, T] buffer
 
     def update(self, batch: LayerBatch) -> None:
         L, idx = batch.layer, batch.index
@@ -58,11 +76,11 @@ class TrackAReducer(Reducer):
         # are the rest (row 0 has no key before it)
         shift = lower_mean_from_qk(batch.q, batch.k, batch.scale)
         A = batch.scores
-        if self._work is None or self._work.shape != (A.shape[0], A.shape[1], 2 * self.T, self.T):
-            self._work = torch.zeros(A.shape[0], A.shape[1], 2 * self.T, self.T,
-                                     dtype=A.dtype, device=A.device)
-        (s1, sq), [(e1, esq), (m1, msq)] = lower_lag_stats(
-            A, shift, [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM)], self._work)
+        work = batch.workspace.get("track_a", (A.shape[0], A.shape[1], 2 * self.T, self.T),
+                                   A, zero=True)  # lower half stays zero
+        (s1, sq), [(e1, esq), (m1, msq), (r1, rsq)] = lower_lag_stats(
+            A, shift, [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM)], work,
+            key_block=(INTERIOR_FROM, INTERIOR_FROM))
         l1, lsq = s1 - e1 - m1, sq - esq - msq
         self.s1[idx, L] = s1
         self.sq[idx, L] = sq
@@ -74,6 +92,8 @@ class TrackAReducer(Reducer):
         self.early_sq[L] += esq.sum(0)
         self.late_s1[L] += l1.sum(0)
         self.late_sq[L] += lsq.sum(0)
+        self.rect_s1[L] += r1.sum(0)
+        self.rect_sq[L] += rsq.sum(0)
         self.seen[idx] = True
 
     def check_finite(self) -> None:
@@ -91,8 +111,8 @@ class TrackAReducer(Reducer):
 
     @staticmethod
     def _block_r2(s1: Tensor, sq: Tensor, counts: Tensor, n: int) -> Tensor:
-        """Pooled R² of a block of query rows; NaN when T is too short to have it."""
-        if counts.sum() < 3:
+        """Pooled R² of a block of entries; NaN when T is too short to have it."""
+        if (counts > 0).sum() < 2 or counts.sum() < 3:
             return torch.full(sq.shape, float("nan"), dtype=torch.float64)
         return r2_from_sums(s1, sq, counts * n)[0]
 
@@ -109,7 +129,7 @@ class TrackAReducer(Reducer):
             counts = counts - 1
         return r2_from_sums(s1, sq, counts * n)
 
-    def result(self, seed: int = 0) -> dict:
+    def result(self) -> TrackAResult:
         seen = self.seen
         T, dev = self.T, self.s1.device
         counts = lag_counts(T, device=dev)
@@ -120,8 +140,12 @@ class TrackAReducer(Reducer):
         r2_pool_ns, _ = self.pooled(sink=False)
         n = int(seen.sum())
         r2_early = self._block_r2(self.early_s1, self.early_sq, lag_counts(T, *EARLY_ROWS), n)
-        r2_late = self._block_r2(self.late_s1, self.late_sq, lag_counts(T, INTERIOR_FROM), n)
-        rng = np.random.default_rng(seed)
+        late_counts = lag_counts(T, INTERIOR_FROM)
+        r2_late = self._block_r2(self.late_s1, self.late_sq, late_counts, n)
+        r2_inner = self._block_r2(
+            self.late_s1 - self.rect_s1, self.late_sq - self.rect_sq,
+            late_counts - key_block_counts(T, INTERIOR_FROM, INTERIOR_FROM), n)
+        rng = np.random.default_rng(self.seed)
         seen_idx = torch.nonzero(seen).flatten().cpu().numpy()
         k = max(1, int(round(SPLIT_FRACTION * len(seen_idx))))
         splits = []
@@ -129,18 +153,10 @@ class TrackAReducer(Reducer):
             rows = torch.as_tensor(np.sort(rng.choice(seen_idx, size=k, replace=False)),
                                    device=dev)
             splits.append(self.pooled(rows)[0])
-        splits = torch.stack(splits)
         cpu = lambda t: t.detach().cpu().numpy()
-        return {
-            "seq_index": seen_idx,
-            "R2_per_seq": cpu(r2_seq),  # [n, L, H]
-            "R2_per_seq_nosink": cpu(r2_seq_ns),
-            "g_per_seq": cpu(g_seq).astype(np.float32),  # [n, L, H, T-1]
-            "R2_pooled": cpu(r2_pool),  # [L, H]
-            "R2_pooled_nosink": cpu(r2_pool_ns),
-            "g_pooled": cpu(g_pool).astype(np.float32),
-            "R2_pooled_early": cpu(r2_early),
-            "R2_pooled_interior": cpu(r2_late),
-            "R2_split_mean": cpu(splits.mean(0)),
-            "R2_split_std": cpu(splits.std(0, unbiased=True)) if N_SPLITS > 1 else None,
-        }
+        return TrackAResult(
+            seq_index=seen_idx, r2_per_seq=cpu(r2_seq), r2_per_seq_nosink=cpu(r2_seq_ns),
+            g_per_seq=cpu(g_seq).astype(np.float32), r2_pooled=cpu(r2_pool),
+            r2_pooled_nosink=cpu(r2_pool_ns), g_pooled=cpu(g_pool),
+            r2_pooled_early=cpu(r2_early), r2_pooled_interior=cpu(r2_late),
+            r2_pooled_interior_keys=cpu(r2_inner), r2_split=cpu(torch.stack(splits)))

@@ -1,28 +1,36 @@
 """Track B diagnostic: the averaged Gram of centered *and whitened* queries and keys.
 
 q̃ = (q − μ_q) W_q, k̃ = (k − μ_k) W_k with W = C^(-1/2) of the centering set's
-covariance (:meth:`CenteringReducer.whitening`). The seed asks for it as an optional
-check: if whitening changes R²_gram substantially, say so. It costs one more q·kᵀ per
-head, so it runs only when asked for (``poskernel run --whiten``).
+covariance (:meth:`Moments.whitening`). The seed asks for it as an optional check: if
+whitening changes R²_gram substantially, say so. It costs one more q·kᵀ per head, so it
+runs only when asked for (``poskernel run --whiten``).
 """
 
-import torch
+from dataclasses import dataclass
 
-from poskernel_tl.reducers.base import LayerBatch, Reducer
+import numpy as np
+import torch
+from jaxtyping import Float
+
+from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.moments import Moments
 from poskernel_tl.toeplitz import shift_invariance_r2
 
 
-class WhitenedGramReducer(Reducer):
-    name = "whitened_gram"
+@dataclass
+class WhitenedGramResult:
+    r2_gram_whitened: Float[np.ndarray, "layer head_index"]
 
-    def __init__(self, mean_q: torch.Tensor, mean_k: torch.Tensor, white_q: torch.Tensor,
-                 white_k: torch.Tensor, scale: float):
-        self.mean_q, self.mean_k = mean_q.float(), mean_k.float()  # [L, H(kv), T, d]
+
+class WhitenedGramReducer:
+    def __init__(self, centering: Moments, scale: float):
+        white_q, white_k = centering.whitening()
+        self.mean_q, self.mean_k = centering.mean_q.float(), centering.mean_k.float()
         self.white_q, self.white_k = white_q.float(), white_k.float()  # [L, H(kv), d, d]
         self.scale = scale
-        L, H, T, _ = mean_q.shape
-        self.gram_sum = torch.zeros(L, H, T, T, dtype=torch.float64, device=mean_q.device)
-        self.count = torch.zeros(L, dtype=torch.float64, device=mean_q.device)
+        L, H, T, _ = self.mean_q.shape
+        self.gram_sum = torch.zeros(L, H, T, T, dtype=torch.float64, device=self.mean_q.device)
+        self.count = [0] * L
 
     def update(self, batch: LayerBatch) -> None:
         L = batch.layer
@@ -33,7 +41,7 @@ class WhitenedGramReducer(Reducer):
         self.gram_sum[L] += (q @ k.transpose(-1, -2) * self.scale).sum(0, dtype=torch.float64)
         self.count[L] += q.shape[0]
 
-    def result(self) -> dict:
+    def result(self) -> WhitenedGramResult:
         r2 = [shift_invariance_r2(self.gram_sum[L] / self.count[L])[0]
               for L in range(self.gram_sum.shape[0])]
-        return {"R2_gram_whitened": torch.stack(r2).cpu().numpy()}
+        return WhitenedGramResult(torch.stack(r2).cpu().numpy())

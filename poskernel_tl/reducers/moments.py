@@ -1,0 +1,105 @@
+"""Per-position sums of q and k: the centering means of Track B (first pass) and the
+evaluation means the Gram reducer needs (second pass) come from this one reducer.
+
+Besides the means over all sequences it keeps the means over a seeded random half of
+them (the seed's 50-vs-100 stability check of the centering means; a random half, so
+that corpus order does not decide which half) and, on request, the second moments
+Σ q qᵀ pooled over positions, from which the whitening diagnostic builds C^(-1/2).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from poskernel_tl.reducers.base import LayerBatch
+
+
+@dataclass
+class Moments:
+    """Per-position means (float64, on the model's device)."""
+
+    mean_q: Float[Tensor, "layer head_index pos d_head"]
+    mean_k: Float[Tensor, "layer kv_head_index pos d_head"]
+    mean_q_half: Float[Tensor, "layer head_index pos d_head"] | None
+    mean_k_half: Float[Tensor, "layer kv_head_index pos d_head"] | None
+    n: int
+    n_half: int
+    cov_q: Float[Tensor, "layer head_index d_head d_head"] | None = None
+    cov_k: Float[Tensor, "layer kv_head_index d_head d_head"] | None = None
+
+    def whitening(self, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+        """C^(-1/2) of the centered q and k per (layer, head); eigenvalues below eps·max
+        are floored."""
+        if self.cov_q is None or self.cov_k is None:
+            raise ValueError("build the MomentsReducer with second_moments=True to whiten")
+        out = []
+        for cov in (self.cov_q, self.cov_k):
+            vals, vecs = torch.linalg.eigh(cov)
+            vals = torch.clamp(vals, min=eps * vals.amax(-1, keepdim=True))
+            out.append(vecs @ torch.diag_embed(vals.rsqrt()) @ vecs.transpose(-1, -2))
+        return out[0], out[1]
+
+
+def random_half(n_seqs: int, seed: int) -> np.ndarray:
+    """Indices of a seeded random half (⌊n/2⌋) of ``n_seqs`` sequences, sorted."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n_seqs, size=n_seqs // 2, replace=False))
+
+
+class MomentsReducer:
+    def __init__(self, n_seqs: int, n_layers: int, n_heads: int, n_kv_heads: int,
+                 length: int, d_head: int, device: torch.device | str = "cpu",
+                 half_seed: int | None = 0, second_moments: bool = False):
+        f64 = dict(dtype=torch.float64, device=device)
+        self.q_sum = torch.zeros(n_layers, n_heads, length, d_head, **f64)
+        self.k_sum = torch.zeros(n_layers, n_kv_heads, length, d_head, **f64)
+        self.count = [0] * n_layers
+        self.half_weight = None
+        if half_seed is not None:
+            self.half_weight = torch.zeros(n_seqs, **f64)
+            self.half_weight[torch.as_tensor(random_half(n_seqs, half_seed))] = 1.0
+            self.q_half = torch.zeros_like(self.q_sum)
+            self.k_half = torch.zeros_like(self.k_sum)
+            self.count_half = torch.zeros(n_layers, **f64)
+        self.second_moments = second_moments
+        if second_moments:
+            self.qq_sum = torch.zeros(n_layers, n_heads, d_head, d_head, **f64)
+            self.kk_sum = torch.zeros(n_layers, n_kv_heads, d_head, d_head, **f64)
+
+    def update(self, batch: LayerBatch) -> None:
+        L = batch.layer
+        q, k = batch.q.double(), batch.k.double()  # [batch, pos, head, d]
+        self.q_sum[L] += q.sum(0).transpose(0, 1)
+        self.k_sum[L] += k.sum(0).transpose(0, 1)
+        self.count[L] += q.shape[0]
+        if self.half_weight is not None:
+            w = self.half_weight[batch.index]  # 0/1 per sequence: no host sync
+            self.q_half[L] += torch.einsum("b,bthd->htd", w, q)
+            self.k_half[L] += torch.einsum("b,bthd->htd", w, k)
+            self.count_half[L] += w.sum()
+        if self.second_moments:
+            self.qq_sum[L] += torch.einsum("bthd,bthe->hde", q, q)
+            self.kk_sum[L] += torch.einsum("bthd,bthe->hde", k, k)
+
+    def result(self) -> Moments:
+        n = torch.tensor(self.count, dtype=torch.float64, device=self.q_sum.device)
+        if (n == 0).any():
+            raise ValueError("MomentsReducer.result: some layer saw no sequences")
+        shape = (-1, 1, 1, 1)
+        mean_q, mean_k = self.q_sum / n.view(shape), self.k_sum / n.view(shape)
+        half_q = half_k = None
+        n_half = 0
+        if self.half_weight is not None:
+            nh = self.count_half.view(shape)
+            half_q, half_k = self.q_half / nh, self.k_half / nh
+            n_half = int(self.count_half[0])
+        cov_q = cov_k = None
+        if self.second_moments:
+            T = mean_q.shape[2]
+            cov = lambda second, mu: (second / (n.view(-1, 1, 1, 1) * T)
+                                      - torch.einsum("lhtd,lhte->lhde", mu, mu) / T)
+            cov_q, cov_k = cov(self.qq_sum, mean_q), cov(self.kk_sum, mean_k)
+        return Moments(mean_q, mean_k, half_q, half_k, int(n[0]), n_half, cov_q, cov_k)
