@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="analyse all heads, ignoring the gate")
     p.add_argument("--demean", action="store_true", help="remove g's mean before the FFT")
 
+    p = sub.add_parser("analyze", help="one analysis of analyses/ on one condition")
+    p.add_argument("name", help="gk-baseline, fourier-kernel, seq-pca, qig-control, "
+                                "kernel-patching, separable or mean-field")
+    _add_condition_args(p)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
     sub.add_parser("demo", help="the README's main job on the embedded default model")
     return parser
 
@@ -152,6 +160,24 @@ def cmd_spectral(args) -> int:
     return 0
 
 
+def cmd_analyze(args) -> int:
+    from poskernel_tl.analyze import analysis_module, run_analysis
+    from poskernel_tl.runner import RunConfig
+
+    analysis_module(args.name)  # an unknown name fails before the model loads
+    cfg = RunConfig(model=args.model, dataset=args.dataset, length=args.length,
+                    n_seqs=args.n_seqs, out=args.out, device=args.device,
+                    batch_size=args.batch_size, seed=args.seed,
+                    allow_cross_doc=args.allow_cross_doc, progress=not args.quiet)
+    cfg.validate()
+    if args.quiet:
+        _quiet_libraries()
+    table, path = run_analysis(args.name, cfg)
+    print(table.head(12).round(4).to_string(index=False))
+    print(f"\n{len(table)} rows in {path}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     ns = build_parser().parse_args(
         ["run", "--model", DEMO["model"], "--dataset", DEMO["dataset"],
@@ -161,7 +187,7 @@ def cmd_demo(args) -> int:
 
 
 COMMANDS = {"models": cmd_models, "data": cmd_data, "run": cmd_run, "spectral": cmd_spectral,
-            "demo": cmd_demo}
+            "analyze": cmd_analyze, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:
