@@ -179,7 +179,7 @@ def _chromium(args: list[str], timeout: float) -> subprocess.CompletedProcess:
                               encoding="utf-8", errors="replace")
 
 
-def load_page(path: str | os.PathLike, *, budget_ms: int = 5000,
+def load_page(path: str | os.PathLike, *, budget_ms: int = 2000,
               timeout: float = 90) -> PageRun:
     """Open ``path`` from ``file://`` in headless Chromium with the probe and return
     the DOM, probe records and console messages after ``budget_ms`` of virtual time."""
@@ -204,7 +204,7 @@ def load_page(path: str | os.PathLike, *, budget_ms: int = 5000,
 
 
 def screenshot(path: str | os.PathLike, out: str | os.PathLike, *,
-               size: tuple[int, int] = (1400, 2000), budget_ms: int = 5000,
+               size: tuple[int, int] = (1400, 2000), budget_ms: int = 2000,
                timeout: float = 90) -> Path:
     """Render ``path`` from ``file://`` and write a PNG of the window to ``out``."""
     out = Path(out).resolve()

@@ -113,10 +113,12 @@ def test_no_network_urls(site):
     for page in [site["layer"], *site["heads"]]:
         text = page.read_text(encoding="utf-8").lower()
         assert "http://" not in text and "https://" not in text and 'src="//' not in text
-    with pytest.raises(ValueError, match="relative"):
-        report.render_layer_page(site["root"] / "x.html", title="x", tokens=["a", "b", "c"],
-                                 patterns=np.eye(3, dtype=np.float32)[None], head_names=["h"],
-                                 assets_rel="assets", links={"x": "https://example.org/"})
+    for href in ("https://example.org/", "javascript:alert(1)", "/etc/passwd"):
+        with pytest.raises(ValueError, match="relative"):
+            report.render_layer_page(
+                site["root"] / "x.html", title="x", tokens=["a", "b", "c"],
+                patterns=np.eye(3, dtype=np.float32)[None], head_names=["h"],
+                assets_rel="assets", links={"x": href})
 
 
 def test_json_for_script_escapes_and_round_trips():
@@ -220,6 +222,22 @@ def mounted(run) -> "list":
     box = boxes[0]
     assert box.attrs.get("data-pk-state") == "mounted", box.text()
     return box
+
+
+@needs_chromium
+def test_probe_sees_dialogs_errors_and_missing_mounts(tmp_path):
+    """Control: the checks below are not vacuous. A page that does run injected markup
+    records the alert, and a script error shows up in the probe and the console."""
+    page = tmp_path / "unsafe.html"
+    page.write_text("<!DOCTYPE html><html><head><meta charset=\"utf-8\"></head><body>"
+                    f"<p>{EVIL}</p><script>undefinedFunction();</script></body></html>",
+                    encoding="utf-8")
+    run = load_page(page)
+    kinds = [r["kind"] for r in run.probe]
+    assert "dialog" in kinds and "error" in kinds, run.probe
+    assert any("alert: 1" in r["msg"] for r in run.probe)
+    assert any("undefinedFunction" in m for m in run.console)
+    assert not run.dom.find_all("div", class_="pk-cv")
 
 
 @needs_chromium
