@@ -2,7 +2,7 @@
 attention views (sharing one copy of the circuitsvis bundle), embedded figures and
 escaped tables. Works from numpy arrays and strings; loads no model."""
 
-from poskernel_tl.report.figures import (
+from poskernel_tl.report.head_figures import (
     ToeplitzFit,
     fig_kernel,
     fig_logits_fit,

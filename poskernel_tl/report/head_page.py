@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float
 
-from poskernel_tl.report import figures
+from poskernel_tl.report import head_figures as figures
 from poskernel_tl.report.html import (
     attention_heads_html,
     attention_pattern_html,
