@@ -1,48 +1,48 @@
 """Spectral analysis of g(Δ) against the positional-encoding frequencies (seed 004, Step 2).
 
-**Spectrum.** g(Δ) for Δ = 1..T−1 comes from Track B's centered Gram (the raw Gram for
-random tokens, where centering is undefined; column ``source``), is zero-padded to
-N_fft = 4T and ĝ(ω_m) = FFT(pad(g))[m], ω_m = 2πm/N_fft, m = 0..N_fft/2. g(1) sits at index
-0; |ĝ| does not depend on that offset (a shift only changes the phase). By default the mean
-is kept, as the seed writes it; ``demean=True`` subtracts g's mean first (and the reference
-kernel's mean too), recorded in the ``demean`` column.
+The science is in array functions that read no files: :func:`spectral_alignment` (one head),
+:func:`pe_spectrum_correlations` (GPT-2) and :func:`spectral_table` (one condition);
+:func:`run_spectral` only loads and writes. Matching and the null: :mod:`.spectral_null`.
 
-**Peaks.** ``scipy.signal.find_peaks`` on |ĝ| with a minimum separation of 2π/T (N_fft/T = 4
-bins); the end bins ω = 0 and ω = π are never peaks (a DC "peak" would match the lowest θ_i
-through the absolute floor for free). The ``n_peaks`` largest are kept, rank 1 = largest.
+**What is removed before the FFT, and why.** g(Δ), Δ = 1..T−1, is zero-padded to N_fft = 4T,
+ĝ(ω_m) = FFT[m], ω_m = 2πm/N_fft, as the seed writes. Taken literally, that spectrum is
+mostly not about periodicity: a constant g has a Dirichlet spectrum whose side lobes, about
+one bin (2π/T) apart, pass as peaks, and any decay puts its power at low ω, where the rotary
+frequencies are dense. By default therefore:
 
-**Matching (rotary models).** θ_i = ``spec.rotary_frequencies()``: the loaded model's own
-``inv_freq`` (so Llama-3 scaling is included). A peak ω matches θ_i iff
-|ω − θ_i|/θ_i < τ_rel (0.10) or |ω − θ_i| < 2π/N_fft. Per peak: the nearest θ by relative
-error (among the matching θ if any match), that relative error, matched, and marginal
-(matched with relative error > 0.05). ``frac_matched`` = matched peaks / peaks found;
-``frac_expected_hit`` = distinct θ assigned to matched peaks / (d_head/2).
+1. the weighted least-squares quadratic in Δ (weights = the taper) is subtracted: offset and
+   slow drifts go (a constant g leaves nothing, and then no peaks);
+2. the residual is tapered by a one-sided Hann window, w(Δ) = sin²(πΔ/T), so the edges at
+   Δ = 1 and T−1 do not ring: side lobes start at −31 dB and fall as ω⁻³; the main lobe is
+   ±2 bins wide;
+3. peaks are local maxima of |ĝ| at least 2π/T apart (the seed's separation), with a
+   prominence ≥ 5% of the largest |ĝ| above ω_min = 4·(2π/T), and above ω_min only: below it
+   what a quadratic leaves of a smooth decay (peaking at up to ≈ 3.5 bins after the taper)
+   cannot be told from an oscillation. Positions are refined by parabolic interpolation of
+   ln|ĝ| over the three grid points around each maximum;
+4. a peak is *significant* if its power exceeds 10× the running median power over ±8 bins
+   (its local background; a white-noise bin passes with probability 2⁻¹⁰, a smooth kernel
+   never). Only significant peaks enter the alignment statistic.
 
-**Expected PE spectrum.** For a rotary model the reference kernel is
-g_PE(Δ) = Σ_i cos(θ_i Δ), Δ = 1..T−1, with equal weights (every rotary pair carrying the
-same energy with aligned query/key phases); its power spectrum |ĝ_PE|² is built exactly like
-|ĝ|² (same padding, same demean option). ``pearson`` is Pearson's r between |ĝ|² and
-|ĝ_PE|² over m = 0..N_fft/2. For learned-absolute models (GPT-2) the reference is the
-head-projected positional kernel S_PE(Δ) of :mod:`poskernel_tl.analyses.pe_kernel`, read from
-``pe_kernel.npz``; nothing is matched there (descriptive only). NoPE models have no reference.
+``raw_spectrum=True`` keeps the seed's literal procedure for comparison: mean kept (unless
+``demean``), no taper, ``find_peaks(distance = 4 bins)`` on the grid, no interpolation; a flat
+kernel then meets the seed's "≥ 50% of top-5 peaks matched".
 
-**Chance level.** The fraction of grid frequencies ω_m (m ≥ 1, ω_m ≤ π) inside a band that
-satisfy the criterion for some θ_i: the probability that a peak at a random grid frequency
-matches. ``chance_full`` uses (0, π]; ``chance_band`` uses [band_lo, band_hi] = the lowest and
-highest observed peak over the analysed heads of the condition. ``perm_p``: draw as many
-frequencies as the head has peaks, uniformly without replacement from the band's grid points,
-``n_perm`` times (seeded); p = (1 + #{null matches ≥ observed}) / (1 + n_perm).
+**Reference spectrum.** Per head, Σ_i w_i cos(θ_i Δ) with w_i the head's frequency usage
+(mean |q| × mean |k| of rotary pair i; equal weights without it), processed like g.
+``ref_peak_r``: Pearson's r of ln power minus the ln of its local background (peak shape,
+not spectral slope) above ω_min (2π/T raw). ``ref_log_r``: r of ln power above 2π/T (powers
+floored at 10⁻⁶ of their maximum); it still follows the overall slope (a pure decay scores
+≈ 0.8), so read ``ref_peak_r``. ``pearson_seed``: the seed's score (equal weights, linear
+power, literal spectrum, all m), secondary.
 
-**Peaks above noise.** ``n_peaks_above_3x_median`` counts top peaks whose power |ĝ|² exceeds
-3× the median power over the grid (the seed's NoPE check, reported for every model). For white
-noise |ĝ|² is ~exponential, so one bin passes with probability 2⁻³ = 1/8 and the top five of
-~T/2 independent bins pass almost always: this count alone does not separate structure from
-noise. ``top_peak_to_median`` gives the continuous power ratio of the largest peak.
+**NoPE** (no θ): no matching; ``n_above_3x_median`` counts top peaks whose power exceeds 3×
+the median power (the seed's check); ``top_peak_to_median`` is the largest ratio.
 
-**Gate.** Mean Track A pooled R² over the heads of layers 0–1 of the condition; met if > 0.60
-(rotary models only; elsewhere not applicable and ``gate_met`` is empty). Heads are analysed
-if their pooled R² > 0.40 (gate met, or a non-rotary model); ``force=True`` analyses every head
-regardless and is recorded in ``forced``.
+**Gate.** The caller passes ``gate_met`` (the seed's gate is over the early-layer heads of the
+rotary models of a grid; :func:`gate_value` gives one condition's value). Heads with pooled
+R² > 0.40 are analysed when the gate is met or none applies; ``force`` analyses all, and the
+rows no met gate licenses are labelled ``ungated``.
 """
 
 import dataclasses
@@ -52,10 +52,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from jaxtyping import Float
+from scipy.ndimage import median_filter
 from scipy.signal import find_peaks
 
+from poskernel_tl.analyses.spectral_null import (
+    ALPHA,
+    N_NULL,
+    PRECISION_BINS,
+    TAU_REL,
+    log_distance,
+    match_peaks,
+    rotation_null,
+)
 from poskernel_tl.constants import (
     CFG,
+    FREQ_USAGE,
     G_ARRAYS,
     PE_KERNEL,
     SPECTRAL_CSV,
@@ -68,15 +79,17 @@ from poskernel_tl.registry import ModelSpec
 
 PAD_FACTOR = 4
 N_PEAKS = 5
-TAU_REL = 0.10
-MARGINAL_REL = 0.05
+DETREND_DEGREE = 2
+OMEGA_MIN_BINS = 4.0
+PROMINENCE_REL = 0.05
+SIG_FACTOR = 10.0
+LEAK_FACTOR = 5.0
+FLOOR_HALF_WIDTH_BINS = 8
+LOG_POWER_FLOOR = 1e-6
+NOISE_FACTOR = 3.0
 GATE_THRESHOLD = 0.60
 HEAD_THRESHOLD = 0.40
 EARLY_LAYERS = (0, 1)
-NOISE_FACTOR = 3.0
-N_PERM = 2000
-PEAK_COLUMNS = ["model", "dataset", "length", "layer", "head", "rank", "omega", "magnitude",
-                "nearest_theta", "theta_index", "rel_error", "matched", "marginal"]
 
 
 def n_fft_for(length: int) -> int:
@@ -89,121 +102,355 @@ def frequency_grid(length: int) -> Float[np.ndarray, " freq"]:
     return 2 * np.pi * np.arange(n_fft // 2 + 1) / n_fft
 
 
-def spectrum(
-    g: Float[np.ndarray, "*batch lag"], length: int, demean: bool = False
-) -> Float[np.ndarray, "*batch freq"]:
-    """|ĝ(ω_m)| of g(Δ), Δ = 1..T−1, zero-padded to N_fft = 4T, on :func:`frequency_grid`."""
+def lag_window(length: int) -> Float[np.ndarray, " lag"]:
+    """One-sided Hann taper over the lags: w(Δ) = sin²(πΔ/T), Δ = 1..T−1."""
+    return np.sin(np.pi * np.arange(1, length) / length) ** 2
+
+
+def prepare(
+    g: Float[np.ndarray, "*batch lag"], length: int, *, raw_spectrum: bool = False,
+    demean: bool = False, detrend_degree: int = DETREND_DEGREE,
+) -> Float[np.ndarray, "*batch lag"]:
+    """What is Fourier-transformed: w·(g − weighted LS polynomial trend) by default; g as
+    given (minus its mean with ``demean``) with ``raw_spectrum``."""
     g = np.asarray(g, dtype=np.float64)
     if g.shape[-1] != length - 1:
         raise ValueError(f"g has {g.shape[-1]} lags; expected T−1 = {length - 1}")
-    if demean:
-        g = g - g.mean(-1, keepdims=True)
-    return np.abs(np.fft.rfft(g, n=n_fft_for(length), axis=-1))
+    if raw_spectrum:
+        return g - g.mean(-1, keepdims=True) if demean else g
+    w = lag_window(length)
+    x = (np.arange(1, length) - length / 2) / (length / 2)
+    basis = np.vander(x, detrend_degree + 1) * np.sqrt(w)[:, None]
+    coef = (g * np.sqrt(w)) @ np.linalg.pinv(basis).T
+    resid = g - coef @ np.vander(x, detrend_degree + 1).T
+    tiny = np.linalg.norm(resid, axis=-1, keepdims=True) <= 1e-9 * np.linalg.norm(
+        g, axis=-1, keepdims=True)
+    return np.where(tiny, 0.0, resid) * w
 
 
-def top_peaks(mag: Float[np.ndarray, " freq"], length: int, n_peaks: int = N_PEAKS) -> np.ndarray:
-    """Grid indices of the ``n_peaks`` largest local maxima of |ĝ|, at least 2π/T apart,
-    largest first."""
-    idx, _ = find_peaks(mag, distance=n_fft_for(length) // length)
-    order = np.argsort(-mag[idx], kind="stable")[:n_peaks]
-    return idx[order]
+def spectrum(
+    g: Float[np.ndarray, "*batch lag"], length: int, *, raw_spectrum: bool = False,
+    demean: bool = False, detrend_degree: int = DETREND_DEGREE,
+) -> Float[np.ndarray, "*batch freq"]:
+    """|ĝ(ω_m)| of :func:`prepare`'s output, zero-padded to N_fft = 4T, on
+    :func:`frequency_grid` (g(1) sits at index 0; |ĝ| does not depend on that offset)."""
+    h = prepare(g, length, raw_spectrum=raw_spectrum, demean=demean,
+                detrend_degree=detrend_degree)
+    return np.abs(np.fft.rfft(h, n=n_fft_for(length), axis=-1))
 
 
-def criterion(omega: np.ndarray, thetas: np.ndarray, n_fft: int, tau_rel: float = TAU_REL
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """(relative error, matched) for every (ω, θ_i) pair, each [n_omega, n_theta]."""
-    diff = np.abs(np.asarray(omega, np.float64)[:, None] - np.asarray(thetas, np.float64)[None])
-    rel = diff / np.asarray(thetas, np.float64)[None]
-    return rel, (rel < tau_rel) | (diff < 2 * np.pi / n_fft)
-
-
-def match_peaks(omega: np.ndarray, thetas: np.ndarray, n_fft: int, tau_rel: float = TAU_REL
-                ) -> dict[str, np.ndarray]:
-    """Per peak: nearest θ (by relative error, among matching θ when any match), its index,
-    the relative error, matched, and marginal (matched with relative error > 0.05)."""
-    rel, ok = criterion(omega, thetas, n_fft, tau_rel)
-    matched = ok.any(1)
-    key = np.where(matched[:, None] & ~ok, np.inf, rel)
-    index = key.argmin(1)
-    rel_error = rel[np.arange(len(rel)), index]
-    return {"nearest_theta": np.asarray(thetas)[index], "theta_index": index,
-            "rel_error": rel_error, "matched": matched,
-            "marginal": matched & (rel_error > MARGINAL_REL)}
-
-
-def band_mask(length: int, band: tuple[float, float] | None = None) -> np.ndarray:
-    """Grid points m ≥ 1 with band_lo ≤ ω_m ≤ band_hi (all of (0, π] without a band)."""
+def pick_peaks(
+    mag: Float[np.ndarray, " freq"], length: int, *, n_peaks: int = N_PEAKS,
+    raw_spectrum: bool = False, omega_min: float | None = None,
+) -> tuple[np.ndarray, Float[np.ndarray, " peak"], Float[np.ndarray, " peak"]]:
+    """(grid index, ω, |ĝ| at ω) of the ``n_peaks`` largest peaks, largest first; ω and |ĝ|
+    interpolated (default) or on the grid (``raw_spectrum``). See the module docstring."""
+    mag = np.asarray(mag, np.float64)
+    n_fft = n_fft_for(length)
     omega = frequency_grid(length)
-    keep = np.arange(len(omega)) >= 1
-    if band is not None:
-        keep &= (omega >= band[0]) & (omega <= band[1])
-    return keep
+    empty = (np.zeros(0, int), np.zeros(0), np.zeros(0))
+    if raw_spectrum:
+        idx, _ = find_peaks(mag, distance=n_fft // length)
+        idx = idx[np.argsort(-mag[idx], kind="stable")[:n_peaks]]
+        return idx, omega[idx], mag[idx]
+    lo = OMEGA_MIN_BINS * 2 * np.pi / length if omega_min is None else omega_min
+    above = omega >= lo
+    if not above.any() or mag[above].max() <= 0:
+        return empty
+    floor = PROMINENCE_REL * mag[above].max()  # a peak's prominence never exceeds its height
+    idx, _ = find_peaks(mag, height=floor, distance=n_fft // length, prominence=floor)
+    idx = idx[omega[idx] >= lo]
+    idx = idx[np.argsort(-mag[idx], kind="stable")[:n_peaks]]
+    if len(idx) == 0:
+        return empty
+    a, b, c = (np.log(np.maximum(mag[idx + k], 1e-300)) for k in (-1, 0, 1))
+    curv = a - 2 * b + c
+    off = np.where(curv < 0, 0.5 * (a - c) / np.where(curv < 0, curv, -1.0), 0.0)
+    off = np.clip(off, -0.5, 0.5)
+    return idx, 2 * np.pi * (idx + off) / n_fft, np.exp(b - 0.25 * (a - c) * off)
 
 
-def chance_level(thetas: np.ndarray, length: int, band: tuple[float, float] | None = None,
-                 tau_rel: float = TAU_REL) -> float:
-    """Fraction of grid frequencies in ``band`` (default (0, π]) that match some θ_i."""
-    keep = band_mask(length, band)
-    if not keep.any() or len(thetas) == 0:
-        return float("nan")
-    _, ok = criterion(frequency_grid(length)[keep], thetas, n_fft_for(length), tau_rel)
-    return float(ok.any(1).mean())
+def local_background(power: Float[np.ndarray, " freq"], length: int
+                     ) -> Float[np.ndarray, " freq"]:
+    """Running median of the power over ±8 DFT bins (mirrored at ω = 0 and π)."""
+    size = 2 * FLOOR_HALF_WIDTH_BINS * PAD_FACTOR + 1
+    return median_filter(np.asarray(power, np.float64), size=size, mode="mirror")
 
 
-def permutation_null(hits: np.ndarray, k: int, n_perm: int = N_PERM, seed: int = 0
-                     ) -> np.ndarray:
-    """Matches among ``k`` grid points drawn without replacement from a band whose points
-    match or not as in ``hits`` (bool), ``n_perm`` seeded draws."""
-    hits = np.asarray(hits, bool)
-    k = min(k, len(hits))
-    if k == 0:
-        return np.zeros(n_perm, int)
-    keys = np.random.default_rng(seed).random((n_perm, len(hits)))
-    pick = np.argpartition(keys, k - 1, axis=1)[:, :k]
-    return hits[pick].sum(1)
+def leakage_bound(mag: Float[np.ndarray, " freq"], omega: Float[np.ndarray, " peak"],
+                  length: int, raw_spectrum: bool = False) -> Float[np.ndarray, " peak"]:
+    """The most that side lobes of the rest of the spectrum can put at each ω: max_j |ĝ(ω_j)|
+    E(D_j), D_j = |ω − ω_j| in DFT bins, E the side-lobe envelope of the window (Hann:
+    1/(πD(D² − 1)) beyond its main lobe, D ≥ 2; rectangular: 1/(πD), D ≥ 1)."""
+    d = np.abs(np.asarray(omega, np.float64)[:, None] - frequency_grid(length)[None])
+    d = d / (2 * np.pi / length)
+    if raw_spectrum:
+        env = np.where(d >= 1, 1 / (np.pi * np.maximum(d, 1)), 0.0)
+    else:
+        env = np.where(d >= 2, 1 / (np.pi * np.maximum(d, 2) * (np.maximum(d, 2) ** 2 - 1)), 0.0)
+    return (np.asarray(mag, np.float64)[None] * env).max(1) if d.size else np.zeros(0)
 
 
-def perm_pvalue(observed: int, null: np.ndarray) -> float:
-    return float((1 + np.sum(null >= observed)) / (1 + len(null)))
-
-
-def expected_pe_kernel(thetas: np.ndarray, length: int) -> Float[np.ndarray, " lag"]:
-    """g_PE(Δ) = Σ_i cos(θ_i Δ) for Δ = 1..T−1 (equal weights)."""
-    lags = np.arange(1, length, dtype=np.float64)
-    return np.cos(np.outer(lags, np.asarray(thetas, np.float64))).sum(1)
+def reference_kernel(
+    thetas: Float[np.ndarray, " pair"], length: int,
+    usage: Float[np.ndarray, " pair"] | None = None,
+) -> Float[np.ndarray, " lag"]:
+    """Σ_i w_i cos(θ_i Δ) for Δ = 1..T−1; w = ``usage`` (equal weights when None)."""
+    thetas = np.asarray(thetas, np.float64)
+    w = np.ones(len(thetas)) if usage is None else np.asarray(usage, np.float64)
+    return np.cos(np.outer(np.arange(1, length, dtype=np.float64), thetas)) @ w
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.std() == 0 or b.std() == 0 or not (np.isfinite(a).all() and np.isfinite(b).all()):
+    if not (np.isfinite(a).all() and np.isfinite(b).all()) or a.std() == 0 or b.std() == 0:
         return float("nan")
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def noise_check(mag: np.ndarray, peaks: np.ndarray, factor: float = NOISE_FACTOR
-                ) -> tuple[int, float]:
-    """(top peaks with power > factor × median power, largest peak power / median power)."""
-    power = np.asarray(mag, np.float64) ** 2
-    med = np.median(power)
-    if len(peaks) == 0 or med <= 0:
-        return 0, float("nan")
-    return int(np.sum(power[peaks] > factor * med)), float(power[peaks].max() / med)
+def log_power(power: Float[np.ndarray, " freq"], length: int, *, relative: bool = False
+              ) -> Float[np.ndarray, " freq"]:
+    """ln power floored at 10⁻⁶ of its maximum; ``relative`` subtracts the ln of the
+    :func:`local_background` (what is left is peak shape, not spectral slope)."""
+    power = np.asarray(power, np.float64)
+    floor = LOG_POWER_FLOOR * max(float(power.max()), 1e-300)
+    out = np.log(power + floor)
+    return out - np.log(local_background(power, length) + floor) if relative else out
 
 
+def log_power_r(p: np.ndarray, q: np.ndarray, length: int, keep: np.ndarray, *,
+                relative: bool = False) -> float:
+    """Pearson's r of :func:`log_power` of two power spectra over the grid points ``keep``."""
+    if np.asarray(p).max() <= 0 or np.asarray(q).max() <= 0:
+        return float("nan")
+    return pearson(log_power(p, length, relative=relative)[keep],
+                   log_power(q, length, relative=relative)[keep])
+
+
+def spectral_alignment(
+    g: Float[np.ndarray, " lag"],
+    thetas: Float[np.ndarray, " pair"] | None,
+    *,
+    length: int | None = None,
+    usage: Float[np.ndarray, " pair"] | None = None,
+    raw_spectrum: bool = False,
+    demean: bool = False,
+    n_peaks: int = N_PEAKS,
+    tau_rel: float = TAU_REL,
+    n_null: int = N_NULL,
+    seed: int = 0,
+    alpha: float = ALPHA,
+    precision_bins: float = PRECISION_BINS,
+    references: bool = True,
+    keep_spectrum: bool = True,
+) -> dict:
+    """Spectral analysis of one head's g(Δ) (lag Δ = 1..T−1, so T = len(g) + 1 by default)
+    against rotary frequencies ``thetas`` (radians/token; None or empty for models without
+    rotary PE). ``usage`` weights the reference kernel, one value per θ_i, same order.
+
+    Keys: ``peaks`` (ω of the top peaks, largest first), ``peak_magnitude``,
+    ``significant``, ``n_peaks_found``, ``n_significant``; per peak ``matched``,
+    ``nearest_theta``, ``theta_index``, ``rel_error``, ``marginal`` (the seed's criterion) and
+    ``log_dist``; ``n_matched``, ``frac_matched`` (out of ``n_peaks``), ``seed_criterion_met``
+    (frac_matched ≥ 0.5), ``chance``, ``p_value``, ``statistic``, ``log_dist_gmean``,
+    ``null_spacing``, ``aligned``; ``ref_log_r``, ``pearson_seed``; ``n_above_3x_median``,
+    ``top_peak_to_median``; settings; and ``omega``/``spectrum`` (the processed |ĝ|).
+    ``references=False`` skips the reference scores (NaN), ``keep_spectrum=False`` the arrays.
+    """
+    g = np.asarray(g, np.float64)
+    length = len(g) + 1 if length is None else int(length)
+    if not np.isfinite(g).all():
+        raise ValueError("g contains non-finite values")
+    th = np.zeros(0) if thetas is None else np.asarray(thetas, np.float64).ravel()
+    ok_theta = np.isfinite(th) & (th > 0)
+    th, use = th[ok_theta], None if usage is None else np.asarray(usage, np.float64)[ok_theta]
+    n_fft, omega_grid = n_fft_for(length), frequency_grid(length)
+    mag = spectrum(g, length, raw_spectrum=raw_spectrum, demean=demean)
+    power = mag ** 2
+    idx, peaks, peak_mag = pick_peaks(mag, length, n_peaks=n_peaks, raw_spectrum=raw_spectrum)
+    k, nan = len(peaks), float("nan")
+    significant = (peak_mag ** 2 >= SIG_FACTOR * local_background(power, length)[idx]) & (
+        peak_mag >= LEAK_FACTOR * leakage_bound(mag, peaks, length, raw_spectrum))
+    med = float(np.median(power))
+    out = {
+        "peaks": peaks, "peak_magnitude": peak_mag, "significant": significant,
+        "n_peaks_found": k, "n_significant": int(significant.sum()),
+        "n_above_3x_median": int(np.sum(peak_mag ** 2 > NOISE_FACTOR * med)),
+        "top_peak_to_median": float(peak_mag[0] ** 2 / med) if k and med > 0 else nan,
+        "raw_spectrum": raw_spectrum, "length": length, "n_fft": n_fft, "tau_rel": tau_rel,
+        "n_null": n_null, "alpha": alpha, "n_peaks": n_peaks, "n_thetas": len(th),
+    }
+    rotary = len(th) > 0
+    if rotary and k:
+        m = match_peaks(peaks, th, n_fft, tau_rel)
+        null = rotation_null(peaks, significant, th, length, n_fft, tau_rel=tau_rel,
+                             n_null=n_null, seed=seed, precision_bins=precision_bins)
+        out.update({key: m[key] for key in ("matched", "nearest_theta", "theta_index",
+                                            "rel_error", "marginal")})
+        out["log_dist"] = log_distance(peaks, th)
+        out.update({key: null[key] for key in ("chance", "p_value", "statistic",
+                                               "log_dist_gmean")})
+        out["null_spacing"] = null["spacing"]
+    else:
+        out.update(matched=np.zeros(k, bool), nearest_theta=np.full(k, nan),
+                   theta_index=np.full(k, -1), rel_error=np.full(k, nan),
+                   marginal=np.zeros(k, bool), log_dist=np.full(k, nan), chance=nan,
+                   p_value=nan, statistic=nan, log_dist_gmean=nan, null_spacing=nan)
+    n_matched = int(np.sum(out["matched"]))
+    out["n_matched"] = n_matched if rotary else nan
+    out["frac_matched"] = n_matched / n_peaks if rotary else nan
+    out["seed_criterion_met"] = bool(rotary and n_matched / n_peaks >= 0.5)
+    p = out["p_value"]
+    out["aligned"] = bool(rotary and out["n_significant"] > 0 and np.isfinite(p) and p < alpha)
+    out["ref_peak_r"] = out["ref_log_r"] = out["pearson_seed"] = nan
+    if rotary and references:
+        ref = spectrum(reference_kernel(th, length, use), length, raw_spectrum=raw_spectrum,
+                       demean=demean) ** 2
+        lo = 2 * np.pi / length if raw_spectrum else OMEGA_MIN_BINS * 2 * np.pi / length
+        out["ref_peak_r"] = log_power_r(power, ref, length, omega_grid >= lo, relative=True)
+        out["ref_log_r"] = log_power_r(power, ref, length, omega_grid >= 2 * np.pi / length)
+        seed_ref = spectrum(reference_kernel(th, length), length, raw_spectrum=True) ** 2
+        out["pearson_seed"] = pearson(spectrum(g, length, raw_spectrum=True) ** 2, seed_ref)
+    if keep_spectrum:
+        out["omega"], out["spectrum"] = omega_grid, mag
+    return out
+
+
+def pe_spectrum_correlations(
+    s_pe: Float[np.ndarray, " lag"],
+    g_sources: dict[str, np.ndarray],
+    length: int | None = None,
+    *,
+    raw_spectrum: bool = False,
+) -> dict[str, float]:
+    """Learned absolute PE (GPT-2), descriptive: Pearson's r between the power spectrum of the
+    head-projected positional kernel S_PE(Δ) and that of each g source (e.g. ``trackA_pooled``,
+    ``gram_raw``, ``gram_centered``; lag 1..T−1 each), processed like
+    :func:`spectral_alignment` and compared on linear power above 2π/T (all m with
+    ``raw_spectrum``, as the seed writes it). Returns ``{"r_pe_<source>": r}``.
+
+    Centering per position (Track B) removes the shared ``wpe`` term of the logits, which is
+    S_PE itself, so a low r for ``gram_centered`` beside a high r for the raw sources is the
+    expected signature of a positional kernel carried by the PE table."""
+    length = len(s_pe) + 1 if length is None else int(length)
+    keep = frequency_grid(length) >= (0.0 if raw_spectrum else 2 * np.pi / length)
+    ref = spectrum(s_pe, length, raw_spectrum=raw_spectrum)[keep] ** 2
+    out = {}
+    for name, g in g_sources.items():
+        g = np.asarray(g, np.float64)
+        ok = g.shape == np.shape(s_pe) and np.isfinite(g).all()
+        out[f"r_pe_{name}"] = pearson(spectrum(g, length, raw_spectrum=raw_spectrum)[keep] ** 2,
+                                      ref) if ok else float("nan")
+    return out
+
+
+def gate_value(r2: Float[np.ndarray, "layer head_index"],
+               early_layers: tuple[int, ...] = EARLY_LAYERS) -> float:
+    """Mean pooled R² over the heads of the early layers of one condition (NaN-aware)."""
+    r2 = np.asarray(r2, np.float64)
+    early = r2[[layer for layer in early_layers if layer < len(r2)]]
+    return float(np.nanmean(early)) if np.isfinite(early).any() else float("nan")
+
+
+HEAD_COLUMNS = [
+    "model", "dataset", "length", "layer", "head", "pe", "source", "R2_pooled", "gate_met",
+    "forced", "analysed", "status", "raw_spectrum", "n_peaks_found", "n_significant",
+    "n_matched", "frac_matched", "seed_criterion_met", "chance", "p_value", "aligned",
+    "statistic", "log_dist_gmean", "null_spacing", "ref_peak_r", "ref_log_r", "pearson_seed",
+    "n_above_3x_median", "top_peak_to_median", "n_fft", "tau_rel", "n_null",
+    "r_pe_trackA_pooled", "r_pe_gram_raw", "r_pe_gram_centered"]
+PEAK_COLUMNS = ["model", "dataset", "length", "layer", "head", "rank", "omega", "magnitude",
+                "significant", "nearest_theta", "theta_index", "rel_error", "log_dist",
+                "matched", "marginal"]
+
+
+def spectral_table(
+    g: Float[np.ndarray, "layer head_index lag"],
+    r2_pooled: Float[np.ndarray, "layer head_index"],
+    thetas: Float[np.ndarray, " pair"] | None,
+    length: int,
+    *,
+    usage: Float[np.ndarray, "layer head_index pair"] | None = None,
+    gate_met: bool | None = None,
+    force: bool = False,
+    raw_spectrum: bool = False,
+    demean: bool = False,
+    s_pe: Float[np.ndarray, "layer head_index lag"] | None = None,
+    g_sources: dict[str, np.ndarray] | None = None,
+    model: str = "",
+    dataset: str = "",
+    pe: str = "",
+    source: str = "",
+    n_null: int = N_NULL,
+    seed: int = 0,
+    alpha: float = ALPHA,
+    tau_rel: float = TAU_REL,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One condition: (heads table, one row per layer × head; peaks table, one row per peak).
+
+    ``gate_met`` is the caller's gate (True/False; None = no gate applies). Heads are analysed
+    when the gate is met or None and their pooled R² > 0.40; ``force`` analyses all. ``status``:
+    ``gated`` (licensed by a met gate), ``ungated`` (analysed although no met gate licenses it:
+    forced, or no gate given), ``skipped: gate not met``, ``skipped: R2 <= 0.40``, ``skipped:
+    non-finite g``. With ``s_pe`` (learned absolute PE) each analysed head also gets
+    :func:`pe_spectrum_correlations` against ``g_sources`` ([layer, head_index, lag] each).
+    Every head is analysed on its own (per-head null, same seed)."""
+    g = np.asarray(g, np.float64)
+    r2 = np.asarray(r2_pooled, np.float64)
+    n_layers, n_heads = g.shape[:2]
+    heads, peak_rows = [], []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            passes = bool(np.nan_to_num(r2[layer, head], nan=-np.inf) > HEAD_THRESHOLD)
+            licensed = gate_met is True and passes
+            if not np.isfinite(g[layer, head]).all():
+                status = "skipped: non-finite g"
+            elif licensed:
+                status = "gated"
+            elif force or (gate_met is None and passes):
+                status = "ungated"
+            else:
+                status = "skipped: gate not met" if gate_met is False else "skipped: R2 <= 0.40"
+            row = {"model": model, "dataset": dataset, "length": length, "layer": layer,
+                   "head": head, "pe": pe, "source": source, "R2_pooled": r2[layer, head],
+                   "gate_met": gate_met, "forced": force, "status": status,
+                   "analysed": status in ("gated", "ungated"), "raw_spectrum": raw_spectrum}
+            if row["analysed"]:
+                res = spectral_alignment(
+                    g[layer, head], thetas, length=length, raw_spectrum=raw_spectrum,
+                    demean=demean, usage=None if usage is None else usage[layer, head],
+                    n_null=n_null, seed=seed, alpha=alpha, tau_rel=tau_rel,
+                    keep_spectrum=False)
+                row.update({key: res[key] for key in HEAD_COLUMNS if key in res})
+                if s_pe is not None:
+                    row.update(pe_spectrum_correlations(
+                        s_pe[layer, head], {k: np.asarray(v)[layer, head]
+                                            for k, v in (g_sources or {}).items()},
+                        length, raw_spectrum=raw_spectrum))
+                for rank in range(res["n_peaks_found"]):
+                    peak_rows.append({
+                        "model": model, "dataset": dataset, "length": length, "layer": layer,
+                        "head": head, "rank": rank + 1, "omega": res["peaks"][rank],
+                        "magnitude": res["peak_magnitude"][rank],
+                        **{key: res[key][rank] for key in
+                           ("significant", "nearest_theta", "theta_index", "rel_error",
+                            "log_dist", "matched", "marginal")}})
+            heads.append(row)
+    table = pd.DataFrame(heads).reindex(columns=HEAD_COLUMNS)
+    for col in ("aligned", "seed_criterion_met"):
+        table[col] = table[col].astype("boolean")
+    table["aligned"] = table["aligned"].where(table["analysed"], pd.NA)
+    return table, pd.DataFrame(peak_rows, columns=PEAK_COLUMNS)
+
+
+# ---------------------------------------------------------------- file layer (one condition)
 def pooled_r2(track_a: pd.DataFrame, n_layers: int, n_heads: int) -> np.ndarray:
     """Track A pooled R² as [layer, head] (NaN where a head has no rows)."""
     r2 = np.full((n_layers, n_heads), np.nan)
-    first = track_a.groupby(["layer", "head"])["R2_pooled"].first()
-    for (layer, head), value in first.items():
+    for (layer, head), value in track_a.groupby(["layer", "head"])["R2_pooled"].first().items():
         if 0 <= layer < n_layers and 0 <= head < n_heads:
             r2[int(layer), int(head)] = value
     return r2
-
-
-def gate_value(r2: np.ndarray, early_layers: tuple[int, ...] = EARLY_LAYERS) -> float:
-    """Mean pooled R² over the heads of the early layers (NaN-aware)."""
-    early = r2[[layer for layer in early_layers if layer < len(r2)]]
-    return float(np.nanmean(early)) if np.isfinite(early).any() else float("nan")
 
 
 def spec_from_cfg(cfg: dict) -> ModelSpec:
@@ -216,171 +463,106 @@ def spec_from_cfg(cfg: dict) -> ModelSpec:
 
 
 def load_condition(out_dir: Path, model: str, dataset: str, length: int) -> dict:
-    """cfg, spec, g [layer, head, lag] with its source, pooled R² and S_PE (or None)."""
+    """cfg, spec, g [layer, head, lag] with its source, the g sources, pooled R², S_PE and the
+    frequency usage [layer, head, pair] (each None where the run has none)."""
     def path(suffix: str) -> Path:
         return result_path(out_dir, model, dataset, length, suffix)
 
     cfg = json.loads(path(CFG).read_text())
     spec = spec_from_cfg(cfg)
     with np.load(path(G_ARRAYS)) as z:
-        g, source = z["gram_centered"], "gram_centered"
-        if not cfg.get("centered", True) or np.isnan(g).all():
-            g, source = z["gram_raw"], "gram_raw"
-        g = g.astype(np.float64)
-    s_pe = None
+        sources = {k: z[k].astype(np.float64) for k in ("trackA_pooled", "gram_raw",
+                                                        "gram_centered") if k in z}
+    g, source = sources["gram_centered"], "gram_centered"
+    if not cfg.get("centered", True) or np.isnan(g).all():
+        g, source = sources["gram_raw"], "gram_raw"
+    s_pe = usage = None
     if spec.pe == "learned-absolute" and path(PE_KERNEL).exists():
         with np.load(path(PE_KERNEL)) as z:
             s_pe = z["s_pe"].astype(np.float64)
+    if spec.pe == "rope" and path(FREQ_USAGE).exists():
+        with np.load(path(FREQ_USAGE)) as z:
+            q, k = z["q_pair_norm"].astype(np.float64), z["k_pair_norm"].astype(np.float64)
+            usage = q * np.repeat(k, q.shape[1] // k.shape[1], axis=1)
     r2 = pooled_r2(pd.read_csv(path(TRACK_A_CSV)), g.shape[0], g.shape[1])
-    return {"cfg": cfg, "spec": spec, "g": g, "source": source, "r2": r2, "s_pe": s_pe}
-
-
-def reference_power(spec: ModelSpec, s_pe: np.ndarray | None, length: int, demean: bool
-                    ) -> np.ndarray | None:
-    """Reference power spectrum: [freq] for rotary, [layer, head, freq] for S_PE, or None."""
-    if spec.pe == "rope":
-        return spectrum(expected_pe_kernel(spec.rotary_frequencies(), length), length, demean) ** 2
-    if s_pe is not None:
-        return spectrum(s_pe, length, demean) ** 2
-    return None
-
-
-def _mean(values: pd.Series) -> float:
-    values = values.astype(float).dropna()
-    return float(values.mean()) if len(values) else float("nan")
+    return {"cfg": cfg, "spec": spec, "g": g, "source": source, "g_sources": sources,
+            "r2": r2, "s_pe": s_pe, "usage": usage}
 
 
 def run_spectral(out_dir: Path, model: str, dataset: str, length: int, *, force: bool = False,
-                 demean: bool = False, tau_rel: float = TAU_REL, n_peaks: int = N_PEAKS,
-                 n_perm: int = N_PERM, seed: int = 0) -> dict:
-    """Spectral analysis of one condition: writes ``spectral.csv`` (one row per head) and
-    ``spectral_peaks.csv`` (one row per peak); returns a summary dict."""
+                 demean: bool = False, raw_spectrum: bool = False, gate_met: bool | None = None,
+                 n_null: int = N_NULL, seed: int = 0) -> dict:
+    """Spectral analysis of one finished condition: writes ``spectral.csv`` (one row per head)
+    and ``spectral_peaks.csv`` (one row per peak); returns a summary. ``gate_met`` overrides
+    this condition's own gate (mean early-layer pooled R² > 0.60, rotary models only; the
+    seed's gate is over a grid's rotary models, which the grid passes in). ``demean`` only
+    matters with ``raw_spectrum`` (the default processing removes the mean anyway)."""
     cond = load_condition(out_dir, model, dataset, length)
     spec, g, r2 = cond["spec"], cond["g"], cond["r2"]
     if g.shape[-1] != length - 1:
         raise ValueError(f"g.npz has {g.shape[-1]} lags; expected {length - 1} for T={length}")
-    n_layers, n_heads = g.shape[:2]
-    rotary = spec.pe == "rope"
-    thetas = spec.rotary_frequencies() if rotary else np.zeros(0)
-    n_fft, omega = n_fft_for(length), frequency_grid(length)
     gate = gate_value(r2)
-    gate_met = bool(gate > GATE_THRESHOLD) if rotary else None
-    if force:
-        analysed = np.ones_like(r2, bool)
-    elif rotary and not gate_met:
-        analysed = np.zeros_like(r2, bool)
-    else:
-        analysed = np.nan_to_num(r2, nan=-np.inf) > HEAD_THRESHOLD
-    notes = [] if rotary else [f"gate not applicable (pe={spec.pe})"]
-    if force:
-        notes.append("forced: all heads analysed regardless of gate and R²")
-    note = "; ".join(notes)
-    ref = reference_power(spec, cond["s_pe"], length, demean)
-    mags = spectrum(g, length, demean)
-
-    heads: dict[tuple[int, int], dict] = {}
-    for layer, head in zip(*np.nonzero(analysed)):
-        if not np.isfinite(g[layer, head]).all():
-            continue
-        mag = mags[layer, head]
-        peaks = top_peaks(mag, length, n_peaks)
-        above, ratio = noise_check(mag, peaks)
-        h = {"peaks": peaks, "above": above, "ratio": ratio, "pearson": float("nan")}
-        if ref is not None:
-            h["pearson"] = pearson(mag ** 2, ref if ref.ndim == 1 else ref[layer, head])
-        if rotary:
-            h["match"] = match_peaks(omega[peaks], thetas, n_fft, tau_rel)
-        heads[(int(layer), int(head))] = h
-
-    all_peaks = np.concatenate([omega[h["peaks"]] for h in heads.values()] or [np.zeros(0)])
-    band = (float(all_peaks.min()), float(all_peaks.max())) if len(all_peaks) else None
-    chance_full = chance_band = float("nan")
-    nulls: dict[int, np.ndarray] = {}
-    if rotary:
-        chance_full = chance_level(thetas, length, None, tau_rel)
-        if band is not None:
-            chance_band = chance_level(thetas, length, band, tau_rel)
-            keep = band_mask(length, band)
-            _, ok = criterion(omega[keep], thetas, n_fft, tau_rel)
-            band_hits = ok.any(1)
-
-    rows, peak_rows = [], []
-    nan = float("nan")
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            h = heads.get((layer, head))
-            row = {"model": model, "dataset": dataset, "length": length, "layer": layer,
-                   "head": head, "pe": spec.pe, "R2_pooled": r2[layer, head],
-                   "gate_value": gate, "gate_met": gate_met, "gate_applicable": rotary,
-                   "gate_note": note, "forced": force, "analysed": h is not None,
-                   "n_peaks": nan, "n_matched": nan, "frac_matched": nan,
-                   "frac_expected_hit": nan, "n_expected": len(thetas) if rotary else nan,
-                   "chance_full": chance_full, "chance_band": chance_band,
-                   "band_lo": band[0] if band else nan, "band_hi": band[1] if band else nan,
-                   "perm_p": nan, "pearson": nan, "n_peaks_above_3x_median": nan,
-                   "top_peak_to_median": nan, "demean": demean, "source": cond["source"],
-                   "n_fft": n_fft, "tau_rel": tau_rel}
-            if h is not None:
-                k = len(h["peaks"])
-                row.update(n_peaks=k, pearson=h["pearson"], n_peaks_above_3x_median=h["above"],
-                           top_peak_to_median=h["ratio"])
-                m = h.get("match")
-                if m is not None and k:
-                    n_matched = int(m["matched"].sum())
-                    if k not in nulls:
-                        nulls[k] = permutation_null(band_hits, k, n_perm, seed + k)
-                    row.update(n_matched=n_matched, frac_matched=n_matched / k,
-                               frac_expected_hit=len(set(m["theta_index"][m["matched"]]))
-                               / len(thetas),
-                               perm_p=perm_pvalue(n_matched, nulls[k]))
-                for rank, idx in enumerate(h["peaks"], start=1):
-                    peak_rows.append({
-                        "model": model, "dataset": dataset, "length": length, "layer": layer,
-                        "head": head, "rank": rank, "omega": omega[idx],
-                        "magnitude": mags[layer, head, idx],
-                        **({key: m[key][rank - 1] for key in
-                            ("nearest_theta", "theta_index", "rel_error", "matched", "marginal")}
-                           if m is not None else {}),
-                    })
-            rows.append(row)
-    table = pd.DataFrame(rows)
+    if gate_met is None and spec.pe == "rope":
+        gate_met = bool(gate > GATE_THRESHOLD)
+    usage = cond["usage"]
+    if usage is not None and usage.shape[:2] != g.shape[:2]:
+        usage = None
+    table, peaks = spectral_table(
+        g, r2, spec.rotary_frequencies(), length, usage=usage, gate_met=gate_met, force=force,
+        raw_spectrum=raw_spectrum, demean=demean, s_pe=cond["s_pe"],
+        g_sources=cond["g_sources"] if cond["s_pe"] is not None else None, model=model,
+        dataset=dataset, pe=spec.pe, source=cond["source"], n_null=n_null, seed=seed)
+    table.insert(table.columns.get_loc("gate_met"), "gate_value", gate)
     save_csv(table, result_path(out_dir, model, dataset, length, SPECTRAL_CSV))
-    save_csv(pd.DataFrame(peak_rows, columns=PEAK_COLUMNS),
-              result_path(out_dir, model, dataset, length, SPECTRAL_PEAKS_CSV))
-
+    save_csv(peaks, result_path(out_dir, model, dataset, length, SPECTRAL_PEAKS_CSV))
     done = table[table["analysed"]]
     early = done[done["layer"].isin(EARLY_LAYERS)]
-    frac = done["frac_matched"].dropna()
+
+    def mean(col: pd.Series) -> float:
+        col = pd.to_numeric(col, errors="coerce").dropna()
+        return float(col.mean()) if len(col) else float("nan")
+
     return {"model": model, "dataset": dataset, "length": length, "pe": spec.pe,
-            "gate_value": gate, "gate_met": gate_met, "forced": force, "demean": demean,
-            "n_analysed": len(done), "mean_frac_matched_early": _mean(early["frac_matched"]),
-            "mean_frac_matched": _mean(frac), "frac_heads_ge_half_matched": _mean(frac >= 0.5),
-            "chance_full": chance_full, "chance_band": chance_band, "band": band,
-            "mean_pearson": _mean(done["pearson"])}
+            "gate_value": gate, "gate_met": gate_met, "forced": force,
+            "raw_spectrum": raw_spectrum, "n_analysed": len(done),
+            "frac_aligned": mean(done["aligned"].astype(float)),
+            "frac_aligned_early": mean(early["aligned"].astype(float)),
+            "mean_frac_matched": mean(done["frac_matched"]),
+            "mean_frac_matched_early": mean(early["frac_matched"]),
+            "mean_chance": mean(done["chance"]), "mean_ref_peak_r": mean(done["ref_peak_r"])}
 
 
 def plot_head_spectrum(out_dir: Path, model: str, dataset: str, length: int, layer: int,
-                       head: int, demean: bool = False):
-    """|ĝ|² of one head overlaid on the reference power spectrum (rotary g_PE or GPT-2 S_PE,
-    each scaled to the same maximum), with the top peaks and the θ_i marked."""
+                       head: int, raw_spectrum: bool = False):
+    """|ĝ|² of one head (as analysed) over the reference power spectrum (usage-weighted rotary
+    kernel or GPT-2's S_PE, each scaled to maximum 1), top peaks (filled: significant) and θ_i."""
     import matplotlib.pyplot as plt
 
     cond = load_condition(out_dir, model, dataset, length)
-    spec, omega = cond["spec"], frequency_grid(length)
-    power = spectrum(cond["g"][layer, head], length, demean) ** 2
+    thetas = cond["spec"].rotary_frequencies()
+    usage = None if cond["usage"] is None else cond["usage"][layer, head]
+    res = spectral_alignment(cond["g"][layer, head], thetas, length=length, usage=usage,
+                             raw_spectrum=raw_spectrum, n_null=200)
+    omega, power = res["omega"], res["spectrum"] ** 2
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.plot(omega, power / power.max(), lw=1, label=f"|ĝ|² ({cond['source']})")
-    ref = reference_power(spec, cond["s_pe"], length, demean)
+    ref, label = None, "S_PE"
+    if thetas is not None:
+        ref, label = reference_kernel(thetas, length, usage), "Σ w_i cos(θ_i Δ)"
+    elif cond["s_pe"] is not None:
+        ref = cond["s_pe"][layer, head]
     if ref is not None:
-        ref = ref if ref.ndim == 1 else ref[layer, head]
-        label = "Σ cos(θ_i Δ)" if spec.pe == "rope" else "S_PE"
+        ref = spectrum(ref, length, raw_spectrum=raw_spectrum) ** 2
         ax.plot(omega, ref / ref.max(), lw=1, alpha=0.7, label=f"reference {label}")
-    peaks = top_peaks(np.sqrt(power), length)
-    ax.plot(omega[peaks], power[peaks] / power.max(), "kv", ms=5, label="top peaks")
-    for theta in (spec.rotary_frequencies() if spec.pe == "rope" else []):
+    top = res["peak_magnitude"] ** 2 / power.max()
+    sig = res["significant"]
+    ax.plot(res["peaks"][sig], top[sig], "kv", ms=5, label="significant peaks")
+    ax.plot(res["peaks"][~sig], top[~sig], "v", mfc="none", mec="k", ms=5, label="other peaks")
+    for theta in thetas if thetas is not None else []:
         ax.axvline(theta, color="0.8", lw=0.5, zorder=0)
+    verdict = f"aligned={res['aligned']} p={res['p_value']:.3g}" if thetas is not None else ""
     ax.set(xlabel="ω (rad/token)", ylabel="power (max = 1)", xlim=(0, np.pi),
-           title=f"{model} {dataset} T={length}  L{layer}H{head}")
+           title=f"{model} {dataset} T={length}  L{layer}H{head}  {verdict}")
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

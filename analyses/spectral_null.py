@@ -1,0 +1,146 @@
+"""Matching spectral peaks to rotary frequencies, and the null that judges the matches.
+
+**The seed's criterion** (:func:`criterion`, :func:`match_peaks`): a peak ω matches θ_i iff
+|ω − θ_i|/θ_i < τ_rel (0.10) or |ω − θ_i| < 2π/N_fft. Adjacent rotary frequencies are
+base^(2/d_head) apart (1.155× for base 10⁴, d_head 128; 1.43× for base 10⁵, d_head 64), so a
+±10% window around every θ_i covers most frequencies: the binary "matched" is met by chance
+for most peaks and cannot be significant by itself. It is reported as the seed defines it.
+
+**The statistic that decides** (:func:`alignment_statistic`): for each significant peak the
+distance in log-frequency to the nearest θ_i, d_k = min_i |ln ω_k − ln θ_i|, floored by the
+precision a peak position can have, δ_k = ε·(2π/T)/ω_k (ε = 0.05 of a DFT bin, turned into
+log units at that peak), and averaged as S = mean_k ln(d_k + δ_k). S is small when peaks sit
+on rotary frequencies; the floor keeps one peak that lands on a θ_i by luck from deciding.
+
+**The null** (:func:`rotation_null`): the same observed peaks, the θ set rescaled by random
+factors e^u, u uniform on [−s/2, s/2), where s is the median spacing of ln θ_i near the peaks
+(for plain RoPE the θ_i are evenly spaced in ln θ, so this is exactly a uniformly random
+placement of the θ grid relative to the peaks; rescaling only by up to half a spacing keeps
+the local structure of non-uniform sets such as Llama-3 scaling). The draws are stratified
+(one per 1/n_null of the range, seeded jitter). Per head, nothing from other heads enters:
+
+- ``p_value`` = (1 + #{null S ≤ observed S}) / (1 + n_null);
+- ``chance`` = the mean fraction of the top peaks that meet the seed's criterion under the
+  null: the criterion's chance level for these very peaks.
+"""
+
+import numpy as np
+from jaxtyping import Bool, Float
+
+TAU_REL = 0.10
+MARGINAL_REL = 0.05
+PRECISION_BINS = 0.05
+N_NULL = 2000
+ALPHA = 0.05
+
+
+def criterion(
+    omega: Float[np.ndarray, " peak"], thetas: Float[np.ndarray, " pair"], n_fft: int,
+    tau_rel: float = TAU_REL,
+) -> tuple[Float[np.ndarray, "peak pair"], Bool[np.ndarray, "peak pair"]]:
+    """(relative error, matched) for every (ω, θ_i) pair under the seed's criterion."""
+    omega, thetas = np.asarray(omega, np.float64), np.asarray(thetas, np.float64)
+    diff = np.abs(omega[:, None] - thetas[None])
+    rel = diff / thetas[None]
+    return rel, (rel < tau_rel) | (diff < 2 * np.pi / n_fft)
+
+
+def match_peaks(
+    omega: Float[np.ndarray, " peak"], thetas: Float[np.ndarray, " pair"], n_fft: int,
+    tau_rel: float = TAU_REL,
+) -> dict[str, np.ndarray]:
+    """Per peak: nearest θ (by relative error, among matching θ when any match), its index,
+    the relative error, matched, and marginal (matched with relative error > 0.05)."""
+    rel, ok = criterion(omega, thetas, n_fft, tau_rel)
+    matched = ok.any(1)
+    index = np.where(matched[:, None] & ~ok, np.inf, rel).argmin(1)
+    rel_error = rel[np.arange(len(rel)), index]
+    return {"nearest_theta": np.asarray(thetas)[index], "theta_index": index,
+            "rel_error": rel_error, "matched": matched,
+            "marginal": matched & (rel_error > MARGINAL_REL)}
+
+
+def log_distance(
+    omega: Float[np.ndarray, " peak"], thetas: Float[np.ndarray, "*draw pair"]
+) -> Float[np.ndarray, "*draw peak"]:
+    """min_i |ln ω_k − ln θ_i| for each peak (and each null draw when θ has a draw axis)."""
+    lw = np.log(np.asarray(omega, np.float64))
+    lt = np.log(np.asarray(thetas, np.float64))
+    return np.abs(lw[..., :, None] - lt[..., None, :]).min(-1)
+
+
+def precision_floor(
+    omega: Float[np.ndarray, " peak"], length: int, precision_bins: float = PRECISION_BINS
+) -> Float[np.ndarray, " peak"]:
+    """δ_k = ε·(2π/T)/ω_k: ε of a DFT bin expressed in log-frequency at each peak."""
+    return precision_bins * (2 * np.pi / length) / np.asarray(omega, np.float64)
+
+
+def alignment_statistic(
+    omega: Float[np.ndarray, " peak"], thetas: Float[np.ndarray, "*draw pair"],
+    floor: Float[np.ndarray, " peak"],
+) -> Float[np.ndarray, "*draw"]:
+    """S = mean_k ln(d_k + δ_k) (small = peaks on rotary frequencies)."""
+    return np.asarray(np.log(log_distance(omega, thetas) + floor).mean(-1))
+
+
+def local_log_spacing(
+    thetas: Float[np.ndarray, " pair"], omega: Float[np.ndarray, " peak"], margin: float = 0.5
+) -> float:
+    """Median spacing of the sorted ln θ_i whose midpoints lie within ``margin`` (in ln units)
+    of the peaks' range; the median over all spacings when none does."""
+    lt = np.sort(np.log(np.asarray(thetas, np.float64)))
+    if len(lt) < 2:
+        return float(np.log(2.0))
+    gaps, mid = np.diff(lt), 0.5 * (lt[1:] + lt[:-1])
+    lw = np.log(np.asarray(omega, np.float64))
+    near = (mid >= lw.min() - margin) & (mid <= lw.max() + margin) & (gaps > 0)
+    chosen = gaps[near] if near.any() else gaps[gaps > 0]
+    return float(np.median(chosen)) if len(chosen) else float(np.log(2.0))
+
+
+def null_factors(spacing: float, n_null: int = N_NULL, seed: int = 0
+                 ) -> Float[np.ndarray, " draw"]:
+    """e^u for u stratified-uniform on [−s/2, s/2): one seeded draw per 1/n_null of the range."""
+    jitter = np.random.default_rng(seed).random(n_null)
+    return np.exp(((np.arange(n_null) + jitter) / n_null - 0.5) * spacing)
+
+
+def rotation_null(
+    omega: Float[np.ndarray, " peak"],
+    significant: Bool[np.ndarray, " peak"],
+    thetas: Float[np.ndarray, " pair"],
+    length: int,
+    n_fft: int,
+    *,
+    tau_rel: float = TAU_REL,
+    n_null: int = N_NULL,
+    seed: int = 0,
+    precision_bins: float = PRECISION_BINS,
+) -> dict[str, float | np.ndarray]:
+    """Chance level of the seed's criterion and the p-value of S for one head's peaks.
+
+    ``omega``: the head's top peaks (all of them enter ``chance``); ``significant``: which
+    of them enter the statistic. Returns ``chance``, ``p_value``, ``statistic`` (S),
+    ``log_dist_gmean`` (e^S, a typical floored log-distance), ``spacing`` (s) and ``null``
+    (S under each draw; empty without significant peaks)."""
+    omega = np.asarray(omega, np.float64)
+    thetas = np.asarray(thetas, np.float64)
+    nan = float("nan")
+    if len(omega) == 0 or len(thetas) == 0:
+        return {"chance": nan, "p_value": nan, "statistic": nan, "log_dist_gmean": nan,
+                "spacing": nan, "null": np.zeros(0)}
+    sig = np.asarray(significant, bool)
+    spacing = local_log_spacing(thetas, omega[sig] if sig.any() else omega)
+    scaled = null_factors(spacing, n_null, seed)[:, None] * thetas[None]
+    diff = np.abs(omega[None, :, None] - scaled[:, None, :])
+    hit = ((diff / scaled[:, None, :] < tau_rel) | (diff < 2 * np.pi / n_fft)).any(-1)
+    out = {"chance": float(hit.mean()), "p_value": nan, "statistic": nan,
+           "log_dist_gmean": nan, "spacing": spacing, "null": np.zeros(0)}
+    if sig.any():
+        floor = precision_floor(omega[sig], length, precision_bins)
+        observed = float(alignment_statistic(omega[sig], thetas, floor))
+        null = alignment_statistic(omega[sig], scaled, floor)
+        out.update(statistic=observed, log_dist_gmean=float(np.exp(observed)), null=null,
+                   p_value=float((1 + np.sum(null <= observed)) / (1 + n_null)))
+    return out
