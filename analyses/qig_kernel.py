@@ -75,7 +75,7 @@ def fisher_rao_distances(
     out = torch.empty(b, T, T, dtype=x.dtype, device=x.device)
     for i in range(0, T, chunk):
         prod = p[:, i:i + chunk, None, :] * p[:, None, :, :]
-        inner = torch.sqrt(prod + eps).sum(-1).clamp(-1.0 + 1e-6, 1.0 - 1e-6)
+        inner = prod.add_(eps).sqrt_().sum(-1).clamp(-1.0 + 1e-6, 1.0 - 1e-6)
         out[:, i:i + chunk] = 2.0 * torch.acos(inner)
     return out
 
