@@ -21,8 +21,11 @@ frequencies are dense. By default therefore:
    cannot be told from an oscillation. Positions are refined by parabolic interpolation of
    ln|ĝ| over the three grid points around each maximum;
 4. a peak is *significant* if its power exceeds 10× the running median power over ±8 bins
-   (its local background; a white-noise bin passes with probability 2⁻¹⁰, a smooth kernel
-   never). Only significant peaks enter the alignment statistic.
+   (its local background; a white-noise bin passes with probability 2⁻¹⁰) and its magnitude
+   5× the most that the window's side lobes of the rest of the spectrum can put there (so
+   the side lobes of a strong low-frequency hump are no evidence). Smooth kernels (flat,
+   exponential, power-law, Gaussian, sigmoid, step) leave no significant peak at any T.
+   Only significant peaks enter the alignment statistic.
 
 ``raw_spectrum=True`` keeps the seed's literal procedure for comparison: mean kept (unless
 ``demean``), no taper, ``find_peaks(distance = 4 bins)`` on the grid, no interpolation; a flat
@@ -52,39 +55,28 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from jaxtyping import Float
-from scipy.ndimage import median_filter
 from scipy.signal import find_peaks
 
+from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral_null import (
     ALPHA,
     N_NULL,
+    PAD_FACTOR,
     PRECISION_BINS,
     TAU_REL,
+    local_background,
     log_distance,
     match_peaks,
+    peak_significance,
     rotation_null,
-)
-from poskernel_tl.constants import (
-    CFG,
-    FREQ_USAGE,
-    G_ARRAYS,
-    PE_KERNEL,
-    SPECTRAL_CSV,
-    SPECTRAL_PEAKS_CSV,
-    TRACK_A_CSV,
-    result_path,
 )
 from poskernel_tl.io import save_csv
 from poskernel_tl.registry import ModelSpec
 
-PAD_FACTOR = 4
 N_PEAKS = 5
 DETREND_DEGREE = 2
 OMEGA_MIN_BINS = 4.0
 PROMINENCE_REL = 0.05
-SIG_FACTOR = 10.0
-LEAK_FACTOR = 5.0
-FLOOR_HALF_WIDTH_BINS = 8
 LOG_POWER_FLOOR = 1e-6
 NOISE_FACTOR = 3.0
 GATE_THRESHOLD = 0.60
@@ -170,27 +162,6 @@ def pick_peaks(
     return idx, 2 * np.pi * (idx + off) / n_fft, np.exp(b - 0.25 * (a - c) * off)
 
 
-def local_background(power: Float[np.ndarray, " freq"], length: int
-                     ) -> Float[np.ndarray, " freq"]:
-    """Running median of the power over ±8 DFT bins (mirrored at ω = 0 and π)."""
-    size = 2 * FLOOR_HALF_WIDTH_BINS * PAD_FACTOR + 1
-    return median_filter(np.asarray(power, np.float64), size=size, mode="mirror")
-
-
-def leakage_bound(mag: Float[np.ndarray, " freq"], omega: Float[np.ndarray, " peak"],
-                  length: int, raw_spectrum: bool = False) -> Float[np.ndarray, " peak"]:
-    """The most that side lobes of the rest of the spectrum can put at each ω: max_j |ĝ(ω_j)|
-    E(D_j), D_j = |ω − ω_j| in DFT bins, E the side-lobe envelope of the window (Hann:
-    1/(πD(D² − 1)) beyond its main lobe, D ≥ 2; rectangular: 1/(πD), D ≥ 1)."""
-    d = np.abs(np.asarray(omega, np.float64)[:, None] - frequency_grid(length)[None])
-    d = d / (2 * np.pi / length)
-    if raw_spectrum:
-        env = np.where(d >= 1, 1 / (np.pi * np.maximum(d, 1)), 0.0)
-    else:
-        env = np.where(d >= 2, 1 / (np.pi * np.maximum(d, 2) * (np.maximum(d, 2) ** 2 - 1)), 0.0)
-    return (np.asarray(mag, np.float64)[None] * env).max(1) if d.size else np.zeros(0)
-
-
 def reference_kernel(
     thetas: Float[np.ndarray, " pair"], length: int,
     usage: Float[np.ndarray, " pair"] | None = None,
@@ -228,20 +199,11 @@ def log_power_r(p: np.ndarray, q: np.ndarray, length: int, keep: np.ndarray, *,
 
 
 def spectral_alignment(
-    g: Float[np.ndarray, " lag"],
-    thetas: Float[np.ndarray, " pair"] | None,
-    *,
-    length: int | None = None,
-    usage: Float[np.ndarray, " pair"] | None = None,
-    raw_spectrum: bool = False,
-    demean: bool = False,
-    n_peaks: int = N_PEAKS,
-    tau_rel: float = TAU_REL,
-    n_null: int = N_NULL,
-    seed: int = 0,
-    alpha: float = ALPHA,
-    precision_bins: float = PRECISION_BINS,
-    references: bool = True,
+    g: Float[np.ndarray, " lag"], thetas: Float[np.ndarray, " pair"] | None, *,
+    length: int | None = None, usage: Float[np.ndarray, " pair"] | None = None,
+    raw_spectrum: bool = False, demean: bool = False, n_peaks: int = N_PEAKS,
+    tau_rel: float = TAU_REL, n_null: int = N_NULL, seed: int = 0, alpha: float = ALPHA,
+    precision_bins: float = PRECISION_BINS, references: bool = True,
     keep_spectrum: bool = True,
 ) -> dict:
     """Spectral analysis of one head's g(Δ) (lag Δ = 1..T−1, so T = len(g) + 1 by default)
@@ -253,7 +215,8 @@ def spectral_alignment(
     ``nearest_theta``, ``theta_index``, ``rel_error``, ``marginal`` (the seed's criterion) and
     ``log_dist``; ``n_matched``, ``frac_matched`` (out of ``n_peaks``), ``seed_criterion_met``
     (frac_matched ≥ 0.5), ``chance``, ``p_value``, ``statistic``, ``log_dist_gmean``,
-    ``null_spacing``, ``aligned``; ``ref_log_r``, ``pearson_seed``; ``n_above_3x_median``,
+    ``null_spacing``, ``aligned``; ``ref_peak_r``, ``ref_log_r``, ``pearson_seed``;
+    ``n_above_3x_median``,
     ``top_peak_to_median``; settings; and ``omega``/``spectrum`` (the processed |ĝ|).
     ``references=False`` skips the reference scores (NaN), ``keep_spectrum=False`` the arrays.
     """
@@ -269,8 +232,7 @@ def spectral_alignment(
     power = mag ** 2
     idx, peaks, peak_mag = pick_peaks(mag, length, n_peaks=n_peaks, raw_spectrum=raw_spectrum)
     k, nan = len(peaks), float("nan")
-    significant = (peak_mag ** 2 >= SIG_FACTOR * local_background(power, length)[idx]) & (
-        peak_mag >= LEAK_FACTOR * leakage_bound(mag, peaks, length, raw_spectrum))
+    significant = peak_significance(mag, idx, peaks, peak_mag, length, raw_spectrum)
     med = float(np.median(power))
     out = {
         "peaks": peaks, "peak_magnitude": peak_mag, "significant": significant,
@@ -317,11 +279,8 @@ def spectral_alignment(
 
 
 def pe_spectrum_correlations(
-    s_pe: Float[np.ndarray, " lag"],
-    g_sources: dict[str, np.ndarray],
-    length: int | None = None,
-    *,
-    raw_spectrum: bool = False,
+    s_pe: Float[np.ndarray, " lag"], g_sources: dict[str, np.ndarray],
+    length: int | None = None, *, raw_spectrum: bool = False,
 ) -> dict[str, float]:
     """Learned absolute PE (GPT-2), descriptive: Pearson's r between the power spectrum of the
     head-projected positional kernel S_PE(Δ) and that of each g source (e.g. ``trackA_pooled``,
@@ -365,26 +324,14 @@ PEAK_COLUMNS = ["model", "dataset", "length", "layer", "head", "rank", "omega", 
 
 
 def spectral_table(
-    g: Float[np.ndarray, "layer head_index lag"],
-    r2_pooled: Float[np.ndarray, "layer head_index"],
-    thetas: Float[np.ndarray, " pair"] | None,
-    length: int,
-    *,
+    g: Float[np.ndarray, "layer head_index lag"], r2_pooled: Float[np.ndarray, "layer head_index"],
+    thetas: Float[np.ndarray, " pair"] | None, length: int, *,
     usage: Float[np.ndarray, "layer head_index pair"] | None = None,
-    gate_met: bool | None = None,
-    force: bool = False,
-    raw_spectrum: bool = False,
-    demean: bool = False,
-    s_pe: Float[np.ndarray, "layer head_index lag"] | None = None,
-    g_sources: dict[str, np.ndarray] | None = None,
-    model: str = "",
-    dataset: str = "",
-    pe: str = "",
-    source: str = "",
-    n_null: int = N_NULL,
-    seed: int = 0,
-    alpha: float = ALPHA,
-    tau_rel: float = TAU_REL,
+    gate_met: bool | None = None, force: bool = False, raw_spectrum: bool = False,
+    demean: bool = False, s_pe: Float[np.ndarray, "layer head_index lag"] | None = None,
+    g_sources: dict[str, np.ndarray] | None = None, model: str = "", dataset: str = "",
+    pe: str = "", source: str = "", n_null: int = N_NULL, seed: int = 0,
+    alpha: float = ALPHA, tau_rel: float = TAU_REL,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One condition: (heads table, one row per layer × head; peaks table, one row per peak).
 
@@ -466,25 +413,25 @@ def load_condition(out_dir: Path, model: str, dataset: str, length: int) -> dict
     """cfg, spec, g [layer, head, lag] with its source, the g sources, pooled R², S_PE and the
     frequency usage [layer, head, pair] (each None where the run has none)."""
     def path(suffix: str) -> Path:
-        return result_path(out_dir, model, dataset, length, suffix)
+        return C.result_path(out_dir, model, dataset, length, suffix)
 
-    cfg = json.loads(path(CFG).read_text())
+    cfg = json.loads(path(C.CFG).read_text())
     spec = spec_from_cfg(cfg)
-    with np.load(path(G_ARRAYS)) as z:
+    with np.load(path(C.G_ARRAYS)) as z:
         sources = {k: z[k].astype(np.float64) for k in ("trackA_pooled", "gram_raw",
                                                         "gram_centered") if k in z}
     g, source = sources["gram_centered"], "gram_centered"
     if not cfg.get("centered", True) or np.isnan(g).all():
         g, source = sources["gram_raw"], "gram_raw"
     s_pe = usage = None
-    if spec.pe == "learned-absolute" and path(PE_KERNEL).exists():
-        with np.load(path(PE_KERNEL)) as z:
+    if spec.pe == "learned-absolute" and path(C.PE_KERNEL).exists():
+        with np.load(path(C.PE_KERNEL)) as z:
             s_pe = z["s_pe"].astype(np.float64)
-    if spec.pe == "rope" and path(FREQ_USAGE).exists():
-        with np.load(path(FREQ_USAGE)) as z:
+    if spec.pe == "rope" and path(C.FREQ_USAGE).exists():
+        with np.load(path(C.FREQ_USAGE)) as z:
             q, k = z["q_pair_norm"].astype(np.float64), z["k_pair_norm"].astype(np.float64)
             usage = q * np.repeat(k, q.shape[1] // k.shape[1], axis=1)
-    r2 = pooled_r2(pd.read_csv(path(TRACK_A_CSV)), g.shape[0], g.shape[1])
+    r2 = pooled_r2(pd.read_csv(path(C.TRACK_A_CSV)), g.shape[0], g.shape[1])
     return {"cfg": cfg, "spec": spec, "g": g, "source": source, "g_sources": sources,
             "r2": r2, "s_pe": s_pe, "usage": usage}
 
@@ -513,8 +460,8 @@ def run_spectral(out_dir: Path, model: str, dataset: str, length: int, *, force:
         g_sources=cond["g_sources"] if cond["s_pe"] is not None else None, model=model,
         dataset=dataset, pe=spec.pe, source=cond["source"], n_null=n_null, seed=seed)
     table.insert(table.columns.get_loc("gate_met"), "gate_value", gate)
-    save_csv(table, result_path(out_dir, model, dataset, length, SPECTRAL_CSV))
-    save_csv(peaks, result_path(out_dir, model, dataset, length, SPECTRAL_PEAKS_CSV))
+    save_csv(table, C.result_path(out_dir, model, dataset, length, C.SPECTRAL_CSV))
+    save_csv(peaks, C.result_path(out_dir, model, dataset, length, C.SPECTRAL_PEAKS_CSV))
     done = table[table["analysed"]]
     early = done[done["layer"].isin(EARLY_LAYERS)]
 
@@ -543,9 +490,9 @@ def plot_head_spectrum(out_dir: Path, model: str, dataset: str, length: int, lay
     usage = None if cond["usage"] is None else cond["usage"][layer, head]
     res = spectral_alignment(cond["g"][layer, head], thetas, length=length, usage=usage,
                              raw_spectrum=raw_spectrum, n_null=200)
-    omega, power = res["omega"], res["spectrum"] ** 2
+    omega, power = res["omega"], res["spectrum"] ** 2 / max(res["spectrum"].max() ** 2, 1e-300)
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot(omega, power / power.max(), lw=1, label=f"|ĝ|² ({cond['source']})")
+    ax.plot(omega, power, lw=1, label=f"|ĝ|² ({cond['source']})")
     ref, label = None, "S_PE"
     if thetas is not None:
         ref, label = reference_kernel(thetas, length, usage), "Σ w_i cos(θ_i Δ)"
@@ -553,9 +500,9 @@ def plot_head_spectrum(out_dir: Path, model: str, dataset: str, length: int, lay
         ref = cond["s_pe"][layer, head]
     if ref is not None:
         ref = spectrum(ref, length, raw_spectrum=raw_spectrum) ** 2
-        ax.plot(omega, ref / ref.max(), lw=1, alpha=0.7, label=f"reference {label}")
-    top = res["peak_magnitude"] ** 2 / power.max()
-    sig = res["significant"]
+        ax.plot(omega, ref / max(ref.max(), 1e-300), lw=1, alpha=0.7, label=f"reference {label}")
+    top, sig = res["peak_magnitude"] ** 2 / max(res["spectrum"].max() ** 2, 1e-300), res[
+        "significant"]
     ax.plot(res["peaks"][sig], top[sig], "kv", ms=5, label="significant peaks")
     ax.plot(res["peaks"][~sig], top[~sig], "v", mfc="none", mec="k", ms=5, label="other peaks")
     for theta in thetas if thetas is not None else []:

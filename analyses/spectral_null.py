@@ -1,4 +1,9 @@
-"""Matching spectral peaks to rotary frequencies, and the null that judges the matches.
+"""Judging spectral peaks: which count as evidence, what they match, and the null.
+
+**Significance** (:func:`peak_significance`): power > 10× the running median power over ±8
+bins (:func:`local_background`) and magnitude > 5× the side-lobe bound of the rest of the
+spectrum (:func:`leakage_bound`: max_j |ĝ(ω_j)|·E(D_j), E the window's side-lobe envelope at
+D_j bins: Hann 1/(πD(D² − 1)) for D ≥ 2, rectangular 1/(πD) for D ≥ 1).
 
 **The seed's criterion** (:func:`criterion`, :func:`match_peaks`): a peak ω matches θ_i iff
 |ω − θ_i|/θ_i < τ_rel (0.10) or |ω − θ_i| < 2π/N_fft. Adjacent rotary frequencies are
@@ -26,12 +31,50 @@ the local structure of non-uniform sets such as Llama-3 scaling). The draws are 
 
 import numpy as np
 from jaxtyping import Bool, Float
+from scipy.ndimage import median_filter
 
+PAD_FACTOR = 4  # N_fft = 4T
+SIG_FACTOR = 10.0
+LEAK_FACTOR = 5.0
+FLOOR_HALF_WIDTH_BINS = 8
 TAU_REL = 0.10
 MARGINAL_REL = 0.05
 PRECISION_BINS = 0.05
 N_NULL = 2000
 ALPHA = 0.05
+
+
+def local_background(power: Float[np.ndarray, " freq"], length: int
+                     ) -> Float[np.ndarray, " freq"]:
+    """Running median of the power over ±8 DFT bins (mirrored at ω = 0 and π)."""
+    size = 2 * FLOOR_HALF_WIDTH_BINS * PAD_FACTOR + 1
+    return median_filter(np.asarray(power, np.float64), size=size, mode="mirror")
+
+
+def leakage_bound(mag: Float[np.ndarray, " freq"], omega: Float[np.ndarray, " peak"],
+                  length: int, raw_spectrum: bool = False) -> Float[np.ndarray, " peak"]:
+    """The most that side lobes of the rest of the spectrum can put at each ω: max_j |ĝ(ω_j)|
+    E(D_j), D_j = |ω − ω_j| in DFT bins, E the side-lobe envelope of the window (Hann:
+    1/(πD(D² − 1)) beyond its main lobe, D ≥ 2; rectangular: 1/(πD), D ≥ 1)."""
+    grid = np.arange(len(mag)) / PAD_FACTOR  # ω_m in DFT bins (2π/T)
+    d = np.abs(np.asarray(omega, np.float64)[:, None] / (2 * np.pi / length) - grid[None])
+    if raw_spectrum:
+        env = np.where(d >= 1, 1 / (np.pi * np.maximum(d, 1)), 0.0)
+    else:
+        env = np.where(d >= 2, 1 / (np.pi * np.maximum(d, 2) * (np.maximum(d, 2) ** 2 - 1)), 0.0)
+    return (np.asarray(mag, np.float64)[None] * env).max(1) if d.size else np.zeros(0)
+
+
+def peak_significance(
+    mag: Float[np.ndarray, " freq"], idx: np.ndarray, omega: Float[np.ndarray, " peak"],
+    peak_mag: Float[np.ndarray, " peak"], length: int, raw_spectrum: bool = False,
+) -> Bool[np.ndarray, " peak"]:
+    """A peak (grid index ``idx``, refined ``omega`` and ``peak_mag``) is significant if its
+    power exceeds 10× its :func:`local_background` and its magnitude 5× the
+    :func:`leakage_bound` of the rest of the spectrum."""
+    power = np.asarray(mag, np.float64) ** 2
+    return (peak_mag ** 2 >= SIG_FACTOR * local_background(power, length)[idx]) & (
+        peak_mag >= LEAK_FACTOR * leakage_bound(mag, omega, length, raw_spectrum))
 
 
 def criterion(
