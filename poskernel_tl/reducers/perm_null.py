@@ -1,0 +1,136 @@
+"""The per-head joint position-permutation null of the pooled Track A R².
+
+For each of ``n_perm`` seeded permutations π of the positions 0..T−1 (one π per draw,
+the same for every sequence), the queries and keys are permuted *together*,
+q' = q[:, π], k' = k[:, π], and the full product A' = scale · q'·k'ᵀ is formed (no causal
+mask: A'[t, s] = A[π(t), π(s)] reads logits on both sides of the diagonal). Every logit
+value q_i·k_j survives; only which offset t − s it sits at changes. The strictly lower
+triangle of A' is then fitted by a shift-invariant g(Δ) exactly as Track A fits the real
+logits, pooled over the sequences, from the same sufficient statistics
+(:func:`poskernel_tl.toeplitz.lower_lag_stats`). Row and column effects (a key that every
+query likes, such as an attention sink) stay row and column effects under π, so the null
+measures how much of the variance a Toeplitz fit captures by chance for this head's own
+logit values and structure, not for i.i.d. noise.
+
+To bound the cost (each draw is one extra q·kᵀ per sequence and head) only the first
+``max_seqs`` sequences of the pass enter. The unpermuted fit of those same sequences is
+kept as ``r2_same_seqs``, so a head's pooled R² can be compared with its null on exactly
+the data the null was drawn from.
+
+Reads the post-rotary ``hook_rot_q``/``hook_rot_k`` (``hook_q``/``hook_k`` without rotary)
+through :class:`~poskernel_tl.reducers.base.LayerBatch`; GQA keys are broadcast, not copied.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.toeplitz import lag_counts, lower_lag_stats, lower_mean_from_qk, r2_from_sums
+
+
+@dataclass
+class PermNull:
+    """``r2_null[p, layer, head]``: pooled Toeplitz R² after permutation ``p``;
+    ``r2_same_seqs``: the unpermuted pooled R² of the same ``n_seqs`` sequences."""
+
+    r2_null: Float[np.ndarray, "perm layer head_index"]
+    r2_same_seqs: Float[np.ndarray, "layer head_index"]
+    perms: Int[np.ndarray, "perm pos"]
+    n_seqs: int
+    seed: int
+
+    def percentile(self, r2: Float[np.ndarray, "layer head_index"]
+                   ) -> Float[np.ndarray, "layer head_index"]:
+        """Mid-rank percentile (0–100) of each head's ``r2`` within its own null."""
+        return null_percentile(r2, self.r2_null)
+
+    def p_value(self, r2: Float[np.ndarray, "layer head_index"]
+                ) -> Float[np.ndarray, "layer head_index"]:
+        """One-sided permutation p-value (1 + #{null ≥ r2}) / (1 + n_perm)."""
+        return (1.0 + (self.r2_null >= r2[None]).sum(0)) / (1.0 + len(self.r2_null))
+
+
+def null_percentile(r2: np.ndarray, null: np.ndarray) -> np.ndarray:
+    """Mid-rank percentile of ``r2[...]`` within ``null[perm, ...]`` (NaN where r2 is)."""
+    r2 = np.asarray(r2, np.float64)
+    below = (null < r2[None]).sum(0)
+    ties = (null == r2[None]).sum(0)
+    out = 100.0 * (below + 0.5 * ties) / null.shape[0]
+    return np.where(np.isfinite(r2), out, np.nan)
+
+
+def joint_permutations(length: int, n_perm: int, seed: int = 0) -> Int[Tensor, "perm pos"]:
+    """The seeded permutations of the positions (CPU generator, device-independent)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(length, generator=g) for _ in range(n_perm)])
+
+
+class PermNullReducer:
+    """Streams the joint position-permutation null (see the module docstring)."""
+
+    def __init__(self, n_layers: int, n_heads: int, length: int, *, n_perm: int = 8,
+                 max_seqs: int = 16, seed: int = 0, device: torch.device | str = "cpu"):
+        if n_perm < 1 or max_seqs < 1:
+            raise ValueError(f"n_perm and max_seqs must be >= 1, got {n_perm}, {max_seqs}")
+        if length < 3:
+            raise ValueError(f"length must be >= 3, got {length}")
+        T = length
+        self.T, self.n_perm, self.max_seqs, self.seed = T, n_perm, max_seqs, seed
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.perms_cpu = joint_permutations(T, n_perm, seed)
+        # draw 0 is the identity: the unpermuted fit of the same sequences
+        ident = torch.arange(T)[None]
+        self.perms = torch.cat([ident, self.perms_cpu]).to(device)
+        f64 = dict(dtype=torch.float64, device=device)
+        self.s1 = torch.zeros(n_perm + 1, n_layers, n_heads, T - 1, **f64)
+        self.sq = torch.zeros(n_perm + 1, n_layers, n_heads, **f64)
+        self.n_seen = [0] * n_layers  # host counts: no device sync
+
+    def update(self, batch: LayerBatch) -> None:
+        keep = [i for i, row in enumerate(batch.rows) if row < self.max_seqs]
+        if not keep:
+            return
+        q, k = batch.q, batch.k
+        if len(keep) < q.shape[0]:
+            if keep == list(range(keep[0], keep[-1] + 1)):
+                q, k = q[keep[0]:keep[-1] + 1], k[keep[0]:keep[-1] + 1]
+            else:
+                idx = torch.as_tensor(keep, device=q.device)
+                q, k = q.index_select(0, idx), k.index_select(0, idx)
+        q, k = q.float(), k.float()
+        b, T, h, d = q.shape
+        kv = k.shape[2]
+        L = batch.layer
+        work = batch.workspace.get("perm_null_work", (b, h, 2 * T, T), q, zero=True)
+        out = batch.workspace.get("perm_null_scores", (b, kv, h // kv, T, T), q)
+        for p in range(self.n_perm + 1):
+            pi = self.perms[p]
+            qp, kp = q.index_select(1, pi), k.index_select(1, pi)
+            shift = lower_mean_from_qk(qp, kp, batch.scale)
+            # [b, kv, group, t, d] @ [b, kv, 1, d, t]: GQA without repeating keys
+            qg = qp.permute(0, 2, 1, 3).reshape(b, kv, h // kv, T, d) * batch.scale
+            kg = kp.permute(0, 2, 3, 1).unsqueeze(2)
+            A = torch.matmul(qg, kg, out=out).reshape(b, h, T, T)
+            (s1, sq), _ = lower_lag_stats(A, shift, [], work)
+            self.s1[p, L] += s1.sum(0)
+            self.sq[p, L] += sq.sum(0)
+        self.n_seen[L] += len(keep)
+
+    def result(self) -> PermNull:
+        n = self.n_seen
+        if min(n) != max(n):
+            raise RuntimeError(f"layers saw different numbers of sequences: {n}")
+        if n[0] == 0:
+            raise RuntimeError("no sequences were fed to the permutation null")
+        counts = lag_counts(self.T, device=self.s1.device) * n[0]
+        r2, _ = r2_from_sums(self.s1, self.sq, counts)
+        r2 = r2.detach().cpu().numpy()
+        return PermNull(r2_null=r2[1:], r2_same_seqs=r2[0], perms=self.perms_cpu.numpy(),
+                        n_seqs=n[0], seed=self.seed)
+
+
+__all__ = ["PermNull", "PermNullReducer", "joint_permutations", "null_percentile"]

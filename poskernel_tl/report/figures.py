@@ -1,0 +1,390 @@
+"""The report's figures (seed Phase 6), one function per figure, each returning a
+``matplotlib.figure.Figure`` built directly (the global pyplot backend is never touched).
+
+- :func:`fig1_heatmaps`: Track A pooled R² [layer × head] per condition, shared 0–1 scale,
+  kv-group boundaries for grouped-query attention;
+- :func:`fig2_depth`: mean R² per layer (Track A pooled, Track B centered, Track B raw)
+  with the linear fit of Track A and its slope ± SE;
+- :func:`fig3_violins`: per-sequence R² of the top early-layer heads, one panel per
+  populated PE × norm cell;
+- :func:`fig4_spectral`: one early rotary head's centered Gram, g(Δ) and |ĝ(ω)|² against θᵢ;
+- :func:`fig_nulls`: each head's R² against its permutation null and the reference nulls.
+
+:func:`save_figure` writes PNG and PDF.
+"""
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from poskernel_tl.report import nulls as N
+from poskernel_tl.report.tables import EARLY_LAYERS, depth_slope
+from poskernel_tl.result import ConditionResult
+
+CELLS = [(("rope", "rmsnorm"), "RoPE + RMSNorm"), (("rope", "layernorm"), "RoPE + LayerNorm"),
+         (("none", "rmsnorm"), "NoPE + RMSNorm"),
+         (("learned-absolute", "layernorm"), "absolute PE + LayerNorm")]
+PRETTY = {"gpt2": "GPT-2 small", "gpt2-medium": "GPT-2 medium", "olmo-1b": "OLMo-1B",
+          "llama-3.2-1b": "LLaMA-3.2-1B", "tinyllama-1.1b": "TinyLlama-1.1B",
+          "tinyllama-nope-1.1b": "TinyLlama-NoPE-1.1B", "smollm2-135m": "SmolLM2-135M"}
+TAU_REL = 0.10
+
+
+def model_label(r: ConditionResult) -> str:
+    """Display name; quantized checkpoints say so, e.g. 'SmolLM2-135M (Q4_1-dequantized
+    weights)'."""
+    name = PRETTY.get(r.model, r.model)
+    if r.spec.loader == "gguf":
+        m = re.search(r"\.(Q\d\w*|F16|BF16)\.gguf$", r.spec.gguf_file or "", re.I)
+        name += f" ({m.group(1) if m else 'GGUF'}-dequantized weights)"
+    return name
+
+
+def condition_label(r: ConditionResult) -> str:
+    return _plain(f"{model_label(r)} · {r.dataset} · T={r.length}")
+
+
+def _plain(text: str) -> str:
+    """Text that matplotlib must not read as mathtext ('$' escaped)."""
+    return text.replace("$", r"\$")
+
+
+def cell_of(r: ConditionResult) -> tuple[tuple, str]:
+    key = (r.spec.pe, r.spec.norm)
+    for k, name in CELLS:
+        if k == key:
+            return k, name
+    return key, f"{r.spec.pe or 'unknown PE'} + {r.spec.norm}"
+
+
+def _ticks(n: int, most: int = 16) -> np.ndarray:
+    step = 1 if n <= most else int(np.ceil(n / most))
+    return np.arange(0, n, step)
+
+
+def _grid(n: int, ncols: int) -> tuple[int, int]:
+    ncols = max(1, min(ncols, n))
+    return int(np.ceil(n / ncols)), ncols
+
+
+# ------------------------------------------------------------------------- Figure 1
+def fig1_heatmaps(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
+    """Track A pooled R² per (layer, head), one panel per condition: head index on x,
+    layer on y (layer 0 at the top), one colour scale 0–1 for all panels (NaN grey).
+    White lines separate the kv groups of grouped-query attention models."""
+    if not results:
+        raise ValueError("fig1_heatmaps: no conditions")
+    nrows, ncols = _grid(len(results), ncols)
+    H = max(r.n_heads for r in results)
+    L = max(r.n_layers for r in results)
+    w, h = max(3.2, 0.3 * H + 1.6), max(2.8, 0.22 * L + 1.4)
+    fig = Figure(figsize=(w * ncols + 1.0, h * nrows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    cmap = colormaps["viridis"].with_extremes(bad="0.75")
+    im = None
+    for ax, r in zip(axes, results):
+        im = ax.imshow(np.ma.masked_invalid(r.r2_pooled), cmap=cmap, vmin=0, vmax=1,
+                       aspect="auto", interpolation="nearest")
+        g = r.spec.group_size
+        if g > 1:
+            for b in range(g, r.n_heads, g):
+                ax.axvline(b - 0.5, color="white", lw=1.6)
+        ax.set_xticks(_ticks(r.n_heads))
+        ax.set_yticks(_ticks(r.n_layers, 20))
+        ax.set_xlabel("head index" + (f"  (kv groups of {g})" if g > 1 else ""))
+        ax.set_ylabel("layer")
+        ax.set_title(f"{condition_label(r)}\nTrack A pooled R², {len(r.seq_id)} sequences",
+                     fontsize=9)
+    for ax in axes[len(results):]:
+        ax.set_visible(False)
+    fig.colorbar(im, ax=list(axes[:len(results)]), label="Track A pooled R²", shrink=0.9)
+    return fig
+
+
+# ------------------------------------------------------------------------- Figure 2
+def fig2_depth(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
+    """Mean R² over heads per layer — Track A pooled, Track B centered, Track B raw — one
+    panel per condition on a shared 0–1 axis, with the least-squares line of Track A
+    against layer and its slope ± standard error in the legend."""
+    if not results:
+        raise ValueError("fig2_depth: no conditions")
+    nrows, ncols = _grid(len(results), ncols)
+    fig = Figure(figsize=(4.6 * ncols, 3.4 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True).ravel()
+    for ax, r in zip(axes, results):
+        s = r.layer_summary()
+        x = s.index.to_numpy()
+        ax.plot(x, s["R2_A_pooled"], "o-", color="C0", ms=3, label="Track A pooled")
+        if r.centered and np.isfinite(s["R2_B_centered"]).any():
+            ax.plot(x, s["R2_B_centered"], "s-", color="C3", ms=3, label="Track B centered")
+        else:
+            ax.plot([], [], " ", label="Track B centered: not run (uncentered)")
+        ax.plot(x, s["R2_B_raw"], "^--", color="C2", ms=3, label="Track B raw")
+        slope, se, icept = depth_slope(r.r2_pooled)
+        if np.isfinite(slope):
+            ax.plot(x, icept + slope * x, ":", color="k", lw=1.2,
+                    label=f"fit to A: slope {slope:+.4f} ± {se:.4f} /layer")
+        ax.set_ylim(-0.02, 1.02)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("layer")
+        ax.set_title(condition_label(r), fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    for ax in axes[::ncols]:
+        ax.set_ylabel("mean R² over heads")
+    for ax in axes[len(results):]:
+        ax.set_visible(False)
+    return fig
+
+
+# ------------------------------------------------------------------------- Figure 3
+def top_early_heads(r: ConditionResult, n: int = 5) -> list[tuple[int, int]]:
+    """The ``n`` heads of layers 0–1 with the highest Track A pooled R²."""
+    layers = [layer for layer in EARLY_LAYERS if layer < r.n_layers]
+    cand = [(float(r.r2_pooled[layer, h]), layer, h) for layer in layers
+            for h in range(r.n_heads) if np.isfinite(r.r2_pooled[layer, h])]
+    return [(layer, h) for _, layer, h in sorted(cand, reverse=True)[:n]]
+
+
+def fig3_violins(results: Sequence[ConditionResult], n_top: int = 5) -> Figure:
+    """Violins of per-sequence Track A R² for the ``n_top`` (3–5) highest early-layer heads
+    of each model, one panel per populated cell of the seed's PE × norm grid (RoPE+RMSNorm,
+    RoPE+LayerNorm, NoPE+RMSNorm, absolute PE+LayerNorm; others get their own panel).
+    Each violin is labelled with its head and its std across sequences; dashed lines mark
+    0.40 and 0.80."""
+    if not results:
+        raise ValueError("fig3_violins: no conditions")
+    order = {k: i for i, (k, _) in enumerate(CELLS)}
+    cells: dict = {}
+    for r in results:
+        key, name = cell_of(r)
+        cells.setdefault((order.get(key, len(order)), name), []).append(r)
+    panels = sorted(cells.items())
+    many = len({(r.dataset, r.length) for r in results}) > 1
+    widths = [max(2, sum(len(top_early_heads(r, n_top)) for r in rs)) for _, rs in panels]
+    fig = Figure(figsize=(min(24, 1.5 + 0.5 * sum(widths) + 0.8 * len(panels)), 5.2),
+                 layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=True,
+                        gridspec_kw={"width_ratios": widths}).ravel()
+    for ax, ((_, name), rs) in zip(axes, panels):
+        pos, labels, x = [], [], 0
+        for i, r in enumerate(sorted(rs, key=lambda r: (r.model, r.dataset, r.length))):
+            for layer, h in top_early_heads(r, n_top):
+                vals = r.r2_per_seq[:, layer, h]
+                vals = vals[np.isfinite(vals)]
+                if vals.size > 1 and np.ptp(vals) > 0:
+                    parts = ax.violinplot(vals, [x], widths=0.8, showmedians=True)
+                    for body in parts["bodies"]:
+                        body.set_facecolor(f"C{i % 10}")
+                        body.set_alpha(0.55)
+                    for line in ("cbars", "cmins", "cmaxes", "cmedians"):
+                        parts[line].set_color("k")
+                        parts[line].set_linewidth(0.8)
+                elif vals.size:
+                    ax.plot([x] * vals.size, vals, "_", color=f"C{i % 10}", ms=14)
+                sd = float(np.std(vals, ddof=1)) if vals.size > 1 else float("nan")
+                ax.text(x, 1.005, f"sd {sd:.2f}", ha="center", va="bottom", fontsize=6.5)
+                short = _plain(PRETTY.get(r.model, r.model))
+                extra = _plain(f"\n{r.dataset} T={r.length}") if many else ""
+                labels.append(f"{short}{extra}\nL{layer}H{h}")
+                pos.append(x)
+                x += 1
+        for t in N.THRESHOLDS:
+            ax.axhline(t, color="0.4", ls="--", lw=0.8)
+        ax.set_xticks(pos, labels, fontsize=7, rotation=90 if len(pos) > 3 else 0)
+        ax.set_xlim(-0.7, max(x, 1) - 0.3)
+        names = sorted({_plain(model_label(r)) for r in rs})
+        ax.set_title(name + "\n" + "\n".join(names), fontsize=8.5)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("per-sequence Track A R²")
+    axes[0].set_ylim(-0.02, 1.07)
+    datasets = sorted({(r.dataset, r.length) for r in results})
+    if not many:
+        fig.suptitle(_plain(f"Top early-layer (0–1) heads · {datasets[0][0]} · "
+                            f"T={datasets[0][1]}"), fontsize=10)
+    return fig
+
+
+# ------------------------------------------------------------------------- Figure 4
+def pick_spectral_head(results: Sequence[ConditionResult]) -> tuple[ConditionResult, int, int]:
+    """The rotary condition and early-layer head with the highest Track A pooled R²
+    (conditions keeping their Gram matrix preferred); raises without a rotary model."""
+    rope = [r for r in results if r.spec.pe == "rope" and r.thetas is not None]
+    if not rope:
+        raise ValueError("no rotary model among the conditions")
+    best = max(((r.gram_centered is not None or r.gram_raw is not None,
+                 float(r.r2_pooled[layer, h]), i, layer, h)
+                for i, r in enumerate(rope) for layer, h in top_early_heads(r, 1)),
+               default=None)
+    if best is None:
+        raise ValueError("no finite early-layer R² among the rotary conditions")
+    return rope[best[2]], best[3], best[4]
+
+
+def _fallback_spectrum(g: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    n_fft = 4 * length
+    mag = np.abs(np.fft.rfft(g - g.mean(), n_fft))
+    return 2 * np.pi * np.arange(len(mag)) / n_fft, mag
+
+
+def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | None, *,
+                  gate_met: bool | None) -> Figure:
+    """One head: (a) the centered Gram matrix (raw when the condition is uncentered) on
+    its strictly lower triangle, (b) Track B g(Δ) with Track A's on a second axis, (c)
+    |ĝ(ω)|² (the spectrum ``spectral`` analysed; from ``spectral_alignment``) with the
+    model's θᵢ dashed, ±10% bands shaded and the top peaks marked, matched peaks labelled
+    with their relative error. Titled "gate not met" when the spectral gate failed."""
+    T = r.length
+    fig = Figure(figsize=(15, 4.4), layout="constrained")
+    ax_a, ax_b, ax_c = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1.1, 1.5]})
+    gram = r.gram_centered if r.centered and r.gram_centered is not None else r.gram_raw
+    which = "centered" if r.centered and r.gram_centered is not None else "raw"
+    if gram is not None:
+        m = np.where(np.tril(np.ones((T, T), bool), -1), gram[layer, head], np.nan)
+        lo, hi = np.nanpercentile(m, [1, 99])
+        im = ax_a.imshow(m, cmap="viridis", vmin=lo, vmax=hi, interpolation="nearest")
+        fig.colorbar(im, ax=ax_a, fraction=0.046, label="mean q̃·k̃ᵀ·scale")
+        ax_a.set(xlabel="key position s", ylabel="query position t")
+    else:
+        ax_a.text(0.5, 0.5, f"Gram matrix not kept\n(T = {T} > 256)", ha="center",
+                  va="center", transform=ax_a.transAxes)
+        ax_a.set_axis_off()
+    ax_a.set_title(f"(a) {which} Gram matrix, s < t", fontsize=9)
+    g_b, src = r.g_trackB
+    lags = np.arange(1, T)
+    ax_b.plot(lags, g_b[layer, head], color="C3", lw=1.4, label=f"Track B ({src})",
+              zorder=3)
+    ax_b.set(xlabel="lag Δ = t − s", ylabel="g(Δ), Track B", xscale="log")
+    twin = ax_b.twinx()
+    twin.plot(lags, r.g_pooled[layer, head], color="C0", lw=1.0, ls="--", alpha=0.8,
+              label="Track A pooled (right axis)")
+    twin.set_ylabel("g(Δ), Track A", color="C0")
+    h1, l1 = ax_b.get_legend_handles_labels()
+    h2, l2 = twin.get_legend_handles_labels()
+    ax_b.legend(h1 + h2, l1 + l2, fontsize=7)
+    ax_b.set_title("(b) g(Δ)", fontsize=9)
+    ax_b.grid(alpha=0.3)
+    spectral = spectral or {}
+    if "omega" in spectral and "spectrum" in spectral:
+        omega, mag = np.asarray(spectral["omega"]), np.asarray(spectral["spectrum"])
+    else:
+        omega, mag = _fallback_spectrum(np.asarray(g_b[layer, head], np.float64), T)
+    power = mag ** 2
+    keep = omega > 0
+    ax_c.plot(omega[keep], power[keep], color="C0", lw=1.0, label="|ĝ(ω)|² as analysed")
+    lo_w, hi_w = omega[keep].min(), np.pi
+    thetas = [t for t in np.asarray(r.thetas, float) if lo_w <= t <= hi_w]
+    for i, t in enumerate(thetas):
+        ax_c.axvspan(t * (1 - TAU_REL), t * (1 + TAU_REL), color="C1", alpha=0.12, lw=0)
+        ax_c.axvline(t, color="C1", ls="--", lw=0.7,
+                     label=f"θᵢ ±10% ({len(thetas)} of {len(r.thetas)} in range)"
+                     if i == 0 else None)
+    peaks = np.asarray(spectral.get("peaks", []), float)
+    if peaks.size:
+        pk_pow = np.interp(peaks, omega, power)
+        matched = np.asarray(spectral.get("matched", np.zeros(len(peaks), bool)), bool)
+        rel = np.asarray(spectral.get("rel_error", np.full(len(peaks), np.nan)), float)
+        ax_c.plot(peaks[matched], pk_pow[matched], "v", color="C2", ms=7,
+                  label="matched peak")
+        ax_c.plot(peaks[~matched], pk_pow[~matched], "v", mfc="none", mec="k", ms=7,
+                  label="unmatched peak")
+        for w, p, ok, e in zip(peaks, pk_pow, matched, rel):
+            if ok:
+                ax_c.annotate(f"{100 * e:.1f}%", (w, p), textcoords="offset points",
+                              xytext=(0, 8), ha="center", fontsize=7, color="C2")
+    top = float(np.nanmax(power[keep])) if np.isfinite(power[keep]).any() else 1.0
+    top = top if top > 0 else 1.0
+    ax_c.set(xscale="log", yscale="log", xlabel="ω (rad/token)", ylabel="power",
+             xlim=(lo_w, hi_w), ylim=(top * 1e-7, top * 20))
+    ax_c.grid(alpha=0.3)
+    ax_c.legend(fontsize=7, loc="lower left")
+    frac, p = spectral.get("frac_matched", np.nan), spectral.get("p_value", np.nan)
+    ax_c.set_title(f"(c) power spectrum: {frac:.0%} of top-5 peaks matched, "
+                   f"chance {spectral.get('chance', np.nan):.2f}, p = {p:.3g}"
+                   if np.isfinite(frac) else "(c) power spectrum", fontsize=9)
+    gate = "" if gate_met else "  —  gate not met" if gate_met is False else \
+        "  —  no gate applies"
+    fig.suptitle(f"{condition_label(r)} · L{layer}H{head} · Track A pooled R² "
+                 f"{r.r2_pooled[layer, head]:.3f}{gate}", fontsize=10)
+    return fig
+
+
+# ------------------------------------------------------------------------ the nulls
+def fig_nulls(r: ConditionResult, nope: np.ndarray | None = None) -> Figure:
+    """(a) every head's Track A R² (sorted) against its joint position-permutation null
+    (range over permutations, grey) on a log axis; (b) the distributions: this
+    condition's heads, its permutation null, the NoPE heads (``nope``, if given), the
+    analytic i.i.d. null mean, and the thresholds 0.40 and 0.80 with their percentile in
+    each null."""
+    fig = Figure(figsize=(13, 4.2), layout="constrained")
+    ax_a, ax_b = fig.subplots(1, 2)
+    obs = N.perm_observed(r).ravel()
+    null = N.perm_null_of(r)
+    order = np.argsort(obs)
+    x = np.arange(len(obs))
+    iid = N.analytic_null_mean(r.length, len(r.seq_id))
+    pools = [obs, [iid]] + ([null.ravel()] if null is not None else []) + \
+        ([nope] if nope is not None and len(nope) else [])
+    allv = np.concatenate([np.asarray(p, float).ravel() for p in pools])
+    allv = allv[np.isfinite(allv) & (allv > 0)]
+    floor = max(float(allv.min()) / 2 if allv.size else 1e-6, 1e-9)
+    if null is not None:
+        flat = null.reshape(len(null), -1)[:, order]
+        ax_a.fill_between(x, np.maximum(flat.min(0), floor), np.maximum(flat.max(0), floor),
+                          color="0.6", alpha=0.6, step="mid",
+                          label=f"permutation null (min–max of {len(null)})")
+    else:
+        ax_a.text(0.02, 0.5, "joint permutation null not measured for this condition",
+                  transform=ax_a.transAxes, fontsize=8, color="C3")
+    ax_a.plot(x, np.maximum(obs[order], floor), ".", color="C0", ms=4,
+              label="head R² (same sequences as the null)" if null is not None
+              else "head pooled R²")
+    ax_a.axhline(iid, color="C4", lw=1, label=f"i.i.d. analytic mean {iid:.1e}")
+    styles = dict(zip(N.THRESHOLDS, ("--", ":")))
+    for t in N.THRESHOLDS:
+        ax_a.axhline(t, color="0.3", ls=styles.get(t, "--"), lw=0.9)
+    ax_a.set(yscale="log", xlabel="heads, sorted by R²", ylabel="R²", ylim=(floor, 1.5),
+             title="(a) each head against its permutation null")
+    ax_a.legend(fontsize=7, loc="lower right")
+    bins = np.logspace(np.log10(floor), np.log10(1.0), 50)
+    ax_b.hist(np.maximum(obs, floor), bins=bins, alpha=0.6, color="C0", label="heads")
+    if null is not None:
+        ax_b.hist(np.maximum(null.ravel(), floor), bins=bins, alpha=0.5, color="0.5",
+                  label="permutation null")
+    if nope is not None and len(nope):
+        ax_b.hist(np.maximum(nope, floor), bins=bins, alpha=0.5, color="C3",
+                  label=f"NoPE heads ({len(nope)})")
+    ax_b.axvline(iid, color="C4", lw=1, label="i.i.d. analytic mean")
+    for t in N.THRESHOLDS:
+        parts = [f"i.i.d. pct {100 * N.analytic_null(r.length, len(r.seq_id)).cdf(t):.0f}"]
+        if null is not None:
+            parts.append(f"perm pct {N.percentile_of(t, null.ravel()):.0f}")
+        if nope is not None and len(nope):
+            parts.append(f"NoPE pct {N.percentile_of(t, nope):.0f}")
+        ax_b.axvline(t, color="0.3", ls=styles.get(t, "--"), lw=0.9,
+                     label=f"R² = {t:.2f}: " + ", ".join(parts))
+    ax_b.set(xscale="log", xlabel="R²", ylabel="heads / draws",
+             title="(b) distributions and where 0.40 / 0.80 fall")
+    ax_b.legend(fontsize=7, loc="upper left")
+    fig.suptitle(condition_label(r), fontsize=10)
+    return fig
+
+
+def save_figure(fig: Figure, stem: str | Path, dpi: int = 110) -> tuple[Path, Path]:
+    """Write ``stem.png`` and ``stem.pdf``; returns both paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png, pdf = stem.parent / f"{stem.name}.png", stem.parent / f"{stem.name}.pdf"
+    fig.savefig(png, dpi=dpi, facecolor="white")
+    fig.savefig(pdf, facecolor="white")
+    return png, pdf
+
+
+__all__ = ["CELLS", "cell_of", "condition_label", "fig1_heatmaps", "fig2_depth",
+           "fig3_violins", "fig4_spectral", "fig_nulls", "model_label", "pick_spectral_head",
+           "save_figure", "top_early_heads"]
