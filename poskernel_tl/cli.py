@@ -7,8 +7,6 @@ import sys
 from poskernel_tl import constants as C
 from poskernel_tl.registry import EMBEDDED_DEFAULT, REGISTRY
 
-DEMO = dict(model=EMBEDDED_DEFAULT, dataset="prose", length=256, n_seqs=40)
-
 
 def _add_condition_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--model", required=required, default=EMBEDDED_DEFAULT,
@@ -75,7 +73,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    sub.add_parser("demo", help="the README's main job on the embedded default model")
+    p = sub.add_parser("grid", help="many conditions from a preset; resumable, shardable")
+    p.add_argument("--preset", default="demo", help="demo (embedded model, offline) or seed")
+    p.add_argument("--models", nargs="+", help="narrow the preset's models")
+    p.add_argument("--datasets", nargs="+", help="narrow the preset's datasets")
+    p.add_argument("--lengths", nargs="+", type=int, help="narrow the preset's lengths")
+    p.add_argument("--n-seqs", type=int, help="sequences per condition (preset default)")
+    p.add_argument("--out", default="artifacts/grid", help="output folder")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard", help="I/N: run every N-th condition starting at I (0-based)")
+    p.add_argument("--merge", nargs="+", metavar="DIR",
+                   help="combine the shard folders DIR … into --out instead of running")
+    p.add_argument("--force", action="store_true",
+                   help="redo conditions recorded with a different configuration")
+    p.add_argument("--plan", action="store_true", help="print the plan and stop")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    p = sub.add_parser("demo", help="the README's main job: the demo grid and its report")
+    p.add_argument("--out", default="artifacts/demo", help="output folder")
+    p.add_argument("--n-seqs", type=int, help="sequences per condition (default 200)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
 
@@ -178,21 +197,66 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def cmd_grid(args) -> int:
+    from poskernel_tl import grid
+
+    if args.merge:
+        n = grid.merge(args.merge, args.out)
+        print(f"{args.out} holds {n} complete conditions")
+        return 0
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size}: must be >= 1")
+    from poskernel_tl.datasets import check_dataset_name
+    from poskernel_tl.loading import resolve_device
+
+    resolve_device(args.device)
+    for d in args.datasets or []:
+        check_dataset_name(d)
+    conds = grid.plan(args.preset, args.models, args.datasets, args.lengths, args.n_seqs,
+                      args.shard)
+    checked = grid.check_plan(conds)
+    print(checked[["condition", "weights", "data"]].to_string(index=False))
+    missing = checked[~checked["ok"]]
+    if len(missing):
+        notes = sorted({n for _, r in missing.iterrows() for n, ok in
+                        ((r.weights_note, r.weights == "yes"), (r.data_note, r.data == "yes"))
+                        if not ok})
+        for note in notes:
+            print(f"poskernel: missing: {note}", file=sys.stderr)
+        return 2
+    if args.plan:
+        return 0
+    if args.quiet:
+        _quiet_libraries()
+    opts = grid.options_from(out=args.out, device=args.device, batch_size=args.batch_size,
+                             seed=args.seed, force=args.force, progress=not args.quiet)
+    table = grid.run_grid(conds, opts)
+    print("\n" + table.round(3).to_string(index=False))
+    print(f"\nresults in {os.path.join(args.out, C.RESULTS_DIR)}; log {args.out}/grid.log")
+    return 0
+
+
 def cmd_demo(args) -> int:
+    """The demo grid on the embedded model, then its report."""
     ns = build_parser().parse_args(
-        ["run", "--model", DEMO["model"], "--dataset", DEMO["dataset"],
-         "--length", str(DEMO["length"]), "--n-seqs", str(DEMO["n_seqs"]),
-         "--out", "artifacts/demo"])
-    return cmd_run(ns)
+        ["grid", "--preset", "demo", "--out", args.out]
+        + (["--n-seqs", str(args.n_seqs)] if args.n_seqs else [])
+        + (["--quiet"] if args.quiet else []))
+    rc = cmd_grid(ns)
+    if rc == 0 and "report" in COMMANDS:
+        rc = COMMANDS["report"](build_parser().parse_args(["report", args.out]))
+    return rc
 
 
 COMMANDS = {"models": cmd_models, "data": cmd_data, "run": cmd_run, "spectral": cmd_spectral,
-            "analyze": cmd_analyze, "demo": cmd_demo}
+            "analyze": cmd_analyze, "grid": cmd_grid, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    command = args.command or "demo"
+    if args.command is None:
+        args = build_parser().parse_args(["demo"])
+    command = args.command
     from poskernel_tl.loading import ModelUnavailableError
     from poskernel_tl.reducers import NonFiniteError
     from poskernel_tl.registry import UnknownModelError

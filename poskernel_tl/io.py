@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-
 TMP_PREFIX = ".tmp-"
 
 

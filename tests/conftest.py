@@ -18,9 +18,9 @@ def device(request) -> str:
     return request.config.getoption("--device")
 
 
-@pytest.fixture(scope="session")
-def tiny_tokenizer(tmp_path_factory):
-    """A ByteLevel BPE tokenizer (vocab < 300) saved and re-loaded so it has a name."""
+def make_tiny_tokenizer(folder):
+    """A ByteLevel BPE tokenizer (vocab < 300) saved in ``folder`` and re-loaded so it
+    has a name (deterministic: the same files every time)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -34,9 +34,13 @@ def tiny_tokenizer(tmp_path_factory):
     tok.train_from_iterator([text] * 20, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                    unk_token="<unk>")
-    folder = tmp_path_factory.mktemp("tiny_tokenizer")
     fast.save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+    return make_tiny_tokenizer(tmp_path_factory.mktemp("tiny_tokenizer"))
 
 
 @pytest.fixture(scope="session")
