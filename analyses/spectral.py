@@ -24,7 +24,7 @@ frequencies are dense. By default therefore:
    (its local background; a white-noise bin passes with probability 2⁻¹⁰) and its magnitude
    5× the most that the window's side lobes of the rest of the spectrum can put there (so
    the side lobes of a strong low-frequency hump are no evidence). Smooth kernels (flat,
-   exponential, power-law, Gaussian, sigmoid, step) leave no significant peak at any T.
+   exponential, power-law, Gaussian, sigmoid, step) leave none (checked for T = 128–4096).
    Only significant peaks enter the alignment statistic.
 
 ``raw_spectrum=True`` keeps the seed's literal procedure for comparison: mean kept (unless
@@ -431,6 +431,9 @@ def load_condition(out_dir: Path, model: str, dataset: str, length: int) -> dict
         with np.load(path(C.FREQ_USAGE)) as z:
             q, k = z["q_pair_norm"].astype(np.float64), z["k_pair_norm"].astype(np.float64)
             usage = q * np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+            if "theta" in z and len(z["theta"]) == usage.shape[-1]:  # into the spec's θ order
+                mine = spec.rotary_frequencies()
+                usage = usage[..., np.argsort(z["theta"])[np.argsort(np.argsort(mine))]]
     r2 = pooled_r2(pd.read_csv(path(C.TRACK_A_CSV)), g.shape[0], g.shape[1])
     return {"cfg": cfg, "spec": spec, "g": g, "source": source, "g_sources": sources,
             "r2": r2, "s_pe": s_pe, "usage": usage}
