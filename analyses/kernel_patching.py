@@ -1,0 +1,422 @@
+"""Kernel patching: is a head "just its kernel"?
+
+For every attention head, the pre-softmax scores A(t, s) read at ``hook_attn_scores``
+([batch, head_index, query_pos, key_pos], already causally masked) are replaced by a
+shift-invariant kernel K(t, s) = g(t − s) through a TransformerLens hook that returns the
+modified scores, and the mean next-token loss on the evaluation sequences is compared with
+the clean loss and with the loss after mean-ablating the same head:
+
+- ``mode="per_seq"``: g is fitted inside the hook on that sequence's own scores (g(Δ) =
+  mean of sub-diagonal Δ, exactly the Track A fit; the head keeps everything that is a
+  function of Δ in this sequence and loses everything else);
+- ``mode="pooled"``: g is the condition's pooled Track A kernel ``result.g_pooled`` (one
+  kernel for all sequences; a content-free head).
+
+Only the causal triangle s ≤ t is replaced; entries above the diagonal keep their masked
+fill value. The Track A fit covers Δ = 1..T−1; the main diagonal (Δ = 0, a token attending
+to itself) is, with ``diagonal="fit"`` (default), replaced by its own mean (per sequence,
+or pooled over the evaluation batch's clean scores), and with ``diagonal="keep"`` left at
+its clean value.
+
+Mean ablation replaces the head's scores on the causal triangle (diagonal included) by
+their mean over the evaluation sequences at each (t, s), computed in a clean pass over
+the same sequences (the per-position mean scores; for a head this is its raw averaged
+Gram matrix). The loss is the mean cross-entropy of positions 0..T−2 predicting 1..T−1.
+
+Per head the table reports ``dloss_patched`` = loss(patched) − loss(clean),
+``dloss_ablated`` = loss(mean-ablated) − loss(clean), their ratio ``dloss_ratio`` (the
+normalised loss change: 0 = the kernel is all the head contributes, 1 = the kernel is no
+better than the mean), and seeded bootstrap 95% intervals over sequences (the ratio's
+interval is the ratio of resampled means).
+
+Batching and cost. One forward patches several heads of one layer in separate batch
+rows: row 0 is clean, rows 1..Hc patch head h_j with the kernel, rows Hc+1..2Hc
+mean-ablate it (Hc = ``head_chunk``, default all heads of the layer). With one sequence
+per forward the bridge runs blocks 0..L−1 on that sequence alone and repeats the residual
+stream into the 1 + 2Hc rows at ``blocks.{L}.hook_in`` (``expand``), so a sequence costs
+Σ_L [L + (n_layers − L)(1 + 2H)] block evaluations, about (1 + H)·n_layers² (≈ 9,000
+block evaluations, the work of ≈ 300 single-sequence forwards, for SmolLM2's 30 × 9
+heads). Where expanding mid-forward is not possible (several sequences per forward, or an
+architecture whose masks do not broadcast) the tokens are repeated at the input instead
+(``(1 + 2H)·n_layers`` full forwards per sequence). Add one clean pass over the sequences.
+The clean row of every patched forward is checked against the clean pass. ``max_seqs``,
+``layers`` and ``head_chunk`` bound the cost and memory (logits of 1 + 2Hc rows).
+"""
+
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from matplotlib.figure import Figure
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from poskernel_tl.hooks import scores_hook_name
+
+NAME = "kernel-patching"
+NEEDS_RESULT = True
+MAX_SEQS = 16  # evaluation sequences patched by the command-line entry point
+MODES = ("pooled", "per_seq")
+DIAGONALS = ("fit", "keep")
+CLEAN_TOL = 1e-3  # |loss(clean row) − loss(clean pass)| allowed (batch-shape float noise)
+
+
+# ----------------------------------------------------------------- the kernel fit
+def causal_masks(T: int, device=None) -> tuple[Bool[Tensor, "query_pos key_pos"],
+                                              Bool[Tensor, "query_pos key_pos"]]:
+    """(s ≤ t, s < t): the causal triangle with and without its diagonal."""
+    full = torch.ones(T, T, dtype=torch.bool, device=device)
+    return full.tril(), full.tril(-1)
+
+
+def lag_index(T: int, device=None) -> Int[Tensor, "query_pos key_pos"]:
+    """Δ = t − s on the causal triangle, 0 above it."""
+    pos = torch.arange(T, device=device)
+    return (pos[:, None] - pos[None]).clamp(min=0)
+
+
+def kernel_from_g(g: Float[Tensor, "*batch lag0"]) -> Float[Tensor, "*batch query_pos key_pos"]:
+    """The Toeplitz matrix K(t, s) = g(t − s) from g over Δ = 0..T−1 (K[t, s] = g(0)
+    above the diagonal: mask it)."""
+    T = g.shape[-1]
+    return g[..., lag_index(T, g.device)]
+
+
+def shift_invariant_part(
+    scores: Float[Tensor, "*batch query_pos key_pos"], diagonal: str = "fit",
+) -> Float[Tensor, "*batch query_pos key_pos"]:
+    """Each matrix's shift-invariant part on the causal triangle: A(t, s), s < t, replaced
+    by the mean of its sub-diagonal g(t − s) (the Track A fit, float64 sums); the diagonal
+    by its mean (``diagonal="fit"``) or kept (``"keep"``); entries above the diagonal keep
+    their values (masked fills included)."""
+    T = scores.shape[-1]
+    lower, strict = causal_masks(T, scores.device)
+    z = torch.where(lower, scores.double(), 0.0).flatten(-2)
+    idx = lag_index(T, scores.device).flatten().expand_as(z)
+    sums = torch.zeros(*z.shape[:-1], T, dtype=torch.float64, device=scores.device)
+    counts = T - torch.arange(T, dtype=torch.float64, device=scores.device)
+    g = sums.scatter_add_(-1, idx, z) / counts
+    keep = lower if diagonal == "fit" else strict
+    return torch.where(keep, kernel_from_g(g).to(scores.dtype), scores)
+
+
+def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"],
+                    tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, " batch"]:
+    """Mean cross-entropy of positions 0..T−2 predicting tokens 1..T−1, per row."""
+    b, T, _ = logits.shape
+    ce = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten(),
+                         reduction="none")
+    return ce.view(b, T - 1).double().mean(-1)
+
+
+# ------------------------------------------------------------------ the passes
+@dataclass
+class PatchingResult:
+    """Per-sequence losses (float64): ``loss_clean`` [n_seqs]; ``loss_patched`` and
+    ``loss_ablated`` [n_seqs, layer, head_index] (NaN for layers not patched), each
+    measured against the clean row of the same forward (``loss_clean_row``)."""
+
+    loss_clean: Float[np.ndarray, " n_seqs"]
+    loss_clean_row: Float[np.ndarray, "n_seqs layer"]
+    loss_patched: Float[np.ndarray, "n_seqs layer head_index"]
+    loss_ablated: Float[np.ndarray, "n_seqs layer head_index"]
+    mode: str
+    diagonal: str
+    expanded: bool
+    n_forwards: int
+    seconds: float
+
+    @property
+    def dloss_patched(self) -> Float[np.ndarray, "n_seqs layer head_index"]:
+        return self.loss_patched - self.loss_clean_row[..., None]
+
+    @property
+    def dloss_ablated(self) -> Float[np.ndarray, "n_seqs layer head_index"]:
+        return self.loss_ablated - self.loss_clean_row[..., None]
+
+
+def _clean_pass(model, ids: Tensor, batch_size: int, progress: bool):
+    """Clean losses per sequence and the mean scores over the sequences on the causal
+    triangle, [layer, head_index, query_pos, key_pos] (float32; 0 above the diagonal)."""
+    bridge, dev = model.bridge, model.device
+    L, H, T = model.spec.n_layers, model.spec.n_heads, ids.shape[1]
+    lower = causal_masks(T, dev)[0]
+    sums = torch.zeros(L, H, T, T, dtype=torch.float32, device=dev)
+
+    def observe(x: Tensor, hook) -> None:
+        layer = int(hook.name.split(".")[1])
+        sums[layer] += torch.where(lower, x.float(), 0.0).sum(0)
+
+    hooks = [(scores_hook_name(layer), observe) for layer in range(L)]
+    losses = []
+    with torch.no_grad(), bridge.hooks(fwd_hooks=hooks):
+        for start in tqdm(range(0, len(ids), batch_size), desc="clean pass",
+                          disable=not progress, unit="batch"):
+            chunk = ids[start:start + batch_size].to(dev)
+            losses.append(next_token_loss(bridge(chunk), chunk))
+    return torch.cat(losses), sums / len(ids)
+
+
+class _Patcher:
+    """Hooks for one (layer, head chunk) forward with rows [clean, patched…, ablated…]."""
+
+    def __init__(self, layer: int, heads: list[int], n_heads: int, mode: str,
+                 diagonal: str, mean_scores: Tensor, pooled_kernel: Tensor | None):
+        self.layer, self.n_heads = layer, n_heads
+        self.mode, self.diagonal = mode, diagonal
+        dev = mean_scores.device
+        self.heads = torch.as_tensor(heads, device=dev)
+        hc = len(heads)
+        self.rows = 1 + 2 * hc
+        self.rows_p = 1 + torch.arange(hc, device=dev)
+        self.rows_a = 1 + hc + torch.arange(hc, device=dev)
+        self.mean = mean_scores[layer, self.heads]  # [Hc, T, T]
+        self.kernel = None if pooled_kernel is None else pooled_kernel[self.heads]
+        T = mean_scores.shape[-1]
+        self.lower, self.strict = causal_masks(T, dev)
+
+    def expand(self, x: Float[Tensor, "batch pos d_model"], hook) -> Tensor:
+        if x.shape[0] != 1:
+            raise RuntimeError("expanding mid-forward needs one sequence per forward")
+        return x.repeat(self.rows, *([1] * (x.ndim - 1)))
+
+    def scores(self, x: Float[Tensor, "batch head_index query_pos key_pos"], hook) -> Tensor:
+        T = x.shape[-1]
+        v = x.reshape(-1, self.rows, self.n_heads, T, T)
+        out = v.clone()
+        src = v[:, self.rows_p, self.heads]  # [b, Hc, T, T]
+        if self.mode == "per_seq":
+            patched = shift_invariant_part(src, self.diagonal)
+        else:
+            keep = self.lower if self.diagonal == "fit" else self.strict
+            patched = torch.where(keep, self.kernel.to(src.dtype), src)
+        out[:, self.rows_p, self.heads] = patched
+        src = v[:, self.rows_a, self.heads]
+        out[:, self.rows_a, self.heads] = torch.where(self.lower, self.mean.to(src.dtype), src)
+        return out.reshape(x.shape)
+
+
+def pooled_kernels(g_pooled: Float[Tensor, "layer head_index lag"],
+                   mean_scores: Float[Tensor, "layer head_index query_pos key_pos"],
+                   ) -> Float[Tensor, "layer head_index query_pos key_pos"]:
+    """K(t, s) = g_pooled(t − s) for Δ ≥ 1 and, for Δ = 0, the mean of the diagonal of the
+    mean scores (the pooled diagonal mean over the evaluation sequences)."""
+    g0 = torch.diagonal(mean_scores, dim1=-2, dim2=-1).double().mean(-1, keepdim=True)
+    g = torch.cat([g0, g_pooled.to(g0)], dim=-1)
+    return kernel_from_g(g).float()
+
+
+def run_kernel_patching(
+    model, eval_tokens: Int[Tensor, "batch pos"], *, g_pooled: np.ndarray | None = None,
+    mode: str = "pooled", diagonal: str = "fit", layers=None, head_chunk: int | None = None,
+    max_seqs: int | None = None, batch_size: int = 4, expand: bool | None = None,
+    progress: bool = True,
+) -> PatchingResult:
+    """Clean, kernel-patched and mean-ablated losses of every head (see the module).
+
+    ``g_pooled`` [layer, head_index, lag] is needed for ``mode="pooled"``;
+    ``expand``: None tries the mid-forward expansion (one sequence per forward) and falls
+    back to repeating the tokens; ``batch_size``: sequences per forward of the clean pass
+    and of the repeat path."""
+    t0 = time.time()
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: choose one of {MODES}")
+    if diagonal not in DIAGONALS:
+        raise ValueError(f"diagonal={diagonal!r}: choose one of {DIAGONALS}")
+    ids = eval_tokens[:max_seqs] if max_seqs else eval_tokens
+    n, T = ids.shape
+    spec, dev, bridge = model.spec, model.device, model.bridge
+    L, H = spec.n_layers, spec.n_heads
+    layers = list(range(L)) if layers is None else sorted(int(x) for x in layers)
+    head_chunk = head_chunk or H
+    chunks = [list(range(h, min(H, h + head_chunk))) for h in range(0, H, head_chunk)]
+    loss_clean, mean_scores = _clean_pass(model, ids, batch_size, progress)
+    kernels = None
+    if mode == "pooled":
+        if g_pooled is None:
+            raise ValueError("mode='pooled' needs the condition's g_pooled (pass result=)")
+        g = torch.as_tensor(np.asarray(g_pooled), device=dev)
+        if g.shape != (L, H, T - 1):
+            raise ValueError(f"g_pooled has shape {tuple(g.shape)}, expected {(L, H, T - 1)}"
+                             " (was the result measured at this length?)")
+        kernels = pooled_kernels(g, mean_scores)
+    patched = np.full((n, L, H), np.nan)
+    ablated = np.full((n, L, H), np.nan)
+    clean_row = np.full((n, L), np.nan)
+    n_forwards = -(-n // batch_size)
+    try_expand = expand is None or expand
+
+    def run(patcher: _Patcher, rows: slice, use_expand: bool) -> Tensor:
+        tok = ids[rows].to(dev)
+        hooks = [(scores_hook_name(patcher.layer), patcher.scores)]
+        if use_expand:
+            hooks.append((f"blocks.{patcher.layer}.hook_in", patcher.expand))
+        else:
+            tok = tok.repeat_interleave(patcher.rows, 0)
+        with torch.no_grad(), bridge.hooks(fwd_hooks=hooks):
+            logits = bridge(tok)
+        rep = tok if not use_expand else tok.expand(patcher.rows, -1)
+        loss = next_token_loss(logits, rep).view(-1, patcher.rows)
+        check = (loss[:, 0] - loss_clean[rows].to(loss)).abs().max()
+        if float(check) > CLEAN_TOL:
+            raise RuntimeError(f"clean row differs from the clean pass by {float(check):.2e}")
+        return loss
+
+    step = 1 if try_expand else batch_size
+    bar = tqdm(total=len(layers) * len(chunks) * -(-n // step), desc="kernel patching",
+               disable=not progress, unit="fwd")
+    start = 0
+    while start < n:
+        rows = slice(start, min(n, start + step))
+        for layer in layers:
+            for heads in chunks:
+                patcher = _Patcher(layer, heads, H, mode, diagonal, mean_scores,
+                                   None if kernels is None else kernels[layer])
+                try:
+                    loss = run(patcher, rows, try_expand)
+                except RuntimeError as err:
+                    if not try_expand or expand:
+                        raise
+                    warnings.warn(f"mid-forward expansion failed ({err}); repeating the "
+                                  "tokens at the input instead", RuntimeWarning, stacklevel=2)
+                    try_expand, step = False, batch_size
+                    rows = slice(start, min(n, start + step))
+                    bar.total = bar.n + len(layers) * len(chunks) * -(-(n - start) // step)
+                    loss = run(patcher, rows, False)
+                hc = len(heads)
+                loss = loss.cpu().numpy()
+                patched[rows, layer, heads] = loss[:, 1:1 + hc]
+                ablated[rows, layer, heads] = loss[:, 1 + hc:]
+                clean_row[rows, layer] = loss[:, 0]
+                n_forwards += 1
+                bar.update(1)
+        start = rows.stop
+    bar.close()
+    return PatchingResult(loss_clean.cpu().numpy(), clean_row, patched, ablated, mode,
+                          diagonal, try_expand, n_forwards, round(time.time() - t0, 1))
+
+
+# ------------------------------------------------------------------ table, figure
+def bootstrap(dp: np.ndarray, da: np.ndarray, n_boot: int = 1000, seed: int = 0,
+              ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Seeded percentile 95% intervals over sequences (axis 0) of mean(dp), mean(da) and
+    mean(dp)/mean(da): ``{name: (lo, hi)}`` arrays shaped like dp[0]."""
+    n = dp.shape[0]
+    nan = np.full(dp.shape[1:], np.nan)
+    if n < 2:
+        return {k: (nan, nan) for k in ("dloss_patched", "dloss_ablated", "dloss_ratio")}
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    mp, ma = dp[idx].mean(1), da[idx].mean(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = mp / ma
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for name, x in (("dloss_patched", mp), ("dloss_ablated", ma), ("dloss_ratio", ratio)):
+            x = np.where(np.isfinite(x), x, np.nan)
+            out[name] = (np.nanpercentile(x, 2.5, axis=0), np.nanpercentile(x, 97.5, axis=0))
+    return out
+
+
+def patching_table(res: PatchingResult, r2_pooled: np.ndarray | None = None,
+                   n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """One row per patched (layer, head): mean losses, the loss changes, their ratio
+    (``dloss_ratio``, the normalised patching loss) with bootstrap intervals (``_lo``,
+    ``_hi``), ``ablation_matters`` (the ablation interval excludes 0 from below) and,
+    given ``r2_pooled``, Track A's pooled R²."""
+    n, L, H = res.loss_patched.shape
+    dp, da = res.dloss_patched, res.dloss_ablated
+    ci = bootstrap(dp, da, n_boot, seed)
+    layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+    mp, ma = dp.mean(0), da.mean(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = mp / ma
+    ratio = np.where(np.isfinite(ratio), ratio, np.nan)
+    cols = {"layer": layer.ravel(), "head": head.ravel(), "mode": res.mode,
+            "diagonal": res.diagonal, "n_seqs": n,
+            "loss_clean": res.loss_clean.mean(),
+            "loss_patched": res.loss_patched.mean(0).ravel(),
+            "loss_ablated": res.loss_ablated.mean(0).ravel()}
+    for name, mean in (("dloss_patched", mp), ("dloss_ablated", ma), ("dloss_ratio", ratio)):
+        cols[name] = mean.ravel()
+        cols[f"{name}_lo"], cols[f"{name}_hi"] = (x.ravel() for x in ci[name])
+    cols["ablation_matters"] = (ci["dloss_ablated"][0] > 0).ravel()
+    if r2_pooled is not None:
+        cols["R2_pooled"] = np.asarray(r2_pooled).ravel()
+    table = pd.DataFrame(cols)
+    return table[np.isfinite(table["dloss_patched"])].reset_index(drop=True)
+
+
+def kernel_patching(model, eval_tokens, result=None, *, mode: str = "pooled",
+                    diagonal: str = "fit", max_seqs: int | None = MAX_SEQS, layers=None,
+                    head_chunk: int | None = None, batch_size: int = 4,
+                    expand: bool | None = None, n_boot: int = 1000, seed: int = 0,
+                    progress: bool = True) -> pd.DataFrame:
+    """Notebook entry: the per-head patching table (see :func:`patching_table`) on the first
+    ``max_seqs`` evaluation sequences (``eval_tokens``: int tensor [n, T] or strings).
+    ``result`` (the condition's :class:`~poskernel_tl.ConditionResult`) supplies the pooled
+    kernel and Track A's R²; ``mode="per_seq"`` runs without it."""
+    from poskernel_tl.measure import as_tokens, check_tokens
+
+    ids = as_tokens(model, eval_tokens)
+    check_tokens(model, ids, "evaluation tokens")
+    if result is not None and result.length != ids.shape[1]:
+        raise ValueError(f"result measured at T={result.length}, tokens have T={ids.shape[1]}")
+    res = run_kernel_patching(
+        model, ids, g_pooled=None if result is None else result.g_pooled, mode=mode,
+        diagonal=diagonal, layers=layers, head_chunk=head_chunk, max_seqs=max_seqs,
+        batch_size=batch_size, expand=expand, progress=progress)
+    table = patching_table(res, None if result is None else result.r2_pooled, n_boot, seed)
+    table["n_forwards"], table["seconds"] = res.n_forwards, res.seconds
+    return table
+
+
+def analyze(model, eval_tokens, centering_tokens, *, result=None, batch_size: int = 4,
+            progress: bool = True) -> pd.DataFrame:
+    """``poskernel analyze kernel-patching``: pooled-kernel patching of every head on the
+    first :data:`MAX_SEQS` evaluation sequences (centering sequences are not used)."""
+    return kernel_patching(model, eval_tokens, result, mode="pooled" if result is not None
+                           else "per_seq", batch_size=batch_size, progress=progress)
+
+
+def plot_kernel_patching(table: pd.DataFrame, title: str = "") -> Figure:
+    """Layer × head heatmaps: the normalised loss change dloss_patched / dloss_ablated
+    (clipped to [−0.25, 1.25]; × marks heads whose ablation interval reaches 0)
+    beside Track A's pooled R² when the table has it. The backend is not touched."""
+    L, H = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    grid = lambda col: _grid(table, col, L, H)
+    panels = [("dloss_ratio", "dloss_patched / dloss_ablated", "RdBu_r", (-0.25, 1.25))]
+    if "R2_pooled" in table:
+        panels.append(("R2_pooled", "Track A pooled R²", "viridis", (0.0, 1.0)))
+    fig = Figure(figsize=(3.2 * len(panels) + 1, 0.22 * L + 2))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (col, label, cmap, (lo, hi)) in zip(axes, panels):
+        im = ax.imshow(np.clip(grid(col), lo, hi), cmap=cmap, vmin=lo, vmax=hi,
+                       aspect="auto", interpolation="nearest")
+        if col == "dloss_ratio":
+            weak_l, weak_h = np.nonzero(grid("ablation_matters") == 0)
+            ax.scatter(weak_h, weak_l, marker="x", s=12, c="0.4", linewidths=0.8)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(label, fontsize=9)
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.suptitle(title or f"kernel patching ({table['mode'].iloc[0]} g, "
+                 f"{int(table['n_seqs'].iloc[0])} sequences)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _grid(table: pd.DataFrame, col: str, L: int, H: int) -> np.ndarray:
+    out = np.full((L, H), np.nan)
+    out[table["layer"].to_numpy(), table["head"].to_numpy()] = table[col].astype(float)
+    return out
+
+
+__all__ = ["NAME", "NEEDS_RESULT", "PatchingResult", "analyze", "kernel_patching",
+           "next_token_loss", "patching_table", "plot_kernel_patching", "pooled_kernels",
+           "run_kernel_patching", "shift_invariant_part"]
