@@ -1,0 +1,474 @@
+"""Positional baseline G_k (seed 000) and the four-term split of layer-0 scores.
+
+For a model that adds a position table to its token embeddings (GPT-2's learned ``wpe``,
+or a sinusoidal table), the residual stream entering block 0 is x(t) = e(t) + p(t).
+Seed 000 expands the logit (e_x + P(i))ᵀ W_Q W_Kᵀ (e_y + P(j)) into a semantic, a
+token→position, a position→token and a position→position term, and takes the average
+positional contribution at distance k, G_k = mean_i P(i+k) P(i)ᵀ, as the baseline to
+subtract. GPT-2 normalises x before W_Q/W_K, and LayerNorm is not linear in e + p, so
+the split here is done on the block's *actual* normalised input. With the per-token
+statistics of the real input, σ(t)² = Var_features(e(t) + p(t)) + ε (the model's own),
+
+    LN(x(t)) = γ ⊙ (e(t) − ē(t)) / σ(t)  +  γ ⊙ (p(t) − p̄(t)) / σ(t)  +  β
+             =            ẽ(t)           +            p̃(t)            +  β,
+
+exactly (centring is linear; the bar is the mean over features). Then per head
+q(t) = q_e(t) + q_p(t) + q_b with q_e = W_Qᵀ ẽ, q_p = W_Qᵀ p̃, q_b = W_Qᵀ β + b_Q (keys
+alike), and the model's layer-0 score scale·q(t)·k(s) is the sum of six terms:
+
+    semantic    q_e(t)·k_e(s)        tok_pos   q_e(t)·k_p(s)    (query token → key position)
+    pos_tok     q_p(t)·k_e(s)        pos_pos   q_p(t)·k_p(s)
+    key_bias    q_b·(k_e(s) + k_p(s))                    (depends on the key only)
+    query_bias  (q_e(t) + q_p(t) + q_b)·k_b              (query only: softmax-invariant)
+
+each times the model's scale (1/√d_head for GPT-2). The six sum to ``hook_attn_scores``
+of layer 0 on the strictly lower triangle (tests: 1e-5; the table's
+``split_max_abs_err`` records the gap on the data measured). Note that p̃(t) carries
+1/σ(t), which depends on the token at t: the real position→position term is not a
+function of positions alone.
+
+Seed 000's baseline is G_k projected per head through the query/key maps:
+W_Q,hᵀ G̃_k W_K,h · scale (:func:`projected_gram`), with G̃_k = positional_gram(LN(P), k)
+from :mod:`poskernel_tl.pe_kernel`; its trace is S_PE(k), the head-projected kernel
+(:func:`projected_pe_kernel`, equal to ``pe_kernel.head_projected_pe_kernel`` on an
+unprocessed model, but read from the bridge's own weights so that it also holds under
+``enable_compatibility_mode()``, which folds the LayerNorm into W_Q). G̃_k normalises the
+position vector by its own statistics, so it misses the 1/σ(t) above by a factor;
+``pos_pos_gk_gain`` is the least-squares slope of the real term's lag means on S_PE
+(σ_p² / σ_x² when e and p are orthogonal with constant norms).
+
+Per head the table reports, pooled over sequences and the strictly lower triangle:
+Track A R² of the scores (``R2_scores``), of the position→position term
+(``R2_pos_pos``), of the scores minus that term (``R2_minus_pos_pos``) and minus the
+seed's lag-only baseline S_PE(Δ) (``R2_minus_gk``); ``gk_explained`` = 1 −
+SS_tot(A − S_PE)/SS_tot(A); each term's variance share ``share_<term>`` = Var(term) /
+Σ Var (non-negative, sums to 1) and covariance share ``cov_share_<term>`` =
+Cov(term, A) / Var(A) (sums to 1 with the real scores A, may be negative). Rows cover
+every (layer, head); the split columns are filled for layer 0 only, the S_PE columns for
+every layer.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from matplotlib.figure import Figure
+from torch import Tensor
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from poskernel_tl.measure import as_tokens, check_tokens, choose_scores_path, forward_pass
+from poskernel_tl.pe_kernel import (
+    NoPositionTableError,
+    layer_positions,
+    positional_gram,
+    unwrap,
+)
+from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
+
+NAME = "gk-baseline"
+NEEDS_RESULT = False
+TERMS = ("semantic", "tok_pos", "pos_tok", "pos_pos", "key_bias", "query_bias")
+
+
+# ------------------------------------------------------------------- the split
+@dataclass
+class BlockParts:
+    """One block's input LayerNorm and q/k maps plus the embedding tables (float64), as
+    the bridge computes with them (with ``enable_compatibility_mode()`` the LayerNorm's
+    affine map is folded into W_Q/b_Q, and the HF module's ``c_attn`` is then stale)."""
+
+    wte: Float[Tensor, "d_vocab d_model"]
+    wpe: Float[Tensor, "n_ctx d_model"]
+    ln: torch.nn.Module
+    W_Q: Float[Tensor, "head_index d_model d_head"]
+    W_K: Float[Tensor, "head_index d_model d_head"]
+    b_Q: Float[Tensor, "head_index d_head"]
+    b_K: Float[Tensor, "head_index d_head"]
+    scale: float
+
+    @property
+    def ln_weight(self) -> Tensor:
+        return self.ln.weight.detach().to(self.W_Q)
+
+    @property
+    def ln_bias(self) -> Tensor:
+        b = self.ln.bias
+        return torch.zeros_like(self.ln_weight) if b is None else b.detach().to(self.W_Q)
+
+
+def _check_additive(hf_model) -> None:
+    body = getattr(hf_model, "transformer", hf_model)
+    ok = all(hasattr(body, n) for n in ("wte", "wpe", "h"))
+    if not ok or not hasattr(body.h[0], "ln_1"):
+        raise NoPositionTableError(
+            f"{type(hf_model).__name__} has no additive position table (a GPT-2-style "
+            "transformer.wpe added to the token embeddings): G_k and the four-term split "
+            "apply to learned-absolute or sinusoidal tables, not to rotary or NoPE models")
+
+
+def block_parts(model, layer: int = 0, device=None) -> BlockParts:
+    """The weights of ``layer`` that the split and S_PE need, read from the bridge of a
+    :class:`poskernel_tl.LoadedModel` (raises :class:`NoPositionTableError`, a
+    ValueError, for a model without an additive position table)."""
+    _check_additive(model.hf_model)
+    br = model.bridge
+    f64 = dict(dtype=torch.float64, device=device if device is not None else model.device)
+    attn = br.blocks[layer].attn
+    cfg = model.hf_model.config
+    d_head = attn.W_Q.shape[-1]
+    scale = 1.0 / math.sqrt(d_head) if getattr(cfg, "scale_attn_weights", True) else 1.0
+    if getattr(cfg, "scale_attn_by_inverse_layer_idx", False):
+        scale /= layer + 1
+    get = lambda t: t.detach().to(**f64)
+    return BlockParts(wte=get(br.W_E), wpe=get(br.W_pos),
+                      ln=unwrap(br.blocks[layer].ln1), W_Q=get(attn.W_Q), W_K=get(attn.W_K),
+                      b_Q=get(attn.b_Q), b_K=get(attn.b_K), scale=scale)
+
+
+def split_layer0_scores(
+    parts: BlockParts, ids: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "term batch head_index query_pos key_pos"]:
+    """The six terms of layer 0's scores (order :data:`TERMS`) from block 0's
+    :func:`block_parts`, float64, every entry (no causal mask: read the strictly lower
+    triangle)."""
+    T = ids.shape[1]
+    if T > parts.wpe.shape[0]:
+        raise ValueError(f"T={T} exceeds the position table ({parts.wpe.shape[0]} rows)")
+    e = parts.wte[ids.to(parts.wte.device)]  # [b, t, D]
+    p = parts.wpe[:T].expand_as(e)
+    x = e + p
+    inv = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + parts.ln.eps)  # 1/σ(t)
+    e_n = (e - e.mean(-1, keepdim=True)) * inv * parts.ln_weight
+    p_n = (p - p.mean(-1, keepdim=True)) * inv * parts.ln_weight
+    proj = lambda v, W: torch.einsum("btm,hmd->bthd", v, W)
+    q_e, q_p = proj(e_n, parts.W_Q), proj(p_n, parts.W_Q)  # [b, t, H, d]
+    k_e, k_p = proj(e_n, parts.W_K), proj(p_n, parts.W_K)
+    q_b = torch.einsum("m,hmd->hd", parts.ln_bias, parts.W_Q) + parts.b_Q  # [H, d]
+    k_b = torch.einsum("m,hmd->hd", parts.ln_bias, parts.W_K) + parts.b_K
+    qk = lambda q, k: torch.einsum("bthd,bshd->bhts", q, k)
+    key_bias = torch.einsum("hd,bshd->bhs", q_b, k_e + k_p)[:, :, None, :].expand(-1, -1, T, -1)
+    query_bias = torch.einsum("bthd,hd->bht", q_e + q_p + q_b, k_b)[..., None].expand(
+        -1, -1, -1, T)
+    terms = [qk(q_e, k_e), qk(q_e, k_p), qk(q_p, k_e), qk(q_p, k_p), key_bias, query_bias]
+    return torch.stack(terms) * parts.scale
+
+
+def _position_qk(parts: BlockParts, length: int) -> tuple[Tensor, Tensor]:
+    """W_Q,hᵀ p̃(t) and W_K,hᵀ p̃(t) [head_index, pos, d_head] with p̃ = LN(p) on its own
+    statistics, without β or biases (:func:`poskernel_tl.pe_kernel.layer_positions`)."""
+    P = parts.wpe[:length]
+    x = layer_positions(parts.ln, P.cpu(), include_bias=False).to(P)
+    return (torch.einsum("tm,hmd->htd", x, parts.W_Q),
+            torch.einsum("tm,hmd->htd", x, parts.W_K))
+
+
+def projected_gram(model, k: int, length: int, layer: int = 0
+                   ) -> Float[Tensor, "head_index d_head d_head"]:
+    """Seed 000's G_k projected per head: W_Q,hᵀ G̃_k W_K,h · scale, with
+    G̃_k = positional_gram(LN_layer(P[:length]), k) (float64). Its trace is S_PE(k)
+    (:func:`projected_pe_kernel`)."""
+    parts = block_parts(model, layer)
+    P = parts.wpe[:length]
+    G = positional_gram(layer_positions(parts.ln, P.cpu(), include_bias=False).to(P), k)
+    return parts.W_Q.transpose(1, 2) @ G @ parts.W_K * parts.scale
+
+
+def projected_pe_kernel(model, length: int) -> Float[Tensor, "layer head_index lag"]:
+    """S_PE[layer, head, Δ−1] = mean_t scale·q_p(t)·k_p(t−Δ) (Δ = 1..length−1): the
+    lag means of the position-only logits, i.e. the ``g`` of
+    :func:`poskernel_tl.shift_invariance_r2` on them, which is the trace of
+    :func:`projected_gram`. Read from the bridge's weights, so it holds with or without
+    compatibility mode (equal to :func:`poskernel_tl.pe_kernel.head_projected_pe_kernel`
+    on an unprocessed model)."""
+    out = []
+    for layer in range(model.bridge.cfg.n_layers):
+        parts = block_parts(model, layer)
+        if length > parts.wpe.shape[0]:
+            raise ValueError(f"T={length} exceeds the position table ({parts.wpe.shape[0]})")
+        q, k = _position_qk(parts, length)
+        _, g = shift_invariance_r2(q @ k.transpose(1, 2) * parts.scale)
+        out.append(g)
+    return torch.stack(out)
+
+
+# ------------------------------------------------------------------- reducer
+@dataclass
+class GkBaselineResult:
+    """Pooled statistics (numpy, float64); ``spe`` is S_PE[layer, head, Δ−1]."""
+
+    r2_scores: Float[np.ndarray, "layer head_index"]
+    r2_minus_gk: Float[np.ndarray, "layer head_index"]
+    gk_explained: Float[np.ndarray, "layer head_index"]
+    spe: Float[np.ndarray, "layer head_index lag"]
+    r2_pos_pos: Float[np.ndarray, " head_index"]
+    r2_minus_pos_pos: Float[np.ndarray, " head_index"]
+    pos_pos_gk_gain: Float[np.ndarray, " head_index"]
+    share: Float[np.ndarray, "term head_index"]
+    cov_share: Float[np.ndarray, "term head_index"]
+    split_max_abs_err: Float[np.ndarray, " head_index"]
+
+
+class GkBaselineReducer:
+    """Layer 0: the six-term split of every batch checked against the real scores, and
+    the per-term moments; every layer: the scores' lag sums (for R² with and without
+    S_PE). ``ids`` are the pass's token ids (indexed by the batch's sequence index)."""
+
+    def __init__(self, parts: BlockParts, ids: Int[Tensor, "batch pos"],
+                 spe: Float[Tensor, "layer head_index lag"], device):
+        self.parts, self.ids = parts, ids.to(device)
+        self.spe = spe.to(device, torch.float64)
+        L, H, lags = spe.shape
+        T = lags + 1
+        f64 = dict(dtype=torch.float64, device=device)
+        self.mask = torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
+        self.s1 = torch.zeros(L, H, lags, **f64)  # lag sums of the scores, per layer
+        self.sq = torch.zeros(L, H, **f64)
+        n = len(TERMS)
+        self.t_sum = torch.zeros(n, H, **f64)  # Σ term, Σ term², Σ term·A (layer 0)
+        self.t_sq = torch.zeros(n, H, **f64)
+        self.t_cross = torch.zeros(n, H, **f64)
+        self.pp_s1 = torch.zeros(H, lags, **f64)  # lag sums of the pos_pos term
+        self.max_err = torch.zeros(H, **f64)
+        self.n_seqs = 0
+
+    def update(self, batch) -> None:
+        A = torch.where(self.mask, batch.scores.double(), 0.0)  # [b, H, T, T]
+        s1, sq = lag_sums(A)
+        self.s1[batch.layer] += s1.sum(0)
+        self.sq[batch.layer] += sq.sum(0)
+        if batch.layer != 0:
+            return
+        self.n_seqs += A.shape[0]
+        terms = split_layer0_scores(self.parts, self.ids[batch.index])
+        terms = torch.where(self.mask, terms, 0.0)
+        self.t_sum += terms.sum((1, 3, 4))
+        self.t_sq += (terms * terms).sum((1, 3, 4))
+        self.t_cross += (terms * A).sum((1, 3, 4))
+        self.pp_s1 += lag_sums(terms[TERMS.index("pos_pos")])[0].sum(0)
+        err = (terms.sum(0) - A).abs().amax((0, 2, 3))
+        self.max_err = torch.maximum(self.max_err, err)
+
+    def result(self) -> GkBaselineResult:
+        L, H, lags = self.spe.shape
+        T = lags + 1
+        counts = lag_counts(T, device=self.s1.device) * self.n_seqs
+        N = counts.sum()
+        r2, _ = r2_from_sums(self.s1, self.sq, counts)
+        spe = self.spe
+        # A − S_PE(Δ): lag sums shift by n(Δ)·S, squares by −2 Σ S·s1 + Σ n S²
+        s1_gk = self.s1 - counts * spe
+        sq_gk = self.sq - 2 * (spe * self.s1).sum(-1) + (counts * spe * spe).sum(-1)
+        r2_gk, _ = r2_from_sums(s1_gk, sq_gk, counts)
+        ss_tot = self.sq - self.s1.sum(-1) ** 2 / N
+        ss_tot_gk = sq_gk - s1_gk.sum(-1) ** 2 / N
+        gk_explained = 1 - ss_tot_gk / ss_tot
+        # layer 0: the pos_pos term and the scores minus it
+        pp = TERMS.index("pos_pos")
+        r2_pp, _ = r2_from_sums(self.pp_s1, self.t_sq[pp], counts)
+        a_sum = self.s1[0].sum(-1)
+        sq_rest = self.sq[0] - 2 * self.t_cross[pp] + self.t_sq[pp]
+        r2_rest, _ = r2_from_sums(self.s1[0] - self.pp_s1, sq_rest, counts)
+        g_pp = self.pp_s1 / counts
+        s0 = spe[0]
+        gain = (g_pp * s0 * counts).sum(-1) / (s0 * s0 * counts).sum(-1)
+        var = self.t_sq / N - (self.t_sum / N) ** 2
+        cov = self.t_cross / N - self.t_sum / N * (a_sum / N)
+        var_a = self.sq[0] / N - (a_sum / N) ** 2
+        np_ = lambda t: t.detach().cpu().numpy()
+        return GkBaselineResult(
+            r2_scores=np_(r2), r2_minus_gk=np_(r2_gk), gk_explained=np_(gk_explained),
+            spe=np_(spe), r2_pos_pos=np_(r2_pp), r2_minus_pos_pos=np_(r2_rest),
+            pos_pos_gk_gain=np_(gain), share=np_(var / var.sum(0)), cov_share=np_(cov / var_a),
+            split_max_abs_err=np_(self.max_err))
+
+
+# --------------------------------------------------------------- entry points
+def gk_baseline(model, tokens, *, batch_size: int = 4, progress: bool = True
+                ) -> GkBaselineResult:
+    """Split layer 0's scores of ``tokens`` (int tensor [n, T] or strings) on a
+    :class:`poskernel_tl.LoadedModel` with an additive position table, and fit every
+    layer's scores with and without the head-projected G_k baseline S_PE."""
+    parts = block_parts(model, 0)
+    ids = as_tokens(model, tokens)
+    check_tokens(model, ids, "tokens")
+    spe = projected_pe_kernel(model, ids.shape[1])
+    hook = choose_scores_path(model, "auto")
+    (red,) = forward_pass(model, ids, lambda: [GkBaselineReducer(parts, ids, spe, model.device)],
+                          batch_size, "gk-baseline", progress, hook)
+    return red.result()
+
+
+def gk_table(res: GkBaselineResult) -> pd.DataFrame:
+    """One row per (layer, head); split columns (layer 0) are NaN for deeper layers."""
+    L, H = res.r2_scores.shape
+    rows = []
+    for layer in range(L):
+        for h in range(H):
+            row = dict(layer=layer, head=h, R2_scores=res.r2_scores[layer, h],
+                       R2_minus_gk=res.r2_minus_gk[layer, h],
+                       gk_explained=res.gk_explained[layer, h],
+                       spe_std=res.spe[layer, h].std(), spe_lag1=res.spe[layer, h, 0])
+            zero = layer == 0
+            nan = float("nan")
+            row.update(
+                R2_pos_pos=res.r2_pos_pos[h] if zero else nan,
+                R2_minus_pos_pos=res.r2_minus_pos_pos[h] if zero else nan,
+                pos_pos_gk_gain=res.pos_pos_gk_gain[h] if zero else nan,
+                split_max_abs_err=res.split_max_abs_err[h] if zero else nan)
+            for i, term in enumerate(TERMS):
+                row[f"share_{term}"] = res.share[i, h] if zero else nan
+            for i, term in enumerate(TERMS):
+                row[f"cov_share_{term}"] = res.cov_share[i, h] if zero else nan
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def analyze(model, eval_tokens, centering_tokens=None, *, result=None, batch_size: int = 4,
+            progress: bool = True) -> pd.DataFrame:
+    """``poskernel analyze gk-baseline``: :func:`gk_table` of the evaluation sequences
+    (the centering sequences are not used)."""
+    _check_additive(model.hf_model)  # a clear error before any forward pass
+    return gk_table(gk_baseline(model, eval_tokens, batch_size=batch_size, progress=progress))
+
+
+def plot_term_shares(table: pd.DataFrame, column: str = "share", title: str = "") -> Figure:
+    """Stacked bars per layer-0 head of each term's variance share (``column="share"``)
+    or covariance share with the real scores (``"cov_share"``). The backend is not
+    touched."""
+    t0 = table[table["layer"] == 0].sort_values("head")
+    fig = Figure(figsize=(max(4.0, 0.6 * len(t0) + 2), 4))
+    ax = fig.subplots()
+    x = np.arange(len(t0))
+    pos = np.zeros(len(t0))
+    neg = np.zeros(len(t0))
+    colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"]
+    for term, color in zip(TERMS, colors):
+        v = t0[f"{column}_{term}"].to_numpy(dtype=float)
+        base = np.where(v >= 0, pos, neg)
+        ax.bar(x, v, bottom=base, color=color, label=term.replace("_", "→")
+               if term in ("tok_pos", "pos_tok") else term)
+        pos, neg = np.where(v >= 0, pos + v, pos), np.where(v < 0, neg + v, neg)
+    ax.set_xticks(x, [f"H{h}" for h in t0["head"]])
+    ax.set_xlabel("layer-0 head")
+    ax.set_ylabel("variance share" if column == "share" else "Cov(term, scores) / Var(scores)")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title or "layer-0 score split: semantic / cross / position terms")
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------- sinusoidal GPT-2 models
+def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0
+                     ) -> Float[Tensor, "pos d_model"]:
+    """The Transformer's table: PE[t, 2i] = sin(t·ω_i), PE[t, 2i+1] = cos(t·ω_i),
+    ω_i = base^(−2i/d_model)."""
+    t = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    w = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(t * w), torch.cos(t * w)
+    return pe.float()
+
+
+def planted_frequencies(d_model: int, base: float = 10000.0) -> Float[Tensor, " freq"]:
+    """ω_j = base^(−j/n) of the planted model's n = d_model/8 position frequencies."""
+    n = d_model // 8
+    return base ** (-torch.arange(n, dtype=torch.float64) / n)
+
+
+def planted_head_frequencies(n_heads: int, d_model: int) -> list[list[int]]:
+    """Which planted frequencies (indices into :func:`planted_frequencies`) head h reads."""
+    n, per = d_model // 8, d_model // n_heads // 4
+    return [[(h + i) % n for i in range(per)] for h in range(n_heads)]
+
+
+# (content, position) amplitudes of the planted heads, cycled over heads
+PLANTED_AMPLITUDES = ((0.2, 1.0), (1.0, 0.1), (1.0, 1.0), (1.0, 0.5))
+
+
+def sinusoidal_gpt2(*, vocab_size: int = 300, n_positions: int = 128, d_model: int = 64,
+                    n_layer: int = 2, n_head: int = 4, base: float = 10000.0, seed: int = 0,
+                    planted: bool = False) -> GPT2LMHeadModel:
+    """A tiny random GPT-2 whose ``wpe`` is a sinusoidal table (eager attention).
+
+    ``planted=True`` gives block 0 a known structure: token embeddings live in the first
+    half of the features (zero mean, fixed norm), positions in the second half as
+    [sin ω_j t, cos ω_j t, −sin ω_j t, −cos ω_j t] for the frequencies of
+    :func:`planted_frequencies` (zero mean, the same norm), ln_1 is the identity affine
+    map and q/k have no bias. Head h's first d_head/2 q/k dimensions read the content
+    (random, amplitude c_h), the rest read the sin/cos pairs of the frequencies
+    :func:`planted_head_frequencies` gives it (amplitude a_h, :data:`PLANTED_AMPLITUDES`).
+    Then σ(t)² = 1/2 for every token, the cross terms vanish and the position→position
+    term is exactly scale·2a_h²·Σ_j cos(ω_j Δ), Toeplitz.
+    """
+    if d_model % (8 * n_head) and planted:
+        raise ValueError("planted=True needs d_model divisible by 8·n_head")
+    cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=d_model,
+                     n_layer=n_layer, n_head=n_head)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(cfg).eval()
+    model.config.architectures = ["GPT2LMHeadModel"]
+    model.config.planted_base = base
+    with torch.no_grad():
+        if not planted:
+            model.transformer.wpe.weight.copy_(sinusoidal_table(n_positions, d_model, base))
+            return model
+        half, d = d_model // 2, d_model // n_head
+        w = planted_frequencies(d_model, base)
+        t = torch.arange(n_positions, dtype=torch.float64)[:, None]
+        s, c = torch.sin(t * w), torch.cos(t * w)
+        pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
+        pe[:, half::4], pe[:, half + 1::4], pe[:, half + 2::4], pe[:, half + 3::4] = s, c, -s, -c
+        gen = torch.Generator().manual_seed(seed)
+        e = torch.randn(vocab_size, half, generator=gen, dtype=torch.float64)
+        e = e - e.mean(-1, keepdim=True)
+        e = e / e.norm(dim=-1, keepdim=True) * math.sqrt(half / 2)  # |e|² = |p|² = half/2
+        wte = torch.zeros(vocab_size, d_model, dtype=torch.float64)
+        wte[:, :half] = e
+        model.transformer.wte.weight.copy_(wte.float())
+        model.transformer.wpe.weight.copy_(pe.float())
+        block = model.transformer.h[0]
+        block.ln_1.weight.fill_(1.0)
+        block.ln_1.bias.zero_()
+        W = block.attn.c_attn.weight  # Conv1D [d_model, 3 d_model]
+        W[:, :2 * d_model] = 0.0
+        block.attn.c_attn.bias[:2 * d_model] = 0.0
+        freqs = planted_head_frequencies(n_head, d_model)
+        for h in range(n_head):
+            amp_c, amp_p = PLANTED_AMPLITUDES[h % len(PLANTED_AMPLITUDES)]
+            for off in (0, d_model):  # q columns, then k columns
+                cols = slice(off + h * d, off + h * d + d // 2)
+                W[:half, cols] = amp_c * torch.randn(half, d // 2, generator=gen) / math.sqrt(
+                    half)
+                for i, j in enumerate(freqs[h]):
+                    col = off + h * d + d // 2 + 2 * i
+                    W[half + 4 * j, col] = amp_p  # the sin feature of ω_j
+                    W[half + 4 * j + 1, col + 1] = amp_p  # its cos feature
+    return model
+
+
+def planted_pos_pos_kernel(model: GPT2LMHeadModel, length: int
+                           ) -> Float[np.ndarray, "head_index lag"]:
+    """The planted model's exact layer-0 position→position term by lag Δ = 1..length−1:
+    scale·a_h²/σ²·Σ_j cos(ω_j Δ), σ² = 1/2 + ε (see :func:`sinusoidal_gpt2`)."""
+    cfg = model.config
+    var = 0.5 + model.transformer.h[0].ln_1.eps
+    w = planted_frequencies(cfg.n_embd, getattr(cfg, "planted_base", 10000.0)).numpy()
+    lags = np.arange(1, length)
+    scale = 1.0 / math.sqrt(cfg.n_embd // cfg.n_head)
+    out = []
+    for h, fs in enumerate(planted_head_frequencies(cfg.n_head, cfg.n_embd)):
+        amp = PLANTED_AMPLITUDES[h % len(PLANTED_AMPLITUDES)][1]
+        out.append(scale * amp ** 2 / var * np.cos(np.outer(lags, w[fs])).sum(-1))
+    return np.stack(out)
+
+
+__all__ = ["NAME", "NEEDS_RESULT", "TERMS", "GkBaselineReducer", "GkBaselineResult",
+           "BlockParts", "NoPositionTableError", "analyze", "gk_baseline", "gk_table",
+           "block_parts", "planted_frequencies", "projected_pe_kernel", "planted_head_frequencies",
+           "planted_pos_pos_kernel", "plot_term_shares", "projected_gram", "sinusoidal_gpt2",
+           "sinusoidal_table", "split_layer0_scores"]
