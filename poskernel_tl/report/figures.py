@@ -46,7 +46,11 @@ def model_label(r: ConditionResult) -> str:
 
 
 def condition_label(r: ConditionResult) -> str:
-    return _plain(f"{model_label(r)} · {r.dataset} · T={r.length}")
+    return _plain(f"{model_label(r)} · {_short(r.dataset)} · T={r.length}")
+
+
+def _short(text: str, most: int = 40) -> str:
+    return text if len(text) <= most else text[:most - 1] + "…"
 
 
 def _plain(text: str) -> str:
@@ -98,11 +102,12 @@ def fig1_heatmaps(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
         ax.set_yticks(_ticks(r.n_layers, 20))
         ax.set_xlabel("head index" + (f"  (kv groups of {g})" if g > 1 else ""))
         ax.set_ylabel("layer")
-        ax.set_title(f"{condition_label(r)}\nTrack A pooled R², {len(r.seq_id)} sequences",
-                     fontsize=9)
+        ax.set_title(_plain(f"{model_label(r)}\n{_short(r.dataset)} · T={r.length} · "
+                            f"{len(r.seq_id)} sequences"), fontsize=9)
     for ax in axes[len(results):]:
         ax.set_visible(False)
-    fig.colorbar(im, ax=list(axes[:len(results)]), label="Track A pooled R²", shrink=0.9)
+    fig.colorbar(im, ax=list(axes[:len(results)]), label="Track A pooled R² (0–1, all panels)",
+                 shrink=0.9)
     return fig
 
 
@@ -381,7 +386,10 @@ def save_figure(fig: Figure, stem: str | Path, dpi: int = 110) -> tuple[Path, Pa
     stem.parent.mkdir(parents=True, exist_ok=True)
     png, pdf = stem.parent / f"{stem.name}.png", stem.parent / f"{stem.name}.pdf"
     fig.savefig(png, dpi=dpi, facecolor="white")
+    engine = fig.get_layout_engine()
+    fig.set_layout_engine("none")  # keep the positions just computed: lay out once
     fig.savefig(pdf, facecolor="white")
+    fig.set_layout_engine(engine)
     return png, pdf
 
 

@@ -220,13 +220,15 @@ def table1_display(t1: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.
 
 
 def markdown_table(df: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
-    """A pipe table (GitHub Markdown); '|' in cells escaped, newlines flattened."""
+    """A pipe table (GitHub Markdown); '|' escaped, '<' and '>' written as entities (no
+    markup from a dataset name is ever rendered), newlines flattened."""
     def cell(v) -> str:
         if isinstance(v, float | np.floating):
             text = "–" if not np.isfinite(v) else floatfmt.format(v)
         else:
             text = "–" if v is None or v is pd.NA else str(v)
-        return text.replace("|", "\\|").replace("\n", " ")
+        return (text.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
+                .replace(">", "&gt;"))
 
     head = "| " + " | ".join(cell(c) for c in df.columns) + " |"
     sep = "|" + "|".join("---" for _ in df.columns) + "|"

@@ -45,7 +45,38 @@ CRITERIA = [  # (id, criterion, track, threshold) as the seed's Pre-Registration
     ("seq_std", "Per-sequence R² std, early-layer RoPE heads", "A",
      "< 0.15 content-stable; > 0.15 content-dependent"),
 ]
-COLUMNS = ["criterion", "track", "threshold", "verdict", "value", "numbers", "reason"]
+COLUMNS = ["criterion", "track", "threshold", "verdict", "value", "reading", "numbers",
+           "reason"]
+READINGS = {  # what each verdict means for each criterion
+    "early_r2": {MET: "strong support (> 0.80)", PARTIAL: "partial / exploratory (0.40–0.80)",
+                 FAILED: "falsified (< 0.40)"},
+    "falsification": {MET: "not falsified: Track A early R² ≥ 0.40",
+                      PARTIAL: "mixed: one of Track A / centered Track B is below 0.40",
+                      FAILED: "falsified: below 0.40 even after centering"},
+    "agreement": {MET: "tracks agree within 0.10 in every centered condition: no sign that "
+                       "centering creates stationarity",
+                  PARTIAL: "tracks agree within 0.10 in some conditions only",
+                  FAILED: "tracks differ by ≥ 0.10 in every centered condition"},
+    "depth_decay": {MET: "R² falls with depth in every RoPE condition",
+                    PARTIAL: "R² falls with depth on average, not in every condition",
+                    FAILED: "R² does not fall with depth on average"},
+    "gate": {MET: "gate met in every RoPE condition: spectral analysis runs",
+             PARTIAL: "gate met in some RoPE conditions only (the grid-wide mean decides)",
+             FAILED: "gate not met: spectral analysis deferred"},
+    "spectral": {MET: "most analysed heads have ≥ 50% of their top-5 peaks at a θᵢ",
+                 PARTIAL: "some analysed heads meet the 50% criterion, most do not",
+                 FAILED: "no analysed head meets the 50% criterion"},
+    "nope": {MET: "NoPE early-layer R² stays below 0.40: the structure is PE-specific",
+             PARTIAL: "some NoPE conditions reach 0.40: possible leakage via the causal mask",
+             FAILED: "NoPE early-layer R² ≥ 0.40: implicit position leakage via the causal "
+                     "mask, a finding that takes priority"},
+    "random_vs_text": {MET: "random tokens within 0.10 of natural text: architectural origin",
+                       PARTIAL: "random tokens within 0.10 of natural text for some pairs only",
+                       FAILED: "random tokens and natural text differ by ≥ 0.10: reported as "
+                               "a finding"},
+    "seq_std": {MET: "content-stable (std < 0.15)", PARTIAL: "content-stable in some "
+                "conditions only", FAILED: "content-dependent (std ≥ 0.15)"},
+}
 
 
 def _name(row: Mapping) -> str:
@@ -229,7 +260,8 @@ def evaluate(summary: pd.DataFrame) -> pd.DataFrame:
             verdict, value, nums, reason = RULES[cid](summary)
         out.append({"id": cid, "criterion": criterion, "track": track,
                     "threshold": threshold, "verdict": verdict, "value": value,
-                    "numbers": nums, "reason": reason})
+                    "reading": READINGS[cid].get(verdict, reason), "numbers": nums,
+                    "reason": reason})
     return pd.DataFrame(out, columns=["id", *COLUMNS])
 
 
@@ -244,5 +276,5 @@ def write_verdicts(df: pd.DataFrame, stem) -> tuple:
     return write_table(df, stem, title="Pre-registration verdicts")
 
 
-__all__ = ["CRITERIA", "FAILED", "MET", "NA", "PARTIAL", "evaluate", "verdicts",
+__all__ = ["CRITERIA", "FAILED", "MET", "NA", "PARTIAL", "READINGS", "evaluate", "verdicts",
            "write_verdicts"]
