@@ -318,3 +318,19 @@ def plot_qig_null(table: pd.DataFrame, title: str = "") -> Figure:
     ax.set_title(title or "QIG Fisher–Rao logits vs the joint position-permutation null")
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------- poskernel analyze qig-control
+NAME = "qig-control"
+NEEDS_RESULT = False
+MAX_SEQS = 8  # the QIG logits cost O(T²·d_model) per sequence and layer
+
+
+def analyze(model, eval_tokens: Int[Tensor, "batch pos"], centering_tokens=None, *,
+            result=None, batch_size: int = 4, progress: bool = True) -> pd.DataFrame:
+    """QIG logits of each layer's residual stream (first ``MAX_SEQS`` evaluation
+    sequences) through the Toeplitz R², against the joint position-permutation null."""
+    tokens = eval_tokens[:MAX_SEQS].to(model.device)
+    streams = residual_streams(model, tokens)
+    table = qig_table(streams, model=model.spec.name)
+    return table.drop(columns=[c for c in ("model", "dataset") if c in table.columns])

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from matplotlib.figure import Figure
 from torch import Tensor
 
@@ -356,3 +356,23 @@ def plot_separable(table: pd.DataFrame, title: str = "") -> Figure:
     ax.set_title(title or "shift-invariance vs the causal mask's row + column structure")
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------- poskernel analyze separable
+NAME = "separable"
+NEEDS_RESULT = False
+
+
+def analyze(model, eval_tokens: Int[Tensor, "batch pos"], centering_tokens=None, *,
+            result=None, batch_size: int = 4, progress: bool = True) -> pd.DataFrame:
+    """The three fits for every head, pooled over ``eval_tokens`` (one forward pass)."""
+    from poskernel_tl.measure import choose_scores_path, forward_pass
+
+    spec, T = model.spec, eval_tokens.shape[1]
+    (red,) = forward_pass(
+        model, eval_tokens,
+        lambda: [SeparableReducer(len(eval_tokens), spec.n_layers, spec.n_heads, T,
+                                  model.device)],
+        batch_size, "separable fits", progress, choose_scores_path(model, "auto"))
+    table = separable_table(red.result(), spec.name, "", T)
+    return table.drop(columns=["model", "dataset", "length"])

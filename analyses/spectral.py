@@ -48,8 +48,6 @@ R² > 0.40 are analysed when the gate is met or none applies; ``force`` analyses
 rows no met gate licenses are labelled ``ungated``.
 """
 
-import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +69,6 @@ from poskernel_tl.analyses.spectral_null import (
     rotation_null,
 )
 from poskernel_tl.io import save_csv
-from poskernel_tl.registry import ModelSpec
 
 N_PEAKS = 5
 DETREND_DEGREE = 2
@@ -391,80 +388,58 @@ def spectral_table(
 
 
 # ---------------------------------------------------------------- file layer (one condition)
-def pooled_r2(track_a: pd.DataFrame, n_layers: int, n_heads: int) -> np.ndarray:
-    """Track A pooled R² as [layer, head] (NaN where a head has no rows)."""
-    r2 = np.full((n_layers, n_heads), np.nan)
-    for (layer, head), value in track_a.groupby(["layer", "head"])["R2_pooled"].first().items():
-        if 0 <= layer < n_layers and 0 <= head < n_heads:
-            r2[int(layer), int(head)] = value
-    return r2
+def condition_inputs(result) -> dict:
+    """What the spectral stage reads from a :class:`~poskernel_tl.result.ConditionResult`:
+    Track B's g (centered, or raw where uncentered) and its name, the GPT-2 g sources,
+    pooled R², S_PE and the frequency usage |q|·|k| per rotary pair in θ order."""
+    g, source = result.g_trackB
+    sources = {"trackA_pooled": result.g_pooled, "gram_raw": result.g_gram_raw,
+               "gram_centered": result.g_gram}
+    usage = None
+    if result.q_pair_norm is not None:
+        q, k = result.q_pair_norm, result.k_pair_norm
+        usage = q * np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        pair_theta = result.thetas  # pairs are stored in the order of the model's θ
+        if pair_theta is None or len(pair_theta) != usage.shape[-1]:
+            usage = None
+    return {"spec": result.spec, "g": np.asarray(g, np.float64), "source": source,
+            "g_sources": sources, "r2": result.r2_pooled, "s_pe": result.s_pe,
+            "usage": usage}
 
 
-def spec_from_cfg(cfg: dict) -> ModelSpec:
-    """Rebuild the run's ModelSpec from ``cfg.json`` (``inv_freq`` list → tuple)."""
-    d = dict(cfg["spec"])
-    if d.get("inv_freq") is not None:
-        d["inv_freq"] = tuple(float(x) for x in d["inv_freq"])
-    names = {f.name for f in dataclasses.fields(ModelSpec)}
-    return ModelSpec(**{k: v for k, v in d.items() if k in names})
+def grid_gate(results) -> bool | None:
+    """The seed's gate over a grid: mean pooled Track A R² of the early-layer heads of
+    all rotary models present > 0.60 (None without rotary models). GPT-2 and NoPE
+    conditions follow this gate."""
+    early = [r.r2_pooled[: len(EARLY_LAYERS)].ravel() for r in results if r.spec.pe == "rope"]
+    if not early:
+        return None
+    return bool(np.nanmean(np.concatenate(early)) > GATE_THRESHOLD)
 
 
-def load_condition(out_dir: Path, model: str, dataset: str, length: int) -> dict:
-    """cfg, spec, g [layer, head, lag] with its source, the g sources, pooled R², S_PE and the
-    frequency usage [layer, head, pair] (each None where the run has none)."""
-    def path(suffix: str) -> Path:
-        return C.result_path(out_dir, model, dataset, length, suffix)
-
-    cfg = json.loads(path(C.CFG).read_text())
-    spec = spec_from_cfg(cfg)
-    with np.load(path(C.G_ARRAYS)) as z:
-        sources = {k: z[k].astype(np.float64) for k in ("trackA_pooled", "gram_raw",
-                                                        "gram_centered") if k in z}
-    g, source = sources["gram_centered"], "gram_centered"
-    if not cfg.get("centered", True) or np.isnan(g).all():
-        g, source = sources["gram_raw"], "gram_raw"
-    s_pe = usage = None
-    if spec.pe == "learned-absolute" and path(C.PE_KERNEL).exists():
-        with np.load(path(C.PE_KERNEL)) as z:
-            s_pe = z["s_pe"].astype(np.float64)
-    if spec.pe == "rope" and path(C.FREQ_USAGE).exists():
-        with np.load(path(C.FREQ_USAGE)) as z:
-            q, k = z["q_pair_norm"].astype(np.float64), z["k_pair_norm"].astype(np.float64)
-            usage = q * np.repeat(k, q.shape[1] // k.shape[1], axis=1)
-            if "theta" in z and len(z["theta"]) == usage.shape[-1]:  # into the spec's θ order
-                mine = spec.rotary_frequencies()
-                usage = usage[..., np.argsort(z["theta"])[np.argsort(np.argsort(mine))]]
-    r2 = pooled_r2(pd.read_csv(path(C.TRACK_A_CSV)), g.shape[0], g.shape[1])
-    return {"cfg": cfg, "spec": spec, "g": g, "source": source, "g_sources": sources,
-            "r2": r2, "s_pe": s_pe, "usage": usage}
-
-
-def run_spectral(out_dir: Path, model: str, dataset: str, length: int, *, force: bool = False,
+def run_spectral(result, out: Path | None = None, *, force: bool = False,
                  demean: bool = False, raw_spectrum: bool = False, gate_met: bool | None = None,
-                 n_null: int = N_NULL, seed: int = 0) -> dict:
-    """Spectral analysis of one finished condition: writes ``spectral.csv`` (one row per head)
-    and ``spectral_peaks.csv`` (one row per peak); returns a summary. ``gate_met`` overrides
-    this condition's own gate (mean early-layer pooled R² > 0.60, rotary models only; the
-    seed's gate is over a grid's rotary models, which the grid passes in). ``demean`` only
-    matters with ``raw_spectrum`` (the default processing removes the mean anyway)."""
-    cond = load_condition(out_dir, model, dataset, length)
-    spec, g, r2 = cond["spec"], cond["g"], cond["r2"]
-    if g.shape[-1] != length - 1:
-        raise ValueError(f"g.npz has {g.shape[-1]} lags; expected {length - 1} for T={length}")
+                 n_null: int = N_NULL, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Spectral analysis of one condition (a ConditionResult). Returns the per-head table,
+    the per-peak table and a summary; with ``out`` also writes ``spectral.csv`` and
+    ``spectral_peaks.csv`` there. ``gate_met``: the grid's gate (:func:`grid_gate`);
+    default: this condition's own gate (rotary models only). ``demean`` only matters with
+    ``raw_spectrum`` (the default processing removes the mean anyway)."""
+    cond = condition_inputs(result)
+    spec, g, r2, length = cond["spec"], cond["g"], cond["r2"], result.length
+    model, dataset = result.model, result.dataset
     gate = gate_value(r2)
     if gate_met is None and spec.pe == "rope":
         gate_met = bool(gate > GATE_THRESHOLD)
-    usage = cond["usage"]
-    if usage is not None and usage.shape[:2] != g.shape[:2]:
-        usage = None
     table, peaks = spectral_table(
-        g, r2, spec.rotary_frequencies(), length, usage=usage, gate_met=gate_met, force=force,
-        raw_spectrum=raw_spectrum, demean=demean, s_pe=cond["s_pe"],
+        g, r2, spec.rotary_frequencies(), length, usage=cond["usage"], gate_met=gate_met,
+        force=force, raw_spectrum=raw_spectrum, demean=demean, s_pe=cond["s_pe"],
         g_sources=cond["g_sources"] if cond["s_pe"] is not None else None, model=model,
         dataset=dataset, pe=spec.pe, source=cond["source"], n_null=n_null, seed=seed)
     table.insert(table.columns.get_loc("gate_met"), "gate_value", gate)
-    save_csv(table, C.result_path(out_dir, model, dataset, length, C.SPECTRAL_CSV))
-    save_csv(peaks, C.result_path(out_dir, model, dataset, length, C.SPECTRAL_PEAKS_CSV))
+    if out is not None:
+        save_csv(table, C.result_path(out, model, dataset, length, C.SPECTRAL_CSV))
+        save_csv(peaks, C.result_path(out, model, dataset, length, C.SPECTRAL_PEAKS_CSV))
     done = table[table["analysed"]]
     early = done[done["layer"].isin(EARLY_LAYERS)]
 
@@ -472,29 +447,32 @@ def run_spectral(out_dir: Path, model: str, dataset: str, length: int, *, force:
         col = pd.to_numeric(col, errors="coerce").dropna()
         return float(col.mean()) if len(col) else float("nan")
 
-    return {"model": model, "dataset": dataset, "length": length, "pe": spec.pe,
-            "gate_value": gate, "gate_met": gate_met, "forced": force,
-            "raw_spectrum": raw_spectrum, "n_analysed": len(done),
-            "frac_aligned": mean(done["aligned"].astype(float)),
-            "frac_aligned_early": mean(early["aligned"].astype(float)),
-            "mean_frac_matched": mean(done["frac_matched"]),
-            "mean_frac_matched_early": mean(early["frac_matched"]),
-            "mean_chance": mean(done["chance"]), "mean_ref_peak_r": mean(done["ref_peak_r"])}
+    summary = {"model": model, "dataset": dataset, "length": length, "pe": spec.pe,
+               "gate_value": gate, "gate_met": gate_met, "forced": force,
+               "raw_spectrum": raw_spectrum, "n_analysed": len(done),
+               "frac_aligned": mean(done["aligned"].astype(float)),
+               "frac_aligned_early": mean(early["aligned"].astype(float)),
+               "mean_frac_matched": mean(done["frac_matched"]),
+               "mean_frac_matched_early": mean(early["frac_matched"]),
+               "mean_chance": mean(done["chance"]), "mean_ref_peak_r": mean(done["ref_peak_r"])}
+    return table, peaks, summary
 
 
-def plot_head_spectrum(out_dir: Path, model: str, dataset: str, length: int, layer: int,
-                       head: int, raw_spectrum: bool = False):
+def plot_head_spectrum(result, layer: int, head: int, raw_spectrum: bool = False):
     """|ĝ|² of one head (as analysed) over the reference power spectrum (usage-weighted rotary
-    kernel or GPT-2's S_PE, each scaled to maximum 1), top peaks (filled: significant) and θ_i."""
-    import matplotlib.pyplot as plt
+    kernel or GPT-2's S_PE, each scaled to maximum 1), top peaks (filled: significant) and θ_i.
+    Returns the matplotlib Figure."""
+    from matplotlib.figure import Figure
 
-    cond = load_condition(out_dir, model, dataset, length)
+    cond = condition_inputs(result)
+    model, dataset, length = result.model, result.dataset, result.length
     thetas = cond["spec"].rotary_frequencies()
     usage = None if cond["usage"] is None else cond["usage"][layer, head]
     res = spectral_alignment(cond["g"][layer, head], thetas, length=length, usage=usage,
                              raw_spectrum=raw_spectrum, n_null=200)
     omega, power = res["omega"], res["spectrum"] ** 2 / max(res["spectrum"].max() ** 2, 1e-300)
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.subplots()
     ax.plot(omega, power, lw=1, label=f"|ĝ|² ({cond['source']})")
     ref, label = None, "S_PE"
     if thetas is not None:

@@ -8,6 +8,14 @@ from poskernel_tl.registry import REGISTRY, ModelSpec, resolve  # noqa: E402
 from poskernel_tl.result import ConditionResult  # noqa: E402
 from poskernel_tl.toeplitz import shift_invariance_r2  # noqa: E402
 
+
+def spectral_alignment(g, thetas, *, length=None, **kw) -> dict:
+    """Spectral alignment of one head's g(Δ) with rotary frequencies θ_i; see
+    :func:`poskernel_tl.analyses.spectral.spectral_alignment`."""
+    from poskernel_tl.analyses.spectral import spectral_alignment as run
+
+    return run(g, thetas, length=length, **kw)
+
 __all__ = [
     "REGISTRY",
     "ConditionResult",
@@ -17,4 +25,5 @@ __all__ = [
     "measure",
     "resolve",
     "shift_invariance_r2",
+    "spectral_alignment",
 ]

@@ -70,9 +70,10 @@ def run_analysis(name: str, cfg: RunConfig, model: LoadedModel | None = None
     result = condition_result(cfg, model) if getattr(module, "NEEDS_RESULT", False) else None
     table = module.analyze(model, ids[ev], ids[cen] if cen.any() else None, result=result,
                            batch_size=cfg.batch_size, progress=cfg.progress)
-    table.insert(0, "length", cfg.length)
-    table.insert(0, "dataset", cfg.dataset)
-    table.insert(0, "model", cfg.model)
+    for col, value in (("length", cfg.length), ("dataset", cfg.dataset), ("model", cfg.model)):
+        if col in table.columns:
+            table = table.drop(columns=col)
+        table.insert(0, col, value)
     path = save_csv(table, C.result_path(cfg.out, cfg.model, cfg.dataset, cfg.length,
                                          f"{name}.csv"))
     return table, path

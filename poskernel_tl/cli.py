@@ -57,13 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spectral", action="store_true",
                    help="also run the spectral analysis on the result")
 
-    p = sub.add_parser("spectral", help="spectral analysis of g(Δ) for a finished run")
-    p.add_argument("out", help="the run's output folder")
-    p.add_argument("--model", default=EMBEDDED_DEFAULT)
-    p.add_argument("--dataset", default="prose")
-    p.add_argument("--length", type=int, default=256)
-    p.add_argument("--force", action="store_true", help="analyse all heads, ignoring the gate")
-    p.add_argument("--demean", action="store_true", help="remove g's mean before the FFT")
+    p = sub.add_parser("spectral", help="spectral analysis of g(Δ) for finished conditions")
+    p.add_argument("out", help="the output folder of a run or grid")
+    p.add_argument("--model", help="only this model's conditions")
+    p.add_argument("--dataset", help="only this dataset's conditions")
+    p.add_argument("--length", type=int, help="only this length's conditions")
+    p.add_argument("--force", action="store_true",
+                   help="analyse all heads, ignoring the gate (labelled ungated)")
+    p.add_argument("--raw-spectrum", action="store_true",
+                   help="use the seed's literal spectrum (mean kept, no taper, peaks ≥ 2π/T "
+                        "apart on the grid) instead of the detrended, tapered one; for "
+                        "comparison only")
+    p.add_argument("--demean", action="store_true",
+                   help="with --raw-spectrum: remove g's mean before the FFT")
 
     p = sub.add_parser("analyze", help="one analysis of analyses/ on one condition")
     p.add_argument("name", help="gk-baseline, fourier-kernel, seq-pca, qig-control, "
@@ -149,7 +155,7 @@ def cmd_run(args) -> int:
     print(result.layer_summary().round(3).to_string())
     print(f"\nresults in {os.path.join(args.out, C.RESULTS_DIR)} ({prov['seconds']} s)")
     if args.spectral:
-        _spectral(args.out, args.model, args.dataset, args.length, force=False, demean=False)
+        _spectral(args.out, args.model, args.dataset, args.length)
     return 0
 
 
@@ -161,21 +167,37 @@ def _quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _spectral(out, model, dataset, length, force, demean) -> None:
+def _spectral(out, model=None, dataset=None, length=None, force=False, raw_spectrum=False,
+              demean=False) -> None:
+    """Spectral analysis of the chosen conditions under ``out``, gated over every rotary
+    condition in the folder (the seed's gate is over the grid, not per condition)."""
     from poskernel_tl.analyses.freq_usage import write_freq_usage
-    from poskernel_tl.analyses.spectral import run_spectral
+    from poskernel_tl.analyses.spectral import grid_gate, run_spectral
     from poskernel_tl.result import ConditionResult
 
-    result = ConditionResult.load(out, model, dataset, length)  # validates every file
-    summary = run_spectral(out, model, dataset, length, force=force, demean=demean)
-    print("spectral:", ", ".join(f"{k}={v}" for k, v in summary.items()))
-    usage = write_freq_usage(result, out)
-    if usage is not None:
-        print(f"frequency usage per head and rotary pair: {usage}")
+    everything = [ConditionResult.load(out, *c) for c in ConditionResult.conditions(out)]
+    if not everything:
+        raise FileNotFoundError(f"no complete condition under {out}")
+    chosen = [r for r in everything if (model is None or r.model == model)
+              and (dataset is None or r.dataset == dataset)
+              and (length is None or r.length == length)]
+    if not chosen:
+        raise ValueError(f"no condition under {out} matches model={model} dataset={dataset} "
+                         f"length={length}")
+    gate = grid_gate(everything)
+    for result in chosen:  # all inputs were read and checked before anything is written
+        _, _, summary = run_spectral(result, out, force=force, raw_spectrum=raw_spectrum,
+                                     demean=demean, gate_met=gate)
+        print("spectral:", ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                                     for k, v in summary.items()))
+        usage = write_freq_usage(result, out)
+        if usage is not None:
+            print(f"frequency usage per head and rotary pair: {usage}")
 
 
 def cmd_spectral(args) -> int:
-    _spectral(args.out, args.model, args.dataset, args.length, args.force, args.demean)
+    _spectral(args.out, args.model, args.dataset, args.length, args.force, args.raw_spectrum,
+              args.demean)
     return 0
 
 

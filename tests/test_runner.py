@@ -113,11 +113,11 @@ def test_spectral_and_frequency_usage_after_a_run(tiny_tokenizer, corpus, tmp_pa
     model = tiny_loaded("llama", tiny_tokenizer)
     dataset = f"text:{corpus}"
     _run(model, tmp_path, dataset)
-    summary = run_spectral(tmp_path, "tiny-llama", dataset, 32, force=True)
+    result = pk.ConditionResult.load(tmp_path)
+    _, _, summary = run_spectral(result, tmp_path, force=True, n_null=100)
     assert summary["forced"] and summary["n_analysed"] == 2 * 4
     spec_csv = pd.read_csv(C.result_path(tmp_path, "tiny-llama", dataset, 32, C.SPECTRAL_CSV))
     assert len(spec_csv) == 8 and spec_csv["forced"].all()
-    result = pk.ConditionResult.load(tmp_path)
     table = freq_usage_table(result)
     assert len(table) == 2 * 4 * 8  # layers x heads x d_head/2 pairs
     first = table[(table.layer == 0) & (table["head"] == 0)]
@@ -139,9 +139,9 @@ def test_gpt2_run_writes_positional_kernel_for_spectral(tiny_tokenizer, tmp_path
 
     pristine = head_projected_pe_kernel(tiny_hf_model("gpt2"), 32)  # same seed, not booted
     assert np.abs(s_pe - pristine).max() < 1e-6
-    run_spectral(tmp_path, "tiny-gpt2", "random", 32, force=True)
+    run_spectral(pk.ConditionResult.load(tmp_path), tmp_path, force=True, n_null=100)
     df = pd.read_csv(C.result_path(tmp_path, "tiny-gpt2", "random", 32, C.SPECTRAL_CSV))
-    assert df["pearson"].notna().all() and (df["pe"] == "learned-absolute").all()
+    assert df["r_pe_gram_raw"].notna().all() and (df["pe"] == "learned-absolute").all()
     assert not C.result_path(tmp_path, "tiny-gpt2", "random", 32, C.FREQ_USAGE).exists()
 
 

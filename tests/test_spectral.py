@@ -5,24 +5,19 @@ The four ``test_issue_*`` tests are the reproductions of the issue "Spectral ana
 flat kernel cannot pass": each shows the seed's literal procedure (``raw_spectrum=True`` or
 the seed's score) failing and the default passing."""
 
-import json
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from synthetic import make_result
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from poskernel_tl.analyses import spectral as S
 from poskernel_tl.analyses import spectral_null as N
 from poskernel_tl.constants import (
-    CFG,
-    FREQ_USAGE,
-    G_ARRAYS,
-    PE_KERNEL,
     SPECTRAL_CSV,
     SPECTRAL_PEAKS_CSV,
-    TRACK_A_CSV,
     result_path,
 )
 from poskernel_tl.registry import ModelSpec
@@ -307,34 +302,26 @@ def rope_spec(n_layers: int = 2, n_heads: int = 2) -> ModelSpec:
                      1e5, 2048)
 
 
-def write_condition(out, spec: ModelSpec, g: np.ndarray, r2: np.ndarray, length: int,
-                    dataset: str = "wikipedia", centered: bool = True,
-                    s_pe: np.ndarray | None = None, usage: np.ndarray | None = None) -> None:
-    def path(suffix):
-        return result_path(out, spec.name, dataset, length, suffix)
-
-    path(CFG).parent.mkdir(parents=True, exist_ok=True)
-    path(CFG).write_text(json.dumps({"model": spec.name, "dataset": dataset,
-                                     "length": length, "centered": centered,
-                                     "spec": spec.to_dict()}))
-    g = g.astype(np.float32)
-    np.savez(path(G_ARRAYS), lags=np.arange(1, length), gram_raw=g, trackA_pooled=g,
-             gram_centered=g if centered else np.full_like(g, np.nan))
-    rows = [{"model": spec.name, "dataset": dataset, "length": length, "layer": layer,
-             "head": head, "seq_id": s, "R2_per_seq": r2[layer, head],
-             "R2_pooled": r2[layer, head]}
-            for layer in range(r2.shape[0]) for head in range(r2.shape[1]) for s in range(2)]
-    pd.DataFrame(rows).to_csv(path(TRACK_A_CSV), index=False)
-    if s_pe is not None:
-        np.savez(path(PE_KERNEL), s_pe=s_pe.astype(np.float32))
-    if usage is not None:  # pairs stored in reverse θ order: the reader must reorder them
-        np.savez(path(FREQ_USAGE), theta=spec.rotary_frequencies()[::-1],
-                 q_pair_norm=usage[..., ::-1], k_pair_norm=np.ones_like(usage))
+def run(spec, g, r2, length, out, dataset="wikipedia", centered=True, s_pe=None,
+        usage=None, **kw):
+    """run_spectral on a synthetic ConditionResult; returns (summary, table, peaks) as
+    read back from the CSVs it writes."""
+    result = make_result(spec, length, g=g, r2=r2, dataset=dataset, centered=centered,
+                         s_pe=s_pe, usage=usage)
+    _, _, summary = S.run_spectral(result, out, **kw)
+    table = pd.read_csv(result_path(out, spec.name, dataset, length, SPECTRAL_CSV))
+    peaks = pd.read_csv(result_path(out, spec.name, dataset, length, SPECTRAL_PEAKS_CSV))
+    return summary, table, peaks
 
 
-def read_outputs(out, spec: ModelSpec, length: int, dataset: str = "wikipedia"):
-    return (pd.read_csv(result_path(out, spec.name, dataset, length, SPECTRAL_CSV)),
-            pd.read_csv(result_path(out, spec.name, dataset, length, SPECTRAL_PEAKS_CSV)))
+def test_grid_gate_over_rotary_models_only():
+    rope = make_result(rope_spec(), T, r2=np.full((2, 2), 0.7))
+    low = make_result(rope_spec(), T, r2=np.full((2, 2), 0.4))
+    gpt2 = make_result(ModelSpec("syn-gpt2", None, "learned-absolute", "layernorm", 2, 2, 2,
+                                 16, None, 1024), T, r2=np.full((2, 2), 0.0))
+    assert S.grid_gate([rope, gpt2]) is True  # GPT-2 does not enter the gate
+    assert S.grid_gate([rope, low]) is False  # mean 0.55 over both rotary conditions
+    assert S.grid_gate([gpt2]) is None
 
 
 def test_run_spectral_rotary(tmp_path):
@@ -343,9 +330,7 @@ def test_run_spectral_rotary(tmp_path):
     g = np.array([[gu[0] for gu in row] for row in heads])
     usage = np.array([[gu[1] for gu in row] for row in heads])
     r2 = np.array([[0.9, 0.8], [0.7, 0.3]])  # gate = 0.675 > 0.6; head (1, 1) below 0.40
-    write_condition(tmp_path, spec, g, r2, T, usage=usage)
-    summary = S.run_spectral(tmp_path, spec.name, "wikipedia", T, n_null=200)
-    table, peaks = read_outputs(tmp_path, spec, T)
+    summary, table, peaks = run(spec, g, r2, T, tmp_path, usage=usage, n_null=200)
     assert summary["gate_met"] and summary["gate_value"] == pytest.approx(0.675)
     assert table["analysed"].tolist() == [True, True, True, False]
     done = table[table["analysed"]]
@@ -359,11 +344,9 @@ def test_run_spectral_rotary(tmp_path):
     equal, _ = S.spectral_table(g, r2, SMOL, T, gate_met=True, n_null=50)
     assert (done["ref_peak_r"].to_numpy() > equal["ref_peak_r"][:3].to_numpy()).all()
 
-    write_condition(tmp_path, spec, g, r2 * 0.5, T)
-    assert S.run_spectral(tmp_path, spec.name, "wikipedia", T, n_null=50)["n_analysed"] == 0
-    S.run_spectral(tmp_path, spec.name, "wikipedia", T, force=True, raw_spectrum=True,
-                   n_null=50)
-    table, _ = read_outputs(tmp_path, spec, T)
+    assert run(spec, g, r2 * 0.5, T, tmp_path, n_null=50)[0]["n_analysed"] == 0
+    _, table, _ = run(spec, g, r2 * 0.5, T, tmp_path, force=True, raw_spectrum=True,
+                      n_null=50)
     assert table["analysed"].all() and table["forced"].all() and table["raw_spectrum"].all()
     assert (table["status"] == "ungated").all() and not table["gate_met"].any()
 
@@ -371,9 +354,8 @@ def test_run_spectral_rotary(tmp_path):
 def test_run_spectral_random_tokens_read_the_raw_gram(tmp_path):
     spec = rope_spec()
     g = np.stack([[rope_head(SMOL, T, h)[0] for h in range(2)]] * 2)
-    write_condition(tmp_path, spec, g, np.full((2, 2), 0.9), T, "random", centered=False)
-    S.run_spectral(tmp_path, spec.name, "random", T, n_null=50)
-    table, _ = read_outputs(tmp_path, spec, T, "random")
+    _, table, _ = run(spec, g, np.full((2, 2), 0.9), T, tmp_path, "random", centered=False,
+                      n_null=50)
     assert (table["source"] == "gram_raw").all() and table["analysed"].all()
 
 
@@ -382,9 +364,8 @@ def test_run_spectral_gpt2_and_nope(tmp_path):
     gpt2 = ModelSpec("syn-gpt2", None, "learned-absolute", "layernorm", 1, 2, 2, 16, None, 1024)
     s_pe = np.stack([np.cos(0.4 * LAGS), r.standard_normal(T - 1)])[None]
     g = s_pe + 0.05 * r.standard_normal(s_pe.shape)
-    write_condition(tmp_path, gpt2, g, np.array([[0.5, 0.1]]), T, s_pe=s_pe)
-    summary = S.run_spectral(tmp_path, gpt2.name, "wikipedia", T, n_null=50)
-    table, peaks = read_outputs(tmp_path, gpt2, T)
+    summary, table, peaks = run(gpt2, g, np.array([[0.5, 0.1]]), T, tmp_path, s_pe=s_pe,
+                                n_null=50)
     assert summary["gate_met"] is None and table["gate_met"].isna().all()
     assert table["status"].tolist() == ["ungated", "skipped: R2 <= 0.40"]
     for col in ("r_pe_trackA_pooled", "r_pe_gram_raw", "r_pe_gram_centered"):
@@ -392,15 +373,13 @@ def test_run_spectral_gpt2_and_nope(tmp_path):
     assert table["n_matched"].isna().all() and not peaks["matched"].any()
 
     nope = ModelSpec("syn-nope", None, "none", "rmsnorm", 1, 2, 2, 16, None, 2048)
-    write_condition(tmp_path, nope, g, np.array([[0.1, 0.1]]), T)
-    S.run_spectral(tmp_path, nope.name, "wikipedia", T, force=True, n_null=50)
-    table, _ = read_outputs(tmp_path, nope, T)
+    _, table, _ = run(nope, g, np.array([[0.1, 0.1]]), T, tmp_path, force=True, n_null=50)
     assert table["analysed"].all() and table["ref_peak_r"].isna().all()
     assert table["n_above_3x_median"].between(0, 5).all()
 
 
 def test_plot_head_spectrum(tmp_path):
     spec = rope_spec(1, 1)
-    write_condition(tmp_path, spec, rope_head(SMOL, T, 0)[0][None, None], np.array([[0.9]]), T)
-    fig = S.plot_head_spectrum(tmp_path, spec.name, "wikipedia", T, 0, 0)
+    result = make_result(spec, T, g=rope_head(SMOL, T, 0)[0][None, None], r2=np.array([[0.9]]))
+    fig = S.plot_head_spectrum(result, 0, 0)
     assert "aligned=True" in fig.axes[0].get_title()

@@ -1,0 +1,161 @@
+"""pk.measure as a value: save/load round trip and validation, both Track A paths,
+from_bridge, strings as input, and the CLI's refusals before any model is loaded."""
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from tiny_models import tiny_hf_model, tiny_loaded
+
+import poskernel_tl as pk
+from poskernel_tl import constants as C
+from poskernel_tl.cli import main
+from poskernel_tl.loading import boot_bridge
+from poskernel_tl.result import ResultFileError
+
+T, N = 24, 6
+
+
+def _tokens(seed=0, n=N):
+    return torch.randint(3, 290, (n, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_tokenizer):
+    return tiny_loaded("llama", tiny_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def measured(llama):
+    return pk.measure(llama, _tokens(0), _tokens(1), batch_size=4, progress=False,
+                      logits_for=[0, 2], whiten=True)
+
+
+def _equal(a, b):
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return a == b
+
+
+def test_save_load_round_trip_is_exact(measured, tmp_path):
+    measured.save(tmp_path)
+    back = pk.ConditionResult.load(tmp_path)
+    for f in dataclasses.fields(measured):
+        if f.name in ("config", "provenance"):
+            continue
+        assert _equal(getattr(measured, f.name), getattr(back, f.name)), f.name
+    a, b = measured.to_frames()
+    pd.testing.assert_frame_equal(a, back.to_frames()[0])
+    pd.testing.assert_frame_equal(b, back.to_frames()[1])
+    assert measured.g_pooled.dtype == np.float64 and back.r2_gram_whitened is not None
+
+
+def test_both_track_a_paths_agree(llama):
+    hook = pk.measure(llama, _tokens(0), _tokens(1), progress=False, scores="hook")
+    qk = pk.measure(llama, _tokens(0), _tokens(1), progress=False, scores="qk")
+    assert hook.provenance["scores_from"] != qk.provenance["scores_from"]
+    for name in ("r2_per_seq", "r2_pooled", "r2_pooled_nosink", "r2_pooled_early", "g_pooled",
+                 "r2_gram", "r2_gram_raw"):
+        diff = np.nanmax(np.abs(getattr(hook, name) - getattr(qk, name)))
+        assert diff < 1e-6, f"{name}: {diff:.3g}"
+
+
+def test_measure_agrees_with_the_public_fit_of_hooked_scores(llama, measured):
+    scores = {}
+    with torch.no_grad(), llama.bridge.hooks(fwd_hooks=[(
+            "blocks.1.attn.hook_attn_scores", lambda x, hook: scores.setdefault(1, x.clone()))]):
+        llama.bridge(_tokens(0))
+    r2, g = pk.shift_invariance_r2(scores[1])
+    assert np.abs(measured.r2_per_seq[:, 1] - r2.numpy()).max() < 1e-6
+    logits = measured.logits[2][1]
+    lower = np.tril(np.ones((T, T), bool), -1)
+    assert np.abs(logits[:, lower] - scores[1][2].numpy()[:, lower]).max() < 1e-5
+    assert np.isnan(logits[:, ~lower]).all()
+
+
+def test_from_bridge_and_strings(tiny_tokenizer):
+    hf = tiny_hf_model("llama", seed=3)
+    bridge = boot_bridge(hf, tiny_tokenizer)
+    model = pk.LoadedModel.from_bridge(bridge, tiny_tokenizer)
+    assert (model.spec.pe, model.spec.n_layers, model.spec.n_kv_heads) == ("rope", 2, 2)
+    assert model.spec.rotary_frequencies() is not None and model.rotary_pairs is not None
+    text = ["the quick brown fox jumps over the lazy dog " * 3] * 4
+    res = pk.measure(model, text, progress=False)
+    assert res.r2_pooled.shape == (2, 4) and not res.centered and np.isnan(res.r2_gram).all()
+    assert res.to_frames()[1]["R2_gram"].equals(res.to_frames()[1]["R2_gram_raw"])
+
+
+def test_shape_errors_raise_in_normal_use(llama):
+    from poskernel_tl.reducers import LayerBatch
+
+    with pytest.raises(Exception, match="head_index|d_head|batch"):
+        LayerBatch(0, torch.zeros(2, 8, 4, 16), torch.zeros(3, 8, 2, 16),
+                   torch.arange(2), 0.25)
+
+
+@pytest.mark.parametrize("problem", ["cut_csv", "renamed_column", "corrupt_npz",
+                                     "corrupt_means", "bad_shape"])
+def test_load_validates_and_names_the_file(measured, tmp_path, problem):
+    measured.save(tmp_path)
+    path = lambda s: C.result_path(tmp_path, measured.model, measured.dataset, T, s)
+    if problem == "cut_csv":
+        lines = path(C.TRACK_A_CSV).read_text().splitlines()[:13]
+        path(C.TRACK_A_CSV).write_text("\n".join(lines) + "\n")
+        want = "trackA.csv: has 12 rows"
+    elif problem == "renamed_column":
+        text = path(C.TRACK_B_CSV).read_text().replace("R2_gram_raw", "R2_gram_rawx", 1)
+        path(C.TRACK_B_CSV).write_text(text)
+        want = "trackB.csv: lacks columns"
+    elif problem == "corrupt_npz":
+        path(C.G_ARRAYS).write_bytes(path(C.G_ARRAYS).read_bytes()[:200])
+        want = "g.npz: unreadable"
+    elif problem == "corrupt_means":
+        path(C.CENTERING_MEANS).write_bytes(b"not a torch file")
+        want = "centering_means.pt: unreadable"
+    else:
+        np.savez(path(C.G_ARRAYS), **{**dict(np.load(path(C.G_ARRAYS))),
+                                      "trackA_pooled": np.zeros((2, 4, 5))})
+        want = "trackA_pooled has shape"
+    with pytest.raises(ResultFileError, match=want):
+        pk.ConditionResult.load(tmp_path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "-1"], "--batch-size -1"),
+    (["--batch-size", "0"], "--batch-size 0"),
+    (["--device", "tpu9"], "--device tpu9: not available"),
+    (["--device", "cuda"], "--device cuda: not available"),
+    (["--dataset", "nope"], "unknown dataset"),
+    (["--length", "99999"], "exceeds"),
+    (["--n-seqs", "3"], "--n-seqs 3"),
+])
+def test_cli_refuses_bad_input_before_loading(args, message, capsys, monkeypatch):
+    import poskernel_tl.loading as loading
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    base = {"--model": "smollm2-135m", "--dataset": "prose", "--length": "64"}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    argv = ["run"] + [x for kv in base.items() for x in kv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
+    import poskernel_tl.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "models", interrupted)
+    assert main(["models"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted; rerun the same command to resume" in err
+    assert len(err.strip().splitlines()) == 1
