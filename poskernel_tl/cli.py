@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", action="store_true", help="print the plan and stop")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
+    p = sub.add_parser("report", help="figures, Table 1, verdicts and report.html for a folder")
+    p.add_argument("out", help="the output folder of a run or grid (or a merged grid)")
+    p.add_argument("--report-dir", help="where to write (default: OUT/report)")
+    p.add_argument("--n-null", type=int, default=2000,
+                   help="draws of the spectral null per head")
+
     p = sub.add_parser("demo", help="the README's main job: the demo grid and its report")
     p.add_argument("--out", default="artifacts/demo", help="output folder")
     p.add_argument("--n-seqs", type=int, help="sequences per condition (default 200)")
@@ -258,6 +264,14 @@ def cmd_grid(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from poskernel_tl.report.build import build_report
+
+    page = build_report(args.out, args.report_dir, n_null=args.n_null)
+    print(f"report: {page}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     """The demo grid on the embedded model, then its report."""
     ns = build_parser().parse_args(
@@ -271,7 +285,8 @@ def cmd_demo(args) -> int:
 
 
 COMMANDS = {"models": cmd_models, "data": cmd_data, "run": cmd_run, "spectral": cmd_spectral,
-            "analyze": cmd_analyze, "grid": cmd_grid, "demo": cmd_demo}
+            "analyze": cmd_analyze, "grid": cmd_grid, "report": cmd_report,
+            "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

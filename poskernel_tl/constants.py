@@ -6,7 +6,6 @@ from pathlib import Path
 
 DATA_DIR = "data"
 RESULTS_DIR = "results"
-FIGURES_DIR = "figures"
 MANIFEST = "manifest.json"
 
 SPLIT_CENTERING = "centering"
@@ -60,5 +59,6 @@ GRAM_RAW = "gram_raw.pt"
 FREQ_USAGE = "freq_usage.npz"
 FREQ_USAGE_CSV = "freq_usage.csv"
 PE_KERNEL = "pe_kernel.npz"
+PERM_NULL = "perm_null.npz"
 CFG = "cfg.json"
 VIS_DIR = "A_vis"

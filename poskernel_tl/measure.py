@@ -30,6 +30,7 @@ from poskernel_tl.reducers import (
     Moments,
     MomentsReducer,
     NonFiniteError,
+    PermNullReducer,
     TrackAReducer,
     WhitenedGramReducer,
     Workspace,
@@ -126,6 +127,7 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers: Callable[
 def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: int = 4,
             progress: bool = True, seq_id=None, seed: int = 0, whiten: bool = False,
             logits_for: Sequence[int] = (), scores: ScoresPath = "auto",
+            null_perms: int = 8, null_seqs: int = 16,
             keep_gram: bool | None = None, dataset: str = "custom",
             config: dict | None = None) -> ConditionResult:
     """Track A and Track B of every head on ``tokens`` (evaluation sequences, an int
@@ -181,6 +183,9 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: in
             reds.append(LogitSaver(wanted, L))
         if whiten:
             reds.append(WhitenedGramReducer(centering, model.logit_scale))
+        if null_perms > 0:
+            reds.append(PermNullReducer(L, H, T, n_perm=null_perms, max_seqs=null_seqs,
+                                        seed=seed, device=dev))
         return reds
 
     def check(reds):
@@ -198,6 +203,9 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: in
                       pair_first=fu.pair_first, pair_second=fu.pair_second)
     if "LogitSaver" in by_type:
         fields["logits"] = by_type["LogitSaver"].result().logits
+    if "PermNullReducer" in by_type:
+        null = by_type["PermNullReducer"].result()
+        fields.update(r2_perm_null=null.r2_null, r2_perm_same_seqs=null.r2_same_seqs)
     if whiten:
         fields["r2_gram_whitened"] = by_type["WhitenedGramReducer"].result().r2_gram_whitened
     if centering is not None:
@@ -225,7 +233,8 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: in
         centered=centering is not None, r2_gram=b.r2_gram, g_gram=b.g_gram,
         r2_gram_raw=b.r2_gram_raw, g_gram_raw=b.g_gram_raw, r2_gram_half=b.r2_gram_half,
         gram_raw=b.gram_raw, gram_centered=b.gram_centered if centering is not None else None,
-        config=dict(config or {}, batch_size=batch_size, seed=seed, whiten=whiten),
+        config=dict(config or {}, batch_size=batch_size, seed=seed, whiten=whiten,
+                    null_perms=null_perms, null_seqs=null_seqs),
         provenance=provenance, **fields)
 
 

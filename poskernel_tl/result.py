@@ -80,6 +80,9 @@ class ConditionResult:
     k_pair_norm: Float[np.ndarray, "layer kv_head_index pair"] | None = None
     pair_first: Int[np.ndarray, " pair"] | None = None
     pair_second: Int[np.ndarray, " pair"] | None = None
+    # joint position-permutation null of the pooled Track A R² (first few eval sequences)
+    r2_perm_null: Float[np.ndarray, "perm layer head_index"] | None = None
+    r2_perm_same_seqs: Float[np.ndarray, "layer head_index"] | None = None
     # head-projected positional kernel S_PE (learned absolute PE)
     s_pe: Float[np.ndarray, "layer head_index lag"] | None = None
     # full logits of a few evaluation sequences: seq_id -> [layer, head, T, T]
@@ -200,6 +203,9 @@ class ConditionResult:
                 pair_second=self.pair_second)
         if self.s_pe is not None:
             w["pe_kernel"] = save_npz(path(C.PE_KERNEL), s_pe=self.s_pe)
+        if self.r2_perm_null is not None:
+            w["perm_null"] = save_npz(path(C.PERM_NULL), r2_perm_null=self.r2_perm_null,
+                                      r2_perm_same_seqs=self.r2_perm_same_seqs)
         for sid, mat in sorted(self.logits.items()):
             w[f"A_vis_{sid}"] = save_torch(torch.from_numpy(mat),
                                            path(C.VIS_DIR) / f"seq_{sid}.pt")

@@ -161,6 +161,14 @@ def load_condition(cls, out: Path, model: str, dataset: str, length: int):
         p = path(C.PE_KERNEL)
         fields["s_pe"] = _shape(p, "s_pe", _npz(p, ["s_pe"])["s_pe"], (L, H, T - 1),
                                 finite=True)
+    if path(C.PERM_NULL).exists():
+        p = path(C.PERM_NULL)
+        z = _npz(p, ["r2_perm_null", "r2_perm_same_seqs"])
+        if z["r2_perm_null"].shape[1:] != (L, H):
+            raise _err(p, f"r2_perm_null has shape {z['r2_perm_null'].shape}")
+        fields["r2_perm_null"] = z["r2_perm_null"]
+        fields["r2_perm_same_seqs"] = _shape(p, "r2_perm_same_seqs", z["r2_perm_same_seqs"],
+                                             (L, H))
     logits = {}
     for sid in meta.get("logits_saved", []):
         p = path(C.VIS_DIR) / f"seq_{sid}.pt"
