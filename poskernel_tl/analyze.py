@@ -60,7 +60,7 @@ def run_analysis(name: str, cfg: RunConfig, model: LoadedModel | None = None
     cfg.validate(model.spec if model is not None else None)
     if model is None:
         model = load_model(cfg.model, device=cfg.device, dtype=DTYPES[cfg.dtype],
-                           compatibility_mode=cfg.compatibility_mode)
+                           compatibility_mode=cfg.compatibility_mode, progress=cfg.progress)
     seqs, _, _ = ensure_sequences(
         Path(cfg.out), model.tokenizer, cfg.dataset, cfg.length, cfg.n_seqs, cfg.seed,
         model_name=cfg.model, n_ctx=model.spec.n_ctx, allow_cross_doc=cfg.allow_cross_doc,

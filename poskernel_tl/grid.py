@@ -180,7 +180,7 @@ def run_grid(conds: list[Condition], opts: GridOptions, load=None) -> pd.DataFra
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     load = load or (lambda name: load_model(name, device=opts.device,
-                                            dtype=DTYPES["float32"]))
+                                            dtype=DTYPES["float32"], progress=opts.progress))
     rows = []
     with FolderLock(out):
         remove_stale_temporaries(out)

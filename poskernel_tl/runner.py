@@ -91,7 +91,7 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None
     cfg.validate(model.spec if model is not None else None)
     if model is None:
         model = load_model(cfg.model, device=cfg.device, dtype=DTYPES[cfg.dtype],
-                           compatibility_mode=cfg.compatibility_mode)
+                           compatibility_mode=cfg.compatibility_mode, progress=cfg.progress)
     spec = model.spec
     if cfg.length > spec.n_ctx:
         raise ValueError(f"--length {cfg.length} exceeds {spec.name}'s context of {spec.n_ctx}")

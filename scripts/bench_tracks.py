@@ -1,12 +1,20 @@
-"""Benchmark: what Track A + B cost on top of the forward pass (not a test).
+"""Benchmark: what a whole measurement costs against the floor a user would otherwise pay.
 
 Prints, for the embedded default model on one set of tokens and this machine:
-  P1  time of the evaluation pass (Track A + Track B Gram + frequency usage) and of the
-      centering pass, each divided by a bare forward pass without hooks   (target ≤ 1.15)
-  P2  speed of our Track A statistics vs a naive numpy loop over diagonals (target ≥ 30×)
-  P3  peak memory (RSS) of a T=1024 run of the evaluation pass, and the reducers' state
+  P1  seconds per sequence of `pk.measure` (centering pass + evaluation pass, all
+      reducers, the permutation null included) divided by seconds per sequence of
+      Hugging Face's own default forward (sdpa attention) on the same tokens — the
+      floor; also against HF eager attention and the bare TransformerBridge forward
+      (which runs attention eagerly so its hooks can fire), for reference
+      (targets: ≤ 1.10 at T = 256, ≤ 1.30 at T = 1024)
+  P2  speed of our Track A statistics vs a naive numpy loop over diagonals
+  P3  peak RSS of the run, and the reducers' state at N = 200 computed from their
+      tensor sizes (target: ≤ 4 GiB at T = 1024, N = 200)
 
-Usage: python scripts/bench_tracks.py [--lengths 256 1024] [--batch-size 4] [--batches 3]
+Marginal cost per sequence: every timing is a median over --repeats runs after one
+warm-up, divided by the number of sequences. Timings on a shared CPU drift by ±15%.
+
+Usage: python scripts/bench_tracks.py [--lengths 256 1024] [--n-seqs 8] [--repeats 2]
 """
 
 import argparse
@@ -21,22 +29,13 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import poskernel_tl as pk  # noqa: E402
-from poskernel_tl.hooks import capture_qk, logit_scale  # noqa: E402
-from poskernel_tl.reducers import (  # noqa: E402
-    CenteringReducer,
-    GramReducer,
-    LayerBatch,
-    TrackAReducer,
-)
-from poskernel_tl.toeplitz import (  # noqa: E402
-    lag_counts,
-    lower_lag_stats,
-    lower_mean_from_qk,
-    r2_from_sums,
-)
+from poskernel_tl.loading import _from_gguf  # noqa: E402
+from poskernel_tl.reducers import GramReducer, PermNullReducer, TrackAReducer  # noqa: E402
+from poskernel_tl.toeplitz import shift_invariance_r2  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -45,164 +44,80 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def make_reducers(model, n, T, kind):
-    s = model.spec
-    dev = model.device
-    if kind == "centering":
-        return [CenteringReducer(n, s.n_layers, s.n_heads, s.n_kv_heads, T, s.d_head, dev)]
-    return [TrackAReducer(n, s.n_layers, s.n_heads, T, dev),
-            GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, T, s.d_head,
-                        logit_scale(model.hf_model, s.d_head), dev)]
-
-
-def hooked_pass(model, batches, kind):
-    T = batches[0].shape[1]
-    reducers = make_reducers(model, sum(len(b) for b in batches), T, kind)
-    scale = logit_scale(model.hf_model, model.spec.d_head)
-    state = {"start": 0}
-    workspace: dict = {}
-
-    def on_qk(layer, q, k):
-        idx = torch.arange(state["start"], state["start"] + q.shape[0])
-        batch = LayerBatch(layer, q, k, idx, scale, workspace)
-        for r in reducers:
-            r.update(batch)
-
-    with torch.no_grad(), capture_qk(model.bridge, on_qk):
-        for b in batches:
-            model.bridge(b)
-            state["start"] += len(b)
-    return reducers
-
-
-def bare_pass(model, batches):
+def forward_all(model, ids, batch_size):
     with torch.no_grad():
-        for b in batches:
-            model.bridge(b)
+        for s in range(0, len(ids), batch_size):
+            model(ids[s:s + batch_size])
 
 
-def p1(model, T, batch_size, n_batches, repeats):
-    g = torch.Generator().manual_seed(T)
-    vocab = model.bridge.cfg.d_vocab
-    batches = [torch.randint(0, vocab, (batch_size, T), generator=g) for _ in range(n_batches)]
-    bare_pass(model, batches[:1])  # warm up
-    # interleaved, so that drift in machine speed hits all three alike
-    runs: dict[str, list[float]] = {"bare": [], "eval": [], "centering": []}
-    for _ in range(repeats):
-        runs["bare"].append(timed(lambda: bare_pass(model, batches), 1))
-        runs["eval"].append(timed(lambda: hooked_pass(model, batches, "eval"), 1))
-        runs["centering"].append(timed(lambda: hooked_pass(model, batches, "centering"), 1))
-    bare, ev, cen = (statistics.median(runs[k]) for k in ("bare", "eval", "centering"))
-    n = batch_size * n_batches
-    print(f"P1 T={T} (median of {repeats} interleaved runs of {n} sequences): "
-          f"bare forward {bare / n:.3f} s/seq | evaluation pass {ev / n:.3f} s/seq "
-          f"(ratio {ev / bare:.2f}, target ≤ 1.15) | centering pass {cen / n:.3f} s/seq "
-          f"(ratio {cen / bare:.2f})")
-    return batches
-
-
-def naive_fit(A: np.ndarray) -> float:
-    """R² of g(Δ) by a plain loop over the sub-diagonals (numpy, float64)."""
+def naive_r2(A: np.ndarray) -> float:
     T = A.shape[0]
-    g = np.array([np.diagonal(A, -d).mean() for d in range(1, T)])
     vals, resid = [], []
     for d in range(1, T):
         diag = np.diagonal(A, -d)
         vals.append(diag)
-        resid.append(diag - g[d - 1])
-    vals, resid = np.concatenate(vals), np.concatenate(resid)
-    return 1 - np.sum(resid ** 2) / np.sum((vals - vals.mean()) ** 2)
+        resid.append(diag - diag.mean())
+    v, r = np.concatenate(vals), np.concatenate(resid)
+    return 1 - (r ** 2).sum() / ((v - v.mean()) ** 2).sum()
 
 
-def p2(model, batches):
-    """Our Track A statistics vs a naive numpy loop, on one layer's real q/k."""
-    got = {}
-    with torch.no_grad(), capture_qk(model.bridge, lambda layer, q, k: got.setdefault(
-            layer, (q.clone(), k.clone())), layers=[0]):
-        model.bridge(batches[0][:1])
-    q, k = got[0]
-    scale = logit_scale(model.hf_model, model.spec.d_head)
-    T = q.shape[1]
-
-    workspace: dict = {}
-    work = torch.zeros(1, q.shape[2], 2 * T, T)
-
-    def ours():  # what TrackAReducer.update does, then the fit
-        A = LayerBatch(0, q, k, torch.arange(1), scale, workspace).scores
-        (s1, sq), _ = lower_lag_stats(A, lower_mean_from_qk(q, k, scale), [], work)
-        return r2_from_sums(s1, sq, lag_counts(T))[0][0]
-
-    qn = q[0].double().numpy()
-    kn = k[0].double().numpy()
-    group = q.shape[2] // k.shape[2]
-
-    def naive():
-        return np.array([naive_fit(qn[:, h] @ kn[:, h // group].T * scale)
-                         for h in range(qn.shape[1])])
-
-    A = LayerBatch(0, q, k, torch.arange(1), scale).scores.clone()
-    An = A[0].double().numpy()
-    shift = lower_mean_from_qk(q, k, scale)
-
-    def ours_given_scores():
-        (s1, sq), _ = lower_lag_stats(A, shift, [], work)
-        return r2_from_sums(s1, sq, lag_counts(T))[0][0]
-
-    def naive_given_scores():
-        return np.array([naive_fit(An[h]) for h in range(An.shape[0])])
-
-    diff = np.abs(ours().numpy() - naive()).max()
-    t_ours, t_naive = timed(ours, 20), timed(naive, 3)
-    t_ours_a, t_naive_a = timed(ours_given_scores, 20), timed(naive_given_scores, 3)
-    print(f"P2 T={T}, one sequence x {q.shape[2]} heads: from q/k (product included) ours "
-          f"{t_ours * 1e3:.2f} ms vs naive numpy loop {t_naive * 1e3:.1f} ms → "
-          f"{t_naive / t_ours:.0f}×; statistics given the logits ours {t_ours_a * 1e3:.2f} ms vs "
-          f"{t_naive_a * 1e3:.1f} ms → {t_naive_a / t_ours_a:.0f}× (target ≥ 30×); "
-          f"max |ΔR²| {diff:.1e}")
+def reducer_bytes(model, n, T) -> int:
+    s = model.spec
+    reds = [TrackAReducer(n // 2, s.n_layers, s.n_heads, T),
+            GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, T, s.d_head, 1.0),
+            PermNullReducer(s.n_layers, s.n_heads, T)]
+    total = 0
+    for r in reds:
+        for v in list(vars(r).values()) + list(vars(getattr(r, "sums", r)).values()):
+            if torch.is_tensor(v):
+                total += v.numel() * v.element_size()
+    return total
 
 
-def p3(model_name: str, n_seqs: int = 8) -> None:
-    """A real T=1024 `poskernel run` in a child process; its peak RSS, and the reducer
-    state the same run would hold with the seed's N = 200."""
-    import subprocess
-    import sys
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "poskernel_tl.cli", "run", "--model", model_name,
-               "--dataset", "stdlib-code", "--length", "1024", "--n-seqs", str(n_seqs),
-               "--out", out, "--quiet", "--device", "cpu"]
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20
-    spec = pk.resolve(model_name)
-    L, H, T = spec.n_layers, spec.n_heads, 1024
-    gram = L * H * T * T * 8
-    track_a = 100 * L * H * (2 * (T - 1) + 2) * 8
-    print(f"P3 T=1024, N={n_seqs}: peak RSS {peak:.2f} GiB ({wall:.0f} s wall); with N=200 "
-          f"the reducers hold {(gram + track_a) / 2 ** 30:.2f} GiB "
-          f"(Gram sum {gram / 2 ** 30:.2f} GiB float64, Track A per-sequence sums "
-          f"{track_a / 2 ** 30:.2f} GiB)")
+def bench_length(model, hf_sdpa, hf_eager, T: int, args) -> None:
+    n = args.n_seqs
+    ids = torch.randint(100, model.bridge.cfg.d_vocab - 100, (n, T))
+    cen, ev = ids[: n // 2], ids[n // 2:]
+    t_sdpa = timed(lambda: forward_all(hf_sdpa, ids, args.batch_size), args.repeats)
+    t_eager = timed(lambda: forward_all(hf_eager, ids, args.batch_size), args.repeats)
+    t_bridge = timed(lambda: forward_all(model.bridge, ids, args.batch_size), args.repeats)
+    t_run = timed(lambda: pk.measure(model, ev, cen, batch_size=args.batch_size,
+                                     progress=False), args.repeats)
+    print(f"\nT={T}, {n} sequences ({n // 2} centering + {n // 2} evaluation), "
+          "seconds per sequence:")
+    print(f"  HF forward, sdpa (the floor) {t_sdpa / n:8.3f}")
+    print(f"  HF forward, eager            {t_eager / n:8.3f}  ({t_eager / t_sdpa:.2f}x floor)")
+    print(f"  bridge forward, no hooks     {t_bridge / n:8.3f}  ({t_bridge / t_sdpa:.2f}x floor)")
+    print(f"  pk.measure (whole run)       {t_run / n:8.3f}  P1 = {t_run / t_sdpa:.2f}x floor, "
+          f"{t_run / t_bridge:.2f}x bridge")
+    print(f"  P3 reducer state at N=200: {reducer_bytes(model, 200, T) / 2**30:.2f} GiB")
 
 
-def main():
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--lengths", nargs="+", type=int, default=[256, 1024])
+    ap.add_argument("--n-seqs", type=int, default=8, help="sequences per timing (half "
+                    "centering, half evaluation)")
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--batches", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
-    model = pk.load_model(args.model, device="cpu")
-    print(f"{args.model} on {model.device}, torch threads {torch.get_num_threads()}")
+    torch.manual_seed(0)
+    model = pk.load_model("smollm2-135m", device="cpu")
+    hf_sdpa, _ = _from_gguf(model.spec, torch.float32)
+    hf_sdpa.set_attn_implementation("sdpa")
+    hf_eager, _ = _from_gguf(model.spec, torch.float32)
+    hf_eager.set_attn_implementation("eager")
+    print(f"torch threads: {torch.get_num_threads()}; model: smollm2-135m "
+          f"({model.weights_note}); batch size {args.batch_size}")
     for T in args.lengths:
-        batches = p1(model, T, args.batch_size, args.batches, args.repeats)
-        if T == args.lengths[0]:
-            p2(model, batches)
-    if 1024 in args.lengths:
-        del model
-        p3(args.model)
+        bench_length(model, hf_sdpa, hf_eager, T, args)
+    A = np.random.default_rng(0).standard_normal((256, 256))
+    t_naive = timed(lambda: naive_r2(A), 3)
+    t_ours = timed(lambda: shift_invariance_r2(torch.from_numpy(A)), 3)
+    print(f"\nP2 (T=256, one matrix): naive numpy loop {t_naive * 1e3:.1f} ms, ours "
+          f"{t_ours * 1e3:.1f} ms: {t_naive / t_ours:.1f}x")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"P3 peak RSS of this process: {peak:.2f} GiB (three models loaded)")
 
 
 if __name__ == "__main__":
