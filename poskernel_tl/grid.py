@@ -4,9 +4,11 @@ A preset names a list of conditions (model × dataset × length × N). The grid 
 (which weights and datasets this machine has), loads each model once, runs its
 conditions through :func:`poskernel_tl.runner.run_condition`, and records each finished
 condition in the folder's manifest (:mod:`poskernel_tl.manifest`); a rerun skips what is
-complete and valid and redoes the rest. ``--shard I/N`` keeps every N-th condition
-(0-based I), so a scheduler's job array of N tasks covers the grid; ``--merge`` combines
-the folders the shards wrote.
+complete and valid and redoes the rest. ``--shard I/N`` keeps the I-th of N contiguous,
+balanced blocks of the planned list (0-based I; conditions are ordered model by model,
+so the seed grid's 36 conditions in 6 shards give each shard one model), so a
+scheduler's job array of N tasks covers the grid; ``--merge`` combines the shards'
+folders.
 """
 
 import dataclasses
@@ -78,7 +80,8 @@ def plan(preset: str, models=None, datasets=None, lengths=None, n_seqs=None,
              for m in models for d in (datasets or p["datasets"])
              for t in (lengths or p["lengths"])]
     i, n = parse_shard(shard)
-    return conds[i::n]
+    block = np.array_split(np.arange(len(conds)), n)[i]  # contiguous: a model stays together
+    return [conds[j] for j in block]
 
 
 def weights_available(model: str) -> tuple[bool, str]:
