@@ -178,7 +178,7 @@ def run_grid(conds: list[Condition], opts: GridOptions, load=None) -> pd.DataFra
 
     from poskernel_tl.loading import load_model
     from poskernel_tl.runner import DTYPES, run_condition
-    from poskernel_tl.sequences import ensure_sequences
+    from poskernel_tl.sequences import TooFewWindowsError, ensure_sequences
 
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -210,6 +210,11 @@ def run_grid(conds: list[Condition], opts: GridOptions, load=None) -> pd.DataFra
                 _, seq_file, _ = ensure_sequences(
                     out, model.tokenizer, c.dataset, c.length, c.n_seqs, opts.seed,
                     model_name=c.model, n_ctx=model.spec.n_ctx, overwrite=opts.force)
+            except TooFewWindowsError as err:  # a stated reason, and on to the next one
+                rows.append({"condition": c.name, "status": f"skipped: {err}",
+                             "seconds": 0.0})
+                log.info("%s: skipped: %s", c.name, err)
+                continue
             except DataError as err:
                 raise different from err
             key = condition_key(cfg, model, seq_file)

@@ -30,6 +30,7 @@ from poskernel_tl.io import save_torch
 
 __all__ = [
     "FORMAT_VERSION",
+    "TooFewWindowsError",
     "DataError",
     "build_sequences",
     "centering_mask",
@@ -41,6 +42,11 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+
+
+class TooFewWindowsError(DataError):
+    """The source has fewer windows of T tokens than the sequences asked for."""
+
 HUB_POOL_FACTOR = 4  # hub sources stop scanning at 4·N candidate windows
 TOKENIZE_BATCH = 32  # documents per tokenizer call (fast tokenizers run batches in parallel)
 EXPECT_KEYS = ("model", "dataset", "length", "n_seqs", "seed", "cross_doc")
@@ -190,7 +196,7 @@ def build_sequences(tokenizer, dataset: str, length: int, n_seqs: int = 200, see
     if n_cand < n_seqs:
         how = "with" if allow_cross_doc else "without"
         hint = "" if allow_cross_doc else "; --allow-cross-doc may supply more"
-        raise DataError(f"dataset {dataset!r} can supply only {n_cand} sequences of "
+        raise TooFewWindowsError(f"dataset {dataset!r} can supply only {n_cand} sequences of "
                         f"{length} tokens {how} crossing documents, {n_seqs} requested{hint}")
     drawn = np.random.default_rng(int(seed)).choice(n_cand, size=n_seqs, replace=False)
     half = n_seqs // 2

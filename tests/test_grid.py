@@ -84,6 +84,18 @@ def test_rerun_skips_complete_and_refuses_a_different_configuration(tiny_tokeniz
     assert _csvs(tmp_path)[f"{CONDS[1].name}_trackA.csv"] == csvs[f"{CONDS[1].name}_trackA.csv"]
 
 
+def test_a_source_too_small_for_a_condition_is_skipped_with_its_reason(tiny_tokenizer,
+                                                                      tmp_path):
+    doc = tmp_path / "small.txt"
+    doc.write_text("the cat sat on the mat " * 40)
+    small = [grid.Condition("tiny-llama", f"text:{doc}", 32, 6),
+             grid.Condition("tiny-llama", f"text:{doc}", 64, 200)]
+    table = _run(tmp_path / "out", conds=small, tokenizer=tiny_tokenizer)
+    assert table["status"][0] == "done"
+    assert table["status"][1].startswith("skipped: dataset") and "200 requested" in \
+        table["status"][1]
+
+
 def test_identical_runs_give_identical_bytes(tiny_tokenizer, tmp_path):
     _run(tmp_path / "a", tokenizer=tiny_tokenizer, conds=CONDS[:1])
     _run(tmp_path / "b", tokenizer=tiny_tokenizer, conds=CONDS[:1])
