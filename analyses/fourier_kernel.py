@@ -6,8 +6,9 @@ toolkit's lag convention), is fitted by
 
     g(Δ) ≈ offset + Σ_{k=1..K} c_k cos(a_k Δ + b_k),     a_k ∈ [0, π] rad/token, c_k ≥ 0,
 
-with ``scipy.optimize.least_squares`` over all 3K + 1 parameters jointly (internally as
-u_k cos(a_k Δ) + w_k sin(a_k Δ), which stays smooth at c_k = 0; analytic Jacobian). The
+by nonlinear least squares (``scipy.optimize.least_squares``) over all 3K + 1 parameters:
+for fixed a_k the model u_k cos(a_k Δ) + w_k sin(a_k Δ) + offset is linear and solved
+exactly, and least_squares moves the a_k (variable projection, analytic Jacobian). The
 initial frequencies are spectral peaks of the zero-padded (N_fft = 4T), demeaned spectrum:
 ``init="residual"`` (default) adds one frequency at a time, the largest peak of the spectrum
 of what the current fit leaves (the first one is g's own largest peak), refitting everything
@@ -109,43 +110,54 @@ class CosineFit:
         return self.offset + np.cos(arg) @ self.amplitudes
 
 
-def _linear_coefs(g: np.ndarray, lags: np.ndarray, freqs: np.ndarray) -> np.ndarray:
-    """[offset, u…, w…] by linear least squares at fixed frequencies."""
+def _design(lags: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+    """Columns [1, cos(a_k Δ)…, sin(a_k Δ)…]."""
     arg = np.outer(lags, freqs)
-    design = np.concatenate([np.ones((len(lags), 1)), np.cos(arg), np.sin(arg)], axis=1)
-    return np.linalg.lstsq(design, g, rcond=None)[0]
+    return np.concatenate([np.ones((len(lags), 1)), np.cos(arg), np.sin(arg)], axis=1)
 
 
-def _joint_fit(g: np.ndarray, lags: np.ndarray, freqs0: np.ndarray, max_nfev: int):
-    """Nonlinear least squares over x = [offset, a (K), u (K), w (K)]."""
+def _joint_fit(g: np.ndarray, lags: np.ndarray, freqs0: np.ndarray, max_nfev: int,
+               min_freq: float):
+    """Least squares over [offset, a (K), u (K), w (K)] by variable projection: for given
+    frequencies the rest is linear and solved exactly, so ``least_squares`` moves only the
+    a_k (Kaufman's Jacobian: the orthogonal complement of the design's span applied to
+    ∂(design·coef)/∂a_k). The optimum is the joint one; it avoids crawling along the
+    amplitude–frequency valleys that a joint parametrisation has."""
     K = len(freqs0)
-    freqs0 = np.clip(np.asarray(freqs0, np.float64), _FREQ_EPS, math.pi - _FREQ_EPS)
-    lin = _linear_coefs(g, lags, freqs0)
+    freqs0 = np.clip(np.asarray(freqs0, np.float64), min_freq + _FREQ_EPS, math.pi - _FREQ_EPS)
+    cache: dict = {}
+
+    def solve(a):
+        key = a.tobytes()
+        if key not in cache:
+            design = _design(lags, a)
+            u_, s_, vt = np.linalg.svd(design, full_matrices=False)
+            rank = int(np.sum(s_ > s_[0] * 1e-12))
+            basis = u_[:, :rank]
+            coef = vt[:rank].T @ ((basis.T @ g) / s_[:rank])  # minimum-norm least squares
+            cache.clear()
+            cache[key] = (design, coef, basis)
+        return cache[key]
+
     if K == 0:
-        return lin[0], freqs0, lin[1:1], lin[1:1], True, 0
-    x0 = np.concatenate([lin[:1], freqs0, lin[1:]])
+        coef = solve(freqs0)[1]
+        return coef[0], freqs0, coef[1:1], coef[1:1], True, 0
 
-    def unpack(x):
-        return x[0], x[1:1 + K], x[1 + K:1 + 2 * K], x[1 + 2 * K:]
+    def residual(a):
+        design, coef, _ = solve(a)
+        return design @ coef - g
 
-    def residual(x):
-        off, a, u, w = unpack(x)
-        arg = np.outer(lags, a)
-        return off + np.cos(arg) @ u + np.sin(arg) @ w - g
+    def jacobian(a):
+        design, coef, basis = solve(a)
+        u, w = coef[1:1 + K], coef[1 + K:]
+        d_a = lags[:, None] * (w * design[:, 1:1 + K] - u * design[:, 1 + K:])
+        return d_a - basis @ (basis.T @ d_a)
 
-    def jacobian(x):
-        _, a, u, w = unpack(x)
-        arg = np.outer(lags, a)
-        cos, sin = np.cos(arg), np.sin(arg)
-        d_a = lags[:, None] * (w * cos - u * sin)
-        return np.concatenate([np.ones((len(lags), 1)), d_a, cos, sin], axis=1)
-
-    lo, hi = np.full(len(x0), -np.inf), np.full(len(x0), np.inf)
-    lo[1:1 + K], hi[1:1 + K] = 0.0, math.pi
-    sol = least_squares(residual, x0, jac=jacobian, bounds=(lo, hi), method="trf",
-                        x_scale="jac", ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=max_nfev)
-    off, a, u, w = unpack(sol.x)
-    return off, a, u, w, bool(sol.success), int(sol.nfev)
+    sol = least_squares(residual, freqs0, jac=jacobian, bounds=(min_freq, math.pi),
+                        method="trf", x_scale="jac", ftol=1e-10, xtol=1e-10, gtol=1e-10,
+                        max_nfev=max_nfev)
+    coef = solve(sol.x)[1]
+    return coef[0], sol.x, coef[1:1 + K], coef[1 + K:], bool(sol.success), int(sol.nfev)
 
 
 def _make_fit(g, lags, n_fit, off, a, u, w, success, nfev) -> CosineFit:
@@ -185,19 +197,22 @@ def _prepare(g, max_lag):
     return g, lags, n_fit
 
 
-def _residual_path(g, lags, n_fit, Ks, max_nfev, start=None) -> dict[int, CosineFit]:
+def _residual_path(g, lags, n_fit, Ks, max_nfev, min_freq=None, start=None
+                   ) -> dict[int, CosineFit]:
     """Fit at the ``start`` frequencies, then add the residual spectrum's largest peak one
     at a time (refitting jointly) up to max(Ks); the fit at each K in ``Ks``."""
     gf, lf = g[:n_fit], lags[:n_fit]
     n_fft = PAD_FACTOR * (n_fit + 1)
     freqs = np.zeros(0) if start is None else np.asarray(start, np.float64)
-    out, state = {}, _joint_fit(gf, lf, freqs, max_nfev)
+    min_freq = math.pi / n_fit if min_freq is None else float(min_freq)
+    out, state = {}, _joint_fit(gf, lf, freqs, max_nfev, min_freq)
     for k in range(len(freqs), max(Ks) + 1):
         if k > len(freqs):
             off, a, u, w = state[:4]
             arg = np.outer(lf, a)
             resid = gf - (off + np.cos(arg) @ u + np.sin(arg) @ w)
-            state = _joint_fit(gf, lf, np.append(a, _largest_peak(resid, n_fft)), max_nfev)
+            freqs_k = np.append(a, _largest_peak(resid, n_fft))
+            state = _joint_fit(gf, lf, freqs_k, max_nfev, min_freq)
         if k in Ks:
             out[k] = _make_fit(g, lags, n_fit, *state)
     return out
@@ -219,14 +234,19 @@ def fit_cosine_series(
     init_freqs: Float[np.ndarray, " component"] | None = None,
     init: Literal["residual", "peaks"] = "residual",
     max_lag: int | None = None,
-    max_nfev: int = 200,
+    min_freq: float | None = None,
+    max_nfev: int = 100,
 ) -> CosineFit:
     """Fit g(Δ) (Δ = 1..len(g)) ≈ offset + Σ_{k ≤ K} c_k cos(a_k Δ + b_k).
 
     ``init_freqs`` (rad/token) overrides K and the spectral initialisation. ``init``:
     "residual" (peaks of the residual's spectrum, one at a time) or "peaks" (the K largest
     spectral peaks of g; the residual rule fills in if g has fewer). ``max_lag`` fits only
-    Δ ≤ max_lag. Returns a :class:`CosineFit` (NaN-filled if g is not finite)."""
+    Δ ≤ max_lag. Frequencies are bounded to [``min_freq``, π]; the default π/max_lag (half
+    a period over the fitted window) keeps a slow trend from turning into a cosine of
+    vanishing frequency and diverging amplitude, indistinguishable from the offset.
+    ``max_nfev`` caps function evaluations per joint refit. Returns a :class:`CosineFit`
+    (NaN-filled if g is not finite)."""
     g, lags, n_fit = _prepare(g, max_lag)
     if init not in ("residual", "peaks"):
         raise ValueError(f"init must be 'residual' or 'peaks', not {init!r}")
@@ -237,7 +257,7 @@ def fit_cosine_series(
         return _nan_fit(lags, K, n_fit)
     if init_freqs is None and init == "peaks":
         init_freqs = _peak_freqs(g[:n_fit], K)
-    return _residual_path(g, lags, n_fit, (K,), max_nfev, start=init_freqs)[K]
+    return _residual_path(g, lags, n_fit, (K,), max_nfev, min_freq, start=init_freqs)[K]
 
 
 class CosineFitTables(NamedTuple):
@@ -256,7 +276,8 @@ def cosine_fit_table(
     init: Literal["residual", "peaks"] = "residual",
     max_lag: int | None = None,
     tau_rel: float = TAU_REL,
-    max_nfev: int = 200,
+    min_freq: float | None = None,
+    max_nfev: int = 100,
 ) -> CosineFitTables:
     """Cosine-series fits of every head's g(Δ) for each K in ``Ks``.
 
@@ -279,10 +300,11 @@ def cosine_fit_table(
             if not np.isfinite(gh[:n_fit]).all():
                 fits = {k: _nan_fit(lags, k, n_fit) for k in Ks}
             elif init == "residual":
-                fits = _residual_path(gh, lags, n_fit, Ks, max_nfev)
+                fits = _residual_path(gh, lags, n_fit, Ks, max_nfev, min_freq)
             else:
                 fits = {k: fit_cosine_series(gh, K=k, init=init, max_lag=max_lag,
-                                             max_nfev=max_nfev) for k in Ks}
+                                             min_freq=min_freq, max_nfev=max_nfev)
+                        for k in Ks}
             for k, fit in fits.items():
                 row = {"layer": layer, "head": head, "K": k, "R2_fit": fit.r2,
                        "offset": fit.offset, "n_lags": n_fit, "success": fit.success,
