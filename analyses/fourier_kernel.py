@@ -4,7 +4,7 @@ kernelized attention with a Fourier relative kernel, in quadratic and linear for
 **(a) Cosine-series fit of a head's kernel.** g(Δ), Δ = 1..T−1 (``g[..., Δ−1]``, the
 toolkit's lag convention), is fitted by
 
-    g(Δ) ≈ offset + Σ_{k=1..K} c_k cos(a_k Δ + b_k),     a_k ∈ [0, π] rad/token, c_k ≥ 0,
+    g(Δ) ≈ offset + Σ_{k=1..K} c_k cos(a_k Δ + b_k),   a_k ∈ [π/T, π] rad/token, c_k ≥ 0,
 
 by nonlinear least squares (``scipy.optimize.least_squares``) over all 3K + 1 parameters:
 for fixed a_k the model u_k cos(a_k Δ) + w_k sin(a_k Δ) + offset is linear and solved
@@ -15,7 +15,8 @@ of what the current fit leaves (the first one is g's own largest peak), refittin
 after each addition, so a small component next to a large one's sidelobes is still found;
 ``init="peaks"`` takes the K largest local maxima (≥ 2π/T apart) of g's spectrum at once
 (they can be a larger component's sidelobes); ``init_freqs`` gives them explicitly. R² = 1 −
-SS_res/SS_tot over the fitted lags. Components are reported largest amplitude first.
+SS_res/SS_tot over the fitted lags. Components are reported largest amplitude first. A
+component stuck at the lower bound π/T models a trend (e.g. a recency decay), not a cosine.
 
 :func:`cosine_fit_table` runs the fit per head of g [layer, head_index, lag] for several K
 and returns two tidy tables (:class:`CosineFitTables`): ``fits``, one row per (layer, head,
@@ -61,6 +62,8 @@ DEFAULT_KS = (1, 2, 3, 5, 8)
 PAD_FACTOR = 4  # N_fft = 4T, as in the spectral analysis
 TAU_REL = 0.10  # θ matching: relative error < 10 % (or closer than 2π/N_fft)
 _FREQ_EPS = 1e-9
+THETA_FIT_COLS = ["n_matched", "frac_matched", "median_rel_error"]
+THETA_COMP_COLS = ["nearest_theta", "theta_index", "rel_error", "matched"]
 
 
 def match_thetas(freqs: Float[np.ndarray, " component"], thetas: Float[np.ndarray, " theta"],
@@ -175,13 +178,6 @@ def _make_fit(g, lags, n_fit, off, a, u, w, success, nfev) -> CosineFit:
     return dataclasses.replace(fit, fitted=fitted, r2=r2)
 
 
-def _nan_fit(lags: np.ndarray, K: int, n_fit: int) -> CosineFit:
-    nan = np.full(K, np.nan)
-    return CosineFit(freqs=nan, amplitudes=nan, phases=nan, offset=float("nan"),
-                     r2=float("nan"), fitted=np.full(len(lags), np.nan), lags=lags,
-                     max_lag=n_fit, success=False, nfev=0)
-
-
 def _largest_peak(resid: np.ndarray, n_fft: int) -> float:
     """ω of the largest bin (m ≥ 1) of the zero-padded, demeaned spectrum of ``resid``."""
     mag = np.abs(np.fft.rfft(resid - resid.mean(), n=n_fft))
@@ -254,7 +250,10 @@ def fit_cosine_series(
         init_freqs = np.asarray(init_freqs, np.float64).ravel()
         K = len(init_freqs)
     if not np.isfinite(g[:n_fit]).all():
-        return _nan_fit(lags, K, n_fit)
+        nan = np.full(K, np.nan)
+        return CosineFit(freqs=nan, amplitudes=nan, phases=nan, offset=math.nan, r2=math.nan,
+                         fitted=np.full(len(lags), np.nan), lags=lags, max_lag=n_fit,
+                         success=False, nfev=0)
     if init_freqs is None and init == "peaks":
         init_freqs = _peak_freqs(g[:n_fit], K)
     return _residual_path(g, lags, n_fit, (K,), max_nfev, min_freq, start=init_freqs)[K]
@@ -284,7 +283,8 @@ def cosine_fit_table(
     ``fits`` columns: layer, head, K, R2_fit, offset, n_lags, success, nfev and, with
     ``thetas`` (rad/token), n_matched, frac_matched, median_rel_error. ``components``
     columns: layer, head, K, component (1 = largest amplitude), freq (a_k), amplitude (c_k),
-    phase (b_k ∈ (−π, π]), amplitude_share (c_k / Σ c), period (2π/a_k) and, with ``thetas``,
+    phase (b_k ∈ (−π, π]), amplitude_share (c_k / Σ c), period (2π/a_k), at_min_freq (a_k on
+    the lower bound: a trend the window cannot resolve as a cosine) and, with ``thetas``,
     nearest_theta, theta_index, rel_error, matched (the spectral analysis' criterion, τ_rel =
     ``tau_rel``). When K exceeds the number of cosines g really holds, the extra components
     have tiny ``amplitude_share`` and arbitrary frequencies: filter on it before reading a_k.
@@ -297,15 +297,14 @@ def cosine_fit_table(
     for layer in range(g.shape[0]):
         for head in range(g.shape[1]):
             gh, lags, n_fit = _prepare(g[layer, head], max_lag)
-            if not np.isfinite(gh[:n_fit]).all():
-                fits = {k: _nan_fit(lags, k, n_fit) for k in Ks}
-            elif init == "residual":
-                fits = _residual_path(gh, lags, n_fit, Ks, max_nfev, min_freq)
+            floor = math.pi / n_fit if min_freq is None else min_freq
+            if init == "residual" and np.isfinite(gh[:n_fit]).all():
+                head_fits = _residual_path(gh, lags, n_fit, Ks, max_nfev, min_freq)
             else:
-                fits = {k: fit_cosine_series(gh, K=k, init=init, max_lag=max_lag,
-                                             min_freq=min_freq, max_nfev=max_nfev)
-                        for k in Ks}
-            for k, fit in fits.items():
+                head_fits = {k: fit_cosine_series(gh, K=k, init=init, max_lag=max_lag,
+                                                  min_freq=min_freq, max_nfev=max_nfev)
+                             for k in Ks}
+            for k, fit in head_fits.items():
                 row = {"layer": layer, "head": head, "K": k, "R2_fit": fit.r2,
                        "offset": fit.offset, "n_lags": n_fit, "success": fit.success,
                        "nfev": fit.nfev}
@@ -315,8 +314,6 @@ def cosine_fit_table(
                     row.update(n_matched=int(match["matched"].sum()),
                                frac_matched=float(match["matched"].mean()),
                                median_rel_error=float(np.median(match["rel_error"])))
-                elif thetas is not None:
-                    row.update(n_matched=np.nan, frac_matched=np.nan, median_rel_error=np.nan)
                 fit_rows.append(row)
                 total = float(np.sum(fit.amplitudes)) if k else 0.0
                 for c in range(k):
@@ -324,17 +321,21 @@ def cosine_fit_table(
                     comp = {"layer": layer, "head": head, "K": k, "component": c + 1,
                             "freq": a, "amplitude": fit.amplitudes[c], "phase": fit.phases[c],
                             "amplitude_share": fit.amplitudes[c] / total if total > 0 else np.nan,
-                            "period": 2 * math.pi / a if a > 0 else np.inf}
+                            "period": 2 * math.pi / a if a > 0 else np.inf,
+                            "at_min_freq": bool(a <= floor * (1 + 1e-6))}
                     if match is not None:
                         comp.update(nearest_theta=match["nearest_theta"][c],
                                     theta_index=int(match["theta_index"][c]),
                                     rel_error=match["rel_error"][c],
                                     matched=bool(match["matched"][c]))
-                    elif thetas is not None:
-                        comp.update(nearest_theta=np.nan, theta_index=-1, rel_error=np.nan,
-                                    matched=False)
                     comp_rows.append(comp)
-    return CosineFitTables(pd.DataFrame(fit_rows), pd.DataFrame(comp_rows))
+    fits, comps = pd.DataFrame(fit_rows), pd.DataFrame(comp_rows)
+    if thetas is not None:  # the θ columns exist even when no head could be matched
+        fits = fits.reindex(columns=[*fits.columns.drop(THETA_FIT_COLS, errors="ignore"),
+                                     *THETA_FIT_COLS])
+        comps = comps.reindex(columns=[*comps.columns.drop(THETA_COMP_COLS, errors="ignore"),
+                                       *THETA_COMP_COLS])
+    return CosineFitTables(fits, comps)
 
 
 def plot_cosine_fit(
@@ -373,18 +374,16 @@ def plot_cosine_fit(
     sel = comps[(comps["K"] == K) & (comps["freq"] > 0)].copy()
     heads = list(wide.index)
     row_of = {h: i for i, h in enumerate(heads)}
-    if len(sel):
-        sel["row"] = [row_of[(la, he)] for la, he in zip(sel["layer"], sel["head"])]
-        top = sel.groupby("row")["amplitude"].transform("max").replace(0, np.nan)
-        colors = np.where(sel["matched"], "C0", "C1") if "matched" in sel else "C0"
-        ax_f.scatter(sel["freq"], sel["row"], s=8 + 40 * (sel["amplitude"] / top).fillna(0),
-                     c=colors, alpha=0.8, lw=0)
+    sel["row"] = [row_of[(la, he)] for la, he in zip(sel["layer"], sel["head"])]
+    top = sel.groupby("row")["amplitude"].transform("max").replace(0, np.nan)
+    colors = np.where(sel["matched"] == True, "C0", "C1") if "matched" in sel else "C0"  # noqa: E712
+    ax_f.scatter(sel["freq"], sel["row"], s=8 + 40 * (sel["amplitude"] / top).fillna(0),
+                 c=colors, alpha=0.8, lw=0)
     for theta in [] if thetas is None else np.asarray(thetas):
         ax_f.axvline(theta, color="0.85", lw=0.6, zorder=0)
-    ax_f.set_xscale("log")
-    ax_f.set(xlabel="a_k (rad/token); grey: θ_i", ylabel="head",
-             title=f"fitted frequencies, K={K}" + (" (blue: matched θ_i)"
-                                                    if "matched" in sel else ""))
+    matched_note = " (blue: matched θ_i)" if "matched" in sel else ""
+    ax_f.set(xscale="log", xlabel="a_k (rad/token); grey: θ_i", ylabel="head",
+             title=f"fitted frequencies, K={K}{matched_note}")
     if len(heads) <= 40:
         ax_f.set_yticks(range(len(heads)), [f"L{la}H{he}" for la, he in heads], fontsize=6)
     ax_f.invert_yaxis()

@@ -101,9 +101,17 @@ def test_match_thetas_criterion():
     np.testing.assert_allclose(m["rel_error"], [0.05, 0.3, 0.05, 0.25])
 
 
+def test_trend_lands_on_the_lower_frequency_bound():
+    g = 5 * np.exp(-LAGS / 40) + np.cos(0.5 * LAGS)
+    _, comps = F.cosine_fit_table(g[None, None], Ks=(3,))
+    assert comps.at_min_freq.any() and comps.freq.min() >= math.pi / len(LAGS) * (1 - 1e-9)
+    assert np.isclose(comps.freq, 0.5, rtol=1e-2).any()
+
+
 def test_plot_returns_figure_and_keeps_backend():
     backend = matplotlib.get_backend()
-    tables = F.cosine_fit_table(planted_g()[None, None], Ks=(1, 2, 4), thetas=THETAS)
+    g = np.stack([planted_g(), np.full(T - 1, np.nan)])[None]
+    tables = F.cosine_fit_table(g, Ks=(1, 2, 4), thetas=THETAS)
     fig = F.plot_cosine_fit(tables, thetas=THETAS, highlight=(0, 0), title="planted")
     assert type(fig).__name__ == "Figure" and len(fig.axes) == 2
     assert matplotlib.get_backend() == backend
