@@ -20,7 +20,7 @@ from poskernel_tl.report import figures as F
 from poskernel_tl.report import nulls as N
 from poskernel_tl.report import tables as TB
 from poskernel_tl.report import verdicts as V
-from poskernel_tl.report.html import escape, page_html, report_block, table_html, write_page
+from poskernel_tl.report.html import escape, page_html, report_block, write_page
 from poskernel_tl.result import ConditionResult
 
 REPORT_DIR = "report"
@@ -134,6 +134,19 @@ def heatmap_table(r: ConditionResult) -> str:
                          f'style="color:{fg}" title="L{layer}H{h} R²={text}">{text}</a></td>')
         rows.append(f"<tr><th>L{layer}</th>{''.join(cells)}</tr>")
     return f'<table class="pk-heat">{"".join(rows)}</table>'
+
+
+def table_html(df: pd.DataFrame) -> str:
+    """A DataFrame as an HTML table, every header and cell escaped (quotes included)."""
+    def cell(v) -> str:
+        if isinstance(v, float | np.floating):
+            return "–" if not np.isfinite(v) else f"{v:.4g}"
+        return "–" if v is None or v is pd.NA else esc(v)
+
+    head = "".join(f"<th>{esc(c)}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+                   for row in df.itertuples(index=False))
+    return f'<table class="pk-table"><tr>{head}</tr>{body}</table>'
 
 
 def _img(path: Path, out: Path, alt: str) -> str:
