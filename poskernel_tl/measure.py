@@ -127,7 +127,7 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers: Callable[
 def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: int = 4,
             progress: bool = True, seq_id=None, seed: int = 0, whiten: bool = False,
             logits_for: Sequence[int] = (), scores: ScoresPath = "auto",
-            null_perms: int = 8, null_seqs: int = 16,
+            null_perms: int = 4, null_seqs: int = 8,
             keep_gram: bool | None = None, dataset: str = "custom",
             config: dict | None = None) -> ConditionResult:
     """Track A and Track B of every head on ``tokens`` (evaluation sequences, an int
