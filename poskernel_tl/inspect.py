@@ -1,0 +1,508 @@
+"""Interactive inspection of one attention head on one text: :func:`inspect_head`.
+
+One forward pass with the capture hooks (only the chosen layer is hooked) gives the
+head's pre-softmax logits A(t, s) (``hook_attn_scores`` when the bridge exposes it, else
+q·kᵀ times the model's logit scale from the post-rotary ``hook_rot_q``/``hook_rot_k``),
+its attention pattern (``hook_pattern``, else the softmax of the causal logits), the
+shift-invariant fit g(Δ) with its R² and residual, and the spectrum of g(Δ) with the
+spectral alignment against the rotary frequencies θᵢ. The result, a :class:`HeadView`,
+renders in Jupyter (``_repr_html_``) and saves as a standalone HTML page.
+
+The ``poskernel inspect`` subcommand (:func:`add_inspect_parser`, :func:`cmd_inspect`)
+does the same from the command line.
+"""
+
+import argparse
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from poskernel_tl.hooks import capture_qk, scores_hook_name
+from poskernel_tl.loading import LoadedModel
+from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
+
+PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
+MIN_TOKENS = 3
+
+
+# ----------------------------------------------------------------------- spectrum
+def _fallback_spectrum(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """|FFT|² of the mean-removed, Hann-tapered g(Δ), zero-padded to 4T."""
+    T = len(g) + 1
+    taper = np.sin(np.pi * np.arange(1, T) / T) ** 2
+    n_fft = 4 * T
+    power = np.abs(np.fft.rfft((g - g.mean()) * taper, n=n_fft)) ** 2
+    return 2 * np.pi * np.arange(n_fft // 2 + 1) / n_fft, power
+
+
+def kernel_spectrum(
+    g: Float[np.ndarray, " lag"],
+    thetas: Float[np.ndarray, " n_theta"] | None = None,
+    *,
+    usage: Float[np.ndarray, " n_theta"] | None = None,
+) -> tuple[Float[np.ndarray, " freq"], Float[np.ndarray, " freq"], dict | None, str]:
+    """``(omega, power, alignment, note)`` for one g(Δ), Δ = 1..T−1.
+
+    The power spectrum is the spectral analysis' own (``analyses.spectral.spectrum``,
+    squared: detrended, tapered, zero-padded to 4T); ``alignment`` is
+    ``spectral_alignment(g, thetas, usage=usage)`` for rotary models (``thetas`` given),
+    else None. When the spectral module cannot be used, a plain tapered FFT is shown,
+    alignment is None and ``note`` says why."""
+    g = np.asarray(g, dtype=np.float64)
+    T = len(g) + 1
+    note, alignment = "", None
+    try:
+        from poskernel_tl.analyses import spectral
+
+        mag = np.asarray(spectral.spectrum(g, T), dtype=np.float64)
+        omega = np.asarray(spectral.frequency_grid(T), dtype=np.float64)
+        if omega.shape != mag.shape:
+            raise ValueError("spectrum and frequency grid differ in length")
+        power = mag ** 2
+    except Exception as err:  # the spectral module is optional here
+        omega, power = _fallback_spectrum(g)
+        note = f"spectral analysis unavailable ({type(err).__name__}: {err}); plain FFT shown"
+        return omega, power, None, note
+    if thetas is not None and len(thetas):
+        try:
+            alignment = spectral.spectral_alignment(g, thetas, length=T, usage=usage)
+        except Exception as err:
+            note = f"spectral alignment failed ({type(err).__name__}: {err})"
+    return omega, power, alignment, note
+
+
+def _get(d: dict, key: str, default=float("nan")):
+    value = d.get(key, default)
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def alignment_frames(alignment: dict | None) -> dict[str, pd.DataFrame]:
+    """The spectral alignment as two small tables: a one-row summary and one row per
+    top peak of |ĝ(ω)| (empty dict when there is no alignment)."""
+    if not alignment:
+        return {}
+    summary = pd.DataFrame([{k: _get(alignment, k) for k in (
+        "n_peaks_found", "n_significant", "n_matched", "frac_matched", "chance", "p_value",
+        "aligned", "ref_peak_r")}])
+    peaks = np.asarray(alignment.get("peaks", []), dtype=np.float64)
+    rows = []
+    for i, w in enumerate(peaks):
+        row = {"rank": i + 1, "omega": w, "period (tokens)": 2 * np.pi / w if w > 0 else np.inf}
+        for key in ("peak_magnitude", "significant", "nearest_theta", "theta_index",
+                    "rel_error", "matched"):
+            values = alignment.get(key)
+            if values is not None and len(values) > i:
+                row[key] = np.asarray(values)[i].item()
+        rows.append(row)
+    out = {"Spectral alignment of g(Δ) with the rotary frequencies": summary}
+    if rows:
+        out["Top peaks of the spectrum"] = pd.DataFrame(rows)
+    return out
+
+
+def alignment_line(alignment: dict | None) -> str:
+    """One sentence summarising a spectral alignment (for the CLI and page notes)."""
+    if not alignment:
+        return "spectral alignment: not computed (no rotary frequencies)"
+    n = _get(alignment, "n_matched")
+    k = _get(alignment, "n_peaks", 5)
+    verdict = "aligned" if alignment.get("aligned") else "not aligned"
+    return (f"spectral alignment: {n} of {k} top peaks match a θᵢ (chance "
+            f"{_get(alignment, 'chance'):.2f}, p = {_get(alignment, 'p_value'):.3g}): {verdict}")
+
+
+# ----------------------------------------------------------------------- the view
+@dataclass(repr=False)
+class HeadView:
+    """One head on one sequence. ``logits`` holds A(t, s) for s ≤ t and NaN above the
+    diagonal (the causal mask); the fit uses s < t only: ``g[Δ−1]`` is the mean of
+    sub-diagonal Δ, ``r2`` its R² (equal to :func:`poskernel_tl.shift_invariance_r2` of
+    the hooked scores), ``r2_nosink`` the same fit without the key column s = 0,
+    ``residual`` A − g(t−s) for s < t (NaN elsewhere). ``spectrum`` is ``(omega, power)``
+    of g(Δ), ω in rad/token; ``alignment`` the :func:`spectral_alignment` dict for rotary
+    models, else None. ``tokens`` are the token strings, one per position."""
+
+    model_name: str
+    layer: int
+    head: int
+    kv_head: int
+    tokens: list[str]
+    token_ids: Int[np.ndarray, " pos"]
+    logits: Float[np.ndarray, "query_pos key_pos"]
+    pattern: Float[np.ndarray, "query_pos key_pos"]
+    g: Float[np.ndarray, " lag"]
+    r2: float
+    r2_nosink: float
+    residual: Float[np.ndarray, "query_pos key_pos"]
+    spectrum: tuple[Float[np.ndarray, " freq"], Float[np.ndarray, " freq"]]
+    alignment: dict | None
+    thetas: Float[np.ndarray, " n_theta"] | None = None
+    scores_from: str = "hook_attn_scores"
+    pattern_from: str = "hook_pattern"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def title(self) -> str:
+        return f"{self.model_name} · L{self.layer}H{self.head} · {self.n_tokens} tokens"
+
+    def __repr__(self) -> str:
+        return (f"HeadView({self.model_name!r}, layer={self.layer}, head={self.head}, "
+                f"T={self.n_tokens}, r2={self.r2:.4f}, r2_nosink={self.r2_nosink:.4f})")
+
+    def page_data(self):
+        """This view as :class:`poskernel_tl.report.HeadPageData`."""
+        from poskernel_tl.report import HeadPageData
+
+        notes = [f"Logits from {self.scores_from}; pattern from {self.pattern_from}. "
+                 "The spectrum is that of this sequence's g(Δ).", *self.notes]
+        if self.thetas is not None:
+            notes.append(alignment_line(self.alignment))
+        return HeadPageData(
+            title=self.title, tokens=list(self.tokens), pattern=self.pattern,
+            logits=self.logits, g_trackA=self.g, spectrum=self.spectrum, thetas=self.thetas,
+            tables=alignment_frames(self.alignment),
+            r2_values={"R² without the sink column (key 0)": self.r2_nosink},
+            notes=notes)
+
+    def to_html(self, assets_rel: str | None = None) -> str:
+        """The view as an HTML block; ``assets_rel=None`` inlines the circuitsvis bundle."""
+        from poskernel_tl.report import head_html
+
+        return head_html(self.page_data(), assets_rel=assets_rel)
+
+    def _repr_html_(self) -> str:
+        return self.to_html(assets_rel=None)
+
+    def save(self, path, *, inline: bool = True) -> Path:
+        """Write the view as a standalone HTML page at ``path`` and return the path.
+
+        ``inline=True`` (default): one self-contained file with the circuitsvis bundle
+        inside (≈ 1.3 MB more), to mail or open anywhere. ``inline=False``: the bundle
+        is written once to ``assets/circuitsvis.js`` beside the page and loaded by the
+        relative path ``assets/…`` (keep the folder together), for saving many views."""
+        from poskernel_tl.report import assets_rel_for, write_assets, write_head_page
+
+        path = Path(path)
+        assets_rel = None
+        if not inline:
+            write_assets(path.parent)
+            assets_rel = assets_rel_for(path, path.parent)
+        return write_head_page(path, self.page_data(), assets_rel=assets_rel)
+
+
+# ------------------------------------------------------------------ input checks
+def _is_int(x) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def check_head(model_name: str, n_layers: int, n_heads: int, layer, head) -> None:
+    """ValueError naming the valid range unless 0 ≤ layer < n_layers, 0 ≤ head < n_heads."""
+    if not _is_int(layer) or not 0 <= layer < n_layers:
+        raise ValueError(f"layer {layer!r} is out of range: {model_name} has layers "
+                         f"0..{n_layers - 1}")
+    if not _is_int(head) or not 0 <= head < n_heads:
+        raise ValueError(f"head {head!r} is out of range: {model_name} has heads "
+                         f"0..{n_heads - 1} per layer")
+
+
+def token_ids(model: LoadedModel, text_or_tokens, max_tokens: int | None = None
+              ) -> Int[Tensor, " pos"]:
+    """One sequence of token ids: a string (tokenized without special tokens), a list
+    or 1-D array of ids, or a [1, pos] tensor; cut to ``max_tokens``; 3 ≤ T ≤ context."""
+    x = text_or_tokens
+    if isinstance(x, str):
+        if model.tokenizer is None:
+            raise ValueError("this model has no tokenizer: pass token ids instead of text")
+        ids = torch.tensor(model.tokenizer(x, add_special_tokens=False)["input_ids"],
+                           dtype=torch.long)
+    elif isinstance(x, Tensor | np.ndarray) or (isinstance(x, Sequence) and all(
+            _is_int(i) for i in x)):
+        ids = torch.as_tensor(np.asarray(x) if isinstance(x, Sequence) else x)
+        if ids.ndim == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.ndim != 1 or (ids.numel() and ids.dtype.is_floating_point) or ids.dtype == \
+                torch.bool:
+            raise ValueError(f"token ids must be one sequence of integers (pos) or "
+                             f"(1, pos), got {ids.dtype} {tuple(ids.shape)}")
+        ids = ids.long().cpu()
+    else:
+        raise TypeError("text_or_tokens: a string, a list of token ids, or a 1-D / [1, pos] "
+                        f"integer tensor; got {type(x).__name__}")
+    if max_tokens is not None:
+        if not _is_int(max_tokens) or max_tokens < MIN_TOKENS:
+            raise ValueError(f"max_tokens must be an integer >= {MIN_TOKENS}, got "
+                             f"{max_tokens!r}")
+        ids = ids[:max_tokens]
+    T, name, n_ctx = len(ids), model.spec.name, model.spec.n_ctx
+    if T < MIN_TOKENS:
+        raise ValueError(f"the text has {T} token(s); inspecting a head needs at least "
+                         f"{MIN_TOKENS} (the fit uses the lags Δ = 1..T−1)")
+    if n_ctx and T > n_ctx:
+        raise ValueError(f"the text has {T} tokens, more than {name}'s context of {n_ctx}; "
+                         f"pass a shorter text or max_tokens={n_ctx}")
+    vocab = model.bridge.cfg.d_vocab
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise ValueError(f"token ids outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
+    """One string per token id (each decoded on its own), or the ids as text."""
+    if tokenizer is None:
+        return [str(int(i)) for i in ids]
+    return [tokenizer.decode([int(i)], clean_up_tokenization_spaces=False) for i in ids]
+
+
+# ------------------------------------------------------------------ the forward pass
+def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head: int, *,
+                 hook_scores: bool | None = None) -> dict[str, Tensor | str]:
+    """One forward pass hooking ``layer`` only: the head's logits A [query_pos key_pos]
+    (``hook_attn_scores``, or q·kᵀ·scale from the q/k hooks when the bridge has no
+    scores hook or ``hook_scores=False``), its pattern (``hook_pattern``, else the
+    softmax of A over s ≤ t), and its q [pos d_head] and k [pos d_head] (kv head)."""
+    bridge = model.bridge
+    if hook_scores is None:
+        hook_scores = scores_hook_name(layer) in bridge.hook_dict
+    kv = int(model.kv_heads[head])
+    got: dict = {}
+
+    def on_layer(c) -> None:
+        got["q"], got["k"] = c.q[0, :, head].detach().clone(), c.k[0, :, kv].detach().clone()
+        if c.scores is not None:
+            got["scores"] = c.scores[0, head].detach().clone()
+
+    def on_pattern(x: Tensor, hook) -> None:
+        got["pattern"] = x[0, head].detach().clone()
+
+    pattern_name = PATTERN_HOOK.format(layer=layer)
+    extra = [(pattern_name, on_pattern)] if pattern_name in bridge.hook_dict else []
+    with torch.no_grad(), capture_qk(bridge, on_layer, scores=hook_scores,
+                                     layers=[layer]) as capture, bridge.hooks(fwd_hooks=extra):
+        capture.forward(ids[None].to(model.device))
+    q, k = got["q"], got["k"]
+    if "scores" in got:
+        A, scores_from = got["scores"], "hook_attn_scores"
+    else:
+        A, scores_from = model.logit_scale * (q @ k.T), "q·kᵀ × logit scale (hook q/k)"
+    T = A.shape[-1]
+    upper = torch.ones(T, T, dtype=torch.bool, device=A.device).triu(1)
+    if "pattern" in got:
+        pattern, pattern_from = got["pattern"], "hook_pattern"
+    else:
+        pattern = torch.softmax(A.double().masked_fill(upper, float("-inf")), -1)
+        pattern_from = "softmax of the causal logits"
+    return {"scores": A, "pattern": pattern, "q": q, "k": k, "scores_from": scores_from,
+            "pattern_from": pattern_from}
+
+
+def fit_without_sink(A: Float[Tensor, "query_pos key_pos"]) -> float:
+    """R² of the shift-invariant fit with the key column s = 0 (the sink) left out."""
+    T = A.shape[-1]
+    s1, sq = lag_sums(A)
+    col0 = A[1:, 0].double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        r2, _ = r2_from_sums(s1 - col0, sq - (col0 * col0).sum(), lag_counts(T) - 1)
+    return float(r2)
+
+
+def _usage(model: LoadedModel, q: Tensor, k: Tensor) -> np.ndarray | None:
+    """Frequency usage of each rotary pair: mean |q| pair norm × mean |k| pair norm."""
+    pairs = model.rotary_pairs
+    if pairs is None:
+        return None
+    first, second = (p.to(q.device) for p in pairs)
+
+    def norm(x: Tensor) -> Tensor:
+        return torch.sqrt(x[:, first].double() ** 2 + x[:, second].double() ** 2).mean(0)
+
+    return (norm(q) * norm(k)).cpu().numpy()
+
+
+def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
+                 max_tokens: int | None = None) -> HeadView:
+    """Inspect attention head ``head`` of ``layer`` on one text (or one sequence of
+    token ids) in one forward pass; see :class:`HeadView` for what it holds.
+
+    ``model``: a :class:`LoadedModel` (``pk.load_model`` or ``LoadedModel.from_bridge``).
+    Strings are tokenized without special tokens; ``max_tokens`` keeps the first tokens
+    only. Raises ValueError for a layer or head out of range (naming the range), fewer
+    than 3 tokens, or more than the model's context."""
+    spec = model.spec
+    check_head(spec.name, spec.n_layers, spec.n_heads, layer, head)
+    layer, head = int(layer), int(head)
+    ids = token_ids(model, text_or_tokens, max_tokens)
+    t = head_tensors(model, ids, layer, head)
+    A = t["scores"]
+    r2, g = shift_invariance_r2(A)
+    r2_nosink = fit_without_sink(A)
+    T = len(ids)
+    lag = torch.arange(T)[:, None] - torch.arange(T)[None]
+    lower = (lag > 0).to(A.device)
+    g64 = g.to(A.device)
+    residual = torch.where(lower, A.double() - g64[(lag.clamp(min=1) - 1).to(A.device)],
+                           torch.full_like(A, math.nan, dtype=torch.float64))
+    logits = A.float().masked_fill((lag < 0).to(A.device), math.nan)
+    thetas = spec.rotary_frequencies()
+    g_np = g.cpu().numpy()
+    usage = _usage(model, t["q"], t["k"]) if thetas is not None else None
+    if usage is not None and len(usage) != len(thetas):
+        usage = None
+    omega, power, alignment, note = kernel_spectrum(g_np, thetas, usage=usage)
+    notes = [model.weights_note.capitalize() + "."] if spec.loader == "gguf" else []
+    if note:
+        notes.append(note)
+    return HeadView(
+        model_name=spec.name, layer=layer, head=head, kv_head=int(model.kv_heads[head]),
+        tokens=token_strings(model.tokenizer, ids.tolist()), token_ids=ids.numpy(),
+        logits=logits.cpu().numpy(), pattern=t["pattern"].float().cpu().numpy(), g=g_np,
+        r2=float(r2), r2_nosink=r2_nosink, residual=residual.cpu().numpy(),
+        spectrum=(omega, power), alignment=alignment, thetas=thetas,
+        scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes)
+
+
+# --------------------------------------------------------------------------- CLI
+def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``poskernel inspect`` to the CLI's subparsers and return its parser."""
+    from poskernel_tl.registry import EMBEDDED_DEFAULT
+
+    p = subparsers.add_parser(
+        "inspect", help="one head on one text: a standalone HTML page",
+        description="Inspect one attention head on one text: attention pattern "
+                    "(circuitsvis), logits beside their Toeplitz fit and residual, g(Δ) and "
+                    "its spectrum with the rotary frequencies, written as one HTML page.")
+    p.add_argument("--model", default=EMBEDDED_DEFAULT,
+                   help="registry name (see `poskernel models`) or hf:<repo id>")
+    p.add_argument("--layer", type=int, required=True, help="layer index (0-based)")
+    p.add_argument("--head", type=int, required=True, help="query head index (0-based)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="the text to run (tokenized without special tokens)")
+    src.add_argument("--file", help="a UTF-8 text file to run")
+    src.add_argument("--dataset", help="one window of a dataset: wikipedia, code, random, "
+                                       "prose, stdlib-code or text:PATH")
+    p.add_argument("--index", type=int, default=None,
+                   help="with --dataset: which window, in corpus order (default 0)")
+    p.add_argument("--length", type=int, default=256,
+                   help="with --dataset: tokens per window (default 256)")
+    p.add_argument("--seed", type=int, default=0, help="with --dataset: shuffle/draw seed")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="keep only the first N tokens of the text")
+    p.add_argument("--out", default=None,
+                   help="HTML file to write (default artifacts/inspect/{model}_L{L}H{H}.html)")
+    p.add_argument("--shared-assets", action="store_true",
+                   help="write circuitsvis.js to assets/ beside the page instead of inlining")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    return p
+
+
+def default_out(model: str, layer: int, head: int) -> Path:
+    from poskernel_tl.constants import model_slug
+
+    return Path("artifacts") / "inspect" / f"{model_slug(model)}_L{layer}H{head}.html"
+
+
+def check_inspect_args(args) -> str | None:
+    """Check everything that can be checked before the model loads; returns the text of
+    ``--file`` (read now, so a bad file fails early) or ``--text``."""
+    from poskernel_tl.datasets import check_dataset_name
+    from poskernel_tl.loading import resolve_device
+    from poskernel_tl.registry import resolve
+
+    spec = resolve(args.model)
+    if args.layer < 0 or args.head < 0:
+        raise ValueError(f"--layer and --head must be >= 0, got {args.layer}, {args.head}")
+    if spec.n_layers:
+        check_head(spec.name, spec.n_layers, spec.n_heads, args.layer, args.head)
+    if args.index is not None and args.dataset is None:
+        raise ValueError("--index selects a window of --dataset; give --dataset too")
+    if args.max_tokens is not None and args.max_tokens < MIN_TOKENS:
+        raise ValueError(f"--max-tokens must be >= {MIN_TOKENS}, got {args.max_tokens}")
+    resolve_device(args.device)
+    out = Path(args.out) if args.out else default_out(args.model, args.layer, args.head)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give an .html file name")
+    if args.dataset is not None:
+        check_dataset_name(args.dataset)
+        if args.index is not None and args.index < 0:
+            raise ValueError(f"--index must be >= 0, got {args.index}")
+        if args.length < MIN_TOKENS or (spec.n_ctx and args.length > spec.n_ctx):
+            limit = f"..{spec.n_ctx}" if spec.n_ctx else " or more"
+            raise ValueError(f"--length {args.length}: choose {MIN_TOKENS}{limit} tokens")
+        return None
+    if args.file is not None:
+        path = Path(args.file)
+        if not path.is_file():
+            raise FileNotFoundError(f"--file {path}: no such file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"--file {path} is not UTF-8 text ({err})") from err
+    else:
+        text = args.text
+    if not text.strip():
+        raise ValueError("the text is empty")
+    return text
+
+
+def dataset_window(tokenizer, dataset: str, length: int, index: int = 0, seed: int = 0,
+                   *, model_name: str = "model") -> tuple[Int[Tensor, " pos"], str]:
+    """Window ``index`` (corpus order) of ``length`` tokens of ``dataset`` and a label.
+    Random tokens: row ``index`` of the seeded random sequences."""
+    from poskernel_tl.datasets import DataError
+    from poskernel_tl.sequences import build_sequences, collect_windows
+
+    if dataset == "random":
+        n = 2 * (index // 2 + 1)
+        seqs = build_sequences(tokenizer, "random", length, n, seed, model_name=model_name)
+        return seqs["input_ids"][index], f"random tokens, sequence {index} (seed {seed})"
+    tokens, doc_ids, offsets = collect_windows(tokenizer, dataset, length, seed,
+                                               max_windows=index + 1)
+    if len(tokens) <= index:
+        raise DataError(f"dataset {dataset!r} has only {len(tokens)} windows of {length} "
+                        f"tokens; --index {index} is out of range")
+    return (torch.from_numpy(tokens[index].copy()),
+            f"{dataset} window {index}: {doc_ids[index]}, tokens {offsets[index]}.."
+            f"{offsets[index] + length - 1}")
+
+
+def cmd_inspect(args) -> int:
+    """``poskernel inspect``: write one head's page and print its R²."""
+    from poskernel_tl.loading import load_model
+
+    text = check_inspect_args(args)  # before the model loads
+    out = Path(args.out) if args.out else default_out(args.model, args.layer, args.head)
+    model = load_model(args.model, device=args.device)
+    source: object = text
+    label = f"--file {args.file}" if args.file else "--text"
+    if args.dataset is not None:
+        source, label = dataset_window(model.tokenizer, args.dataset, args.length,
+                                       args.index or 0, args.seed, model_name=args.model)
+    view = inspect_head(model, source, args.layer, args.head, max_tokens=args.max_tokens)
+    path = view.save(out, inline=not args.shared_assets)
+    print(f"{view.title} ({label})")
+    print(f"R² = {view.r2:.4f}   R² without the sink column = {view.r2_nosink:.4f}   "
+          f"(logits from {view.scores_from})")
+    if view.thetas is not None:
+        print(alignment_line(view.alignment))
+    for note in view.notes:
+        print(note)
+    size = path.stat().st_size / 1e6
+    print(f"page written to {path} ({size:.2f} MB"
+          + (", circuitsvis inlined)" if not args.shared_assets else ", assets/ beside it)"))
+    return 0
+
+
+__all__ = ["HeadView", "add_inspect_parser", "alignment_frames", "cmd_inspect",
+           "dataset_window", "inspect_head", "kernel_spectrum", "token_ids"]
