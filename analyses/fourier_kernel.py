@@ -156,7 +156,7 @@ def _joint_fit(g: np.ndarray, lags: np.ndarray, freqs0: np.ndarray, max_nfev: in
         d_a = lags[:, None] * (w * design[:, 1:1 + K] - u * design[:, 1 + K:])
         return d_a - basis @ (basis.T @ d_a)
 
-    sol = least_squares(residual, freqs0, jac=jacobian, bounds=(min_freq, math.pi),
+    sol = least_squares(residual, freqs0, jac=jacobian, bounds=_windows(freqs0, min_freq),
                         method="trf", x_scale="jac", ftol=1e-10, xtol=1e-10, gtol=1e-10,
                         max_nfev=max_nfev)
     coef = solve(sol.x)[1]
@@ -178,10 +178,29 @@ def _make_fit(g, lags, n_fit, off, a, u, w, success, nfev) -> CosineFit:
     return dataclasses.replace(fit, fitted=fitted, r2=r2)
 
 
-def _largest_peak(resid: np.ndarray, n_fft: int) -> float:
-    """ω of the largest bin (m ≥ 1) of the zero-padded, demeaned spectrum of ``resid``."""
-    mag = np.abs(np.fft.rfft(resid - resid.mean(), n=n_fft))
-    return 2 * math.pi * (1 + int(np.argmax(mag[1:]))) / n_fft
+def _windows(freqs: np.ndarray, min_freq: float) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds that keep neighbouring frequencies ≥ ``min_freq`` (= π/window by default,
+    half the Rayleigh resolution) apart: each a_k stays between the midpoints to its
+    neighbours, shrunk by min_freq/2. Without them two cosines can merge into a
+    near-collinear pair with huge opposite amplitudes."""
+    order = np.argsort(freqs, kind="stable")
+    f = freqs[order]
+    mid = (f[1:] + f[:-1]) / 2
+    lo = np.minimum(np.concatenate([[min_freq], mid + min_freq / 2]), f)
+    hi = np.maximum(np.concatenate([mid - min_freq / 2, [math.pi]]), f)
+    hi = np.maximum(hi, lo + 1e-12)
+    out_lo, out_hi = np.empty_like(f), np.empty_like(f)
+    out_lo[order], out_hi[order] = lo, hi
+    return out_lo, out_hi
+
+
+def _largest_peak(resid: np.ndarray, n_fft: int, taken: np.ndarray, gap: float) -> float:
+    """ω of the largest bin (m ≥ 1) of the zero-padded, demeaned spectrum of ``resid``
+    at least ``gap`` away from the frequencies already ``taken`` (if any bin is)."""
+    mag = np.abs(np.fft.rfft(resid - resid.mean(), n=n_fft))[1:]
+    omega = 2 * math.pi * np.arange(1, len(mag) + 1) / n_fft
+    free = (np.abs(omega[:, None] - taken[None]) >= gap).all(1)
+    return float(omega[np.argmax(np.where(free, mag, -1.0)) if free.any() else np.argmax(mag)])
 
 
 def _prepare(g, max_lag):
@@ -207,7 +226,7 @@ def _residual_path(g, lags, n_fit, Ks, max_nfev, min_freq=None, start=None
             off, a, u, w = state[:4]
             arg = np.outer(lf, a)
             resid = gf - (off + np.cos(arg) @ u + np.sin(arg) @ w)
-            freqs_k = np.append(a, _largest_peak(resid, n_fft))
+            freqs_k = np.append(a, _largest_peak(resid, n_fft, a, 2 * min_freq))
             state = _joint_fit(gf, lf, freqs_k, max_nfev, min_freq)
         if k in Ks:
             out[k] = _make_fit(g, lags, n_fit, *state)
@@ -241,7 +260,8 @@ def fit_cosine_series(
     Δ ≤ max_lag. Frequencies are bounded to [``min_freq``, π]; the default π/max_lag (half
     a period over the fitted window) keeps a slow trend from turning into a cosine of
     vanishing frequency and diverging amplitude, indistinguishable from the offset.
-    ``max_nfev`` caps function evaluations per joint refit. Returns a :class:`CosineFit`
+    Neighbouring frequencies are kept ≥ min_freq apart. ``max_nfev`` caps function
+    evaluations per joint refit. Returns a :class:`CosineFit`
     (NaN-filled if g is not finite)."""
     g, lags, n_fit = _prepare(g, max_lag)
     if init not in ("residual", "peaks"):
@@ -322,7 +342,7 @@ def cosine_fit_table(
                             "freq": a, "amplitude": fit.amplitudes[c], "phase": fit.phases[c],
                             "amplitude_share": fit.amplitudes[c] / total if total > 0 else np.nan,
                             "period": 2 * math.pi / a if a > 0 else np.inf,
-                            "at_min_freq": bool(a <= floor * (1 + 1e-6))}
+                            "at_min_freq": bool(a <= floor * (1 + 1e-3))}
                     if match is not None:
                         comp.update(nearest_theta=match["nearest_theta"][c],
                                     theta_index=int(match["theta_index"][c]),
@@ -339,7 +359,7 @@ def cosine_fit_table(
 
 
 def plot_cosine_fit(
-    tables: CosineFitTables,
+    tables: CosineFitTables | tuple[pd.DataFrame, pd.DataFrame],
     *,
     thetas: Float[np.ndarray, " theta"] | None = None,
     K: int | None = None,
@@ -352,7 +372,7 @@ def plot_cosine_fit(
     (grey lines). Returns a ``matplotlib.figure.Figure`` (the backend is left alone)."""
     from matplotlib.figure import Figure
 
-    fits, comps = tables.fits, tables.components
+    fits, comps = tables  # a CosineFitTables or a (fits, components) pair
     fig = Figure(figsize=(10, 4))
     ax_r2, ax_f = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
     wide = fits.pivot_table(index=["layer", "head"], columns="K", values="R2_fit",
@@ -381,6 +401,8 @@ def plot_cosine_fit(
                  c=colors, alpha=0.8, lw=0)
     for theta in [] if thetas is None else np.asarray(thetas):
         ax_f.axvline(theta, color="0.85", lw=0.6, zorder=0)
+    if len(sel):  # θ_i far below what the window resolves would only squeeze the axis
+        ax_f.set_xlim(0.7 * sel["freq"].min(), 1.3 * math.pi)
     matched_note = " (blue: matched θ_i)" if "matched" in sel else ""
     ax_f.set(xscale="log", xlabel="a_k (rad/token); grey: θ_i", ylabel="head",
              title=f"fitted frequencies, K={K}{matched_note}")

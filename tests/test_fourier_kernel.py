@@ -101,6 +101,21 @@ def test_match_thetas_criterion():
     np.testing.assert_allclose(m["rel_error"], [0.05, 0.3, 0.05, 0.25])
 
 
+def test_r2_is_monotone_in_K_on_a_trend_with_noise():
+    """A decaying trend invites two slow cosines to merge into a huge-amplitude pair; the
+    frequency windows prevent that, so each added cosine can only raise R²."""
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        g = 4 * np.exp(-LAGS / rng.uniform(10, 80)) + np.cos(0.3 * LAGS) \
+            + 0.5 * rng.standard_normal(len(LAGS))
+        fits, comps = F.cosine_fit_table(g[None, None], Ks=(1, 2, 3, 4, 5, 6, 8))
+        assert fits.R2_fit.is_monotonic_increasing, fits.R2_fit.tolist()
+        for _, c in comps.groupby("K"):
+            f = np.sort(c.freq.to_numpy())
+            assert (np.diff(f) >= math.pi / len(LAGS) * (1 - 1e-9)).all()
+        assert comps.amplitude.max() < 50
+
+
 def test_trend_lands_on_the_lower_frequency_bound():
     g = 5 * np.exp(-LAGS / 40) + np.cos(0.5 * LAGS)
     _, comps = F.cosine_fit_table(g[None, None], Ks=(3,))
