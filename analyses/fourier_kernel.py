@@ -6,25 +6,20 @@ toolkit's lag convention), is fitted by
 
     g(Δ) ≈ offset + Σ_{k=1..K} c_k cos(a_k Δ + b_k),   a_k ∈ [π/T, π] rad/token, c_k ≥ 0,
 
-by nonlinear least squares (``scipy.optimize.least_squares``) over all 3K + 1 parameters:
-for fixed a_k the model u_k cos(a_k Δ) + w_k sin(a_k Δ) + offset is linear and solved
-exactly, and least_squares moves the a_k (variable projection, analytic Jacobian). The
-initial frequencies are spectral peaks of the zero-padded (N_fft = 4T), demeaned spectrum:
-``init="residual"`` (default) adds one frequency at a time, the largest peak of the spectrum
-of what the current fit leaves (the first one is g's own largest peak), refitting everything
-after each addition, so a small component next to a large one's sidelobes is still found;
-``init="peaks"`` takes the K largest local maxima (≥ 2π/T apart) of g's spectrum at once
-(they can be a larger component's sidelobes); ``init_freqs`` gives them explicitly. R² = 1 −
-SS_res/SS_tot over the fitted lags. Components are reported largest amplitude first. A
-component stuck at the lower bound π/T models a trend (e.g. a recency decay), not a cosine.
+by nonlinear least squares (``scipy.optimize.least_squares``; variable projection: for
+fixed a_k the rest is linear and solved exactly). Initial frequencies are peaks of the
+zero-padded (N_fft = 4T), demeaned spectrum: by default one at a time, the largest peak of
+what the current fit leaves, refitting all after each addition (a small cosine beside a
+large one's sidelobes is still found). Neighbouring a_k are kept ≥ π/T apart, so R² can only
+grow with K; a component on the floor π/T models a trend (e.g. a recency decay). Components
+are reported largest amplitude first; R² = 1 − SS_res/SS_tot over the fitted lags.
 
-:func:`cosine_fit_table` runs the fit per head of g [layer, head_index, lag] for several K
-and returns two tidy tables (:class:`CosineFitTables`): ``fits``, one row per (layer, head,
-K), and ``components``, one row per fitted cosine. Given the model's rotary frequencies θ_i
-(rad/token), every a_k gets its nearest θ_i, the relative error and ``matched`` by the
-spectral analysis' criterion (relative error < 10 % or closer than 2π/N_fft); ``fits`` then
-carries ``n_matched`` and ``frac_matched``. Frequencies below ~4π/T (fewer than two periods
-in the window) are not separable from the offset and from each other.
+:func:`cosine_fit_table` fits every head of g [layer, head_index, lag] for several K and
+returns two tidy tables (:class:`CosineFitTables`): ``fits``, one row per (layer, head, K),
+and ``components``, one row per fitted cosine. Given the model's rotary frequencies θ_i
+(rad/token), each a_k gets its nearest θ_i, the relative error and ``matched`` (relative
+error < 10 % or closer than 2π/N_fft, the spectral analysis' criterion). Frequencies below
+~4π/T (under two periods in the window) are not separable from the offset or each other.
 
 **(b) Kernelized attention with a Fourier relative kernel (seed 001).** With kernel feature
 maps Q̄, K̄ (already applied: these functions take the feature-mapped tensors as given),
@@ -256,13 +251,12 @@ def fit_cosine_series(
 
     ``init_freqs`` (rad/token) overrides K and the spectral initialisation. ``init``:
     "residual" (peaks of the residual's spectrum, one at a time) or "peaks" (the K largest
-    spectral peaks of g; the residual rule fills in if g has fewer). ``max_lag`` fits only
-    Δ ≤ max_lag. Frequencies are bounded to [``min_freq``, π]; the default π/max_lag (half
-    a period over the fitted window) keeps a slow trend from turning into a cosine of
-    vanishing frequency and diverging amplitude, indistinguishable from the offset.
-    Neighbouring frequencies are kept ≥ min_freq apart. ``max_nfev`` caps function
-    evaluations per joint refit. Returns a :class:`CosineFit`
-    (NaN-filled if g is not finite)."""
+    local maxima, ≥ 2π/T apart, of g's spectrum at once; they can be a larger cosine's
+    sidelobes; the residual rule fills in if there are fewer). ``max_lag`` fits only
+    Δ ≤ max_lag. Frequencies lie in [``min_freq``, π] and neighbours stay ≥ min_freq apart;
+    the default π/max_lag (half a period over the window) keeps slow trends from becoming
+    cosines of vanishing frequency and diverging amplitude. ``max_nfev`` caps evaluations
+    per refit. Returns a :class:`CosineFit` (NaN-filled if g is not finite)."""
     g, lags, n_fit = _prepare(g, max_lag)
     if init not in ("residual", "peaks"):
         raise ValueError(f"init must be 'residual' or 'peaks', not {init!r}")
@@ -417,13 +411,14 @@ def plot_cosine_fit(
 
 # ------------------------------------------------------------------- (b) attention
 
+# scalar positions [pos] (pos_dim = 1), shared [pos pos_dim] or per sequence
+Positions = (Float[Tensor, " pos"] | Float[Tensor, "pos pos_dim"]
+             | Float[Tensor, "batch pos pos_dim"])
+
 
 def _positions(positions: Tensor, batch: int) -> Float[Tensor, "batch pos pos_dim"]:
-    p = positions
-    if p.ndim == 1:
-        p = p[:, None]
-    if p.ndim == 2:
-        p = p[None]
+    p = positions[:, None] if positions.ndim == 1 else positions
+    p = p[None] if p.ndim == 2 else p
     if p.ndim != 3 or p.shape[0] not in (1, batch):
         raise ValueError(f"positions must be [pos], [pos pos_dim] or [batch pos pos_dim]; "
                          f"got {tuple(positions.shape)}")
@@ -445,16 +440,13 @@ def fourier_delta_p(
     a: Float[Tensor, "head_index feature pos_dim"],
     b: Float[Tensor, "head_index feature"],
     c: Float[Tensor, "head_index feature"],
-    positions: Float[Tensor, " pos"] | Float[Tensor, "pos pos_dim"]
-    | Float[Tensor, "batch pos pos_dim"],
+    positions: Positions,
 ) -> Float[Tensor, "batch head_index query_pos key_pos feature"]:
     """ΔP_ijk = c_k cos(b_k + Σ_n a_kn (p_in − p_jn)), materialised (batch = 1 for shared
     positions)."""
     p = _positions(positions, positions.shape[0] if positions.ndim == 3 else 1).to(a.dtype)
     dp = p[:, :, None, :] - p[:, None, :, :]                       # [batch, i, j, pos_dim]
-    phase = torch.einsum("bijn,hkn->bhijk", dp, a)
-    del dp
-    phase += b[None, :, None, None, :]
+    phase = torch.einsum("bijn,hkn->bhijk", dp, a).add_(b[None, :, None, None, :])
     return phase.cos_().mul_(c[None, :, None, None, :])
 
 
@@ -464,8 +456,7 @@ def fourier_kernel_scores(
     a: Float[Tensor, "head_index feature pos_dim"],
     b: Float[Tensor, "head_index feature"],
     c: Float[Tensor, "head_index feature"],
-    positions: Float[Tensor, " pos"] | Float[Tensor, "pos pos_dim"]
-    | Float[Tensor, "batch pos pos_dim"],
+    positions: Positions,
 ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
     """Scores S_ij = Σ_k Q̄_ik K̄_jk ΔP_ijk (unmasked). With constant features and scalar
     positions t, S depends on t_i − t_j only: a cosine series in Δ, what (a) fits."""
@@ -480,8 +471,7 @@ def fourier_kernel_attention_quadratic(
     a: Float[Tensor, "head_index feature pos_dim"],
     b: Float[Tensor, "head_index feature"],
     c: Float[Tensor, "head_index feature"],
-    positions: Float[Tensor, " pos"] | Float[Tensor, "pos pos_dim"]
-    | Float[Tensor, "batch pos pos_dim"],
+    positions: Positions,
     causal: bool = True,
 ) -> Float[Tensor, "batch pos head_index d_head"]:
     """A_id = Σ_k Σ_j Q̄_ik K̄_jk ΔP_ijk V_jd with ΔP materialised: O(T²·K) memory and time.
@@ -501,8 +491,7 @@ def fourier_kernel_attention_linear(
     a: Float[Tensor, "head_index feature pos_dim"],
     b: Float[Tensor, "head_index feature"],
     c: Float[Tensor, "head_index feature"],
-    positions: Float[Tensor, " pos"] | Float[Tensor, "pos pos_dim"]
-    | Float[Tensor, "batch pos pos_dim"],
+    positions: Positions,
     causal: bool = True,
     chunk_size: int | None = None,
 ) -> Float[Tensor, "batch pos head_index d_head"]:
@@ -526,8 +515,7 @@ def fourier_kernel_attention_linear(
         return torch.einsum("bihk,bhkd->bihd", phi_q, state)
     T = q_feat.shape[1]
     step = T if chunk_size is None else max(1, int(chunk_size))
-    out = []
-    carry = None
+    out, carry = [], None
     for start in range(0, T, step):
         sl = slice(start, start + step)
         kv = torch.einsum("bjhk,bjhd->bjhkd", phi_k[:, sl], v[:, sl]).cumsum_(1)
