@@ -177,7 +177,8 @@ def _fmt(x, fmt: str = "{:.3f}") -> str:
     return "nan" if x is None or not np.isfinite(float(x)) else fmt.format(float(x))
 
 
-def _answers(summary: pd.DataFrame, v: pd.DataFrame, gate: tuple, fig4: str) -> list[str]:
+def _answers(summary: pd.DataFrame, v: pd.DataFrame, gate: tuple, fig4: str,
+             calibration: str = "") -> list[str]:
     """The seed's Phase 7 questions (a)–(f), answered from the numbers (escaped HTML)."""
     by = {row["id"]: row for row in v.to_dict("records")}
 
@@ -190,13 +191,13 @@ def _answers(summary: pd.DataFrame, v: pd.DataFrame, gate: tuple, fig4: str) -> 
 
     s = summary
     out = [f"<li><b>(a) Shift-invariance at early layers, Track A, RoPE models.</b> "
-           f"{say('early_r2')}</li>"]
-    cen = s[s.centered]
-    half = ""
-    if len(cen):
-        half = (" Centering-noise check (seed: 50 vs 100 centering sequences): Track B is "
-                "recomputed with a random half of the centering set; see R2_gram_half in "
-                "the Track B CSVs.")
+           f"{say('early_r2')} {esc(calibration)}</li>"]
+    half = "".join(
+        f" Centering-noise check (seed: 50 vs 100 centering sequences), {row['model']}/"
+        f"{row['dataset']}/T={row['length']}: centering on {row['n_centering_half']} instead "
+        f"of {row['n_centering']} sequences changes Track B R² by {_fmt(row['B_half_absdiff'])}"
+        " per head on average."
+        for row in s[s.centered].to_dict("records") if np.isfinite(row["B_half_absdiff"]))
     rnd = s[~s.natural]
     art = ""
     for row in rnd.to_dict("records"):
@@ -208,7 +209,7 @@ def _answers(summary: pd.DataFrame, v: pd.DataFrame, gate: tuple, fig4: str) -> 
     art = art or (" No model has both a random-token and a centered natural-text "
                   "condition, so the seed’s centering-artifact comparison cannot be made.")
     out.append(f"<li><b>(b) Track A vs Track B; is centering creating stationarity?</b> "
-               f"{say('agreement')}.{esc(art)}{esc(half)}</li>")
+               f"{say('agreement')}{esc(art)}{esc(half)}</li>")
     out.append(f"<li><b>(c) NoPE models: low R²?</b> {say('nope')}</li>")
     out.append(f"<li><b>(d) Per-sequence R² spread (content stability).</b> "
                f"{say('seq_std')}</li>")
@@ -220,6 +221,25 @@ def _answers(summary: pd.DataFrame, v: pd.DataFrame, gate: tuple, fig4: str) -> 
                f"{say('spectral')} {esc(fig4)}</li>")
     out.append(f"<li><b>Random tokens vs natural text.</b> {say('random_vs_text')}</li>")
     return out
+
+
+def _calibration(results: Sequence[ConditionResult]) -> str:
+    """One sentence per rotary condition: its early-layer R² against its nulls."""
+    out = []
+    for r in results:
+        if r.spec.pe != "rope":
+            continue
+        e = float(np.nanmean(TB.early(r.r2_pooled)))
+        iid = N.analytic_null_mean(r.length, len(r.seq_id))
+        text = (f"Calibration, {r.model}/{r.dataset}/T={r.length}: early-layer mean {e:.3f} "
+                f"vs an i.i.d. null mean of {iid:.1e}")
+        s = N.head_null_summary(r)
+        if s:
+            text += (f" and a permutation null whose largest draw over all heads is "
+                     f"{s['null_max_overall']:.3g}; {s['n_above_null_max']}/{s['n_heads']} "
+                     "heads lie above every draw of their own null")
+        out.append(text + ".")
+    return " ".join(out)
 
 
 def _boundary_html(summary: pd.DataFrame, results: Sequence[ConditionResult]) -> str:
@@ -353,10 +373,12 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
                                                     else _usage(full)[l4, h4], n_null=n_null)
         fig = F.fig4_spectral(full, l4, h4, res, gate_met=gate[1])
         figs["4"].append(_img(_write_figure(fig, out, "fig4"), out, "Figure 4"))
+        p = res.get("p_value", np.nan)
         fig4_note = (f"Figure 4 head: {r4.model}/{r4.dataset}/T={r4.length} L{l4}H{h4}, "
-                     f"{int(np.sum(res.get('matched', [])))} of its top peaks matched a θᵢ "
-                     f"(p = {_fmt(res.get('p_value', np.nan), '{:.3g}')} against the "
-                     "rescaled-θ null).")
+                     f"{int(np.sum(res.get('matched', [])))} of its "
+                     f"{len(res.get('peaks', []))} top peaks matched a θᵢ " +
+                     (f"(p = {p:.3g} against the rescaled-θ null)." if np.isfinite(p) else
+                      "(no significant peak, so no p-value against the rescaled-θ null)."))
         del full
     for r in results:
         nope = N.nope_r2(results, dataset=r.dataset, length=r.length)
@@ -400,7 +422,8 @@ def _page(results_dir, out, results, summary, verdict, t1, thresholds, gate, fig
         CSS, "<h1>Positional-kernel report</h1>",
         f"<p class=\"pk-note\">Conditions read from <code>{esc(results_dir.name)}</code>: "
         f"{len(results)}.</p><ul>{conds}</ul>",
-        "<h2>Results</h2><ul>" + "".join(_answers(summary, verdict, gate, fig4_note)) +
+        "<h2>Results</h2><ul>" + "".join(_answers(summary, verdict, gate, fig4_note,
+                                                  _calibration(results))) +
         "</ul>",
         "<h2>Pre-registration verdicts</h2>" + _verdict_html(verdict) +
         '<p class="pk-note">Files: <a href="verdicts.csv">CSV</a> · '

@@ -309,8 +309,9 @@ def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | No
     ax_c.grid(alpha=0.3)
     ax_c.legend(fontsize=7, loc="lower left")
     frac, p = spectral.get("frac_matched", np.nan), spectral.get("p_value", np.nan)
+    ptext = f"p = {p:.3g}" if np.isfinite(p) else "no significant peak"
     ax_c.set_title(f"(c) power spectrum: {frac:.0%} of top-5 peaks matched, "
-                   f"chance {spectral.get('chance', np.nan):.2f}, p = {p:.3g}"
+                   f"chance {spectral.get('chance', np.nan):.2f}, {ptext}"
                    if np.isfinite(frac) else "(c) power spectrum", fontsize=9)
     gate = "" if gate_met else "  —  gate not met" if gate_met is False else \
         "  —  no gate applies"

@@ -8,6 +8,7 @@ expected-results table); the depth slope is the least-squares slope of the per-l
 of Track A pooled R² over layer index, with its standard error.
 """
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -136,6 +137,9 @@ def condition_summary(results: Sequence[ConditionResult],
             "AB_absdiff_heads": _nanmean(np.abs(e - early(b))),
             "AB_raw_diff_early": abs(_nanmean(e) - _nanmean(early(r.r2_gram_raw))),
             "seq_std_early": _nanmean(early(seq_std)),
+            "B_half_absdiff": _nanmean(np.abs(b - r.r2_gram_half)) if r.centered
+            else float("nan"),
+            "n_centering": int(r.n_centering), "n_centering_half": int(r.n_centering_half),
             "A_nosink_early": _nanmean(early(r.r2_pooled_nosink)),
             "A_nosink_all": _nanmean(r.r2_pooled_nosink), "A_all": _nanmean(r2),
             "A_rows_1_20": _nanmean(r.r2_pooled_early),
@@ -220,15 +224,15 @@ def table1_display(t1: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.
 
 
 def markdown_table(df: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
-    """A pipe table (GitHub Markdown); '|' escaped, '<' and '>' written as entities (no
-    markup from a dataset name is ever rendered), newlines flattened."""
+    """A pipe table (GitHub Markdown); '|' escaped, a '<' that could open a tag written as
+    '&lt;' (no markup from a dataset name is ever rendered), newlines flattened."""
     def cell(v) -> str:
         if isinstance(v, float | np.floating):
             text = "–" if not np.isfinite(v) else floatfmt.format(v)
         else:
             text = "–" if v is None or v is pd.NA else str(v)
-        return (text.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
-                .replace(">", "&gt;"))
+        return re.sub(r"<(?=[A-Za-z/!?])", "&lt;",
+                      text.replace("|", "\\|").replace("\n", " "))
 
     head = "| " + " | ".join(cell(c) for c in df.columns) + " |"
     sep = "|" + "|".join("---" for _ in df.columns) + "|"
@@ -249,5 +253,6 @@ def write_table(df: pd.DataFrame, stem: str | Path, display: pd.DataFrame | None
 
 
 __all__ = ["EARLY_LAYERS", "GATE_THRESHOLD", "LATE_FROM", "TABLE1_COLUMNS", "bucking_heads",
+           "early",
            "condition_summary", "depth_slope", "key_of", "markdown_table", "spectral_gate",
            "spectral_summary", "table1", "table1_display", "write_table"]

@@ -57,8 +57,10 @@ READINGS = {  # what each verdict means for each criterion
                        "centering creates stationarity",
                   PARTIAL: "tracks agree within 0.10 in some conditions only",
                   FAILED: "tracks differ by ≥ 0.10 in every centered condition"},
-    "depth_decay": {MET: "R² falls with depth in every RoPE condition",
-                    PARTIAL: "R² falls with depth on average, not in every condition",
+    "depth_decay": {MET: "R² falls with depth in every RoPE condition (slope more than "
+                         "2 SE below zero)",
+                    PARTIAL: "R² falls with depth on average, but not significantly (within "
+                             "2 SE of zero) or not in every condition",
                     FAILED: "R² does not fall with depth on average"},
     "gate": {MET: "gate met in every RoPE condition: spectral analysis runs",
              PARTIAL: "gate met in some RoPE conditions only (the grid-wide mean decides)",
@@ -159,12 +161,16 @@ def _depth(s: pd.DataFrame) -> tuple:
         return NA, np.nan, desc.lstrip("; "), \
             "no RoPE model with at least 3 layers in this folder"
     v = _mean(rope, "A_slope")
-    flags = [r["A_slope"] < 0 for r in rope]
+    # significantly negative: slope + 2·SE < 0 (SE unknown: the sign alone)
+    flags = [r["A_slope"] + 2 * (r["A_slope_se"] if _fin(r.get("A_slope_se")) else 0) < 0
+             for r in rope]
     verdict = MET if all(flags) else PARTIAL if v < 0 else FAILED
     buck = "; ".join(f"{_name(r)}: {int(r['n_bucking'])} heads above the early mean"
                      + (f" ({r['bucking_heads']})" if r.get("bucking_heads") else "")
                      for r in rope if _fin(r.get("n_bucking")) and r["n_bucking"] > 0)
-    nums = "slope per layer; " + _numbers(rope, "A_slope", "{:+.4f}") + desc
+    nums = "slope per layer ± SE; " + "; ".join(
+        f"{_name(r)}: {r['A_slope']:+.4f} ± {r.get('A_slope_se', float('nan')):.4f}"
+        for r in rope) + desc
     return verdict, v, nums + (f"; flagged: {buck}" if buck else ""), ""
 
 
