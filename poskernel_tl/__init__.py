@@ -2,6 +2,7 @@
 
 __version__ = "0.2.0"
 
+from poskernel_tl.inspect import HeadView, inspect_head  # noqa: E402
 from poskernel_tl.loading import LoadedModel, load_model  # noqa: E402
 from poskernel_tl.measure import measure  # noqa: E402
 from poskernel_tl.registry import REGISTRY, ModelSpec, resolve  # noqa: E402
@@ -19,8 +20,10 @@ def spectral_alignment(g, thetas, *, length=None, **kw) -> dict:
 __all__ = [
     "REGISTRY",
     "ConditionResult",
+    "HeadView",
     "LoadedModel",
     "ModelSpec",
+    "inspect_head",
     "load_model",
     "measure",
     "resolve",

@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-null", type=int, default=2000,
                    help="draws of the spectral null per head")
 
+    from poskernel_tl.inspect import add_inspect_parser
+
+    add_inspect_parser(sub)
+
     p = sub.add_parser("demo", help="the README's main job: the demo grid and its report")
     p.add_argument("--out", default="artifacts/demo", help="output folder")
     p.add_argument("--n-seqs", type=int, help="sequences per condition (default 200)")
@@ -272,6 +276,12 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_inspect(args) -> int:
+    from poskernel_tl.inspect import cmd_inspect as run
+
+    return run(args)
+
+
 def cmd_demo(args) -> int:
     """The demo grid on the embedded model, then its report."""
     ns = build_parser().parse_args(
@@ -286,7 +296,7 @@ def cmd_demo(args) -> int:
 
 COMMANDS = {"models": cmd_models, "data": cmd_data, "run": cmd_run, "spectral": cmd_spectral,
             "analyze": cmd_analyze, "grid": cmd_grid, "report": cmd_report,
-            "demo": cmd_demo}
+            "inspect": cmd_inspect, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:
