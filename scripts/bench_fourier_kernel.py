@@ -3,21 +3,23 @@
 prefix sums over j ≤ i), on CPU (not a test).
 
 For each length T it prints
-  time     best wall time of one call over ≥ --repeats calls after one warm-up (ms)
+  ms       best wall time of one call over ≥ --repeats calls after one warm-up (ms)
   peak     peak bytes allocated by torch during one call, from torch.profiler's memory
            events (inputs excluded; "n/a" if this torch build does not expose them)
   largest  the largest intermediate, computed analytically: ΔP = B·H·T²·K·itemsize for the
            quadratic form; for the linear one the largest of the prefix-sum tensor
            B·T·H·2K·d_head·itemsize (T → C with --chunk-size C), the float64 phases B·T·H·K·8
            and the features/output B·T·H·max(2K, d_head)·itemsize
-  ×        growth per doubling of T against the previous length: ≈ 2 is linear, ≈ 4 quadratic
+  ×, cpu×  growth per doubling of T against the previous length, of wall time, process CPU
+           time (less disturbed by other load) and memory: ≈ 2 is linear, ≈ 4 quadratic;
+           at the end, the log-log slope over all lengths (1 linear, 2 quadratic)
 The quadratic form runs only while its ΔP fits under --max-quadratic-mb; longer lengths are
 skipped and marked so. Where both ran, the last column is max |A_quadratic − A_linear| /
 max |A_quadratic|.
 
 Usage: python scripts/bench_fourier_kernel.py [--lengths 256 512 ... 16384] [--batch 1]
        [--heads 1] [--features 16] [--d-head 64] [--pos-dim 1] [--max-quadratic-mb 1100]
-       [--repeats 3] [--threads N] [--non-causal] [--chunk-size C]
+       [--repeats 5] [--threads 1] [--non-causal] [--chunk-size C]
 """
 
 import argparse
@@ -25,6 +27,7 @@ import math
 import os
 import time
 
+import numpy as np
 import torch
 
 from poskernel_tl.analyses.fourier_kernel import (
@@ -54,19 +57,22 @@ def make_inputs(args, T: int, seed: int = 0):
     return q, k, v, a.contiguous(), b, c, p
 
 
-def timed(fn, repeats: int, budget_s: float = 2.0) -> float:
-    """Best of at least ``repeats`` calls after a warm-up (more while the calls are short,
-    fewer once ``budget_s`` is spent): the minimum is the least disturbed by other load."""
+def timed(fn, repeats: int, budget_s: float = 2.0) -> tuple[float, float]:
+    """(wall, process CPU) seconds: the best of at least ``repeats`` calls after a warm-up
+    (more while calls are short, fewer once ``budget_s`` is spent). The minimum is the least
+    disturbed by other load; CPU time also leaves out time the process was not scheduled."""
     fn()
-    times: list[float] = []
+    walls: list[float] = []
+    cpus: list[float] = []
     start = time.perf_counter()
-    while len(times) < max(1, repeats) or time.perf_counter() - start < budget_s / 4:
-        t0 = time.perf_counter()
+    while len(walls) < max(1, repeats) or time.perf_counter() - start < budget_s / 4:
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-        if time.perf_counter() - start > budget_s or len(times) >= 50:
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+        if time.perf_counter() - start > budget_s or len(walls) >= 50:
             break
-    return min(times)
+    return min(walls), min(cpus)
 
 
 def peak_bytes(fn) -> float:
@@ -99,6 +105,12 @@ def ratio(cur: float | None, prev: float | None, doublings: float) -> str:
     return f"{(cur / prev) ** (1 / doublings):.2f}"
 
 
+def slope(points: list[tuple[int, float]]) -> float:
+    """Least-squares slope of log(value) against log(T)."""
+    x, y = (np.log([p[i] for p in points]) for i in (0, 1))
+    return float(np.polyfit(x, y, 1)[0])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", type=int, nargs="+",
@@ -127,11 +139,13 @@ def main(argv=None):
           f"{'causal' if causal else 'non-causal'}"
           + (f", chunk={args.chunk_size}" if args.chunk_size else "")
           + (f"; load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""))
-    cols = ["T", "lin ms", "×", "lin peak MB", "×", "lin largest MB", "quad ms", "×",
-            "quad peak MB", "×", "quad ΔP MB", "quad/lin time", "max rel diff"]
-    widths = [6, 9, 5, 11, 5, 14, 9, 5, 12, 5, 10, 13, 12]
+    cols = ["T", "lin ms", "×", "cpu×", "lin peak MB", "×", "lin largest MB", "quad ms", "×",
+            "cpu×", "quad peak MB", "×", "quad ΔP MB", "quad/lin", "max rel diff"]
+    widths = [6, 8, 5, 5, 11, 5, 14, 9, 5, 5, 12, 5, 10, 8, 12]
     print(" ".join(f"{c:>{w}}" for c, w in zip(cols, widths)))
     prev: dict[str, float | None] = {}
+    series: dict[str, list[tuple[int, float]]] = {k: [] for k in ("lt", "lc", "lp", "qt", "qc",
+                                                                    "qp")}
     skipped = []
     t_start = time.perf_counter()
     for T in sorted(args.lengths):
@@ -142,14 +156,14 @@ def main(argv=None):
         lin_largest = max(B * rows * H * 2 * K * D * item if causal else 0,  # prefix sums
                           B * T * H * K * 8,  # float64 phases p̂
                           B * T * H * max(2 * K, D) * item)  # cos/sin features, output
-        lin_t = timed(lin, args.repeats)
+        lin_t, lin_c = timed(lin, args.repeats)
         lin_peak = peak_bytes(lin)
         dp_bytes = B * H * T * T * K * item
-        quad_t = quad_peak = None
+        quad_t = quad_c = quad_peak = None
         diff = float("nan")
         if dp_bytes <= args.max_quadratic_mb * MB:
             quad = lambda: fourier_kernel_attention_quadratic(*x, causal=causal)  # noqa: B023
-            quad_t = timed(quad, args.repeats)
+            quad_t, quad_c = timed(quad, args.repeats)
             quad_peak = peak_bytes(quad)
             ref = quad()
             diff = ((ref - lin()).abs().max() / ref.abs().max()).item()
@@ -158,22 +172,32 @@ def main(argv=None):
             skipped.append(T)
         dbl = math.log2(T / prev["T"]) if prev else 0.0
         cells = [
-            str(T), fmt(lin_t * 1e3), ratio(lin_t, prev.get("lt"), dbl), fmt(lin_peak / MB),
+            str(T), fmt(lin_t * 1e3), ratio(lin_t, prev.get("lt"), dbl),
+            ratio(lin_c, prev.get("lc"), dbl), fmt(lin_peak / MB),
             ratio(lin_peak, prev.get("lp"), dbl), fmt(lin_largest / MB),
             fmt(quad_t * 1e3) if quad_t is not None else "skipped",
-            ratio(quad_t, prev.get("qt"), dbl),
+            ratio(quad_t, prev.get("qt"), dbl), ratio(quad_c, prev.get("qc"), dbl),
             fmt(quad_peak / MB) if quad_peak is not None else "-",
             ratio(quad_peak, prev.get("qp"), dbl), fmt(dp_bytes / MB),
             f"{quad_t / lin_t:.1f}" if quad_t is not None else "-",
             f"{diff:.1e}" if math.isfinite(diff) else "-",
         ]
         print(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)), flush=True)
-        prev = {"T": T, "lt": lin_t, "lp": lin_peak, "qt": quad_t, "qp": quad_peak}
+        prev = {"T": T, "lt": lin_t, "lp": lin_peak, "qt": quad_t, "qp": quad_peak,
+                "lc": lin_c, "qc": quad_c}
+        for key in series:
+            if prev[key] is not None and math.isfinite(prev[key]):
+                series[key].append((T, prev[key]))
     if skipped:
         print(f"quadratic form skipped for T = {', '.join(map(str, skipped))}: ΔP would exceed "
               f"--max-quadratic-mb {args.max_quadratic_mb:g} MiB "
               f"(it needs B·H·T²·K·4 bytes, e.g. {B * H * max(skipped) ** 2 * K * item / MB:,.0f}"
               f" MiB at T={max(skipped)})")
+    names = {"lt": "linear wall time", "lc": "linear CPU time", "lp": "linear peak memory",
+             "qt": "quadratic wall time", "qc": "quadratic CPU time",
+             "qp": "quadratic peak memory"}
+    print("log-log slope over all lengths (1 = linear, 2 = quadratic): " + ", ".join(
+        f"{names[key]} {slope(pts):.2f}" for key, pts in series.items() if len(pts) >= 2))
     print("× = growth per doubling of T: ≈2 linear, ≈4 quadratic. "
           f"Total {time.perf_counter() - t_start:.0f} s.")
 
