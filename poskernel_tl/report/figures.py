@@ -22,6 +22,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from poskernel_tl.constants import GRAM_SAVE_MAX_T
 from poskernel_tl.report import nulls as N
 from poskernel_tl.report.tables import EARLY_LAYERS, depth_slope
 from poskernel_tl.result import ConditionResult
@@ -217,18 +218,19 @@ def fig3_violins(results: Sequence[ConditionResult], n_top: int = 5) -> Figure:
 
 # ------------------------------------------------------------------------- Figure 4
 def pick_spectral_head(results: Sequence[ConditionResult]) -> tuple[ConditionResult, int, int]:
-    """The rotary condition and early-layer head with the highest Track A pooled R²
-    (conditions keeping their Gram matrix preferred); raises without a rotary model."""
+    """The rotary condition and early-layer head with the highest Track A pooled R²,
+    preferring centered conditions, then those whose Gram matrix is kept (T ≤ 256, or the
+    matrix present); raises without a rotary model."""
     rope = [r for r in results if r.spec.pe == "rope" and r.thetas is not None]
     if not rope:
         raise ValueError("no rotary model among the conditions")
-    best = max(((r.gram_centered is not None or r.gram_raw is not None,
-                 float(r.r2_pooled[layer, h]), i, layer, h)
+    best = max(((r.centered, r.gram_centered is not None or r.gram_raw is not None
+                 or r.length <= GRAM_SAVE_MAX_T, float(r.r2_pooled[layer, h]), i, layer, h)
                 for i, r in enumerate(rope) for layer, h in top_early_heads(r, 1)),
                default=None)
     if best is None:
         raise ValueError("no finite early-layer R² among the rotary conditions")
-    return rope[best[2]], best[3], best[4]
+    return rope[best[3]], best[4], best[5]
 
 
 def _fallback_spectrum(g: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -259,7 +261,7 @@ def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | No
         ax_a.text(0.5, 0.5, f"Gram matrix not kept\n(T = {T} > 256)", ha="center",
                   va="center", transform=ax_a.transAxes)
         ax_a.set_axis_off()
-    ax_a.set_title(f"(a) {which} Gram matrix, s < t", fontsize=9)
+    ax_a.set_title(f"(a) {which} Gram matrix\nstrictly lower triangle s < t", fontsize=9)
     g_b, src = r.g_trackB
     lags = np.arange(1, T)
     ax_b.plot(lags, g_b[layer, head], color="C3", lw=1.4, label=f"Track B ({src})",
@@ -272,7 +274,7 @@ def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | No
     h1, l1 = ax_b.get_legend_handles_labels()
     h2, l2 = twin.get_legend_handles_labels()
     ax_b.legend(h1 + h2, l1 + l2, fontsize=7)
-    ax_b.set_title("(b) g(Δ)", fontsize=9)
+    ax_b.set_title("(b) g(Δ)\nTrack B (analysed) and Track A", fontsize=9)
     ax_b.grid(alpha=0.3)
     spectral = spectral or {}
     if "omega" in spectral and "spectrum" in spectral:
@@ -298,10 +300,9 @@ def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | No
                   label="matched peak")
         ax_c.plot(peaks[~matched], pk_pow[~matched], "v", mfc="none", mec="k", ms=7,
                   label="unmatched peak")
-        for w, p, ok, e in zip(peaks, pk_pow, matched, rel):
-            if ok:
-                ax_c.annotate(f"{100 * e:.1f}%", (w, p), textcoords="offset points",
-                              xytext=(0, 8), ha="center", fontsize=7, color="C2")
+        for k, (w, p, e) in enumerate(zip(peaks[matched], pk_pow[matched], rel[matched])):
+            ax_c.annotate(f"{100 * e:.1f}%", (w, p), textcoords="offset points",
+                          xytext=(0, 8 + 9 * (k % 2)), ha="center", fontsize=7, color="C2")
     top = float(np.nanmax(power[keep])) if np.isfinite(power[keep]).any() else 1.0
     top = top if top > 0 else 1.0
     ax_c.set(xscale="log", yscale="log", xlabel="ω (rad/token)", ylabel="power",
@@ -310,9 +311,9 @@ def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | No
     ax_c.legend(fontsize=7, loc="lower left")
     frac, p = spectral.get("frac_matched", np.nan), spectral.get("p_value", np.nan)
     ptext = f"p = {p:.3g}" if np.isfinite(p) else "no significant peak"
-    ax_c.set_title(f"(c) power spectrum: {frac:.0%} of top-5 peaks matched, "
-                   f"chance {spectral.get('chance', np.nan):.2f}, {ptext}"
-                   if np.isfinite(frac) else "(c) power spectrum", fontsize=9)
+    ax_c.set_title(f"(c) |ĝ(ω)|²\n{frac:.0%} of top-5 peaks matched "
+                   f"(chance {spectral.get('chance', np.nan):.2f}); {ptext}"
+                   if np.isfinite(frac) else "(c) |ĝ(ω)|²", fontsize=9)
     gate = "" if gate_met else "  —  gate not met" if gate_met is False else \
         "  —  no gate applies"
     fig.suptitle(f"{condition_label(r)} · L{layer}H{head} · Track A pooled R² "
