@@ -314,8 +314,8 @@ def plot_mean_field(table: pd.DataFrame, title: str = "") -> Figure:
         pos, neg = pos + np.clip(v, 0, None), neg + np.clip(v, None, 0)
     ax.axhline(1.0, color="k", lw=0.6, ls=":")
     ax.set_xlabel("layer")
-    ax.set_ylabel("share of the raw Gram's variance (mean over heads)")
-    ax.legend(fontsize=8, loc="best")
+    ax.set_ylabel("share of the raw Gram (mean over heads)")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     r2 = by[["R2_meanfield", "R2_gram_raw", "R2_gram_centered"]].mean()
     for col, style, label in (("R2_meanfield", "-o", "mean field"),
                               ("R2_gram_raw", "-s", "raw Gram"),
@@ -325,10 +325,11 @@ def plot_mean_field(table: pd.DataFrame, title: str = "") -> Figure:
     ax2.set_ylabel("Toeplitz R² (mean over heads)")
     ax2.set_ylim(-0.02, 1.02)
     ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=8, loc="best")
-    if table["note"].astype(str).str.len().gt(0).any():
-        ax.text(0.5, 0.5, str(table["note"].iloc[0]), transform=ax.transAxes, ha="center",
-                va="center", fontsize=7, wrap=True)
+    ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    notes = table["note"].fillna("").astype(str)
+    if notes.str.len().gt(0).any():
+        ax.text(0.5, 0.5, notes.iloc[0], transform=ax.transAxes, ha="center", va="center",
+                fontsize=7, wrap=True)
     fig.suptitle(title or "where the positional kernel lives: mean field vs content",
                  fontsize=10)
     fig.tight_layout()
