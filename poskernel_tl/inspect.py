@@ -84,9 +84,9 @@ def _get(d: dict, key: str, default=float("nan")):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def alignment_frames(alignment: dict | None) -> dict[str, pd.DataFrame]:
-    """The spectral alignment as two small tables: a one-row summary and one row per
-    top peak of |ĝ(ω)| (empty dict when there is no alignment)."""
+def alignment_frames(alignment: dict | None, label: str = "g(Δ)") -> dict[str, pd.DataFrame]:
+    """The spectral alignment of ``label`` as two small tables: a one-row summary and one
+    row per top peak of |ĝ(ω)| (empty dict when there is no alignment)."""
     if not alignment:
         return {}
     summary = pd.DataFrame([{k: _get(alignment, k) for k in (
@@ -102,21 +102,26 @@ def alignment_frames(alignment: dict | None) -> dict[str, pd.DataFrame]:
             if values is not None and len(values) > i:
                 row[key] = np.asarray(values)[i].item()
         rows.append(row)
-    out = {"Spectral alignment of g(Δ) with the rotary frequencies": summary}
+    out = {f"Spectral alignment with the rotary frequencies: {label}": summary}
     if rows:
-        out["Top peaks of the spectrum"] = pd.DataFrame(rows)
+        out[f"Top spectral peaks: {label}"] = pd.DataFrame(rows)
     return out
 
 
-def alignment_line(alignment: dict | None) -> str:
+def alignment_line(alignment: dict | None, label: str = "") -> str:
     """One sentence summarising a spectral alignment (for the CLI and page notes)."""
+    head = f"Spectral alignment{f' ({label})' if label else ''}: "
     if not alignment:
-        return "spectral alignment: not computed (no rotary frequencies)"
-    n = _get(alignment, "n_matched")
-    k = _get(alignment, "n_peaks", 5)
+        return head + "not computed (no rotary frequencies)."
+    n, k = _get(alignment, "n_matched"), _get(alignment, "n_peaks", 5)
+    n_sig = _get(alignment, "n_significant", 0)
+    if not n_sig:
+        return head + (f"no significant peak ({n} of {k} top peaks near a θᵢ, chance "
+                       f"{_get(alignment, 'chance'):.2f}): not aligned.")
     verdict = "aligned" if alignment.get("aligned") else "not aligned"
-    return (f"spectral alignment: {n} of {k} top peaks match a θᵢ (chance "
-            f"{_get(alignment, 'chance'):.2f}, p = {_get(alignment, 'p_value'):.3g}): {verdict}")
+    return head + (f"{n} of {k} top peaks match a θᵢ, {n_sig} significant (chance "
+                   f"{_get(alignment, 'chance'):.2f}, p = {_get(alignment, 'p_value'):.3g}): "
+                   f"{verdict}.")
 
 
 # ----------------------------------------------------------------------- the view
@@ -166,13 +171,14 @@ class HeadView:
         from poskernel_tl.report import HeadPageData
 
         notes = [f"Logits from {self.scores_from}; pattern from {self.pattern_from}. "
-                 "The spectrum is that of this sequence's g(Δ).", *self.notes]
+                 "g(Δ) (drawn as Track A) and its spectrum are this one sequence's fit; "
+                 "Track B needs many sequences (pk.measure).", *self.notes]
         if self.thetas is not None:
             notes.append(alignment_line(self.alignment))
         return HeadPageData(
             title=self.title, tokens=list(self.tokens), pattern=self.pattern,
             logits=self.logits, g_trackA=self.g, spectrum=self.spectrum, thetas=self.thetas,
-            tables=alignment_frames(self.alignment),
+            tables=alignment_frames(self.alignment, "this sequence's g(Δ)"),
             r2_values={"R² without the sink column (key 0)": self.r2_nosink},
             notes=notes)
 
@@ -203,6 +209,12 @@ class HeadView:
 
 
 # ------------------------------------------------------------------ input checks
+def _sentence(text: str) -> str:
+    """``text`` with its first letter upper-cased and a final full stop."""
+    text = text.strip()
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".") if text else ""
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
@@ -361,7 +373,7 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     if usage is not None and len(usage) != len(thetas):
         usage = None
     omega, power, alignment, note = kernel_spectrum(g_np, thetas, usage=usage)
-    notes = [model.weights_note.capitalize() + "."] if spec.loader == "gguf" else []
+    notes = [_sentence(model.weights_note)] if spec.loader == "gguf" else []
     if note:
         notes.append(note)
     return HeadView(

@@ -15,8 +15,9 @@ further table passed in. A layer page shows every head of the layer side by side
 (circuitsvis ``AttentionHeads``) with a summary table and links to the head pages.
 
 Size: patterns are sent for the first ``max_tokens`` (128) tokens, rounded to 3
-decimals; figures are palette PNGs at 60 dpi. A 256-token head page is ≈ 100–130 kB,
-so the demo grid (3 conditions × 270 heads) stays near 100 MB.
+decimals; figures are palette PNGs at 55 dpi. A 256-token head page of SmolLM2 is
+≈ 140 kB, a 9-head layer page ≈ 60 kB, so the demo grid (3 conditions × 270 heads)
+needs ≈ 120 MB.
 """
 
 import os
@@ -29,7 +30,13 @@ import pandas as pd
 from jaxtyping import Float
 
 from poskernel_tl.constants import dataset_slug, model_slug
-from poskernel_tl.inspect import alignment_frames, alignment_line, kernel_spectrum, token_strings
+from poskernel_tl.inspect import (
+    _sentence,
+    alignment_frames,
+    alignment_line,
+    kernel_spectrum,
+    token_strings,
+)
 from poskernel_tl.report import head_figures as figures
 from poskernel_tl.report.head_page import HeadPageData, render_layer_page, write_head_page
 from poskernel_tl.report.html import (
@@ -141,17 +148,35 @@ def _finite(x) -> bool:
     return x is not None and bool(np.isfinite(x).all())
 
 
-def _head_spectrum(result: ConditionResult, layer: int, head: int):
+def _head_spectra(result: ConditionResult, layer: int, head: int):
+    """The spectrum shown (of the Track B g(Δ), which the spectral analysis reads; Track
+    A's pooled g where Track B's is not finite), its note, and the spectral alignment of
+    each track's g(Δ): ``(spectrum, note, {label: alignment})``."""
     g_b, source = result.g_trackB
-    g, name = g_b[layer, head], f"Track B ({source.replace('_', ' ')})"
-    if not _finite(g):
-        g, name = result.g_pooled[layer, head], "Track A (pooled)"
-    if not _finite(g):
-        return None, None, "g(Δ) is not finite: no spectrum"
-    omega, power, alignment, note = kernel_spectrum(g, result.thetas,
-                                                    usage=_usage(result, layer, head))
-    text = f"Spectrum of the {name} g(Δ)." + (f" {note}." if note else "")
-    return (omega, power), alignment, text
+    usage = _usage(result, layer, head)
+    tracks = {f"Track B g(Δ), {source.replace('_', ' ')}": g_b[layer, head],
+              "Track A g(Δ), pooled": result.g_pooled[layer, head]}
+    shown, note, alignments = None, "g(Δ) is not finite: no spectrum.", {}
+    for label, g in tracks.items():
+        if not _finite(g):
+            continue
+        omega, power, alignment, problem = kernel_spectrum(g, result.thetas, usage=usage)
+        alignments[label] = alignment
+        if shown is None:
+            shown = (omega, power)
+            note = f"Spectrum of {label}." + (f" {problem}." if problem else "")
+    return shown, note, alignments
+
+
+def _vertical(df: pd.DataFrame, max_columns: int = 6) -> pd.DataFrame:
+    """A one-row table with many columns as (column, value) rows: readable on a page."""
+    if len(df) != 1 or df.shape[1] <= max_columns:
+        return df
+    def text(v) -> str:
+        return f"{v:.4g}" if isinstance(v, float | np.floating) else str(v)
+
+    return pd.DataFrame({"column": [str(c) for c in df.columns],
+                         "value": [text(v) for v in df.iloc[0].to_numpy(dtype=object)]})
 
 
 class _Tables:
@@ -249,7 +274,7 @@ def write_head_pages(
     heads: Iterable[tuple[int, int]] | None = None,
     max_tokens: int = 128,
     layer_max_tokens: int = 64,
-    dpi: int = 60,
+    dpi: int = 55,
     progress: bool = False,
 ) -> list[Path]:
     """Write a page for every head (or the ``(layer, head)`` pairs in ``heads``) of every
@@ -293,8 +318,8 @@ def _write_condition(result, results, report_dir, decode, extra, wanted, max_tok
     trackb_g, trackb_src = result.g_trackB
     r2_b_name = "R2_gram (Track B, centered)" if result.centered else "R2_gram_raw (Track B)"
     r2_b = result.r2_gram if result.centered else result.r2_gram_raw
-    base_notes = [n for n in (result.provenance.get("weights", "").capitalize(), token_note)
-                  if n]
+    base_notes = [n for n in (_sentence(str(result.provenance.get("weights", ""))),
+                              token_note if sid is not None else "") if n]
     if sid is None:
         vis_note = ("This condition saved no full logit matrices (run with --save-logits "
                     "yes to keep them), so there is no attention pattern or logit fit here; "
@@ -314,7 +339,7 @@ def _write_condition(result, results, report_dir, decode, extra, wanted, max_tok
         summary = []
         for head in layer_heads:
             page = head_page_path(report_dir, *key, layer, head)
-            spectrum, alignment, spec_note = _head_spectrum(result, layer, head)
+            spectrum, spec_note, alignments = _head_spectra(result, layer, head)
             links = {"report": _rel(report_page, page), f"layer {layer}": layer_page.name}
             for h2, label in ((head - 1, "← L{l}H{h}"), (head + 1, "L{l}H{h} →")):
                 if 0 <= h2 < H and wants(layer, h2):
@@ -329,9 +354,12 @@ def _write_condition(result, results, report_dir, decode, extra, wanted, max_tok
                              float(result.r2_pooled_nosink[layer, head]),
                          r2_b_name: float(r2_b[layer, head])}
             notes = [*base_notes, vis_note, spec_note]
+            head_tables = tab.for_head(layer, head)
             if thetas is not None:
-                notes.append(alignment_line(alignment) + ".")
-            head_tables = {**tab.for_head(layer, head), **alignment_frames(alignment)}
+                for label, alignment in alignments.items():
+                    notes.append(alignment_line(alignment, label))
+                    head_tables.update(alignment_frames(alignment, label))
+            head_tables = {k: _vertical(v) for k, v in head_tables.items()}
             g_b = trackb_g[layer, head] if _finite(trackb_g[layer, head]) else None
             title = f"{_condition_label(result)} · L{layer}H{head}"
             per_seq = result.r2_per_seq[:, layer, head].astype(np.float64)
@@ -353,7 +381,9 @@ def _write_condition(result, results, report_dir, decode, extra, wanted, max_tok
                             **{k.split(" ")[0]: v for k, v in r2_values.items()},
                             "R2_per_seq_median": float(np.nanmedian(per_seq))
                             if np.isfinite(per_seq).any() else np.nan,
-                            "aligned": None if alignment is None else bool(alignment["aligned"])})
+                            **{f"aligned ({'B' if 'Track B' in k else 'A'})":
+                               None if a is None else bool(a.get("aligned"))
+                               for k, a in alignments.items()}})
         written.append(_write_layer_page(
             layer_page, result, layer, layer_heads, patterns, tokens, summary, report_dir,
             report_page, [*base_notes, vis_note], wants, layer_max_tokens))
