@@ -1,0 +1,601 @@
+"""Sequence-dimension PCA, positional probes and seed 002's compression experiment.
+
+**PCA across the sequence axis.** Seed 002 transposes an activation [pos, channel] and
+treats every channel's time series as a sample: positions are the variables, samples are
+(sequence, channel) pairs. With S = Σ x xᵀ and s = Σ x over samples x ∈ R^T, the
+covariance is S/n − (s/n)(s/n)ᵀ and its top eigenvectors are the *temporal components*
+(:class:`SequencePCA`). A rotary head's queries are q(t) = R(tθ_i)·c per frequency pair,
+so across channels they are sinusoids at θ_i with random phases, whose covariance
+Σ_i a_i² cos(θ_i (t − s)) has cos/sin eigenvectors at the planted θ_i (tested on
+:func:`synthetic_rope_queries`). Sources: a layer's ``q`` or ``k`` (post-rotary, heads
+pooled as channels; :func:`qk_sequence_pca` via :func:`poskernel_tl.measure.forward_pass`)
+or the residual stream ``resid`` (``blocks.{L}.hook_resid_pre``; layer n_layers is the
+last block's ``hook_resid_post``).
+
+**Positional probes.** Per residual layer, a linear probe (ridge least squares on the
+standardised features, from streamed moments) and the seed's small MLP
+``position_predictor`` (Linear d→d/2, ReLU, Linear d/2→T, softmax; read out as the
+expected position Σ_t p(t)·t; trained on a seeded sample of positions with cross-entropy
+plus the readout's L1 error, a few hundred seeded Adam steps) are fitted on the centering
+sequences and scored on every position of the evaluation sequences: the mean absolute
+position error in tokens (Haviv et al. 2022), beside chance (always predicting the middle,
+(T−1)/2). Without centering sequences the first half of the evaluation sequences trains.
+
+**Compression experiment** (:func:`compression_experiment`, not run by ``analyze``):
+T = 300 input embeddings are compressed to 128 temporal components with a sequence PCA
+fitted on training sequences, passed through the seed's :class:`PositionalDecoder`
+(position predictor → expected position → interpolated learned position embedding,
+added, then the refiner), and fed with ``inputs_embeds`` into the frozen model followed
+by a continuation; the decoder is trained on the continuation's next-token loss plus the
+seed's auxiliary position (KL to the PCA loadings' position distribution |V_c,t|²) and
+reconstruction terms (weights 0.1 and 0.05). Deviation from the seed, for a short CPU
+budget: the refiner is applied residually with its last layer zero-initialised. Reported:
+held-out next-token loss on the continuation (targets c_1..c_{C−1}) with the full
+context, the decoder, the raw PCA components, naive average pooling to 128 and no context.
+"""
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from matplotlib.figure import Figure
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from poskernel_tl.hooks import qk_hook_names
+from poskernel_tl.measure import as_tokens, check_tokens, forward_pass
+
+NAME = "seq-pca"
+NEEDS_RESULT = False
+N_REPORT = 3  # temporal components reported per layer in the table
+PROBES = ("linear", "mlp")
+
+
+# ------------------------------------------------------------------------ PCA
+@dataclass
+class SequencePCA:
+    """Temporal components (rows, unit norm over positions), largest variance first."""
+
+    components: Float[Tensor, "component pos"]
+    explained_variance: Float[Tensor, " component"]
+    explained_variance_ratio: Float[Tensor, " component"]
+    mean: Float[Tensor, " pos"]
+    n_samples: int
+
+    def transform(self, x: Float[Tensor, "batch pos channel"]
+                  ) -> Float[Tensor, "batch component channel"]:
+        """Each channel's time series projected on the components (seed 002's
+        ``pca.transform(emb.T).T``)."""
+        c = self.components.to(x)
+        return torch.einsum("kt,btc->bkc", c, x - self.mean.to(x)[:, None])
+
+    def peak_positions(self) -> Int[np.ndarray, " component"]:
+        """The position of each component's largest |loading| (a sink shows as 0)."""
+        return self.components.abs().argmax(-1).cpu().numpy()
+
+    def dominant_frequencies(self) -> Float[np.ndarray, " component"]:
+        """Each component's largest rfft bin (its mean removed), in cycles per token."""
+        c = self.components.double().cpu()
+        spec = torch.fft.rfft(c - c.mean(-1, keepdim=True), dim=-1).abs()
+        return (spec.argmax(-1).double() / c.shape[-1]).numpy()
+
+
+def pca_from_moments(s1: Float[Tensor, " pos"], s2: Float[Tensor, "pos pos"], n: int,
+                     n_components: int | None = None) -> SequencePCA:
+    """PCA over positions from Σ x and Σ x xᵀ of ``n`` samples (float64)."""
+    mean = s1.double() / n
+    cov = s2.double() / n - torch.outer(mean, mean)
+    vals, vecs = torch.linalg.eigh((cov + cov.T) / 2)
+    vals, vecs = vals.flip(0).clamp(min=0), vecs.flip(1).T
+    k = len(vals) if n_components is None else n_components
+    vecs = vecs * torch.where(vecs.sum(-1, keepdim=True) < 0, -1.0, 1.0)  # fix the sign
+    total = vals.sum().clamp(min=torch.finfo(torch.float64).tiny)
+    return SequencePCA(vecs[:k], vals[:k], vals[:k] / total, mean, n)
+
+
+def sequence_pca(x: Float[Tensor, "batch pos channel"], n_components: int | None = None
+                 ) -> SequencePCA:
+    """PCA with positions as variables and (sequence, channel) pairs as samples."""
+    x = x.double()
+    return pca_from_moments(x.sum((0, 2)), torch.einsum("btc,bsc->ts", x, x),
+                            x.shape[0] * x.shape[2], n_components)
+
+
+@dataclass
+class StreamBatch:
+    """One layer's residual stream (``name="resid"``) or queries (``"q"``, heads
+    flattened into channels) for one batch; ``index`` holds the sequences' rows."""
+
+    layer: int
+    name: str
+    x: Float[Tensor, "batch pos channel"]
+    index: Int[Tensor, " batch"]
+
+
+class SequenceCovReducer:
+    """Σ x and Σ x xᵀ over (sequence, channel) samples per layer for one ``source``
+    (``q``/``k`` of a :class:`~poskernel_tl.reducers.LayerBatch`, or ``resid``/``q`` of
+    a :class:`StreamBatch`)."""
+
+    def __init__(self, n_layers: int, length: int, device, source: str = "q"):
+        self.source = source
+        self.s1 = torch.zeros(n_layers, length, dtype=torch.float64, device=device)
+        self.s2 = torch.zeros(n_layers, length, length, dtype=torch.float64, device=device)
+        self.n = [0] * n_layers
+
+    def update(self, batch) -> None:
+        if isinstance(batch, StreamBatch):
+            x = batch.x if batch.name == self.source else None
+        else:
+            x = getattr(batch, self.source, None) if self.source in ("q", "k") else None
+        if x is None or batch.layer >= len(self.n):
+            return
+        x = x.reshape(x.shape[0], x.shape[1], -1).double()
+        self.s1[batch.layer] += x.sum((0, 2))
+        self.s2[batch.layer] += torch.einsum("btc,bsc->ts", x, x)
+        self.n[batch.layer] += x.shape[0] * x.shape[2]
+
+    def result(self, n_components: int | None = None) -> list[SequencePCA]:
+        return [pca_from_moments(self.s1[i].cpu(), self.s2[i].cpu(), n, n_components)
+                for i, n in enumerate(self.n)]
+
+
+def qk_sequence_pca(model, tokens, source: str = "q", *, n_components: int | None = None,
+                    batch_size: int = 4, progress: bool = True) -> list[SequencePCA]:
+    """Per layer, the sequence PCA of the post-rotary ``q`` or ``k`` (heads pooled)."""
+    ids = as_tokens(model, tokens)
+    check_tokens(model, ids, "tokens")
+    L, T = model.spec.n_layers, ids.shape[1]
+    (red,) = forward_pass(model, ids, lambda: [SequenceCovReducer(L, T, model.device, source)],
+                          batch_size, f"sequence PCA ({source})", progress)
+    return red.result(n_components)
+
+
+def synthetic_rope_queries(n_seqs: int, length: int, thetas, amplitudes, *,
+                           noise: float = 0.0, seed: int = 0
+                           ) -> Float[Tensor, "batch pos head_index d_head"]:
+    """A synthetic rotary head: pair i of q(t) is R(t·θ_i)·c_i with content
+    c_i ~ amplitude_i·N(0, I₂) fixed per sequence, plus white noise. Pairs are laid out
+    like HF's rotate_half (dimension i with i + d_head/2)."""
+    g = torch.Generator().manual_seed(seed)
+    th = torch.as_tensor(thetas, dtype=torch.float64)
+    amp = torch.as_tensor(amplitudes, dtype=torch.float64)
+    c = torch.randn(n_seqs, 2, len(th), generator=g, dtype=torch.float64) * amp
+    ang = torch.arange(length, dtype=torch.float64)[:, None] * th  # [T, pairs]
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    x = cos * c[:, None, 0] - sin * c[:, None, 1]
+    y = sin * c[:, None, 0] + cos * c[:, None, 1]
+    q = torch.cat([x, y], dim=-1)[:, :, None, :]
+    return (q + noise * torch.randn(q.shape, generator=g, dtype=torch.float64)).float()
+
+
+# --------------------------------------------------------------- residual pass
+def stream_pass(model, ids: Int[Tensor, "batch pos"], reducers: list, batch_size: int,
+                desc: str, progress: bool = True, with_q: bool = False) -> list:
+    """Feed ``reducers`` a :class:`StreamBatch` per residual layer (0..n_layers) and
+    batch, and per block's queries when ``with_q``. Hooks observe and return None."""
+    bridge, dev = model.bridge, model.device
+    n = bridge.cfg.n_layers
+    names = {f"blocks.{layer}.hook_resid_pre": ("resid", layer) for layer in range(n)}
+    names[f"blocks.{n - 1}.hook_resid_post"] = ("resid", n)
+    if with_q:
+        names.update({qk_hook_names(bridge, layer)[0]: ("q", layer) for layer in range(n)})
+    state: dict = {}
+
+    def make(name: str, layer: int):
+        def hook(x: Tensor, hook) -> None:  # aliases fire under their canonical name
+            batch = StreamBatch(layer, name, x.reshape(x.shape[0], x.shape[1], -1),
+                                state["index"])
+            for r in reducers:
+                r.update(batch)
+        return hook
+
+    with torch.no_grad(), bridge.hooks(fwd_hooks=[(n, make(*v)) for n, v in names.items()]):
+        for start in tqdm(range(0, len(ids), batch_size), desc=desc, disable=not progress):
+            stop = min(len(ids), start + batch_size)
+            state["index"] = torch.arange(start, stop, device=dev)
+            bridge(ids[start:stop].to(dev))
+    return reducers
+
+
+# --------------------------------------------------------------------- probes
+class ProbeMomentsReducer:
+    """Training statistics per residual layer: the moments of [x, t] for the ridge probe
+    and a seeded sample of ``per_seq`` positions per sequence for the MLP probe."""
+
+    def __init__(self, n_layers: int, n_seqs: int, length: int, d_model: int, device,
+                 per_seq: int, seed: int = 0):
+        f64 = dict(dtype=torch.float64, device=device)
+        self.sx = torch.zeros(n_layers, d_model, **f64)
+        self.sxx = torch.zeros(n_layers, d_model, d_model, **f64)
+        self.sxy = torch.zeros(n_layers, d_model, **f64)
+        self.n = torch.zeros(n_layers, **f64)
+        g = torch.Generator().manual_seed(seed)
+        self.pick = torch.stack([torch.randperm(length, generator=g)[:per_seq]
+                                 for _ in range(n_seqs)]).to(device)  # [n_seqs, per_seq]
+        self.sample = torch.zeros(n_layers, n_seqs, per_seq, d_model, device=device)
+        self.t = torch.arange(length, dtype=torch.float64, device=device)
+
+    def update(self, batch: StreamBatch) -> None:
+        if batch.name != "resid":
+            return
+        x, i = batch.x.double(), batch.layer
+        self.sx[i] += x.sum((0, 1))
+        self.sxx[i] += torch.einsum("btc,btd->cd", x, x)
+        self.sxy[i] += torch.einsum("btc,t->c", x, self.t)
+        self.n[i] += x.shape[0] * x.shape[1]
+        pick = self.pick[batch.index]  # [b, per_seq]
+        self.sample[i, batch.index] = batch.x.gather(
+            1, pick[..., None].expand(-1, -1, x.shape[-1])).float()
+
+
+def fit_linear_probes(m: ProbeMomentsReducer, ridge: float = 1e-2
+                      ) -> tuple[Float[Tensor, "layer d_model"], Float[Tensor, " layer"]]:
+    """Ridge regression of the position on the standardised features per layer (penalty
+    ``ridge`` per unit feature variance; the intercept is not penalised), returned as
+    weights and intercept on the raw features."""
+    T = len(m.t)
+    n = m.n[:, None]
+    mu, ybar = m.sx / n, (T - 1) / 2
+    cov = m.sxx / n[..., None] - mu[:, :, None] * mu[:, None, :]
+    sd = torch.diagonal(cov, dim1=-2, dim2=-1).clamp(min=1e-12).sqrt()  # [layer, d]
+    cov_z = cov / (sd[:, :, None] * sd[:, None, :])
+    cxy_z = (m.sxy / n - mu * ybar) / sd
+    eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+    w = torch.linalg.solve(cov_z + ridge * eye, cxy_z[..., None])[..., 0] / sd
+    return w, ybar - (mu * w).sum(-1)
+
+
+class PositionPredictor(nn.Module):
+    """Seed 002's ``position_predictor`` with input standardisation: a distribution over
+    positions, read out as its expectation."""
+
+    def __init__(self, d_model: int, n_positions: int, mean: Tensor, std: Tensor):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_model, d_model // 2), nn.ReLU(),
+                                 nn.Linear(d_model // 2, n_positions))
+        self.register_buffer("mean", mean.float())
+        self.register_buffer("std", std.float())
+        self.register_buffer("pos", torch.arange(n_positions, dtype=torch.float32))
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... n_positions"]:
+        return self.net((x.float() - self.mean) / self.std)  # logits
+
+    def expected_position(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "..."]:
+        return self(x).softmax(-1) @ self.pos
+
+
+@contextmanager
+def cpu_threads(n: int | None):
+    """Temporarily run torch's CPU kernels on ``n`` threads (None: unchanged)."""
+    old = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def train_mlp_probe(x: Float[Tensor, "sample d_model"], y: Int[Tensor, " sample"],
+                    n_positions: int, *, steps: int = 200, lr: float = 3e-3,
+                    batch: int = 128, seed: int = 0, threads: int | None = 1
+                    ) -> PositionPredictor:
+    """Seeded Adam on the cross-entropy of the true position plus the L1 error of the
+    expected position in units of T/16 (the readout the MAE scores). ``threads``: CPU threads
+    while training (the matrices are small: one thread avoids the synchronisation cost
+    that dominates on a busy machine; None keeps torch's setting)."""
+    with torch.random.fork_rng(devices=[]), torch.enable_grad(), cpu_threads(threads):
+        torch.manual_seed(seed)
+        std = x.std(0).clamp(min=1e-6)
+        mlp = PositionPredictor(x.shape[1], n_positions, x.mean(0), std).to(x.device)
+        opt = torch.optim.Adam(mlp.parameters(), lr=lr)
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        for _ in range(steps):
+            idx = torch.randint(len(x), (min(batch, len(x)),), generator=g).to(x.device)
+            logits = mlp(x[idx])
+            l1 = (logits.softmax(-1) @ mlp.pos - y[idx]).abs().mean() * 16 / n_positions
+            loss = F.cross_entropy(logits, y[idx]) + l1
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return mlp.eval()
+
+
+class ProbeErrorReducer:
+    """Σ |predicted − true position| per probe, layer and position."""
+
+    def __init__(self, linear: tuple[Tensor, Tensor], mlps: list[PositionPredictor],
+                 length: int, device):
+        self.w, self.b = linear
+        self.mlps = mlps
+        self.t = torch.arange(length, dtype=torch.float64, device=device)
+        self.err = torch.zeros(len(PROBES), len(mlps), length, dtype=torch.float64,
+                               device=device)
+        self.count = torch.zeros(len(mlps), dtype=torch.float64, device=device)
+
+    def update(self, batch: StreamBatch) -> None:
+        if batch.name != "resid":
+            return
+        i, x = batch.layer, batch.x
+        T = len(self.t)
+        lin = (x.double() @ self.w[i] + self.b[i]).clamp(0, T - 1)
+        mlp = self.mlps[i].expected_position(x).double()
+        for p, pred in enumerate((lin, mlp)):
+            self.err[p, i] += (pred - self.t).abs().sum(0)
+        self.count[i] += x.shape[0]
+
+
+@dataclass
+class ProbeResult:
+    """MAE in tokens [probe, layer] (probes :data:`PROBES`), by position, and chance."""
+
+    mae: Float[np.ndarray, "probe layer"]
+    mae_by_pos: Float[np.ndarray, "probe layer pos"]
+    mae_chance: float
+    resid_pca: list[SequencePCA] = field(default_factory=list)
+    q_pca: list[SequencePCA] = field(default_factory=list)
+
+
+def position_probes(model, train_tokens, eval_tokens, *, ridge: float = 1e-2,
+                    mlp_steps: int = 200, mlp_tokens: int = 4096, seed: int = 0,
+                    batch_size: int = 4, progress: bool = True) -> ProbeResult:
+    """Fit both probes per residual layer on ``train_tokens``, score them on
+    ``eval_tokens`` and, from the same evaluation pass, the sequence PCA of the
+    residual stream and of every block's queries."""
+    tr, ev = as_tokens(model, train_tokens), as_tokens(model, eval_tokens)
+    for ids, what in ((tr, "training tokens"), (ev, "evaluation tokens")):
+        check_tokens(model, ids, what)
+    T, dev = ev.shape[1], model.device
+    if tr.shape[1] != T:
+        raise ValueError(f"training sequences have T={tr.shape[1]}, evaluation T={T}")
+    n_layers, d_model = model.bridge.cfg.n_layers, model.bridge.cfg.d_model
+    per_seq = min(T, math.ceil(mlp_tokens / len(tr)))
+    (mom,) = stream_pass(model, tr, [ProbeMomentsReducer(n_layers + 1, len(tr), T, d_model,
+                                                         dev, per_seq, seed)],
+                         batch_size, "probe training pass", progress)
+    linear = fit_linear_probes(mom, ridge)
+    y = mom.pick.reshape(-1)
+    mlps = [train_mlp_probe(mom.sample[i].reshape(-1, d_model), y, T, steps=mlp_steps,
+                            seed=seed + i)
+            for i in tqdm(range(n_layers + 1), desc="MLP probes", disable=not progress)]
+    del mom
+    reds = [ProbeErrorReducer(linear, mlps, T, dev),
+            SequenceCovReducer(n_layers + 1, T, dev, "resid"),
+            SequenceCovReducer(n_layers, T, dev, "q")]
+    stream_pass(model, ev, reds, batch_size, "probe evaluation pass", progress, with_q=True)
+    err, count = reds[0].err.cpu().numpy(), reds[0].count.cpu().numpy()
+    by_pos = err / count[None, :, None]
+    t = np.arange(T)
+    return ProbeResult(mae=by_pos.mean(-1), mae_by_pos=by_pos,
+                       mae_chance=float(np.abs(t - (T - 1) / 2).mean()),
+                       resid_pca=reds[1].result(N_REPORT), q_pca=reds[2].result(N_REPORT))
+
+
+def probe_table(res: ProbeResult) -> pd.DataFrame:
+    """One row per (layer, probe): ``mae_tokens``, ``mae_chance`` and, for the top
+    temporal components of the residual stream (``resid_*``) and of the block's queries
+    (``q_*``, NaN for the final residual layer), the explained-variance ratio
+    (``_ev_i``), dominant frequency in cycles/token (``_freq_i``) and the position of
+    the largest loading (``_peak_i``)."""
+    rows = []
+    for layer in range(res.mae.shape[1]):
+        pcas = {"resid": res.resid_pca[layer],
+                "q": res.q_pca[layer] if layer < len(res.q_pca) else None}
+        extra = {}
+        for src, pca in pcas.items():
+            k = 0 if pca is None else len(pca.explained_variance_ratio)
+            cols = {} if pca is None else {"ev": pca.explained_variance_ratio.cpu().numpy(),
+                                           "freq": pca.dominant_frequencies(),
+                                           "peak": pca.peak_positions()}
+            for i in range(N_REPORT):
+                for what in ("ev", "freq", "peak"):
+                    extra[f"{src}_{what}_{i + 1}"] = float(cols[what][i]) if i < k \
+                        else float("nan")
+        for p, probe in enumerate(PROBES):
+            rows.append(dict(layer=layer, probe=probe, mae_tokens=res.mae[p, layer],
+                             mae_chance=res.mae_chance, **extra))
+    return pd.DataFrame(rows)
+
+
+def analyze(model, eval_tokens, centering_tokens=None, *, result=None, batch_size: int = 4,
+            progress: bool = True) -> pd.DataFrame:
+    """``poskernel analyze seq-pca``: probes trained on the centering sequences (the
+    first half of the evaluation sequences when there are none), scored on the
+    evaluation sequences, with the sequence PCA of the evaluation pass."""
+    ev = as_tokens(model, eval_tokens)
+    if centering_tokens is None or len(centering_tokens) == 0:
+        if len(ev) < 2:
+            raise ValueError("need at least 2 sequences to train and score the probes")
+        tr, ev = ev[: len(ev) // 2], ev[len(ev) // 2:]
+    else:
+        tr = centering_tokens
+    return probe_table(position_probes(model, tr, ev, batch_size=batch_size,
+                                       progress=progress))
+
+
+# -------------------------------------------------------------------- figures
+def plot_temporal_components(pca: SequencePCA, k: int = 4, title: str = "") -> Figure:
+    """The top ``k`` temporal components against position."""
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.subplots()
+    comps = pca.components.double().cpu().numpy()
+    freqs = pca.dominant_frequencies()
+    for i in range(min(k, len(comps))):
+        ev = float(pca.explained_variance_ratio[i])
+        ax.plot(comps[i], lw=1, label=f"PC{i + 1}: {100 * ev:.1f}%, f={freqs[i]:.3f} cyc/tok")
+    ax.set_xlabel("position t")
+    ax.set_ylabel("loading")
+    ax.legend(fontsize=7)
+    ax.set_title(title or "top temporal components (PCA across the sequence axis)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_probe_mae(table: pd.DataFrame, title: str = "") -> Figure:
+    """Mean absolute position error per residual layer for each probe, with chance."""
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.subplots()
+    for probe, style in zip(PROBES, ("-o", "-s")):
+        t = table[table.probe == probe].sort_values("layer")
+        ax.plot(t.layer, t.mae_tokens, style, ms=3, label=f"{probe} probe")
+    ax.axhline(float(table.mae_chance.iloc[0]), color="k", ls="--", lw=0.8, label="chance")
+    ax.set_xlabel("residual layer (0 = embeddings)")
+    ax.set_ylabel("mean |error| (tokens)")
+    ax.legend(fontsize=8)
+    ax.set_title(title or "position decodable from the residual stream")
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------- compression experiment
+class PositionalDecoder(nn.Module):
+    """Seed 002's positional decoder: per component a distribution over the original
+    positions, its expected position, a linearly interpolated learned position
+    embedding added to the component, then the refiner (here residual, last layer
+    zero-initialised)."""
+
+    def __init__(self, d_model: int, n_positions: int, emb_std: float = 0.02):
+        super().__init__()
+        self.n_positions = n_positions
+        self.position_embeddings = nn.Embedding(n_positions, d_model)
+        nn.init.normal_(self.position_embeddings.weight, std=emb_std)
+        self.position_predictor = nn.Sequential(
+            nn.Linear(d_model, d_model // 2), nn.ReLU(), nn.Linear(d_model // 2, n_positions))
+        self.refiner = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 2 * d_model),
+                                     nn.GELU(), nn.Linear(2 * d_model, d_model))
+        nn.init.zeros_(self.refiner[-1].weight)
+        nn.init.zeros_(self.refiner[-1].bias)
+
+    def forward(self, z: Float[Tensor, "batch component d_model"]
+                ) -> tuple[Float[Tensor, "batch component d_model"],
+                           Float[Tensor, "batch component n_positions"]]:
+        scores = self.position_predictor(z).softmax(-1)
+        idx = torch.arange(self.n_positions, device=z.device, dtype=z.dtype)
+        pos = (scores * idx).sum(-1).clamp(0, self.n_positions - 1)
+        lo = pos.floor().long()
+        hi = (lo + 1).clamp(max=self.n_positions - 1)
+        frac = (pos - lo.to(pos.dtype))[..., None]
+        emb = self.position_embeddings
+        x = z + emb(lo) * (1 - frac) + emb(hi) * frac
+        return x + self.refiner(x), scores
+
+
+@dataclass
+class CompressionResult:
+    """Held-out next-token loss (nats/token) per condition, and the training record."""
+
+    table: pd.DataFrame
+    steps_done: int
+    seconds: float
+    train_loss: list[float]
+    pca: SequencePCA
+
+
+def compression_tokens(model, dataset: str = "prose", n_train: int = 16,
+                       n_heldout: int = 8, context: int = 300, continuation: int = 32,
+                       seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Training and held-out windows of ``context + continuation`` tokens from one of
+    the toolkit's datasets (disjoint windows; held-out ones drawn separately)."""
+    from poskernel_tl.sequences import build_sequences
+
+    n = 2 * max(n_train, n_heldout)
+    seqs = build_sequences(model.tokenizer, dataset, context + continuation, n, seed,
+                           model_name=model.spec.name, n_ctx=model.spec.n_ctx)
+    ids = seqs["input_ids"]
+    return ids[:n_train], ids[n // 2: n // 2 + n_heldout]
+
+
+def _next_token_loss(hf, prefix: Tensor, cont: Int[Tensor, "batch cont"], embed) -> Tensor:
+    """Mean CE of c_1..c_{C−1} given ``prefix`` embeddings then c_0..c_{C−2}."""
+    x = torch.cat([prefix, embed(cont[:, :-1])], dim=1)
+    k = cont.shape[1] - 1
+    logits = hf(inputs_embeds=x, use_cache=False, logits_to_keep=k).logits[:, -k:]
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                           cont[:, 1:].reshape(-1))
+
+
+def compression_experiment(model, train_tokens: Int[Tensor, "n_train window"],
+                           heldout_tokens: Int[Tensor, "n_heldout window"], *, context: int = 300,
+                           n_components: int = 128, steps: int = 200,
+                           max_seconds: float = 150.0, batch_size: int = 1, lr: float = 1e-3,
+                           aux_weights: tuple[float, float] = (0.1, 0.05), seed: int = 0,
+                           progress: bool = True) -> CompressionResult:
+    """Seed 002 in small form on a frozen model (see the module docstring). Windows are
+    ``context`` tokens then a continuation; the decoder trains for ``steps`` steps or
+    until ``max_seconds`` have passed, whichever comes first (``steps_done`` says which)."""
+    hf, dev = model.hf_model, model.device
+    embed = hf.get_input_embeddings()
+    if train_tokens.shape[1] <= context + 1:
+        raise ValueError(f"windows of {train_tokens.shape[1]} tokens leave no continuation "
+                         f"after a context of {context}")
+    if n_components > context:
+        raise ValueError(f"n_components={n_components} exceeds the context ({context})")
+    t0 = time.time()
+    with torch.no_grad():
+        emb_tr = embed(train_tokens[:, :context].to(dev)).double()
+        pca = sequence_pca(emb_tr, n_components)
+    frozen = [(p, p.requires_grad) for p in hf.parameters()]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        d_model = emb_tr.shape[-1]
+        decoder = PositionalDecoder(d_model, context, float(emb_tr.std())).to(dev)
+        target = (pca.components.float().to(dev) ** 2)  # [component, pos]: sums to 1
+        opt = torch.optim.Adam(decoder.parameters(), lr=lr)
+        g = torch.Generator().manual_seed(seed)
+        losses: list[float] = []
+        w_pos, w_rec = aux_weights
+        try:
+            for p, _ in frozen:
+                p.requires_grad_(False)
+            bar = tqdm(range(steps), desc="positional decoder", disable=not progress)
+            for _ in bar:
+                if time.time() - t0 > max_seconds:
+                    break
+                idx = torch.randint(len(train_tokens), (batch_size,), generator=g)
+                ids = train_tokens[idx].to(dev)
+                with torch.no_grad():
+                    e = embed(ids[:, :context]).float()
+                    z = pca.transform(e)
+                x, scores = decoder(z)
+                loss = _next_token_loss(hf, x, ids[:, context:], embed)
+                kl = F.kl_div(scores.clamp_min(1e-12).log(), target.expand_as(scores),
+                              reduction="batchmean")
+                rec = F.mse_loss(scores @ e, z)
+                total = loss + w_pos * kl + w_rec * rec
+                opt.zero_grad()
+                total.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        finally:
+            for p, flag in frozen:
+                p.requires_grad_(flag)
+    decoder.eval()
+    n_comp = n_components
+    conds: dict[str, list[float]] = {k: [] for k in
+                                     ("full", "pca_decoder", "pca_raw", "pool", "none")}
+    with torch.no_grad():
+        for ids in heldout_tokens.to(dev).split(batch_size):
+            e = embed(ids[:, :context]).float()
+            z = pca.transform(e)
+            prefixes = {
+                "full": e, "pca_decoder": decoder(z)[0], "pca_raw": z,
+                "pool": F.adaptive_avg_pool1d(e.transpose(1, 2), n_comp).transpose(1, 2),
+                "none": e[:, :0]}
+            for name, prefix in prefixes.items():
+                conds[name].append(float(_next_token_loss(hf, prefix, ids[:, context:], embed))
+                                   * len(ids))
+    n = len(heldout_tokens)
+    prefix_len = {"full": context, "pca_decoder": n_comp, "pca_raw": n_comp, "pool": n_comp,
+                  "none": 0}
+    table = pd.DataFrame([dict(condition=k, prefix_tokens=prefix_len[k],
+                               heldout_loss=sum(v) / n) for k, v in conds.items()])
+    table["delta_vs_full"] = table.heldout_loss - float(table.heldout_loss.iloc[0])
+    return CompressionResult(table, len(losses), time.time() - t0, losses, pca)
