@@ -35,6 +35,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF conversion bar
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402

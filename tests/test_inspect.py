@@ -68,7 +68,7 @@ def hooked(model, ids, layer, head):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_numbers_equal_the_hooked_scores(arch, llama, gpt2):
+def test_numbers_equal_the_hooked_scores(arch, llama, gpt2, monkeypatch):
     model = {"llama": llama, "gpt2": gpt2}[arch]
     view = inspect_head(model, TEXT, 1, 3)
     ids = torch.as_tensor(view.token_ids)
@@ -101,6 +101,11 @@ def test_numbers_equal_the_hooked_scores(arch, llama, gpt2):
     np.testing.assert_allclose(qk["scores"].numpy()[strict], scores.numpy()[strict], atol=1e-5)
     omega, power = view.spectrum
     assert omega.shape == power.shape and (power >= 0).all()
+    if arch == "llama":  # without hook_pattern: the softmax of the causal logits
+        monkeypatch.setattr("poskernel_tl.inspect.PATTERN_HOOK", "no.such.hook{layer}")
+        soft = head_tensors(model, ids, 1, 3)
+        assert soft["pattern_from"] == "softmax of the causal logits"
+        np.testing.assert_allclose(soft["pattern"].numpy(), pattern.numpy(), atol=1e-6)
     if arch == "llama":
         assert view.alignment is not None and "aligned" in view.alignment
         assert view.thetas is not None and len(view.thetas) == 8
