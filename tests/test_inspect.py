@@ -354,6 +354,20 @@ def test_extra_table_rows_belong_to_the_head(site):
     assert EVIL in notes[0][0] and notes[1] == []
 
 
+def test_sequence_tokens_reads_the_run(tmp_path, tiny_tokenizer):
+    from poskernel_tl.sequences import ensure_sequences
+
+    seqs, _, _ = ensure_sequences(tmp_path, tiny_tokenizer, "prose", 32, 4, 0,
+                                  model_name="tiny-llama")
+    res = synthetic_result(L=1, H=2, logits=False)
+    for tok in (tiny_tokenizer, {"tiny-llama": tiny_tokenizer}):
+        tokens = pages.sequence_tokens(tmp_path, tok)(res, 3)
+        assert tokens == [tiny_tokenizer.decode([i]) for i in seqs["input_ids"][3].tolist()]
+    assert pages.sequence_tokens(tmp_path, {"other": tiny_tokenizer})(res, 3) is None
+    assert pages.sequence_tokens(tmp_path, tiny_tokenizer)(res, 99) is None
+    assert pages.sequence_tokens(tmp_path / "none", tiny_tokenizer)(res, 0) is None
+
+
 def test_causal_softmax():
     A = np.array([[np.nan, np.nan, np.nan], [1.0, np.nan, np.nan], [0.0, np.log(3), np.nan]])
     P = pages.causal_softmax(A)

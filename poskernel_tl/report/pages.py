@@ -88,7 +88,9 @@ def head_page_href(model: str, dataset: str, length: int, layer: int, head: int)
 def sequence_tokens(out_dir, tokenizer) -> TokenDecoder:
     """A ``tokenizer_decode`` for :func:`write_head_pages` reading the run's sequence
     files (``out_dir/data/{model}_{dataset}_{T}_seqs.pt``): the token strings of the
-    sequence with that ``seq_id``, or None when the file is missing or does not fit."""
+    sequence with that ``seq_id``, or None when the file is missing or does not fit.
+    ``tokenizer``: one tokenizer, or a mapping model name → tokenizer (grids of several
+    models; a model missing from it gets index labels)."""
     from poskernel_tl.constants import seqs_path
     from poskernel_tl.sequences import DataError, load_sequences
 
@@ -102,9 +104,11 @@ def sequence_tokens(out_dir, tokenizer) -> TokenDecoder:
             except DataError:
                 cache[key] = None
         ids = cache[key]
-        if ids is None or not 0 <= seq_id < len(ids) or ids.shape[1] != result.length:
+        tok = tokenizer.get(result.model) if isinstance(tokenizer, Mapping) else tokenizer
+        if tok is None or ids is None or not 0 <= seq_id < len(ids) \
+                or ids.shape[1] != result.length:
             return None
-        return token_strings(tokenizer, ids[seq_id].tolist())
+        return token_strings(tok, ids[seq_id].tolist())
 
     return decode
 
