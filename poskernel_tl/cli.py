@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", help="where to write (default: OUT/report)")
     p.add_argument("--n-null", type=int, default=2000,
                    help="draws of the spectral null per head")
+    p.add_argument("--no-head-pages", action="store_true",
+                   help="skip the page per head and per layer")
 
     from poskernel_tl.inspect import add_inspect_parser
 
@@ -271,7 +273,8 @@ def cmd_grid(args) -> int:
 def cmd_report(args) -> int:
     from poskernel_tl.report.build import build_report
 
-    page = build_report(args.out, args.report_dir, n_null=args.n_null)
+    page = build_report(args.out, args.report_dir, n_null=args.n_null,
+                        head_pages=not args.no_head_pages, progress=True)
     print(f"report: {page}")
     return 0
 

@@ -312,9 +312,11 @@ def _write_figure(fig, out: Path, name: str) -> Path:
 
 
 def build_report(results_dir: str | Path, out: str | Path | None = None, *,
-                 n_null: int = 2000) -> Path:
+                 n_null: int = 2000, head_pages: bool = False, progress: bool = False) -> Path:
     """Read every complete condition under ``results_dir`` and write the report (see the
-    module docstring); returns the path of ``report.html``."""
+    module docstring); returns the path of ``report.html``. ``head_pages``: also write a
+    page per head and per layer under ``heads/`` (the targets of Figure 1's links; about
+    a second per head page, mostly matplotlib)."""
     results_dir = Path(results_dir)
     out = Path(out) if out is not None else results_dir / REPORT_DIR
     conds = ConditionResult.conditions(results_dir)
@@ -391,7 +393,37 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
 
     html = _page(results_dir, out, results, summary, verdict, t1, thresholds, gate, figs,
                  fig4_note)
-    return write_page(out / "report.html", html)
+    page = write_page(out / "report.html", html)
+    if head_pages:
+        _write_head_pages(results_dir, out, results, spectral, progress)
+    return page
+
+
+def _write_head_pages(results_dir: Path, out: Path, results, spectral: dict,
+                      progress: bool) -> None:
+    """A page per head and per layer under ``out/heads/`` (the link targets of Figure 1),
+    with token strings when the model's tokenizer can be loaded here."""
+    from poskernel_tl.report.pages import sequence_tokens, write_head_pages
+
+    decode = None
+    names = {r.model for r in results}
+    if len(names) == 1:
+        try:
+            from poskernel_tl.loading import load_tokenizer
+
+            decode = sequence_tokens(results_dir, load_tokenizer(next(iter(names))))
+        except Exception:  # no tokenizer here: positions are labelled by index
+            decode = None
+    with_logits = []
+    for r in results:
+        full = ConditionResult.load(results_dir, r.model, r.dataset, r.length)
+        first = {k: full.logits[k] for k in sorted(full.logits)[:1]}
+        with_logits.append(r.replace(logits=first))
+        del full
+    tables = {"spectral": pd.concat(list(spectral.values()), ignore_index=True)} \
+        if spectral else None
+    write_head_pages(with_logits, out, tokenizer_decode=decode, tables=tables,
+                     progress=progress)
 
 
 def _page(results_dir, out, results, summary, verdict, t1, thresholds, gate, figs,
