@@ -290,7 +290,7 @@ def test_too_small_corpus_says_how_many(tiny_tokenizer, small_text):
     assert 4 <= available < 200
     with pytest.raises(DataError, match=f"can supply only {available} sequences of 64") as err:
         build(tiny_tokenizer, dataset, 64, n=200)
-    assert "allow_cross_doc" in one_line(err)
+    assert "--allow-cross-doc" in one_line(err)
     assert len(build(tiny_tokenizer, dataset, 64, n=available - available % 2)["doc_ids"])
 
 
