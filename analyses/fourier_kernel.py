@@ -524,3 +524,15 @@ def fourier_kernel_attention_linear(
         out.append(torch.einsum("bihk,bihkd->bihd", phi_q[:, sl], kv))
         carry = kv[:, -1]
     return torch.cat(out, 1)
+
+
+# -------------------------------------------------- poskernel analyze fourier-kernel
+NAME = "fourier-kernel"
+NEEDS_RESULT = True
+
+
+def analyze(model, eval_tokens, centering_tokens=None, *, result=None, batch_size: int = 4,
+            progress: bool = True) -> pd.DataFrame:
+    """Cosine-series fits of every head's pooled Track A g(Δ) for K = 1, 2, 3, 5, 8, with
+    the fitted frequencies matched to the model's θ_i (one row per layer, head, K)."""
+    return cosine_fit_table(result.g_pooled, thetas=result.thetas).fits
