@@ -523,13 +523,23 @@ def _next_token_loss(hf, prefix: Tensor, cont: Int[Tensor, "batch cont"], embed)
 
 def compression_experiment(model, train_tokens: Int[Tensor, "n_train window"],
                            heldout_tokens: Int[Tensor, "n_heldout window"], *, context: int = 300,
-                           n_components: int = 128, steps: int = 200,
-                           max_seconds: float = 150.0, batch_size: int = 1, lr: float = 1e-3,
+                           n_components: int = 128, steps: int = 120,
+                           max_seconds: float = 240.0, batch_size: int = 1, lr: float = 1e-3,
                            aux_weights: tuple[float, float] = (0.1, 0.05), seed: int = 0,
-                           progress: bool = True) -> CompressionResult:
+                           threads: int | None = None, progress: bool = True
+                           ) -> CompressionResult:
     """Seed 002 in small form on a frozen model (see the module docstring). Windows are
-    ``context`` tokens then a continuation; the decoder trains for ``steps`` steps or
-    until ``max_seconds`` have passed, whichever comes first (``steps_done`` says which)."""
+    ``context`` tokens then a continuation; the decoder trains for ``steps`` steps of
+    ``batch_size`` windows, or until ``max_seconds`` have passed (``steps_done`` says
+    which); held-out windows are scored in batches of at least 4. ``threads``: CPU
+    threads for the whole experiment (None keeps torch's setting)."""
+    with cpu_threads(threads):
+        return _compression(model, train_tokens, heldout_tokens, context, n_components, steps,
+                            max_seconds, batch_size, lr, aux_weights, seed, progress)
+
+
+def _compression(model, train_tokens, heldout_tokens, context, n_components, steps,
+                 max_seconds, batch_size, lr, aux_weights, seed, progress) -> CompressionResult:
     hf, dev = model.hf_model, model.device
     embed = hf.get_input_embeddings()
     if train_tokens.shape[1] <= context + 1:
@@ -582,7 +592,7 @@ def compression_experiment(model, train_tokens: Int[Tensor, "n_train window"],
     conds: dict[str, list[float]] = {k: [] for k in
                                      ("full", "pca_decoder", "pca_raw", "pool", "none")}
     with torch.no_grad():
-        for ids in heldout_tokens.to(dev).split(batch_size):
+        for ids in heldout_tokens.to(dev).split(max(batch_size, 4)):
             e = embed(ids[:, :context]).float()
             z = pca.transform(e)
             prefixes = {

@@ -142,7 +142,7 @@ def test_compression_experiment_small(llama):
                                                                               generator=g)
     flags = [p.requires_grad for p in llama.hf_model.parameters()]
     res = S.compression_experiment(llama, train, held, context=24, n_components=8, steps=15,
-                                   batch_size=2, progress=False)
+                                   batch_size=2, threads=1, progress=False)
     assert res.steps_done == 15 and len(res.train_loss) == 15
     assert list(res.table.condition) == ["full", "pca_decoder", "pca_raw", "pool", "none"]
     assert list(res.table.prefix_tokens) == [24, 8, 8, 8, 0]
