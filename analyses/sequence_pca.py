@@ -533,13 +533,6 @@ def compression_experiment(model, train_tokens: Int[Tensor, "n_train window"],
     ``batch_size`` windows, or until ``max_seconds`` have passed (``steps_done`` says
     which); held-out windows are scored in batches of at least 4. ``threads``: CPU
     threads for the whole experiment (None keeps torch's setting)."""
-    with cpu_threads(threads):
-        return _compression(model, train_tokens, heldout_tokens, context, n_components, steps,
-                            max_seconds, batch_size, lr, aux_weights, seed, progress)
-
-
-def _compression(model, train_tokens, heldout_tokens, context, n_components, steps,
-                 max_seconds, batch_size, lr, aux_weights, seed, progress) -> CompressionResult:
     hf, dev = model.hf_model, model.device
     embed = hf.get_input_embeddings()
     if train_tokens.shape[1] <= context + 1:
@@ -552,7 +545,7 @@ def _compression(model, train_tokens, heldout_tokens, context, n_components, ste
         emb_tr = embed(train_tokens[:, :context].to(dev)).double()
         pca = sequence_pca(emb_tr, n_components)
     frozen = [(p, p.requires_grad) for p in hf.parameters()]
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), cpu_threads(threads):
         torch.manual_seed(seed)
         d_model = emb_tr.shape[-1]
         decoder = PositionalDecoder(d_model, context, float(emb_tr.std())).to(dev)
@@ -591,7 +584,7 @@ def _compression(model, train_tokens, heldout_tokens, context, n_components, ste
     n_comp = n_components
     conds: dict[str, list[float]] = {k: [] for k in
                                      ("full", "pca_decoder", "pca_raw", "pool", "none")}
-    with torch.no_grad():
+    with torch.no_grad(), cpu_threads(threads):
         for ids in heldout_tokens.to(dev).split(max(batch_size, 4)):
             e = embed(ids[:, :context]).float()
             z = pca.transform(e)
