@@ -74,6 +74,6 @@ def run_analysis(name: str, cfg: RunConfig, model: LoadedModel | None = None
         if col in table.columns:
             table = table.drop(columns=col)
         table.insert(0, col, value)
-    path = save_csv(table, C.result_path(cfg.out, cfg.model, cfg.dataset, cfg.length,
+    path = save_csv(table, C.result_path(Path(cfg.out), cfg.model, cfg.dataset, cfg.length,
                                          f"{name}.csv"))
     return table, path

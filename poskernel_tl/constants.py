@@ -38,11 +38,11 @@ def stem(model: str, dataset: str, length: int) -> str:
     return f"{model_slug(model)}_{dataset_slug(dataset)}_{length}"
 
 
-def seqs_path(out: Path, model: str, dataset: str, length: int) -> Path:
+def seqs_path(out: str | Path, model: str, dataset: str, length: int) -> Path:
     return Path(out) / DATA_DIR / f"{stem(model, dataset, length)}_seqs.pt"
 
 
-def result_path(out: Path, model: str, dataset: str, length: int, suffix: str) -> Path:
+def result_path(out: str | Path, model: str, dataset: str, length: int, suffix: str) -> Path:
     """``results/{model}_{dataset}_{length}_{suffix}``, e.g. suffix ``trackA.csv``."""
     return Path(out) / RESULTS_DIR / f"{stem(model, dataset, length)}_{suffix}"
 
