@@ -339,7 +339,7 @@ def plot_term_shares(table: pd.DataFrame, column: str = "share", title: str = ""
     or covariance share with the real scores (``"cov_share"``). The backend is not
     touched."""
     t0 = table[table["layer"] == 0].sort_values("head")
-    fig = Figure(figsize=(max(4.0, 0.6 * len(t0) + 2), 4))
+    fig = Figure(figsize=(max(6.0, 0.6 * len(t0) + 3), 4))
     ax = fig.subplots()
     x = np.arange(len(t0))
     pos = np.zeros(len(t0))
@@ -356,7 +356,7 @@ def plot_term_shares(table: pd.DataFrame, column: str = "share", title: str = ""
     ax.set_ylabel("variance share" if column == "share" else "Cov(term, scores) / Var(scores)")
     ax.axhline(0, color="k", lw=0.5)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title(title or "layer-0 score split: semantic / cross / position terms")
+    ax.set_title(title or "layer-0 score split by term")
     fig.tight_layout()
     return fig
 
