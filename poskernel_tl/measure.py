@@ -214,14 +214,20 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: in
                       mean_q_half=f32(centering.mean_q_half),
                       mean_k_half=f32(centering.mean_k_half),
                       n_centering=centering.n, n_centering_half=centering.n_half)
+    notes = []
     if spec.pe == "learned-absolute":
         from poskernel_tl.pe_kernel import head_projected_pe_kernel
 
-        fields["s_pe"] = head_projected_pe_kernel(model.hf_model, T)
+        if getattr(model.bridge, "compatibility_mode", False):
+            # compatibility mode folds ln_1 into separate q/k modules and leaves the HF
+            # c_attn weights that S_PE reads stale: skip it rather than report a wrong one
+            notes.append("S_PE not computed: the bridge runs in compatibility mode")
+        else:
+            fields["s_pe"] = head_projected_pe_kernel(model.hf_model, T)
     provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
                   "scores_from": "hook_attn_scores" if hook_scores else "q·kᵀ",
                   "n_eval": len(ev_ids), "n_centering": 0 if cen_ids is None else len(cen_ids),
-                  "device": str(dev), "seconds": round(time.time() - t0, 1),
+                  "device": str(dev), "seconds": round(time.time() - t0, 1), "notes": notes,
                   "versions": versions()}
     return ConditionResult(
         model=spec.name, dataset=dataset, length=T, spec=spec, seq_id=seq_id,

@@ -55,7 +55,7 @@ def tiny_hf_model(arch: str, seed: int = 0):
     return model
 
 
-def tiny_loaded(arch: str, tokenizer, seed: int = 0, compatibility_mode: bool = True
+def tiny_loaded(arch: str, tokenizer, seed: int = 0, compatibility_mode: bool = False
                 ) -> LoadedModel:
     hf = tiny_hf_model(arch, seed)
     spec = describe(hf, SPECS[arch])
