@@ -125,7 +125,7 @@ SCRIPT = textwrap.dedent("""
     from conftest import make_tiny_tokenizer
     from tiny_models import tiny_loaded
     from poskernel_tl import grid
-    conds = [grid.Condition("tiny-llama", "random", t, 40) for t in (64, 96, 128)]
+    conds = [grid.Condition("tiny-llama", "random", t, 20) for t in (48, 64, 96)]
     model = tiny_loaded("llama", make_tiny_tokenizer(sys.argv[2]))
     grid.run_grid(conds, grid.GridOptions(out=sys.argv[1], batch_size=1, progress=False),
                   load=lambda name: model)
@@ -141,10 +141,10 @@ def test_kill_and_resume_gives_the_same_bytes(tmp_path):
     subprocess.run(cmd(ref), check=True, env=env, timeout=600)
     proc = subprocess.Popen(cmd(killed), env=env)
     deadline = time.time() + 300
-    first = killed / C.RESULTS_DIR / "tiny-llama_random_64_cfg.json"
+    first = killed / C.RESULTS_DIR / "tiny-llama_random_48_cfg.json"
     while not first.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    time.sleep(0.5)  # now inside the second condition
+    time.sleep(0.2)  # now inside the second condition
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     subprocess.run(cmd(killed), check=True, env=env, timeout=600)
