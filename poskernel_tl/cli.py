@@ -102,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", help="where to write (default: OUT/report)")
     p.add_argument("--n-null", type=int, default=2000,
                    help="draws of the spectral null per head")
-    p.add_argument("--no-head-pages", action="store_true",
-                   help="skip the page per head and per layer")
+    p.add_argument("--head-pages", default="all", choices=["all", "first", "none"],
+                   help="a page per head and per layer: for every condition (all), for the "
+                        "first centered one (first), or none")
 
     from poskernel_tl.inspect import add_inspect_parser
 
@@ -274,7 +275,7 @@ def cmd_report(args) -> int:
     from poskernel_tl.report.build import build_report
 
     page = build_report(args.out, args.report_dir, n_null=args.n_null,
-                        head_pages=not args.no_head_pages, progress=True)
+                        head_pages=args.head_pages, progress=True)
     print(f"report: {page}")
     return 0
 
@@ -292,8 +293,9 @@ def cmd_demo(args) -> int:
         + (["--n-seqs", str(args.n_seqs)] if args.n_seqs else [])
         + (["--quiet"] if args.quiet else []))
     rc = cmd_grid(ns)
-    if rc == 0 and "report" in COMMANDS:
-        rc = COMMANDS["report"](build_parser().parse_args(["report", args.out]))
+    if rc == 0:  # head pages for one condition keep the demo short (about a second each)
+        rc = cmd_report(build_parser().parse_args(["report", args.out, "--head-pages",
+                                                   "first"]))
     return rc
 
 

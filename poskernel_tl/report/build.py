@@ -115,9 +115,9 @@ def _hex(value: float) -> tuple[str, str]:
         "#000" if lum > 0.5 else "#fff"
 
 
-def heatmap_table(r: ConditionResult) -> str:
+def heatmap_table(r: ConditionResult, linked: bool = True) -> str:
     """Figure 1 as an HTML table: one coloured cell per (layer, head), each a link to the
-    head's page, kv-group boundaries drawn as white rules."""
+    head's page (when ``linked``), kv-group boundaries drawn as white rules."""
     g = r.spec.group_size
     kvb = [' class="kvb"' if g > 1 and h and h % g == 0 else "" for h in range(r.n_heads)]
     head_row = "".join(f"<th{kvb[h]}>H{h}</th>" for h in range(r.n_heads))
@@ -130,8 +130,10 @@ def heatmap_table(r: ConditionResult) -> str:
             cls = kvb[h]
             href = esc(head_page_href(r.model, r.dataset, r.length, layer, h))
             text = "–" if not np.isfinite(v) else f"{v:.2f}"
-            cells.append(f'<td{cls} style="background:{bg}"><a href="{href}" '
-                         f'style="color:{fg}" title="L{layer}H{h} R²={text}">{text}</a></td>')
+            inner = (f'<a href="{href}" style="color:{fg}" title="L{layer}H{h} R²={text}">'
+                     f'{text}</a>' if linked else
+                     f'<span style="color:{fg}" title="L{layer}H{h} R²={text}">{text}</span>')
+            cells.append(f'<td{cls} style="background:{bg}">{inner}</td>')
         rows.append(f"<tr><th>L{layer}</th>{''.join(cells)}</tr>")
     return f'<table class="pk-heat">{"".join(rows)}</table>'
 
@@ -312,7 +314,8 @@ def _write_figure(fig, out: Path, name: str) -> Path:
 
 
 def build_report(results_dir: str | Path, out: str | Path | None = None, *,
-                 n_null: int = 2000, head_pages: bool = False, progress: bool = False) -> Path:
+                 n_null: int = 2000, head_pages: bool | str = False,
+                 progress: bool = False) -> Path:
     """Read every complete condition under ``results_dir`` and write the report (see the
     module docstring); returns the path of ``report.html``. ``head_pages``: also write a
     page per head and per layer under ``heads/`` (the targets of Figure 1's links; about
@@ -391,12 +394,26 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
         if head_null is not None:
             TB.write_table(head_null, out / "nulls" / f"{r.stem()}_perm_null")
 
+    paged = _paged(results, head_pages)
     html = _page(results_dir, out, results, summary, verdict, t1, thresholds, gate, figs,
-                 fig4_note)
+                 fig4_note, paged)
     page = write_page(out / "report.html", html)
-    if head_pages:
-        _write_head_pages(results_dir, out, results, spectral, progress)
+    if paged:
+        _write_head_pages(results_dir, out, [r for r in results if r.stem() in paged],
+                          spectral, progress)
     return page
+
+
+def _paged(results, head_pages: bool | str) -> set[str]:
+    """The conditions (stems) that get head pages."""
+    if head_pages in (False, None, "none"):
+        return set()
+    if head_pages in (True, "all"):
+        return {r.stem() for r in results}
+    if head_pages == "first":
+        centered = [r for r in results if r.centered] or list(results)
+        return {centered[0].stem()}
+    raise ValueError(f"head_pages={head_pages!r}: choose all, first or none")
 
 
 def _write_head_pages(results_dir: Path, out: Path, results, spectral: dict,
@@ -427,11 +444,12 @@ def _write_head_pages(results_dir: Path, out: Path, results, spectral: dict,
 
 
 def _page(results_dir, out, results, summary, verdict, t1, thresholds, gate, figs,
-          fig4_note) -> str:
+          fig4_note, paged: set[str] | None = None) -> str:
     heat = []
     for r in results:
+        table = heatmap_table(r, r.stem() in (paged or set()))
         heat.append(f"<details{' open' if not heat else ''}><summary>"
-                    f"{esc(cond_text(r))}</summary>{heatmap_table(r)}</details>")
+                    f"{esc(cond_text(r))}</summary>{table}</details>")
     perm = [r for r in results if N.perm_null_of(r) is not None]
     perm_lines = "".join(
         f"<li>{esc(r.stem())}: {s['n_above_null_max']}/{s['n_heads']} heads above the "
