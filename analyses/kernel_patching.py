@@ -10,13 +10,17 @@ the clean loss and with the loss after mean-ablating the same head:
   mean of sub-diagonal Δ, exactly the Track A fit; the head keeps everything that is a
   function of Δ in this sequence and loses everything else);
 - ``mode="pooled"``: g is the condition's pooled Track A kernel ``result.g_pooled`` (one
-  kernel for all sequences; a content-free head).
+  kernel for all sequences; a content-free head). Without a result, or with
+  ``keep_keys``, it is fitted to the mean scores of the patched sequences, which is the
+  pooled Track A fit of those sequences (the mean of sub-diagonal Δ over all of them).
 
 Only the causal triangle s ≤ t is replaced; entries above the diagonal keep their masked
 fill value. The Track A fit covers Δ = 1..T−1; the main diagonal (Δ = 0, a token attending
 to itself) is, with ``diagonal="fit"`` (default), replaced by its own mean (per sequence,
 or pooled over the evaluation batch's clean scores), and with ``diagonal="keep"`` left at
-its clean value.
+its clean value. ``keep_keys=k`` leaves the first k key columns (s < k: the attention
+sink at the first token) at their clean values and fits g on the rest, so that a head can
+be asked whether it is "sink + kernel".
 
 Mean ablation replaces the head's scores on the causal triangle (diagonal included) by
 their mean over the evaluation sequences at each (t, s), computed in a clean pass over
@@ -87,21 +91,32 @@ def kernel_from_g(g: Float[Tensor, "*batch lag0"]) -> Float[Tensor, "*batch quer
     return g[..., lag_index(T, g.device)]
 
 
+def replace_mask(T: int, diagonal: str = "fit", keep_keys: int = 0,
+                 device=None) -> Bool[Tensor, "query_pos key_pos"]:
+    """The entries a patch replaces: s ≤ t (s < t with ``diagonal="keep"``) and s ≥
+    ``keep_keys``."""
+    lower, strict = causal_masks(T, device)
+    mask = lower if diagonal == "fit" else strict
+    return mask & (torch.arange(T, device=device) >= keep_keys)[None]
+
+
 def shift_invariant_part(
     scores: Float[Tensor, "*batch query_pos key_pos"], diagonal: str = "fit",
+    keep_keys: int = 0,
 ) -> Float[Tensor, "*batch query_pos key_pos"]:
     """Each matrix's shift-invariant part on the causal triangle: A(t, s), s < t, replaced
     by the mean of its sub-diagonal g(t − s) (the Track A fit, float64 sums); the diagonal
-    by its mean (``diagonal="fit"``) or kept (``"keep"``); entries above the diagonal keep
-    their values (masked fills included)."""
+    by its mean (``diagonal="fit"``) or kept (``"keep"``); the first ``keep_keys`` key
+    columns kept and left out of the fit; entries above the diagonal keep their values
+    (masked fills included)."""
     T = scores.shape[-1]
-    lower, strict = causal_masks(T, scores.device)
-    z = torch.where(lower, scores.double(), 0.0).flatten(-2)
+    fit = replace_mask(T, "fit", keep_keys, scores.device)
+    z = torch.where(fit, scores.double(), 0.0).flatten(-2)
     idx = lag_index(T, scores.device).flatten().expand_as(z)
     sums = torch.zeros(*z.shape[:-1], T, dtype=torch.float64, device=scores.device)
-    counts = T - torch.arange(T, dtype=torch.float64, device=scores.device)
-    g = sums.scatter_add_(-1, idx, z) / counts
-    keep = lower if diagonal == "fit" else strict
+    counts = (T - keep_keys - torch.arange(T, dtype=torch.float64, device=scores.device))
+    g = sums.scatter_add_(-1, idx, z) / counts.clamp(min=1)
+    keep = replace_mask(T, diagonal, keep_keys, scores.device)
     return torch.where(keep, kernel_from_g(g).to(scores.dtype), scores)
 
 
@@ -127,6 +142,8 @@ class PatchingResult:
     loss_ablated: Float[np.ndarray, "n_seqs layer head_index"]
     mode: str
     diagonal: str
+    keep_keys: int
+    kernel_from: str
     expanded: bool
     n_forwards: int
     seconds: float
@@ -166,9 +183,10 @@ class _Patcher:
     """Hooks for one (layer, head chunk) forward with rows [clean, patched…, ablated…]."""
 
     def __init__(self, layer: int, heads: list[int], n_heads: int, mode: str,
-                 diagonal: str, mean_scores: Tensor, pooled_kernel: Tensor | None):
+                 diagonal: str, mean_scores: Tensor, pooled_kernel: Tensor | None,
+                 keep_keys: int = 0):
         self.layer, self.n_heads = layer, n_heads
-        self.mode, self.diagonal = mode, diagonal
+        self.mode, self.diagonal, self.keep_keys = mode, diagonal, keep_keys
         dev = mean_scores.device
         self.heads = torch.as_tensor(heads, device=dev)
         hc = len(heads)
@@ -178,7 +196,8 @@ class _Patcher:
         self.mean = mean_scores[layer, self.heads]  # [Hc, T, T]
         self.kernel = None if pooled_kernel is None else pooled_kernel[self.heads]
         T = mean_scores.shape[-1]
-        self.lower, self.strict = causal_masks(T, dev)
+        self.lower = causal_masks(T, dev)[0]
+        self.replace = replace_mask(T, diagonal, keep_keys, dev)
 
     def expand(self, x: Float[Tensor, "batch pos d_model"], hook) -> Tensor:
         if x.shape[0] != 1:
@@ -191,21 +210,23 @@ class _Patcher:
         out = v.clone()
         src = v[:, self.rows_p, self.heads]  # [b, Hc, T, T]
         if self.mode == "per_seq":
-            patched = shift_invariant_part(src, self.diagonal)
+            patched = shift_invariant_part(src, self.diagonal, self.keep_keys)
         else:
-            keep = self.lower if self.diagonal == "fit" else self.strict
-            patched = torch.where(keep, self.kernel.to(src.dtype), src)
+            patched = torch.where(self.replace, self.kernel.to(src.dtype), src)
         out[:, self.rows_p, self.heads] = patched
         src = v[:, self.rows_a, self.heads]
         out[:, self.rows_a, self.heads] = torch.where(self.lower, self.mean.to(src.dtype), src)
         return out.reshape(x.shape)
 
 
-def pooled_kernels(g_pooled: Float[Tensor, "layer head_index lag"],
+def pooled_kernels(g_pooled: Float[Tensor, "layer head_index lag"] | None,
                    mean_scores: Float[Tensor, "layer head_index query_pos key_pos"],
-                   ) -> Float[Tensor, "layer head_index query_pos key_pos"]:
+                   keep_keys: int = 0) -> Float[Tensor, "layer head_index query_pos key_pos"]:
     """K(t, s) = g_pooled(t − s) for Δ ≥ 1 and, for Δ = 0, the mean of the diagonal of the
-    mean scores (the pooled diagonal mean over the evaluation sequences)."""
+    mean scores (the pooled diagonal mean over the evaluation sequences). Without
+    ``g_pooled`` (or with ``keep_keys``) g is fitted to the mean scores themselves."""
+    if g_pooled is None or keep_keys:
+        return shift_invariant_part(mean_scores, "fit", keep_keys)
     g0 = torch.diagonal(mean_scores, dim1=-2, dim2=-1).double().mean(-1, keepdim=True)
     g = torch.cat([g0, g_pooled.to(g0)], dim=-1)
     return kernel_from_g(g).float()
@@ -213,13 +234,14 @@ def pooled_kernels(g_pooled: Float[Tensor, "layer head_index lag"],
 
 def run_kernel_patching(
     model, eval_tokens: Int[Tensor, "batch pos"], *, g_pooled: np.ndarray | None = None,
-    mode: str = "pooled", diagonal: str = "fit", layers=None, head_chunk: int | None = None,
-    max_seqs: int | None = None, batch_size: int = 4, expand: bool | None = None,
-    progress: bool = True,
+    mode: str = "pooled", diagonal: str = "fit", keep_keys: int = 0, layers=None,
+    head_chunk: int | None = None, max_seqs: int | None = None, batch_size: int = 4,
+    expand: bool | None = None, progress: bool = True,
 ) -> PatchingResult:
     """Clean, kernel-patched and mean-ablated losses of every head (see the module).
 
-    ``g_pooled`` [layer, head_index, lag] is needed for ``mode="pooled"``;
+    ``g_pooled`` [layer, head_index, lag]: the pooled kernel of ``mode="pooled"`` (None:
+    fitted to the patched sequences' mean scores);
     ``expand``: None tries the mid-forward expansion (one sequence per forward) and falls
     back to repeating the tokens; ``batch_size``: sequences per forward of the clean pass
     and of the repeat path."""
@@ -236,15 +258,19 @@ def run_kernel_patching(
     head_chunk = head_chunk or H
     chunks = [list(range(h, min(H, h + head_chunk))) for h in range(0, H, head_chunk)]
     loss_clean, mean_scores = _clean_pass(model, ids, batch_size, progress)
-    kernels = None
+    if not 0 <= keep_keys < T - 1:
+        raise ValueError(f"keep_keys={keep_keys}: need 0 <= keep_keys < T - 1 = {T - 1}")
+    kernels, kernel_from = None, "per-sequence fit"
     if mode == "pooled":
-        if g_pooled is None:
-            raise ValueError("mode='pooled' needs the condition's g_pooled (pass result=)")
-        g = torch.as_tensor(np.asarray(g_pooled), device=dev)
-        if g.shape != (L, H, T - 1):
-            raise ValueError(f"g_pooled has shape {tuple(g.shape)}, expected {(L, H, T - 1)}"
-                             " (was the result measured at this length?)")
-        kernels = pooled_kernels(g, mean_scores)
+        g = None
+        if g_pooled is not None:
+            g = torch.as_tensor(np.asarray(g_pooled), device=dev)
+            if g.shape != (L, H, T - 1):
+                raise ValueError(f"g_pooled has shape {tuple(g.shape)}, expected "
+                                 f"{(L, H, T - 1)} (was the result measured at this length?)")
+        kernels = pooled_kernels(g, mean_scores, keep_keys)
+        kernel_from = ("result.g_pooled" if g is not None and not keep_keys
+                       else "mean scores of the patched sequences")
     patched = np.full((n, L, H), np.nan)
     ablated = np.full((n, L, H), np.nan)
     clean_row = np.full((n, L), np.nan)
@@ -276,7 +302,7 @@ def run_kernel_patching(
         for layer in layers:
             for heads in chunks:
                 patcher = _Patcher(layer, heads, H, mode, diagonal, mean_scores,
-                                   None if kernels is None else kernels[layer])
+                                   None if kernels is None else kernels[layer], keep_keys)
                 try:
                     loss = run(patcher, rows, try_expand)
                 except RuntimeError as err:
@@ -298,7 +324,8 @@ def run_kernel_patching(
         start = rows.stop
     bar.close()
     return PatchingResult(loss_clean.cpu().numpy(), clean_row, patched, ablated, mode,
-                          diagonal, try_expand, n_forwards, round(time.time() - t0, 1))
+                          diagonal, keep_keys, kernel_from, try_expand, n_forwards,
+                          round(time.time() - t0, 1))
 
 
 # ------------------------------------------------------------------ table, figure
@@ -323,12 +350,12 @@ def bootstrap(dp: np.ndarray, da: np.ndarray, n_boot: int = 1000, seed: int = 0,
     return out
 
 
-def patching_table(res: PatchingResult, r2_pooled: np.ndarray | None = None,
+def patching_table(res: PatchingResult, extra: dict[str, np.ndarray] | None = None,
                    n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """One row per patched (layer, head): mean losses, the loss changes, their ratio
     (``dloss_ratio``, the normalised patching loss) with bootstrap intervals (``_lo``,
-    ``_hi``), ``ablation_matters`` (the ablation interval excludes 0 from below) and,
-    given ``r2_pooled``, Track A's pooled R²."""
+    ``_hi``), ``ablation_matters`` (the ablation interval excludes 0 from below) and
+    the ``extra`` per-head arrays [layer, head_index] (e.g. Track A's pooled R²)."""
     n, L, H = res.loss_patched.shape
     dp, da = res.dloss_patched, res.dloss_ablated
     ci = bootstrap(dp, da, n_boot, seed)
@@ -338,7 +365,8 @@ def patching_table(res: PatchingResult, r2_pooled: np.ndarray | None = None,
         ratio = mp / ma
     ratio = np.where(np.isfinite(ratio), ratio, np.nan)
     cols = {"layer": layer.ravel(), "head": head.ravel(), "mode": res.mode,
-            "diagonal": res.diagonal, "n_seqs": n,
+            "diagonal": res.diagonal, "keep_keys": res.keep_keys,
+            "kernel_from": res.kernel_from, "n_seqs": n,
             "loss_clean": res.loss_clean.mean(),
             "loss_patched": res.loss_patched.mean(0).ravel(),
             "loss_ablated": res.loss_ablated.mean(0).ravel()}
@@ -346,21 +374,23 @@ def patching_table(res: PatchingResult, r2_pooled: np.ndarray | None = None,
         cols[name] = mean.ravel()
         cols[f"{name}_lo"], cols[f"{name}_hi"] = (x.ravel() for x in ci[name])
     cols["ablation_matters"] = (ci["dloss_ablated"][0] > 0).ravel()
-    if r2_pooled is not None:
-        cols["R2_pooled"] = np.asarray(r2_pooled).ravel()
+    for name, arr in (extra or {}).items():
+        cols[name] = np.asarray(arr).ravel()
     table = pd.DataFrame(cols)
     return table[np.isfinite(table["dloss_patched"])].reset_index(drop=True)
 
 
 def kernel_patching(model, eval_tokens, result=None, *, mode: str = "pooled",
-                    diagonal: str = "fit", max_seqs: int | None = MAX_SEQS, layers=None,
+                    diagonal: str = "fit", keep_keys: int = 0,
+                    max_seqs: int | None = MAX_SEQS, layers=None,
                     head_chunk: int | None = None, batch_size: int = 4,
                     expand: bool | None = None, n_boot: int = 1000, seed: int = 0,
                     progress: bool = True) -> pd.DataFrame:
     """Notebook entry: the per-head patching table (see :func:`patching_table`) on the first
     ``max_seqs`` evaluation sequences (``eval_tokens``: int tensor [n, T] or strings).
     ``result`` (the condition's :class:`~poskernel_tl.ConditionResult`) supplies the pooled
-    kernel and Track A's R²; ``mode="per_seq"`` runs without it."""
+    kernel and Track A's R²; without it the pooled kernel is fitted to the patched
+    sequences."""
     from poskernel_tl.measure import as_tokens, check_tokens
 
     ids = as_tokens(model, eval_tokens)
@@ -369,9 +399,11 @@ def kernel_patching(model, eval_tokens, result=None, *, mode: str = "pooled",
         raise ValueError(f"result measured at T={result.length}, tokens have T={ids.shape[1]}")
     res = run_kernel_patching(
         model, ids, g_pooled=None if result is None else result.g_pooled, mode=mode,
-        diagonal=diagonal, layers=layers, head_chunk=head_chunk, max_seqs=max_seqs,
-        batch_size=batch_size, expand=expand, progress=progress)
-    table = patching_table(res, None if result is None else result.r2_pooled, n_boot, seed)
+        diagonal=diagonal, keep_keys=keep_keys, layers=layers, head_chunk=head_chunk,
+        max_seqs=max_seqs, batch_size=batch_size, expand=expand, progress=progress)
+    extra = {} if result is None else {"R2_pooled": result.r2_pooled,
+                                       "R2_pooled_nosink": result.r2_pooled_nosink}
+    table = patching_table(res, extra, n_boot, seed)
     table["n_forwards"], table["seconds"] = res.n_forwards, res.seconds
     return table
 
@@ -380,8 +412,8 @@ def analyze(model, eval_tokens, centering_tokens, *, result=None, batch_size: in
             progress: bool = True) -> pd.DataFrame:
     """``poskernel analyze kernel-patching``: pooled-kernel patching of every head on the
     first :data:`MAX_SEQS` evaluation sequences (centering sequences are not used)."""
-    return kernel_patching(model, eval_tokens, result, mode="pooled" if result is not None
-                           else "per_seq", batch_size=batch_size, progress=progress)
+    return kernel_patching(model, eval_tokens, result, mode="pooled", batch_size=batch_size,
+                           progress=progress)
 
 
 def plot_kernel_patching(table: pd.DataFrame, title: str = "") -> Figure:

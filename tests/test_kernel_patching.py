@@ -81,6 +81,13 @@ def test_shift_invariant_part_is_the_track_a_fit(rng):
                        torch.diagonal(scores, dim1=-2, dim2=-1))
     exact = toeplitz(torch.randn(T, generator=rng, dtype=torch.float64), T)
     assert torch.allclose(kp.shift_invariant_part(exact).tril(), exact.tril(), atol=1e-12)
+    # keep_keys: the first key columns stay, and the fit ignores them
+    sink = exact.clone()
+    sink[:, 0] += 5.0
+    part = kp.shift_invariant_part(sink, keep_keys=1)
+    assert torch.equal(part[:, 0], sink[:, 0])
+    assert torch.allclose(part.tril(), sink.tril(), atol=1e-12)
+    assert not torch.allclose(kp.shift_invariant_part(sink).tril(), sink.tril(), atol=1e-3)
 
 
 def test_patch_hook_edits_only_the_chosen_head_rows(rng):
@@ -144,5 +151,7 @@ def test_table_figure_and_cli_contract(exact):
     assert np.array_equal(table["dloss_ratio_lo"].to_numpy(),
                           again["dloss_ratio_lo"].to_numpy(), equal_nan=True)  # seeded
     assert isinstance(kp.plot_kernel_patching(table), Figure)
-    with pytest.raises(ValueError, match="pooled"):
-        kp.kernel_patching(model, ids, None, mode="pooled", progress=False)
+    # without a result the pooled kernel is fitted to the same sequences' mean scores
+    alone = kp.kernel_patching(model, ids, None, mode="pooled", progress=False)
+    assert np.allclose(alone["dloss_patched"], table["dloss_patched"], atol=1e-6)
+    assert (alone["kernel_from"] != table["kernel_from"]).all()
