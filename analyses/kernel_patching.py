@@ -18,9 +18,7 @@ Only the causal triangle s ≤ t is replaced; entries above the diagonal keep th
 fill value. The Track A fit covers Δ = 1..T−1; the main diagonal (Δ = 0, a token attending
 to itself) is, with ``diagonal="fit"`` (default), replaced by its own mean (per sequence,
 or pooled over the evaluation batch's clean scores), and with ``diagonal="keep"`` left at
-its clean value. ``keep_keys=k`` leaves the first k key columns (s < k: the attention
-sink at the first token) at their clean values and fits g on the rest, so that a head can
-be asked whether it is "sink + kernel".
+its clean value. ``keep_keys=k`` does the same for the main patch.
 
 Mean ablation replaces the head's scores on the causal triangle (diagonal included) by
 their mean over the evaluation sequences at each (t, s), computed in a clean pass over
@@ -31,20 +29,29 @@ Per head the table reports ``dloss_patched`` = loss(patched) − loss(clean),
 ``dloss_ablated`` = loss(mean-ablated) − loss(clean), their ratio ``dloss_ratio`` (the
 normalised loss change: 0 = the kernel is all the head contributes, 1 = the kernel is no
 better than the mean), and seeded bootstrap 95% intervals over sequences (the ratio's
-interval is the ratio of resampled means).
+interval is the ratio of resampled means). The ratio is only meaningful where ablation
+matters (``ablation_matters``: its interval lies above 0).
+
+A kernel g(t − s) cannot hold an attention sink (a large score on the first key whatever
+the offset), and destroying a sink can cost nats where mean ablation, which keeps it,
+costs nothing. So by default a second patch, ``patched_sink``, runs beside the first: the
+same kernel with the first ``sink_keys`` (default 1) key columns kept at their clean
+values and left out of the fit (``dloss_patched_sink``, ``dloss_ratio_sink``).
 
 Batching and cost. One forward patches several heads of one layer in separate batch
-rows: row 0 is clean, rows 1..Hc patch head h_j with the kernel, rows Hc+1..2Hc
-mean-ablate it (Hc = ``head_chunk``, default all heads of the layer). With one sequence
-per forward the bridge runs blocks 0..L−1 on that sequence alone and repeats the residual
-stream into the 1 + 2Hc rows at ``blocks.{L}.hook_in`` (``expand``), so a sequence costs
-Σ_L [L + (n_layers − L)(1 + 2H)] block evaluations, about (1 + H)·n_layers² (≈ 9,000
-block evaluations, the work of ≈ 300 single-sequence forwards, for SmolLM2's 30 × 9
-heads). Where expanding mid-forward is not possible (several sequences per forward, or an
-architecture whose masks do not broadcast) the tokens are repeated at the input instead
-(``(1 + 2H)·n_layers`` full forwards per sequence). Add one clean pass over the sequences.
-The clean row of every patched forward is checked against the clean pass. ``max_seqs``,
-``layers`` and ``head_chunk`` bound the cost and memory (logits of 1 + 2Hc rows).
+rows: row 0 is clean, then one block of Hc rows per variant (kernel, kernel with the sink
+kept, mean ablation), row j of a block patching head h_j (Hc = ``head_chunk``, default all
+heads of the layer; R = 1 + 3Hc rows, 1 + 2Hc with ``sink_keys=0``). With one sequence per
+forward the bridge runs blocks 0..L−1 on that sequence alone and repeats the residual
+stream into the R rows at ``blocks.{L}.hook_in`` (``expand``), so a sequence costs
+Σ_L [L + (n_layers − L)·R] block evaluations, about R·n_layers²/2: for SmolLM2 (30 layers
+× 9 heads, R = 28) ≈ 13,500 block evaluations, the work of ≈ 450 single-sequence forwards,
+in 30 forwards. Where expanding mid-forward is not possible (several sequences per
+forward, or an architecture whose masks do not broadcast) the tokens are repeated at the
+input instead (R·n_layers full forwards per sequence). Add one clean pass over the
+sequences. The clean row of every patched forward is checked against the clean pass.
+``max_seqs``, ``layers``, ``head_chunk`` and ``sink_keys=0`` bound the cost and memory
+(logits of R rows).
 """
 
 import time
@@ -132,29 +139,41 @@ def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"],
 # ------------------------------------------------------------------ the passes
 @dataclass
 class PatchingResult:
-    """Per-sequence losses (float64): ``loss_clean`` [n_seqs]; ``loss_patched`` and
-    ``loss_ablated`` [n_seqs, layer, head_index] (NaN for layers not patched), each
-    measured against the clean row of the same forward (``loss_clean_row``)."""
+    """Per-sequence losses (float64): ``loss_clean`` [n_seqs] from the clean pass, and per
+    variant (``"patched"``, ``"patched_sink"`` when asked for, ``"ablated"``) the loss
+    [n_seqs, layer, head_index] (NaN for layers not patched), each measured against the
+    clean row of the same forward (``loss_clean_row``)."""
 
     loss_clean: Float[np.ndarray, " n_seqs"]
     loss_clean_row: Float[np.ndarray, "n_seqs layer"]
-    loss_patched: Float[np.ndarray, "n_seqs layer head_index"]
-    loss_ablated: Float[np.ndarray, "n_seqs layer head_index"]
+    losses: dict[str, np.ndarray]
     mode: str
     diagonal: str
     keep_keys: int
+    sink_keys: int
     kernel_from: str
     expanded: bool
     n_forwards: int
     seconds: float
 
+    def dloss(self, variant: str) -> Float[np.ndarray, "n_seqs layer head_index"]:
+        return self.losses[variant] - self.loss_clean_row[..., None]
+
+    @property
+    def loss_patched(self) -> Float[np.ndarray, "n_seqs layer head_index"]:
+        return self.losses["patched"]
+
+    @property
+    def loss_ablated(self) -> Float[np.ndarray, "n_seqs layer head_index"]:
+        return self.losses["ablated"]
+
     @property
     def dloss_patched(self) -> Float[np.ndarray, "n_seqs layer head_index"]:
-        return self.loss_patched - self.loss_clean_row[..., None]
+        return self.dloss("patched")
 
     @property
     def dloss_ablated(self) -> Float[np.ndarray, "n_seqs layer head_index"]:
-        return self.loss_ablated - self.loss_clean_row[..., None]
+        return self.dloss("ablated")
 
 
 def _clean_pass(model, ids: Tensor, batch_size: int, progress: bool):
@@ -180,24 +199,26 @@ def _clean_pass(model, ids: Tensor, batch_size: int, progress: bool):
 
 
 class _Patcher:
-    """Hooks for one (layer, head chunk) forward with rows [clean, patched…, ablated…]."""
+    """Hooks for one (layer, head chunk) forward. Rows: [clean, one block of Hc rows per
+    kernel patch (``patches``: (keep_keys, pooled kernel [head_index, T, T] or None)),
+    one block of mean-ablated rows]; row j of a block patches head ``heads[j]``."""
 
     def __init__(self, layer: int, heads: list[int], n_heads: int, mode: str,
-                 diagonal: str, mean_scores: Tensor, pooled_kernel: Tensor | None,
-                 keep_keys: int = 0):
+                 diagonal: str, mean_scores: Tensor,
+                 patches: list[tuple[int, Tensor | None]]):
         self.layer, self.n_heads = layer, n_heads
-        self.mode, self.diagonal, self.keep_keys = mode, diagonal, keep_keys
+        self.mode, self.diagonal = mode, diagonal
         dev = mean_scores.device
+        T = mean_scores.shape[-1]
         self.heads = torch.as_tensor(heads, device=dev)
         hc = len(heads)
-        self.rows = 1 + 2 * hc
-        self.rows_p = 1 + torch.arange(hc, device=dev)
-        self.rows_a = 1 + hc + torch.arange(hc, device=dev)
+        self.rows = 1 + (len(patches) + 1) * hc
+        self.blocks = [1 + v * hc + torch.arange(hc, device=dev)
+                       for v in range(len(patches) + 1)]
+        self.patches = [(k, None if kern is None else kern[self.heads],
+                         replace_mask(T, diagonal, k, dev)) for k, kern in patches]
         self.mean = mean_scores[layer, self.heads]  # [Hc, T, T]
-        self.kernel = None if pooled_kernel is None else pooled_kernel[self.heads]
-        T = mean_scores.shape[-1]
         self.lower = causal_masks(T, dev)[0]
-        self.replace = replace_mask(T, diagonal, keep_keys, dev)
 
     def expand(self, x: Float[Tensor, "batch pos d_model"], hook) -> Tensor:
         if x.shape[0] != 1:
@@ -208,14 +229,15 @@ class _Patcher:
         T = x.shape[-1]
         v = x.reshape(-1, self.rows, self.n_heads, T, T)
         out = v.clone()
-        src = v[:, self.rows_p, self.heads]  # [b, Hc, T, T]
-        if self.mode == "per_seq":
-            patched = shift_invariant_part(src, self.diagonal, self.keep_keys)
-        else:
-            patched = torch.where(self.replace, self.kernel.to(src.dtype), src)
-        out[:, self.rows_p, self.heads] = patched
-        src = v[:, self.rows_a, self.heads]
-        out[:, self.rows_a, self.heads] = torch.where(self.lower, self.mean.to(src.dtype), src)
+        for rows, (keep_keys, kernel, replace) in zip(self.blocks, self.patches):
+            src = v[:, rows, self.heads]  # [b, Hc, T, T]
+            if self.mode == "per_seq":
+                out[:, rows, self.heads] = shift_invariant_part(src, self.diagonal, keep_keys)
+            else:
+                out[:, rows, self.heads] = torch.where(replace, kernel.to(src.dtype), src)
+        rows = self.blocks[-1]
+        src = v[:, rows, self.heads]
+        out[:, rows, self.heads] = torch.where(self.lower, self.mean.to(src.dtype), src)
         return out.reshape(x.shape)
 
 
@@ -234,17 +256,19 @@ def pooled_kernels(g_pooled: Float[Tensor, "layer head_index lag"] | None,
 
 def run_kernel_patching(
     model, eval_tokens: Int[Tensor, "batch pos"], *, g_pooled: np.ndarray | None = None,
-    mode: str = "pooled", diagonal: str = "fit", keep_keys: int = 0, layers=None,
-    head_chunk: int | None = None, max_seqs: int | None = None, batch_size: int = 4,
-    expand: bool | None = None, progress: bool = True,
+    mode: str = "pooled", diagonal: str = "fit", keep_keys: int = 0, sink_keys: int = 1,
+    layers=None, head_chunk: int | None = None, max_seqs: int | None = None,
+    batch_size: int = 4, expand: bool | None = None, progress: bool = True,
 ) -> PatchingResult:
     """Clean, kernel-patched and mean-ablated losses of every head (see the module).
 
     ``g_pooled`` [layer, head_index, lag]: the pooled kernel of ``mode="pooled"`` (None:
-    fitted to the patched sequences' mean scores);
-    ``expand``: None tries the mid-forward expansion (one sequence per forward) and falls
-    back to repeating the tokens; ``batch_size``: sequences per forward of the clean pass
-    and of the repeat path."""
+    fitted to the patched sequences' mean scores); ``keep_keys``: key columns the main
+    patch leaves clean; ``sink_keys`` > 0 adds the ``"patched_sink"`` variant that keeps
+    that many first key columns (0: no extra variant); ``expand``: None tries the
+    mid-forward expansion (one sequence per forward) and falls back to repeating the
+    tokens; ``batch_size``: sequences per forward of the clean pass and of the repeat
+    path."""
     t0 = time.time()
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: choose one of {MODES}")
@@ -254,13 +278,18 @@ def run_kernel_patching(
     n, T = ids.shape
     spec, dev, bridge = model.spec, model.device, model.bridge
     L, H = spec.n_layers, spec.n_heads
+    for name, k in (("keep_keys", keep_keys), ("sink_keys", sink_keys)):
+        if not 0 <= k < T - 1:
+            raise ValueError(f"{name}={k}: need 0 <= {name} < T - 1 = {T - 1}")
     layers = list(range(L)) if layers is None else sorted(int(x) for x in layers)
     head_chunk = head_chunk or H
     chunks = [list(range(h, min(H, h + head_chunk))) for h in range(0, H, head_chunk)]
     loss_clean, mean_scores = _clean_pass(model, ids, batch_size, progress)
-    if not 0 <= keep_keys < T - 1:
-        raise ValueError(f"keep_keys={keep_keys}: need 0 <= keep_keys < T - 1 = {T - 1}")
-    kernels, kernel_from = None, "per-sequence fit"
+    variants = {"patched": keep_keys}
+    if sink_keys:
+        variants["patched_sink"] = sink_keys
+    kernels = dict.fromkeys(variants)
+    kernel_from = "per-sequence fit"
     if mode == "pooled":
         g = None
         if g_pooled is not None:
@@ -268,11 +297,10 @@ def run_kernel_patching(
             if g.shape != (L, H, T - 1):
                 raise ValueError(f"g_pooled has shape {tuple(g.shape)}, expected "
                                  f"{(L, H, T - 1)} (was the result measured at this length?)")
-        kernels = pooled_kernels(g, mean_scores, keep_keys)
+        kernels = {v: pooled_kernels(g, mean_scores, k) for v, k in variants.items()}
         kernel_from = ("result.g_pooled" if g is not None and not keep_keys
                        else "mean scores of the patched sequences")
-    patched = np.full((n, L, H), np.nan)
-    ablated = np.full((n, L, H), np.nan)
+    losses = {v: np.full((n, L, H), np.nan) for v in (*variants, "ablated")}
     clean_row = np.full((n, L), np.nan)
     n_forwards = -(-n // batch_size)
     try_expand = expand is None or expand
@@ -302,7 +330,8 @@ def run_kernel_patching(
         for layer in layers:
             for heads in chunks:
                 patcher = _Patcher(layer, heads, H, mode, diagonal, mean_scores,
-                                   None if kernels is None else kernels[layer], keep_keys)
+                                   [(k, None if kernels[v] is None else kernels[v][layer])
+                                    for v, k in variants.items()])
                 try:
                     loss = run(patcher, rows, try_expand)
                 except RuntimeError as err:
@@ -314,37 +343,39 @@ def run_kernel_patching(
                     rows = slice(start, min(n, start + step))
                     bar.total = bar.n + len(layers) * len(chunks) * -(-(n - start) // step)
                     loss = run(patcher, rows, False)
-                hc = len(heads)
                 loss = loss.cpu().numpy()
-                patched[rows, layer, heads] = loss[:, 1:1 + hc]
-                ablated[rows, layer, heads] = loss[:, 1 + hc:]
                 clean_row[rows, layer] = loss[:, 0]
+                for v, block in zip(losses, patcher.blocks):
+                    losses[v][rows, layer, heads] = loss[:, block.cpu().numpy()]
                 n_forwards += 1
                 bar.update(1)
         start = rows.stop
     bar.close()
-    return PatchingResult(loss_clean.cpu().numpy(), clean_row, patched, ablated, mode,
-                          diagonal, keep_keys, kernel_from, try_expand, n_forwards,
+    return PatchingResult(loss_clean.cpu().numpy(), clean_row, losses, mode, diagonal,
+                          keep_keys, sink_keys, kernel_from, try_expand, n_forwards,
                           round(time.time() - t0, 1))
 
 
 # ------------------------------------------------------------------ table, figure
-def bootstrap(dp: np.ndarray, da: np.ndarray, n_boot: int = 1000, seed: int = 0,
-              ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Seeded percentile 95% intervals over sequences (axis 0) of mean(dp), mean(da) and
-    mean(dp)/mean(da): ``{name: (lo, hi)}`` arrays shaped like dp[0]."""
-    n = dp.shape[0]
-    nan = np.full(dp.shape[1:], np.nan)
+def bootstrap(dloss: dict[str, np.ndarray], ratios: dict[str, tuple[str, str]],
+              n_boot: int = 1000, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Seeded percentile 95% intervals over sequences (axis 0) of the mean of each array
+    in ``dloss`` and of each ratio of means ``ratios[name] = (numerator, denominator)``:
+    ``{name: (lo, hi)}`` arrays shaped like one sequence's."""
+    first = next(iter(dloss.values()))
+    n = first.shape[0]
+    nan = np.full(first.shape[1:], np.nan)
     if n < 2:
-        return {k: (nan, nan) for k in ("dloss_patched", "dloss_ablated", "dloss_ratio")}
+        return {k: (nan, nan) for k in (*dloss, *ratios)}
     idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    mp, ma = dp[idx].mean(1), da[idx].mean(1)
+    means = {k: v[idx].mean(1) for k, v in dloss.items()}
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = mp / ma
+        for name, (num, den) in ratios.items():
+            means[name] = means[num] / means[den]
     out = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        for name, x in (("dloss_patched", mp), ("dloss_ablated", ma), ("dloss_ratio", ratio)):
+        for name, x in means.items():
             x = np.where(np.isfinite(x), x, np.nan)
             out[name] = (np.nanpercentile(x, 2.5, axis=0), np.nanpercentile(x, 97.5, axis=0))
     return out
@@ -352,25 +383,31 @@ def bootstrap(dp: np.ndarray, da: np.ndarray, n_boot: int = 1000, seed: int = 0,
 
 def patching_table(res: PatchingResult, extra: dict[str, np.ndarray] | None = None,
                    n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """One row per patched (layer, head): mean losses, the loss changes, their ratio
-    (``dloss_ratio``, the normalised patching loss) with bootstrap intervals (``_lo``,
-    ``_hi``), ``ablation_matters`` (the ablation interval excludes 0 from below) and
-    the ``extra`` per-head arrays [layer, head_index] (e.g. Track A's pooled R²)."""
+    """One row per patched (layer, head): mean losses, the loss changes ``dloss_patched``,
+    ``dloss_ablated`` (and ``dloss_patched_sink``), the normalised patching loss
+    ``dloss_ratio`` = dloss_patched / dloss_ablated (and ``dloss_ratio_sink``), seeded
+    bootstrap intervals (``_lo``, ``_hi``), ``ablation_matters`` (the ablation interval
+    lies above 0) and the ``extra`` per-head arrays [layer, head_index] (e.g. Track A's
+    pooled R²)."""
     n, L, H = res.loss_patched.shape
-    dp, da = res.dloss_patched, res.dloss_ablated
-    ci = bootstrap(dp, da, n_boot, seed)
+    dloss = {f"dloss_{v}": res.dloss(v) for v in res.losses}
+    ratios = {"dloss_ratio": ("dloss_patched", "dloss_ablated")}
+    if "patched_sink" in res.losses:
+        ratios["dloss_ratio_sink"] = ("dloss_patched_sink", "dloss_ablated")
+    ci = bootstrap(dloss, ratios, n_boot, seed)
     layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
-    mp, ma = dp.mean(0), da.mean(0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = mp / ma
-    ratio = np.where(np.isfinite(ratio), ratio, np.nan)
     cols = {"layer": layer.ravel(), "head": head.ravel(), "mode": res.mode,
             "diagonal": res.diagonal, "keep_keys": res.keep_keys,
-            "kernel_from": res.kernel_from, "n_seqs": n,
-            "loss_clean": res.loss_clean.mean(),
-            "loss_patched": res.loss_patched.mean(0).ravel(),
-            "loss_ablated": res.loss_ablated.mean(0).ravel()}
-    for name, mean in (("dloss_patched", mp), ("dloss_ablated", ma), ("dloss_ratio", ratio)):
+            "sink_keys": res.sink_keys, "kernel_from": res.kernel_from, "n_seqs": n,
+            "loss_clean": res.loss_clean.mean()}
+    for v, loss in res.losses.items():
+        cols[f"loss_{v}"] = loss.mean(0).ravel()
+    means = {k: v.mean(0) for k, v in dloss.items()}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for name, (num, den) in ratios.items():
+            r = means[num] / means[den]
+            means[name] = np.where(np.isfinite(r), r, np.nan)
+    for name, mean in means.items():
         cols[name] = mean.ravel()
         cols[f"{name}_lo"], cols[f"{name}_hi"] = (x.ravel() for x in ci[name])
     cols["ablation_matters"] = (ci["dloss_ablated"][0] > 0).ravel()
@@ -381,7 +418,7 @@ def patching_table(res: PatchingResult, extra: dict[str, np.ndarray] | None = No
 
 
 def kernel_patching(model, eval_tokens, result=None, *, mode: str = "pooled",
-                    diagonal: str = "fit", keep_keys: int = 0,
+                    diagonal: str = "fit", keep_keys: int = 0, sink_keys: int = 1,
                     max_seqs: int | None = MAX_SEQS, layers=None,
                     head_chunk: int | None = None, batch_size: int = 4,
                     expand: bool | None = None, n_boot: int = 1000, seed: int = 0,
@@ -399,7 +436,8 @@ def kernel_patching(model, eval_tokens, result=None, *, mode: str = "pooled",
         raise ValueError(f"result measured at T={result.length}, tokens have T={ids.shape[1]}")
     res = run_kernel_patching(
         model, ids, g_pooled=None if result is None else result.g_pooled, mode=mode,
-        diagonal=diagonal, keep_keys=keep_keys, layers=layers, head_chunk=head_chunk,
+        diagonal=diagonal, keep_keys=keep_keys, sink_keys=sink_keys, layers=layers,
+        head_chunk=head_chunk,
         max_seqs=max_seqs, batch_size=batch_size, expand=expand, progress=progress)
     extra = {} if result is None else {"R2_pooled": result.r2_pooled,
                                        "R2_pooled_nosink": result.r2_pooled_nosink}
@@ -423,6 +461,9 @@ def plot_kernel_patching(table: pd.DataFrame, title: str = "") -> Figure:
     L, H = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
     grid = lambda col: _grid(table, col, L, H)
     panels = [("dloss_ratio", "dloss_patched / dloss_ablated", "RdBu_r", (-0.25, 1.25))]
+    if "dloss_ratio_sink" in table:
+        panels.append(("dloss_ratio_sink", "sink kept: dloss_patched_sink / dloss_ablated",
+                       "RdBu_r", (-0.25, 1.25)))
     if "R2_pooled" in table:
         panels.append(("R2_pooled", "Track A pooled R²", "viridis", (0.0, 1.0)))
     fig = Figure(figsize=(3.2 * len(panels) + 1, 0.22 * L + 2))
@@ -430,7 +471,7 @@ def plot_kernel_patching(table: pd.DataFrame, title: str = "") -> Figure:
     for ax, (col, label, cmap, (lo, hi)) in zip(axes, panels):
         im = ax.imshow(np.clip(grid(col), lo, hi), cmap=cmap, vmin=lo, vmax=hi,
                        aspect="auto", interpolation="nearest")
-        if col == "dloss_ratio":
+        if col.startswith("dloss_ratio"):
             weak_l, weak_h = np.nonzero(grid("ablation_matters") == 0)
             ax.scatter(weak_h, weak_l, marker="x", s=12, c="0.4", linewidths=0.8)
         ax.set_xlabel("head")

@@ -96,18 +96,24 @@ def test_patch_hook_edits_only_the_chosen_head_rows(rng):
     H, T, heads = 4, 6, [1, 3]
     mean = torch.randn(2, H, T, T, generator=rng)
     kernel = torch.randn(H, T, T, generator=rng)
-    p = kp._Patcher(1, heads, H, "pooled", "fit", mean, kernel)
+    sink = torch.randn(H, T, T, generator=rng)
+    p = kp._Patcher(1, heads, H, "pooled", "fit", mean, [(0, kernel), (1, sink)])
+    assert p.rows == 1 + 3 * len(heads)
     x = torch.randn(2 * p.rows, H, T, T, generator=rng)
     x = x.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), torch.finfo(x.dtype).min)
     out = p.scores(x.clone(), None).view(2, p.rows, H, T, T)
     xv = x.view(2, p.rows, H, T, T)
     lower = torch.ones(T, T, dtype=torch.bool).tril()
     assert torch.equal(out[:, 0], xv[:, 0])
+    hc = len(heads)
     for j, h in enumerate(heads):
-        for row, want in ((1 + j, kernel[h]), (1 + len(heads) + j, mean[1, h])):
+        sink_row = xv[:, 1 + hc + j, h]
+        sink_want = torch.where(torch.arange(T) >= 1, sink[h], sink_row)  # key 0 kept
+        for row, want in ((1 + j, kernel[h]), (1 + hc + j, sink_want),
+                          (1 + 2 * hc + j, mean[1, h])):
             others = [o for o in range(H) if o != h]
             assert torch.equal(out[:, row, others], xv[:, row, others])
-            assert torch.equal(out[:, row, h][:, lower], want[lower].expand(2, -1))
+            assert torch.equal(out[:, row, h][:, lower], want.expand(2, -1, -1)[:, lower])
             assert torch.equal(out[:, row, h][:, ~lower], xv[:, row, h][:, ~lower])
 
 
@@ -119,6 +125,7 @@ def test_exact_rope_head_is_its_kernel(exact, mode):
                                  progress=False)
     dp = np.abs(res.dloss_patched)  # [seq, layer, head]
     assert dp[:, 0, 0].max() < 1e-5, dp[:, 0, 0]
+    assert np.abs(res.dloss("patched_sink")[:, 0, 0]).max() < 1e-5
     others = dp.mean(0).ravel()[1:]  # every other head of the model
     assert others.max() > 1e-4, others
     assert others.max() > 100 * dp[:, 0, 0].mean()
@@ -134,7 +141,8 @@ def test_expand_and_repeat_paths_agree(tiny_tokenizer):
     assert runs[0].expanded and not runs[1].expanded
     assert np.isnan(runs[0].loss_patched[:, 0]).all()  # layer 0 not patched
     assert np.allclose(runs[0].loss_patched[:, 1], runs[1].loss_patched[:, 1], atol=1e-6)
-    assert np.allclose(runs[0].loss_ablated[:, 1], runs[1].loss_ablated[:, 1], atol=1e-6)
+    for v in ("patched", "patched_sink", "ablated"):
+        assert np.allclose(runs[0].losses[v][:, 1], runs[1].losses[v][:, 1], atol=1e-6)
 
 
 def test_table_figure_and_cli_contract(exact):
@@ -143,6 +151,7 @@ def test_table_figure_and_cli_contract(exact):
     table = kp.analyze(model, ids, None, result=result, progress=False)
     assert len(table) == 2 * 4
     for col in ("layer", "head", "dloss_patched", "dloss_ablated", "dloss_ratio",
+                "dloss_patched_sink", "dloss_ratio_sink", "dloss_ratio_sink_lo",
                 "dloss_patched_lo", "dloss_patched_hi", "dloss_ratio_lo", "R2_pooled"):
         assert col in table
     row = table[(table["layer"] == 1) & (table["head"] == 0)].iloc[0]
