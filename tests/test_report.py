@@ -330,7 +330,7 @@ def test_perm_null_iid_noise_inside_null_and_same_seqs_fit(device):
 
 # ------------------------------------------------------------------- build_report
 def test_build_report_offline_and_escaped(tmp_path):
-    from poskernel_tl.report.build import build_report, head_page_href
+    from poskernel_tl.report.build import _paged, build_report, head_page_href, heatmap_table
 
     first = synthetic(dataset=SCRIPT)
     null = np.full((8, *first.r2_pooled.shape), 1e-3)
@@ -348,7 +348,12 @@ def test_build_report_offline_and_escaped(tmp_path):
     assert not re.search(r"<script\b", text)
     href = head_page_href("smollm2-135m", SCRIPT, 32, 1, 2)
     assert href.startswith("heads/smollm2-135m/") and href.endswith("_32/L1H2.html")
-    assert f'href="{href}"' in text
+    # without head pages Figure 1 links nowhere; with them every cell links to its page
+    assert f'href="{href}"' not in text
+    assert f'href="{href}"' in heatmap_table(results[0], linked=True)
+    assert "href=" not in heatmap_table(results[0], linked=False)
+    assert _paged(results, "first") == {results[0].stem()}
+    assert _paged(results, "all") == {r.stem() for r in results} and not _paged(results, False)
     out = page.parent
     for src in re.findall(r'src="([^"]+)"', text):
         assert (out / src).exists(), src
