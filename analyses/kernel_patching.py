@@ -456,30 +456,37 @@ def analyze(model, eval_tokens, centering_tokens, *, result=None, batch_size: in
 
 def plot_kernel_patching(table: pd.DataFrame, title: str = "") -> Figure:
     """Layer × head heatmaps: the normalised loss change dloss_patched / dloss_ablated
-    (clipped to [−0.25, 1.25]; × marks heads whose ablation interval reaches 0)
-    beside Track A's pooled R² when the table has it. The backend is not touched."""
+    (clipped to [−0.25, 1.25]; grey where the ablation interval reaches 0, so that the
+    ratio means nothing), the same with the sink kept when the table has it, and Track A's
+    pooled R² when the table has it. The backend is not touched."""
+    import matplotlib
+
     L, H = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
     grid = lambda col: _grid(table, col, L, H)
-    panels = [("dloss_ratio", "dloss_patched / dloss_ablated", "RdBu_r", (-0.25, 1.25))]
+    panels = [("dloss_ratio", "kernel / mean ablation", "RdBu_r", (-0.25, 1.25))]
     if "dloss_ratio_sink" in table:
-        panels.append(("dloss_ratio_sink", "sink kept: dloss_patched_sink / dloss_ablated",
-                       "RdBu_r", (-0.25, 1.25)))
+        panels.append(("dloss_ratio_sink", "kernel + sink / mean ablation", "RdBu_r",
+                       (-0.25, 1.25)))
     if "R2_pooled" in table:
         panels.append(("R2_pooled", "Track A pooled R²", "viridis", (0.0, 1.0)))
-    fig = Figure(figsize=(3.2 * len(panels) + 1, 0.22 * L + 2))
+    fig = Figure(figsize=(3.4 * len(panels) + 1, 0.22 * L + 2))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    matters = grid("ablation_matters") > 0
     for ax, (col, label, cmap, (lo, hi)) in zip(axes, panels):
-        im = ax.imshow(np.clip(grid(col), lo, hi), cmap=cmap, vmin=lo, vmax=hi,
-                       aspect="auto", interpolation="nearest")
+        values = np.clip(grid(col), lo, hi)
         if col.startswith("dloss_ratio"):
-            weak_l, weak_h = np.nonzero(grid("ablation_matters") == 0)
-            ax.scatter(weak_h, weak_l, marker="x", s=12, c="0.4", linewidths=0.8)
+            values = np.where(matters, values, np.nan)
+        cmap = matplotlib.colormaps[cmap].copy()
+        cmap.set_bad("0.85")
+        im = ax.imshow(values, cmap=cmap, vmin=lo, vmax=hi, aspect="auto",
+                       interpolation="nearest")
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_title(label, fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle(title or f"kernel patching ({table['mode'].iloc[0]} g, "
-                 f"{int(table['n_seqs'].iloc[0])} sequences)", fontsize=10)
+                 f"{int(table['n_seqs'].iloc[0])} sequences; grey: ablation not significant)",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
