@@ -476,10 +476,8 @@ def plot_kernel_patching(table: pd.DataFrame, title: str = "") -> Figure:
         values = np.clip(grid(col), lo, hi)
         if col.startswith("dloss_ratio"):
             values = np.where(matters, values, np.nan)
-        cmap = matplotlib.colormaps[cmap].copy()
-        cmap.set_bad("0.85")
-        im = ax.imshow(values, cmap=cmap, vmin=lo, vmax=hi, aspect="auto",
-                       interpolation="nearest")
+        im = ax.imshow(values, cmap=matplotlib.colormaps[cmap].with_extremes(bad="0.85"),
+                       vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_title(label, fontsize=9)
