@@ -185,7 +185,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: in
             reds.append(WhitenedGramReducer(centering, model.logit_scale))
         if null_perms > 0:
             reds.append(PermNullReducer(L, H, T, n_perm=null_perms, max_seqs=null_seqs,
-                                        seed=seed, device=dev))
+                                        seed=seed, device=dev, include_identity=False))
         return reds
 
     def check(reds):
@@ -205,7 +205,9 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: in
         fields["logits"] = by_type["LogitSaver"].result().logits
     if "PermNullReducer" in by_type:
         null = by_type["PermNullReducer"].result()
-        fields.update(r2_perm_null=null.r2_null, r2_perm_same_seqs=null.r2_same_seqs)
+        # the unpermuted fit of the same sequences comes from Track A's per-sequence sums
+        same, _ = reds[0].pooled(torch.arange(null.n_seqs, device=dev))
+        fields.update(r2_perm_null=null.r2_null, r2_perm_same_seqs=same.cpu().numpy())
     if whiten:
         fields["r2_gram_whitened"] = by_type["WhitenedGramReducer"].result().r2_gram_whitened
     if centering is not None:

@@ -54,6 +54,22 @@ def test_save_load_round_trip_is_exact(measured, tmp_path):
     assert measured.g_pooled.dtype == np.float64 and back.r2_gram_whitened is not None
 
 
+def test_permutation_null_reuses_track_a_for_the_unpermuted_fit(llama, measured):
+    """The null's unpermuted reference is Track A's pooled fit of the same sequences (all
+    6 here, fewer than the 8 the null uses), not a second pass."""
+    assert measured.r2_perm_null.shape == (4, 2, 4)
+    assert np.array_equal(measured.r2_perm_same_seqs, measured.r2_pooled)
+    from poskernel_tl.reducers import PermNullReducer
+
+    standalone = PermNullReducer(2, 4, T, n_perm=4, max_seqs=8, seed=0)
+    from poskernel_tl.measure import forward_pass
+
+    (red,) = forward_pass(llama, _tokens(0), lambda: [standalone], 4, "null", False)
+    res = red.result()
+    assert np.abs(res.r2_same_seqs - measured.r2_pooled).max() < 1e-6
+    assert np.abs(res.r2_null - measured.r2_perm_null).max() < 1e-6
+
+
 def test_both_track_a_paths_agree(llama):
     hook = pk.measure(llama, _tokens(0), _tokens(1), progress=False, scores="hook")
     qk = pk.measure(llama, _tokens(0), _tokens(1), progress=False, scores="qk")

@@ -59,13 +59,21 @@ class LayerBatch:
     def scores(self) -> Float[Tensor, "batch head_index query_pos key_pos"]:
         if self.hooked_scores is not None:
             return self.hooked_scores
-        b, t, h, d = self.q.shape
-        kv = self.k.shape[2]
-        # [b, kv, group, t, d] @ [b, kv, 1, d, t]: GQA without materialising repeated keys
-        q = self.q.float().permute(0, 2, 1, 3).reshape(b, kv, h // kv, t, d) * self.scale
-        k = self.k.float().permute(0, 2, 3, 1).unsqueeze(2)
-        out = self.workspace.get("scores", (b, kv, h // kv, t, t), q)
-        return torch.matmul(q, k, out=out).reshape(b, h, t, t)
+        return qk_scores(self.q, self.k, self.scale, self.workspace, "scores")
+
+
+def qk_scores(q: Float[Tensor, "batch pos head_index d_head"],
+              k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+              workspace: Workspace, buffer: str
+              ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """scale·q·kᵀ per sequence and query head, in float32, into the workspace buffer
+    ``buffer``: [b, kv, group, t, d] @ [b, kv, 1, d, t], GQA keys broadcast, not copied."""
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    qg = q.float().permute(0, 2, 1, 3).reshape(b, kv, h // kv, t, d) * scale
+    kg = k.float().permute(0, 2, 3, 1).unsqueeze(2)
+    out = workspace.get(buffer, (b, kv, h // kv, t, t), qg)
+    return torch.matmul(qg, kg, out=out).reshape(b, h, t, t)
 
 
 class Reducer(Protocol):

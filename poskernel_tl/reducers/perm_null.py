@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.toeplitz import lag_counts, lower_lag_stats, lower_mean_from_qk, r2_from_sums
 
 
@@ -38,7 +38,7 @@ class PermNull:
     ``r2_same_seqs``: the unpermuted pooled R² of the same ``n_seqs`` sequences."""
 
     r2_null: Float[np.ndarray, "perm layer head_index"]
-    r2_same_seqs: Float[np.ndarray, "layer head_index"]
+    r2_same_seqs: Float[np.ndarray, "layer head_index"] | None
     perms: Int[np.ndarray, "perm pos"]
     n_seqs: int
     seed: int
@@ -73,7 +73,8 @@ class PermNullReducer:
     """Streams the joint position-permutation null (see the module docstring)."""
 
     def __init__(self, n_layers: int, n_heads: int, length: int, *, n_perm: int = 8,
-                 max_seqs: int = 16, seed: int = 0, device: torch.device | str = "cpu"):
+                 max_seqs: int = 16, seed: int = 0, device: torch.device | str = "cpu",
+                 include_identity: bool = True):
         if n_perm < 1 or max_seqs < 1:
             raise ValueError(f"n_perm and max_seqs must be >= 1, got {n_perm}, {max_seqs}")
         if length < 3:
@@ -82,12 +83,15 @@ class PermNullReducer:
         self.T, self.n_perm, self.max_seqs, self.seed = T, n_perm, max_seqs, seed
         self.n_layers, self.n_heads = n_layers, n_heads
         self.perms_cpu = joint_permutations(T, n_perm, seed)
-        # draw 0 is the identity: the unpermuted fit of the same sequences
-        ident = torch.arange(T)[None]
+        # with include_identity, draw 0 is the unpermuted fit of the same sequences (a
+        # caller that runs Track A on them already, like measure, can take it from there)
+        self.include_identity = include_identity
+        ident = torch.arange(T)[None] if include_identity else torch.zeros(0, T, dtype=torch.long)
         self.perms = torch.cat([ident, self.perms_cpu]).to(device)
         f64 = dict(dtype=torch.float64, device=device)
-        self.s1 = torch.zeros(n_perm + 1, n_layers, n_heads, T - 1, **f64)
-        self.sq = torch.zeros(n_perm + 1, n_layers, n_heads, **f64)
+        n_draws = len(self.perms)
+        self.s1 = torch.zeros(n_draws, n_layers, n_heads, T - 1, **f64)
+        self.sq = torch.zeros(n_draws, n_layers, n_heads, **f64)
         self.n_seen = [0] * n_layers  # host counts: no device sync
 
     def update(self, batch: LayerBatch) -> None:
@@ -102,19 +106,14 @@ class PermNullReducer:
                 idx = torch.as_tensor(keep, device=q.device)
                 q, k = q.index_select(0, idx), k.index_select(0, idx)
         q, k = q.float(), k.float()
-        b, T, h, d = q.shape
-        kv = k.shape[2]
+        b, T, h, _ = q.shape
         L = batch.layer
         work = batch.workspace.get("perm_null_work", (b, h, 2 * T, T), q, zero=True)
-        out = batch.workspace.get("perm_null_scores", (b, kv, h // kv, T, T), q)
-        for p in range(self.n_perm + 1):
+        for p in range(len(self.perms)):
             pi = self.perms[p]
             qp, kp = q.index_select(1, pi), k.index_select(1, pi)
             shift = lower_mean_from_qk(qp, kp, batch.scale)
-            # [b, kv, group, t, d] @ [b, kv, 1, d, t]: GQA without repeating keys
-            qg = qp.permute(0, 2, 1, 3).reshape(b, kv, h // kv, T, d) * batch.scale
-            kg = kp.permute(0, 2, 3, 1).unsqueeze(2)
-            A = torch.matmul(qg, kg, out=out).reshape(b, h, T, T)
+            A = qk_scores(qp, kp, batch.scale, batch.workspace, "perm_null_scores")
             (s1, sq), _ = lower_lag_stats(A, shift, [], work)
             self.s1[p, L] += s1.sum(0)
             self.sq[p, L] += sq.sum(0)
@@ -129,8 +128,9 @@ class PermNullReducer:
         counts = lag_counts(self.T, device=self.s1.device) * n[0]
         r2, _ = r2_from_sums(self.s1, self.sq, counts)
         r2 = r2.detach().cpu().numpy()
-        return PermNull(r2_null=r2[1:], r2_same_seqs=r2[0], perms=self.perms_cpu.numpy(),
-                        n_seqs=n[0], seed=self.seed)
+        first = 1 if self.include_identity else 0
+        return PermNull(r2_null=r2[first:], r2_same_seqs=r2[0] if first else None,
+                        perms=self.perms_cpu.numpy(), n_seqs=n[0], seed=self.seed)
 
 
 __all__ = ["PermNull", "PermNullReducer", "joint_permutations", "null_percentile"]
