@@ -395,13 +395,9 @@ def condition_inputs(result) -> dict:
     g, source = result.g_trackB
     sources = {"trackA_pooled": result.g_pooled, "gram_raw": result.g_gram_raw,
                "gram_centered": result.g_gram}
-    usage = None
-    if result.q_pair_norm is not None:
-        q, k = result.q_pair_norm, result.k_pair_norm
-        usage = q * np.repeat(k, q.shape[1] // k.shape[1], axis=1)
-        pair_theta = result.thetas  # pairs are stored in the order of the model's θ
-        if pair_theta is None or len(pair_theta) != usage.shape[-1]:
-            usage = None
+    usage = result.usage
+    if usage is not None and (result.thetas is None or len(result.thetas) != usage.shape[-1]):
+        usage = None
     return {"spec": result.spec, "g": np.asarray(g, np.float64), "source": source,
             "g_sources": sources, "r2": result.r2_pooled, "s_pe": result.s_pe,
             "usage": usage}

@@ -109,6 +109,16 @@ class ConditionResult:
         return self.spec.rotary_frequencies()
 
     @property
+    def usage(self) -> Float[np.ndarray, "layer head_index pair"] | None:
+        """Frequency usage of each rotary pair, mean |q| × mean |k| (each query head with
+        its key/value head), pairs in the order of :attr:`thetas`; None without rotary."""
+        if self.q_pair_norm is None or self.k_pair_norm is None:
+            return None
+        q, k = np.asarray(self.q_pair_norm, np.float64), np.asarray(self.k_pair_norm,
+                                                                    np.float64)
+        return q * k[:, self.kv_head]
+
+    @property
     def r2_split_mean(self) -> Float[np.ndarray, "layer head_index"]:
         return self.r2_split.mean(0)
 

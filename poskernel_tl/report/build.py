@@ -60,29 +60,13 @@ def _slim(r: ConditionResult) -> ConditionResult:
     return slim
 
 
-def _usage(r: ConditionResult) -> np.ndarray | None:
-    if r.q_pair_norm is None or r.k_pair_norm is None:
-        return None
-    q, k = np.asarray(r.q_pair_norm, np.float64), np.asarray(r.k_pair_norm, np.float64)
-    return q * np.repeat(k, q.shape[1] // k.shape[1], axis=1)
-
-
 def run_spectral(r: ConditionResult, gate_met: bool | None, n_null: int = 2000
                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The spectral module's per-condition table on Track B's g(Δ) (centered, or raw where
-    the condition is uncentered). Rotary conditions follow the grid's gate; others (NoPE,
-    learned absolute PE: descriptive) are analysed where R² > 0.40."""
-    sp = _spectral_module()
-    g, source = r.g_trackB
-    s_pe = getattr(r, "s_pe", None)
-    g_sources = {"trackA_pooled": r.g_pooled, "gram_raw": r.g_gram_raw}
-    if r.centered:
-        g_sources["gram_centered"] = r.g_gram
-    return sp.spectral_table(
-        g, r.r2_pooled, r.thetas, r.length, usage=_usage(r),
-        gate_met=gate_met if r.spec.pe == "rope" else None, s_pe=s_pe,
-        g_sources=g_sources if s_pe is not None else None, model=r.model, dataset=r.dataset,
-        pe=str(r.spec.pe), source=source, n_null=n_null)
+    """The spectral module's per-condition tables (:func:`poskernel_tl.analyses.spectral.
+    run_spectral`), every condition following the grid's gate as the seed asks."""
+    table, peaks, _ = _spectral_module().run_spectral(r, None, gate_met=gate_met,
+                                                      n_null=n_null)
+    return table, peaks
 
 
 def _percent(x: float) -> str:
@@ -374,8 +358,8 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
         full = ConditionResult.load(results_dir, r4.model, r4.dataset, r4.length)
         g, _ = full.g_trackB
         res = _spectral_module().spectral_alignment(g[l4, h4], full.thetas, length=full.length,
-                                                    usage=None if _usage(full) is None
-                                                    else _usage(full)[l4, h4], n_null=n_null)
+                                                    usage=None if full.usage is None
+                                                    else full.usage[l4, h4], n_null=n_null)
         fig = F.fig4_spectral(full, l4, h4, res, gate_met=gate[1])
         figs["4"].append(_img(_write_figure(fig, out, "fig4"), out, "Figure 4"))
         p = res.get("p_value", np.nan)

@@ -141,13 +141,6 @@ def causal_softmax(
     return (e / e.sum(-1, keepdims=True)).astype(np.float32)
 
 
-def _usage(result: ConditionResult, layer: int, head: int) -> np.ndarray | None:
-    if result.q_pair_norm is None or result.k_pair_norm is None:
-        return None
-    return (result.q_pair_norm[layer, head].astype(np.float64)
-            * result.k_pair_norm[layer, result.kv_head[head]].astype(np.float64))
-
-
 def _finite(x) -> bool:
     return x is not None and bool(np.isfinite(x).all())
 
@@ -157,7 +150,7 @@ def _head_spectra(result: ConditionResult, layer: int, head: int):
     A's pooled g where Track B's is not finite), its note, and the spectral alignment of
     each track's g(Δ): ``(spectrum, note, {label: alignment})``."""
     g_b, source = result.g_trackB
-    usage = _usage(result, layer, head)
+    usage = None if result.usage is None else result.usage[layer, head]
     tracks = {f"Track B g(Δ), {source.replace('_', ' ')}": g_b[layer, head],
               "Track A g(Δ), pooled": result.g_pooled[layer, head]}
     shown, note, alignments = None, "g(Δ) is not finite: no spectrum.", {}
