@@ -19,10 +19,9 @@ import pandas as pd
 
 from poskernel_tl import constants as C
 from poskernel_tl.io import save_csv
-from poskernel_tl.loading import LoadedModel, load_model
+from poskernel_tl.loading import LoadedModel
 from poskernel_tl.result import ConditionResult, ResultFileError
-from poskernel_tl.runner import DTYPES, RunConfig, run_condition
-from poskernel_tl.sequences import centering_mask, ensure_sequences, eval_mask
+from poskernel_tl.runner import RunConfig, prepare, run_condition
 
 ANALYSES = {  # CLI name -> module under poskernel_tl.analyses
     "gk-baseline": "gk_baseline",
@@ -57,19 +56,11 @@ def run_analysis(name: str, cfg: RunConfig, model: LoadedModel | None = None
                  ) -> tuple[pd.DataFrame, Path]:
     """Run analysis ``name`` on ``cfg``'s condition; returns its table and CSV path."""
     module = analysis_module(name)
-    cfg.validate(model.spec if model is not None else None)
-    if model is None:
-        model = load_model(cfg.model, device=cfg.device, dtype=DTYPES[cfg.dtype],
-                           compatibility_mode=cfg.compatibility_mode, progress=cfg.progress)
-    seqs, _, _ = ensure_sequences(
-        Path(cfg.out), model.tokenizer, cfg.dataset, cfg.length, cfg.n_seqs, cfg.seed,
-        model_name=cfg.model, n_ctx=model.spec.n_ctx, allow_cross_doc=cfg.allow_cross_doc,
-        overwrite=cfg.overwrite)
-    ids = seqs["input_ids"]
-    ev, cen = eval_mask(seqs), centering_mask(seqs)
-    result = condition_result(cfg, model) if getattr(module, "NEEDS_RESULT", False) else None
-    table = module.analyze(model, ids[ev], ids[cen] if cen.any() else None, result=result,
-                           batch_size=cfg.batch_size, progress=cfg.progress)
+    cond = prepare(cfg, model)
+    result = condition_result(cfg, cond.model) if getattr(module, "NEEDS_RESULT", False) \
+        else None
+    table = module.analyze(cond.model, cond.eval_tokens, cond.centering_tokens,
+                           result=result, batch_size=cfg.batch_size, progress=cfg.progress)
     for col, value in (("length", cfg.length), ("dataset", cfg.dataset), ("model", cfg.model)):
         if col in table.columns:
             table = table.drop(columns=col)

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from poskernel_tl import constants as C
@@ -84,31 +85,56 @@ class RunConfig:
         return cls.from_dict(meta.get("config", meta))
 
 
-def run_condition(cfg: RunConfig, model: LoadedModel | None = None
-                  ) -> tuple[ConditionResult, dict[str, Path]]:
-    """Measure one condition and write it under ``cfg.out``; returns the result and the
-    paths written (the sequence file included)."""
+@dataclass
+class Condition:
+    """A condition ready to measure: the model and the split sequence file."""
+
+    model: LoadedModel
+    seqs: dict
+    seq_file: Path
+
+    @property
+    def eval_tokens(self) -> torch.Tensor:
+        return self.seqs["input_ids"][eval_mask(self.seqs)]
+
+    @property
+    def centering_tokens(self) -> torch.Tensor | None:
+        cen = centering_mask(self.seqs)
+        return self.seqs["input_ids"][cen] if cen.any() else None
+
+    @property
+    def eval_seq_id(self) -> np.ndarray:
+        return self.seqs["seq_id"][eval_mask(self.seqs)].numpy()
+
+
+def prepare(cfg: RunConfig, model: LoadedModel | None = None) -> Condition:
+    """Validate ``cfg``, load the model unless given, and build (or reuse) the sequence
+    file under ``cfg.out``: what every command working on one condition starts with."""
     cfg.validate(model.spec if model is not None else None)
     if model is None:
         model = load_model(cfg.model, device=cfg.device, dtype=DTYPES[cfg.dtype],
                            compatibility_mode=cfg.compatibility_mode, progress=cfg.progress)
-    spec = model.spec
-    if cfg.length > spec.n_ctx:
-        raise ValueError(f"--length {cfg.length} exceeds {spec.name}'s context of {spec.n_ctx}")
-    out = Path(cfg.out)
+    if cfg.length > model.spec.n_ctx:
+        raise ValueError(f"--length {cfg.length} exceeds {model.spec.name}'s context of "
+                         f"{model.spec.n_ctx}")
     seqs, seq_file, _ = ensure_sequences(
-        out, model.tokenizer, cfg.dataset, cfg.length, cfg.n_seqs, cfg.seed,
-        model_name=cfg.model, n_ctx=spec.n_ctx, allow_cross_doc=cfg.allow_cross_doc,
+        Path(cfg.out), model.tokenizer, cfg.dataset, cfg.length, cfg.n_seqs, cfg.seed,
+        model_name=cfg.model, n_ctx=model.spec.n_ctx, allow_cross_doc=cfg.allow_cross_doc,
         overwrite=cfg.overwrite)
-    ids = seqs["input_ids"]
-    ev, cen = eval_mask(seqs), centering_mask(seqs)
-    logits_for = [i for i in C.VIS_EVAL_INDICES if i < int(ev.sum())] \
-        if cfg.wants_logits() else []
+    return Condition(model, seqs, seq_file)
+
+
+def run_condition(cfg: RunConfig, model: LoadedModel | None = None
+                  ) -> tuple[ConditionResult, dict[str, Path]]:
+    """Measure one condition and write it under ``cfg.out``; returns the result and the
+    paths written (the sequence file included)."""
+    cond = prepare(cfg, model)
+    n_eval = len(cond.eval_tokens)
+    logits_for = [i for i in C.VIS_EVAL_INDICES if i < n_eval] if cfg.wants_logits() else []
     result = measure(
-        model, ids[ev], ids[cen] if cen.any() else None, batch_size=cfg.batch_size,
-        progress=cfg.progress, seq_id=seqs["seq_id"][ev].numpy(), seed=cfg.seed,
-        whiten=cfg.whiten, logits_for=logits_for, scores=cfg.scores, dataset=cfg.dataset,
-        config=cfg.to_dict())
+        cond.model, cond.eval_tokens, cond.centering_tokens, batch_size=cfg.batch_size,
+        progress=cfg.progress, seq_id=cond.eval_seq_id, seed=cfg.seed, whiten=cfg.whiten,
+        logits_for=logits_for, scores=cfg.scores, dataset=cfg.dataset, config=cfg.to_dict())
     result = result.replace(model=cfg.model)
-    written = {"sequences": seq_file, **result.save(out)}
+    written = {"sequences": cond.seq_file, **result.save(cfg.out)}
     return result, written
