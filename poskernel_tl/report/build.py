@@ -450,7 +450,7 @@ def _page(results_dir, out, results, summary, verdict, t1, thresholds, gate, fig
     conds = "".join(f"<li>{esc(cond_text(r))} — "
                     f"{len(r.seq_id)} evaluation sequences, "
                     f"{'centered' if r.centered else 'uncentered'} Track B, "
-                    f"weights: {esc(r.provenance.get('weights', 'n/a'))}</li>"
+                    f"{esc(r.provenance.get('weights', 'weights not recorded'))}</li>"
                     for r in results)
     sections = [
         CSS, "<h1>Positional-kernel report</h1>",
