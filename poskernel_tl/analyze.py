@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from poskernel_tl import constants as C
+from poskernel_tl.batching import resolve_batch_size
 from poskernel_tl.io import save_csv
 from poskernel_tl.loading import LoadedModel
 from poskernel_tl.result import ConditionResult, ResultFileError
@@ -59,8 +60,10 @@ def run_analysis(name: str, cfg: RunConfig, model: LoadedModel | None = None
     cond = prepare(cfg, model)
     result = condition_result(cfg, cond.model) if getattr(module, "NEEDS_RESULT", False) \
         else None
+    batch_size = resolve_batch_size(cfg.batch_size, cond.model, cfg.length,
+                                    len(cond.eval_tokens))
     table = module.analyze(cond.model, cond.eval_tokens, cond.centering_tokens,
-                           result=result, batch_size=cfg.batch_size, progress=cfg.progress)
+                           result=result, batch_size=batch_size, progress=cfg.progress)
     for col, value in (("length", cfg.length), ("dataset", cfg.dataset), ("model", cfg.model)):
         if col in table.columns:
             table = table.drop(columns=col)

@@ -23,6 +23,25 @@ def _add_condition_args(p: argparse.ArgumentParser, required: bool = True) -> No
                    help="let windows span document boundaries (recorded in the data file)")
 
 
+def _batch_size(text: str) -> int | str:
+    """An int where the text is one; anything else is left to the one-line check of
+    :func:`poskernel_tl.batching.check_batch_size`."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _add_batch_args(p) -> None:
+    p.add_argument("--batch-size", type=_batch_size, default="auto",
+                   help="sequences per forward, or auto: as many as fit in half the free "
+                        "memory (at most 4 on CPU, 64 on a GPU); halved on out-of-memory")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16",
+                                                       "float16"],
+                   help="forward dtype; auto: float32 on CPU, the model's recommended "
+                        "dtype on a GPU (statistics accumulate in float32/float64)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="poskernel",
@@ -39,8 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="Track A + Track B for one (model, dataset, length)")
     _add_condition_args(p)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    _add_batch_args(p)
     p.add_argument("--save-logits", default="auto", choices=["auto", "yes", "no"],
                    help="full logits of 10 eval sequences (auto: Wikipedia-like, T=256)")
     p.add_argument("--whiten", action="store_true",
@@ -76,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "kernel-patching, separable or mean-field")
     _add_condition_args(p)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--batch-size", type=_batch_size, default="auto",
+                   help="sequences per forward, or auto (from the free memory)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
     p = sub.add_parser("grid", help="many conditions from a preset; resumable, shardable")
@@ -87,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-seqs", type=int, help="sequences per condition (preset default)")
     p.add_argument("--out", default="artifacts/grid", help="output folder")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--batch-size", type=int, default=4)
+    _add_batch_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard", help="I/N: run every N-th condition starting at I (0-based)")
     p.add_argument("--merge", nargs="+", metavar="DIR",
@@ -96,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="redo conditions recorded with a different configuration")
     p.add_argument("--plan", action="store_true", help="print the plan and stop")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--executor", choices=["slurm", "local"],
+                   help="submit one job per model through submitit (slurm: a Slurm "
+                        "cluster; local: processes on this machine) and merge their "
+                        "folders; default: run here, in this process")
+    p.add_argument("--slurm-partition", help="Slurm partition for --executor slurm")
+    p.add_argument("--slurm-gpus-per-task", type=int, default=1,
+                   help="GPUs per job (default 1)")
+    p.add_argument("--slurm-time", type=int, default=240,
+                   help="time limit per job in minutes (default 240)")
 
     p = sub.add_parser("report", help="figures, Table 1, verdicts and report.html for a folder")
     p.add_argument("out", help="the output folder of a run or grid (or a merged grid)")
@@ -239,12 +267,12 @@ def cmd_grid(args) -> int:
         n = grid.merge(args.merge, args.out)
         print(f"{args.out} holds {n} complete conditions")
         return 0
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size {args.batch_size}: must be >= 1")
+    from poskernel_tl.batching import check_batch_size
     from poskernel_tl.datasets import check_dataset_name
     from poskernel_tl.loading import resolve_device
 
     resolve_device(args.device)
+    check_batch_size(args.batch_size)
     for d in args.datasets or []:
         check_dataset_name(d)
     conds = grid.plan(args.preset, args.models, args.datasets, args.lengths, args.n_seqs,
@@ -264,8 +292,20 @@ def cmd_grid(args) -> int:
     if args.quiet:
         _quiet_libraries()
     opts = grid.options_from(out=args.out, device=args.device, batch_size=args.batch_size,
+                             dtype=args.dtype,
                              seed=args.seed, force=args.force, progress=not args.quiet)
-    table = grid.run_grid(conds, opts)
+    if args.executor:
+        from poskernel_tl.executor import GridJobError, SlurmOptions, submit_grid
+
+        slurm = SlurmOptions(partition=args.slurm_partition,
+                             gpus_per_task=args.slurm_gpus_per_task, time_min=args.slurm_time)
+        try:
+            table = submit_grid(conds, opts, args.executor, slurm)
+        except GridJobError as err:
+            print(f"poskernel: {err}", file=sys.stderr)
+            return 1
+    else:
+        table = grid.run_grid(conds, opts)
     print("\n" + table.round(3).to_string(index=False))
     print(f"\nresults in {os.path.join(args.out, C.RESULTS_DIR)}; log {args.out}/grid.log")
     return 0

@@ -13,7 +13,6 @@ folders.
 
 import dataclasses
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import pandas as pd
 
 from poskernel_tl import constants as C
 from poskernel_tl.datasets import HUB_DATASETS, DataError, hub_offline
-from poskernel_tl.io import remove_stale_temporaries, save_csv
+from poskernel_tl.io import place_file, remove_stale_temporaries, save_csv
 from poskernel_tl.manifest import FolderLock, Manifest, key_of, sha256
 from poskernel_tl.registry import EMBEDDED_DEFAULT, resolve
 from poskernel_tl.runner import RunConfig
@@ -154,7 +153,8 @@ def condition_key(cfg: RunConfig, model, seq_file: Path) -> str:
 class GridOptions:
     out: str = "artifacts/grid"
     device: str = "auto"
-    batch_size: int = 4
+    batch_size: int | str = "auto"
+    dtype: str = "auto"
     seed: int = 0
     force: bool = False
     progress: bool = True
@@ -176,14 +176,14 @@ def run_grid(conds: list[Condition], opts: GridOptions, load=None) -> pd.DataFra
     ``grid_summary.csv``). ``load(name)`` loads a model (default ``load_model``)."""
     from tqdm.auto import tqdm
 
-    from poskernel_tl.loading import load_model
-    from poskernel_tl.runner import DTYPES, run_condition
+    from poskernel_tl.loading import dtype_name, load_model
+    from poskernel_tl.runner import run_condition
     from poskernel_tl.sequences import TooFewWindowsError, ensure_sequences
 
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     load = load or (lambda name: load_model(name, device=opts.device,
-                                            dtype=DTYPES["float32"], progress=opts.progress))
+                                            dtype=opts.dtype, progress=opts.progress))
     rows = []
     with FolderLock(out):
         remove_stale_temporaries(out)
@@ -194,15 +194,15 @@ def run_grid(conds: list[Condition], opts: GridOptions, load=None) -> pd.DataFra
         for c in bar:
             bar.set_postfix_str(c.name)
             t0 = time.time()
-            cfg = RunConfig(model=c.model, dataset=c.dataset, length=c.length, seed=opts.seed,
-                            n_seqs=c.n_seqs, out=str(out), device=opts.device,
-                            batch_size=opts.batch_size,
-                            save_logits=opts.save_logits if c.length <= 256 else "no",
-                            progress=opts.progress)
             if c.model not in models:
                 models.clear()  # one model in memory at a time
                 models[c.model] = load(c.model)
             model = models[c.model]
+            cfg = RunConfig(model=c.model, dataset=c.dataset, length=c.length, seed=opts.seed,
+                            n_seqs=c.n_seqs, out=str(out), device=opts.device,
+                            batch_size=opts.batch_size, dtype=dtype_name(model.dtype),
+                            save_logits=opts.save_logits if c.length <= 256 else "no",
+                            progress=opts.progress)
             different = ValueError(
                 f"{out} holds {c.name} from a different configuration; rerun with --force "
                 "to redo it, or use another --out")
@@ -265,11 +265,9 @@ def merge(sources: list[Path], out: Path) -> int:
                 if m.status(name, entry["key"]) != "complete":
                     continue  # damaged or partial: leave it to a rerun of that shard
                 for rel in entry["outputs"]:
-                    (out / rel).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(src / rel, out / rel)
+                    place_file(src / rel, out / rel)
                 for seq in (src / C.DATA_DIR).glob(f"{name}_seqs.pt"):
-                    (out / C.DATA_DIR).mkdir(exist_ok=True)
-                    shutil.copy2(seq, out / C.DATA_DIR / seq.name)
+                    place_file(seq, out / C.DATA_DIR / seq.name)
                 target.entries[name] = entry
         target.save()
         return len(target.entries)

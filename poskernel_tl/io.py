@@ -35,6 +35,21 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
     return path
 
 
+def place_file(src: Path, dst: Path) -> Path:
+    """Put ``src``'s bytes at ``dst`` atomically: a hard link when both are on one file
+    system (no second copy on disk; later writes replace files, never modify them, so the
+    two names cannot diverge), a copy otherwise."""
+    import shutil
+
+    def write(tmp: Path) -> None:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copy2(src, tmp)
+
+    return atomic_write(dst, write)
+
+
 def remove_stale_temporaries(folder: Path) -> int:
     """Delete ``.tmp-*`` folders that an interrupted writer left below ``folder``;
     returns how many. Call only while no other writer uses the folder."""

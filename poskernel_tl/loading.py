@@ -61,6 +61,11 @@ class LoadedModel:
         return next(self.hf_model.parameters()).device
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the forward runs in (statistics accumulate in float32/float64)."""
+        return next(self.hf_model.parameters()).dtype
+
+    @property
     def weights_note(self) -> str:
         if self.spec.loader == "gguf":
             return "weights dequantized from a Q4_1 GGUF file"
@@ -125,7 +130,7 @@ def offline_hint(hub_id: str) -> str:
     )
 
 
-def _from_hub(hub_id: str, dtype: torch.dtype):
+def _from_hub(hub_id: str, dtype: torch.dtype | str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -263,18 +268,48 @@ def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
     return dataclasses.replace(spec, **updates)
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# the training dtype of the embedded model (SmolLM2), used for its GGUF weights on a GPU
+EMBEDDED_DTYPE = torch.bfloat16
+
+
+def forward_dtype(dtype: torch.dtype | str, device: torch.device, spec: ModelSpec
+                  ) -> torch.dtype | str:
+    """The dtype to load in. ``"auto"``: float32 on CPU; on CUDA the model's recommended
+    dtype (a hub checkpoint's own, via ``dtype="auto"``; bfloat16 for the GGUF model)."""
+    if dtype != "auto":
+        if isinstance(dtype, str):
+            dtype = DTYPES[dtype]
+        return dtype
+    if device.type != "cuda":
+        return torch.float32
+    return EMBEDDED_DTYPE if spec.loader == "gguf" else "auto"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def load_model(name: str, device: str | torch.device | None = None,
-               dtype: torch.dtype = torch.float32, compatibility_mode: bool = False,
+               dtype: torch.dtype | str = "auto", compatibility_mode: bool = False,
                progress: bool = True) -> LoadedModel:
     """Load registry model ``name`` (or ``hf:<repo id>``) as a TransformerBridge.
 
-    ``device=None`` picks CUDA when available. ``compatibility_mode=True`` applies
-    TransformerLens' HookedTransformer-equivalent weight processing; the measurement does
-    not need it (post-rotary q/k equal Hugging Face's either way, to float32 noise) and it
+    ``device=None`` picks CUDA when available. ``dtype``: a torch dtype, its name, or
+    ``"auto"`` (float32 on CPU, the model's recommended dtype on CUDA: see
+    :func:`forward_dtype`); the statistics accumulate in float32/float64 either way.
+    ``compatibility_mode=True`` applies TransformerLens' HookedTransformer-equivalent
+    weight processing; the measurement does not need it (post-rotary q/k equal Hugging
+    Face's either way, to float32 noise) and it
     doubles the forward cost at T = 1024, so it is off by default.
     """
     spec = resolve(name)
     dev = resolve_device(device)
+    if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype}: choose auto or one of {', '.join(DTYPES)}")
+    dtype = forward_dtype(dtype, dev, spec)
     if spec.loader == "gguf":
         hf_model, tokenizer = _from_gguf(spec, dtype, progress)
     else:
@@ -282,6 +317,7 @@ def load_model(name: str, device: str | torch.device | None = None,
         if spec.loader == "hub-nope":
             apply_nope(hf_model)
     hf_model.to(dev)
+    dtype = next(hf_model.parameters()).dtype  # what "auto" resolved to
     spec = describe(hf_model, spec)
     bridge = boot_bridge(hf_model, tokenizer, device=dev, dtype=dtype,
                          compatibility_mode=compatibility_mode)

@@ -20,8 +20,9 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 
 from poskernel_tl import constants as C
+from poskernel_tl.batching import check_batch_size, resolve_batch_size
 from poskernel_tl.hooks import capture_qk, scores_hook_name
-from poskernel_tl.loading import LoadedModel
+from poskernel_tl.loading import LoadedModel, dtype_name
 from poskernel_tl.reducers import (
     FreqUsageReducer,
     GramReducer,
@@ -73,13 +74,16 @@ def check_tokens(model: LoadedModel, tokens: torch.Tensor, what: str) -> None:
 
 def choose_scores_path(model: LoadedModel, scores: ScoresPath) -> bool:
     """True to read ``hook_attn_scores``. ``auto``: whenever the bridge exposes it (its
-    attention is then computed eagerly anyway)."""
+    attention is then computed eagerly anyway) and the forward runs in float32; in half
+    precision the hooked scores are rounded to 8 bits of mantissa, so q·kᵀ is formed in
+    float32 from the post-rotary q/k instead."""
     if scores not in ("auto", "hook", "qk"):
         raise ValueError(f"scores={scores!r}: choose auto, hook or qk")
     has_hook = scores_hook_name(0) in model.bridge.hook_dict
     if scores == "hook" and not has_hook:
         raise ValueError("this bridge has no hook_attn_scores; use scores='qk'")
-    return scores == "hook" or (scores == "auto" and has_hook)
+    full_precision = model.dtype == torch.float32
+    return scores == "hook" or (scores == "auto" and has_hook and full_precision)
 
 
 def _is_oom(err: BaseException) -> bool:
@@ -124,7 +128,8 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers: Callable[
             print(f"out of memory: retrying {desc} with --batch-size {batch_size}")
 
 
-def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: int = 4,
+def measure(model: LoadedModel, tokens, centering_tokens=None, *,
+            batch_size: int | str = "auto",
             progress: bool = True, seq_id=None, seed: int = 0, whiten: bool = False,
             logits_for: Sequence[int] = (), scores: ScoresPath = "auto",
             null_perms: int = 4, null_seqs: int = 8,
@@ -134,14 +139,15 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: in
     tensor [n, T] or a list of strings), centered by the per-position means of
     ``centering_tokens`` (none: Track B uncentered, as the seed does for random tokens).
 
+    ``batch_size``: sequences per forward, or ``"auto"`` (from the free memory, see
+    :mod:`poskernel_tl.batching`; halved on out-of-memory either way);
     ``logits_for``: evaluation positions whose full logits to keep; ``keep_gram``: keep
     the full Gram matrices (default: T ≤ 256); ``seq_id``: ids of the evaluation
     sequences (default 0..n−1); ``seed``: the 80/20 subsets and the random half of the
     centering set; ``scores``: where Track A's logits come from (see the module).
     """
     t0 = time.time()
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_batch_size(batch_size)  # bad values fail before any work
     ev_ids = as_tokens(model, tokens)
     cen_ids = as_tokens(model, centering_tokens)
     check_tokens(model, ev_ids, "evaluation tokens")
@@ -158,6 +164,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: in
     spec, dev = model.spec, model.device
     L, H, Hkv, d = spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head
     hook_scores = choose_scores_path(model, scores)
+    batch_size = resolve_batch_size(batch_size, model, T, len(ev_ids))
     keep_gram = T <= C.GRAM_SAVE_MAX_T if keep_gram is None else keep_gram
     seq_id = np.arange(len(ev_ids)) if seq_id is None else np.asarray(seq_id, dtype=np.int64)
 
@@ -229,7 +236,8 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, batch_size: in
     provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
                   "scores_from": "hook_attn_scores" if hook_scores else "q·kᵀ",
                   "n_eval": len(ev_ids), "n_centering": 0 if cen_ids is None else len(cen_ids),
-                  "device": str(dev), "seconds": round(time.time() - t0, 1), "notes": notes,
+                  "device": str(dev), "dtype": dtype_name(model.dtype),
+                  "seconds": round(time.time() - t0, 1), "notes": notes,
                   "versions": versions()}
     return ConditionResult(
         model=spec.name, dataset=dataset, length=T, spec=spec, seq_id=seq_id,

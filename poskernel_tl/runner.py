@@ -11,14 +11,13 @@ import numpy as np
 import torch
 
 from poskernel_tl import constants as C
+from poskernel_tl.batching import check_batch_size
 from poskernel_tl.datasets import check_dataset_name, saves_logits_by_default
-from poskernel_tl.loading import LoadedModel, load_model, resolve_device
+from poskernel_tl.loading import DTYPES, LoadedModel, load_model, resolve_device
 from poskernel_tl.measure import measure
 from poskernel_tl.registry import ModelSpec, resolve
 from poskernel_tl.result import ConditionResult
 from poskernel_tl.sequences import centering_mask, ensure_sequences, eval_mask
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -31,9 +30,9 @@ class RunConfig:
     n_seqs: int = 200
     out: str = "artifacts/run"
     device: str = "auto"
-    batch_size: int = 4
+    batch_size: int | str = "auto"  # or sequences per forward
     seed: int = 0
-    dtype: str = "float32"
+    dtype: str = "auto"  # float32 on CPU, the model's recommended dtype on CUDA
     save_logits: str = "auto"  # auto: datasets.LOGITS_BY_DEFAULT at T=256 only
     allow_cross_doc: bool = False
     whiten: bool = False  # Track B diagnostic: also fit the centered + whitened Gram
@@ -55,10 +54,10 @@ class RunConfig:
         if self.n_seqs < 4 or self.n_seqs % 2:
             raise ValueError(f"--n-seqs {self.n_seqs}: need an even number >= 4 (half "
                              "centering, half evaluation)")
-        if self.batch_size < 1:
-            raise ValueError(f"--batch-size {self.batch_size}: must be >= 1")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype {self.dtype}: choose one of {', '.join(DTYPES)}")
+        check_batch_size(self.batch_size)
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"--dtype {self.dtype}: choose auto or one of "
+                             f"{', '.join(DTYPES)}")
         if self.save_logits not in ("auto", "yes", "no"):
             raise ValueError(f"--save-logits {self.save_logits}: choose auto, yes or no")
         if self.scores not in ("auto", "hook", "qk"):
@@ -112,7 +111,7 @@ def prepare(cfg: RunConfig, model: LoadedModel | None = None) -> Condition:
     file under ``cfg.out``: what every command working on one condition starts with."""
     cfg.validate(model.spec if model is not None else None)
     if model is None:
-        model = load_model(cfg.model, device=cfg.device, dtype=DTYPES[cfg.dtype],
+        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype,
                            compatibility_mode=cfg.compatibility_mode, progress=cfg.progress)
     if cfg.length > model.spec.n_ctx:
         raise ValueError(f"--length {cfg.length} exceeds {model.spec.name}'s context of "

@@ -55,9 +55,22 @@ def tiny_hf_model(arch: str, seed: int = 0):
     return model
 
 
-def tiny_loaded(arch: str, tokenizer, seed: int = 0, compatibility_mode: bool = False
-                ) -> LoadedModel:
-    hf = tiny_hf_model(arch, seed)
+def tiny_loaded(arch: str, tokenizer, seed: int = 0, compatibility_mode: bool = False,
+                device: str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """A tiny model booted as a bridge; ``dtype``: the forward's (weights are built in
+    float32 from the seed, then cast, so every dtype shares the same weights)."""
+    hf = tiny_hf_model(arch, seed).to(device=device, dtype=dtype)
     spec = describe(hf, SPECS[arch])
-    bridge = boot_bridge(hf, tokenizer, compatibility_mode=compatibility_mode)
+    bridge = boot_bridge(hf, tokenizer, device=torch.device(device), dtype=dtype,
+                         compatibility_mode=compatibility_mode)
     return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf)
+
+
+def load_for_grid(name: str) -> LoadedModel:
+    """A grid's model loader for the tiny models ("tiny-llama", ...), picklable by
+    reference, so submitit jobs can run it (with this folder on PYTHONPATH)."""
+    import tempfile
+
+    from conftest import make_tiny_tokenizer
+
+    return tiny_loaded(name.removeprefix("tiny-"), make_tiny_tokenizer(tempfile.mkdtemp()))

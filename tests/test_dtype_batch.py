@@ -1,0 +1,83 @@
+"""Half-precision forwards and the automatic batch size."""
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import VOCAB, tiny_loaded
+
+import poskernel_tl as pk
+from poskernel_tl import batching
+from poskernel_tl.loading import forward_dtype
+from poskernel_tl.measure import choose_scores_path
+from poskernel_tl.registry import resolve
+
+
+def _tokens(n, T, seed):
+    return torch.randint(3, VOCAB, (n, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("arch", ["llama", "olmo", "gpt2"])
+def test_bf16_forward_r2_within_0_01_of_float32(arch, device, tiny_tokenizer):
+    ev, cen = _tokens(12, 64, 1), _tokens(12, 64, 2)
+    runs = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_loaded(arch, tiny_tokenizer, device=device, dtype=dtype)
+        assert model.dtype == dtype
+        runs[dtype] = pk.measure(model, ev, cen, batch_size=4, progress=False, null_perms=0)
+    full, half = runs[torch.float32], runs[torch.bfloat16]
+    assert half.provenance["dtype"] == "bfloat16"
+    assert half.provenance["scores_from"] == "q·kᵀ"  # half-precision scores are not read
+    for name in ("r2_pooled", "r2_gram", "r2_gram_raw", "r2_pooled_nosink"):
+        a, b = getattr(full, name), getattr(half, name)
+        assert np.isfinite(b).all()
+        assert np.abs(a - b).max() < 0.01, (name, np.abs(a - b).max())
+    diff = np.abs(full.r2_per_seq - half.r2_per_seq).mean()
+    assert diff < 0.01
+
+
+def test_scores_path_follows_the_forward_dtype(tiny_tokenizer):
+    assert choose_scores_path(tiny_loaded("llama", tiny_tokenizer), "auto") is True
+    half = tiny_loaded("llama", tiny_tokenizer, dtype=torch.bfloat16)
+    assert choose_scores_path(half, "auto") is False
+    assert choose_scores_path(half, "hook") is True  # asked for explicitly
+
+
+def test_auto_dtype_is_float32_on_cpu_and_the_recommended_one_on_cuda():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert forward_dtype("auto", cpu, resolve("llama-3.2-1b")) == torch.float32
+    assert forward_dtype("auto", cuda, resolve("smollm2-135m")) == torch.bfloat16
+    assert forward_dtype("auto", cuda, resolve("gpt2")) == "auto"  # the checkpoint's own
+    assert forward_dtype("float16", cuda, resolve("gpt2")) == torch.float16
+    with pytest.raises(ValueError, match="--dtype"):
+        pk.load_model("gpt2", dtype="float8")
+
+
+def test_auto_batch_size_follows_free_memory(tiny_tokenizer):
+    model = tiny_loaded("llama", tiny_tokenizer)
+    per = batching.per_sequence_bytes(model, 64)
+    fixed = batching.fixed_bytes(model, 64, 100)
+    assert per > 8 * 4 * 64 * 64 * 4  # at least the score copies of 4 heads
+    enough = int(2 * (fixed + 3 * per)) + 1  # half of it is budgeted
+    assert batching.auto_batch_size(model, 64, 100, free=enough) == 3
+    assert batching.auto_batch_size(model, 64, 100, free=0) == 1  # never below one
+    assert batching.auto_batch_size(model, 64, 100, free=1 << 40) == batching.CAP["cpu"]
+    assert batching.auto_batch_size(model, 64, 2, free=1 << 40) == 2  # not above n
+    # longer sequences: quadratically more per sequence
+    assert batching.per_sequence_bytes(model, 128) > 3 * per
+    assert batching.free_memory(torch.device("cpu")) > 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, "x", "1.5"])
+def test_bad_batch_sizes_are_refused(bad):
+    with pytest.raises(ValueError, match="--batch-size"):
+        batching.check_batch_size(bad)
+
+
+def test_measure_with_auto_batch_records_the_size_it_chose(monkeypatch, tiny_tokenizer):
+    model = tiny_loaded("llama", tiny_tokenizer)
+    monkeypatch.setattr(batching, "free_memory", lambda dev: 0)  # forces batch 1
+    res = pk.measure(model, _tokens(4, 32, 3), progress=False, null_perms=0)
+    assert res.config["batch_size"] == 1
+    fixed = pk.measure(model, _tokens(4, 32, 3), batch_size=4, progress=False, null_perms=0)
+    np.testing.assert_allclose(res.r2_pooled, fixed.r2_pooled, atol=1e-9)
+    np.testing.assert_allclose(res.r2_gram, fixed.r2_gram, atol=1e-6)
