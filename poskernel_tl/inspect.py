@@ -8,11 +8,11 @@ shift-invariant fit g(Δ) with its R² and residual, and the spectrum of g(Δ) w
 spectral alignment against the rotary frequencies θᵢ. The result, a :class:`HeadView`,
 renders in Jupyter (``_repr_html_``) and saves as a standalone HTML page.
 
-The ``poskernel inspect`` subcommand (:func:`add_inspect_parser`, :func:`cmd_inspect`)
-does the same from the command line.
+The ``poskernel inspect`` subcommand (:func:`add_inspect_parser`, :func:`cmd_inspect`,
+defined in :mod:`poskernel_tl.inspect_cli` and importable from here) does the same from
+the command line.
 """
 
-import argparse
 import math
 import warnings
 from collections.abc import Sequence
@@ -26,6 +26,13 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl.hooks import capture_qk, scores_hook_name
+from poskernel_tl.inspect_cli import (  # noqa: F401  (re-exported)
+    add_inspect_parser,
+    check_inspect_args,
+    cmd_inspect,
+    dataset_window,
+    default_out,
+)
 from poskernel_tl.loading import LoadedModel
 from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
 
@@ -383,137 +390,6 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
         r2=float(r2), r2_nosink=r2_nosink, residual=residual.cpu().numpy(),
         spectrum=(omega, power), alignment=alignment, thetas=thetas,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes)
-
-
-# --------------------------------------------------------------------------- CLI
-def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
-    """Add ``poskernel inspect`` to the CLI's subparsers and return its parser."""
-    from poskernel_tl.registry import EMBEDDED_DEFAULT
-
-    p = subparsers.add_parser(
-        "inspect", help="one head on one text: a standalone HTML page",
-        description="Inspect one attention head on one text: attention pattern "
-                    "(circuitsvis), logits beside their Toeplitz fit and residual, g(Δ) and "
-                    "its spectrum with the rotary frequencies, written as one HTML page.")
-    p.add_argument("--model", default=EMBEDDED_DEFAULT,
-                   help="registry name (see `poskernel models`) or hf:<repo id>")
-    p.add_argument("--layer", type=int, required=True, help="layer index (0-based)")
-    p.add_argument("--head", type=int, required=True, help="query head index (0-based)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="the text to run (tokenized without special tokens)")
-    src.add_argument("--file", help="a UTF-8 text file to run")
-    src.add_argument("--dataset", help="one window of a dataset: wikipedia, code, random, "
-                                       "prose, stdlib-code or text:PATH")
-    p.add_argument("--index", type=int, default=None,
-                   help="with --dataset: which window, in corpus order (default 0)")
-    p.add_argument("--length", type=int, default=256,
-                   help="with --dataset: tokens per window (default 256)")
-    p.add_argument("--seed", type=int, default=0, help="with --dataset: shuffle/draw seed")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="keep only the first N tokens of the text")
-    p.add_argument("--out", default=None,
-                   help="HTML file to write (default artifacts/inspect/{model}_L{L}H{H}.html)")
-    p.add_argument("--shared-assets", action="store_true",
-                   help="write circuitsvis.js to assets/ beside the page instead of inlining")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    return p
-
-
-def default_out(model: str, layer: int, head: int) -> Path:
-    from poskernel_tl.constants import model_slug
-
-    return Path("artifacts") / "inspect" / f"{model_slug(model)}_L{layer}H{head}.html"
-
-
-def check_inspect_args(args) -> str | None:
-    """Check everything that can be checked before the model loads; returns the text of
-    ``--file`` (read now, so a bad file fails early) or ``--text``."""
-    from poskernel_tl.datasets import check_dataset_name
-    from poskernel_tl.loading import resolve_device
-    from poskernel_tl.registry import resolve
-
-    spec = resolve(args.model)
-    if args.layer < 0 or args.head < 0:
-        raise ValueError(f"--layer and --head must be >= 0, got {args.layer}, {args.head}")
-    if spec.n_layers:
-        check_head(spec.name, spec.n_layers, spec.n_heads, args.layer, args.head)
-    if args.index is not None and args.dataset is None:
-        raise ValueError("--index selects a window of --dataset; give --dataset too")
-    if args.max_tokens is not None and args.max_tokens < MIN_TOKENS:
-        raise ValueError(f"--max-tokens must be >= {MIN_TOKENS}, got {args.max_tokens}")
-    resolve_device(args.device)
-    out = Path(args.out) if args.out else default_out(args.model, args.layer, args.head)
-    if out.is_dir():
-        raise ValueError(f"--out {out} is a folder; give an .html file name")
-    if args.dataset is not None:
-        check_dataset_name(args.dataset)
-        if args.index is not None and args.index < 0:
-            raise ValueError(f"--index must be >= 0, got {args.index}")
-        if args.length < MIN_TOKENS or (spec.n_ctx and args.length > spec.n_ctx):
-            limit = f"..{spec.n_ctx}" if spec.n_ctx else " or more"
-            raise ValueError(f"--length {args.length}: choose {MIN_TOKENS}{limit} tokens")
-        return None
-    if args.file is not None:
-        path = Path(args.file)
-        if not path.is_file():
-            raise FileNotFoundError(f"--file {path}: no such file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"--file {path} is not UTF-8 text ({err})") from err
-    else:
-        text = args.text
-    if not text.strip():
-        raise ValueError("the text is empty")
-    return text
-
-
-def dataset_window(tokenizer, dataset: str, length: int, index: int = 0, seed: int = 0,
-                   *, model_name: str = "model") -> tuple[Int[Tensor, " pos"], str]:
-    """Window ``index`` (corpus order) of ``length`` tokens of ``dataset`` and a label.
-    Random tokens: row ``index`` of the seeded random sequences."""
-    from poskernel_tl.datasets import DataError
-    from poskernel_tl.sequences import build_sequences, collect_windows
-
-    if dataset == "random":
-        n = 2 * (index // 2 + 1)
-        seqs = build_sequences(tokenizer, "random", length, n, seed, model_name=model_name)
-        return seqs["input_ids"][index], f"random tokens, sequence {index} (seed {seed})"
-    tokens, doc_ids, offsets = collect_windows(tokenizer, dataset, length, seed,
-                                               max_windows=index + 1)
-    if len(tokens) <= index:
-        raise DataError(f"dataset {dataset!r} has only {len(tokens)} windows of {length} "
-                        f"tokens; --index {index} is out of range")
-    return (torch.from_numpy(tokens[index].copy()),
-            f"{dataset} window {index}: {doc_ids[index]}, tokens {offsets[index]}.."
-            f"{offsets[index] + length - 1}")
-
-
-def cmd_inspect(args) -> int:
-    """``poskernel inspect``: write one head's page and print its R²."""
-    from poskernel_tl.loading import load_model
-
-    text = check_inspect_args(args)  # before the model loads
-    out = Path(args.out) if args.out else default_out(args.model, args.layer, args.head)
-    model = load_model(args.model, device=args.device)
-    source: object = text
-    label = f"--file {args.file}" if args.file else "--text"
-    if args.dataset is not None:
-        source, label = dataset_window(model.tokenizer, args.dataset, args.length,
-                                       args.index or 0, args.seed, model_name=args.model)
-    view = inspect_head(model, source, args.layer, args.head, max_tokens=args.max_tokens)
-    path = view.save(out, inline=not args.shared_assets)
-    print(f"{view.title} ({label})")
-    print(f"R² = {view.r2:.4f}   R² without the sink column = {view.r2_nosink:.4f}   "
-          f"(logits from {view.scores_from})")
-    if view.thetas is not None:
-        print(alignment_line(view.alignment))
-    for note in view.notes:
-        print(note)
-    size = path.stat().st_size / 1e6
-    print(f"page written to {path} ({size:.2f} MB"
-          + (", circuitsvis inlined)" if not args.shared_assets else ", assets/ beside it)"))
-    return 0
 
 
 __all__ = ["HeadView", "add_inspect_parser", "alignment_frames", "cmd_inspect",

@@ -1,0 +1,148 @@
+"""The ``poskernel inspect`` subcommand: one head on one text, written as an HTML page.
+
+:func:`add_inspect_parser` adds the subcommand to the CLI; :func:`cmd_inspect` checks the
+arguments before the model loads (:func:`check_inspect_args`), picks the text (``--text``,
+``--file`` or a :func:`dataset_window`), runs :func:`poskernel_tl.inspect.inspect_head`
+and saves the view. All names are also importable from :mod:`poskernel_tl.inspect`,
+which imports this module; so the names of :mod:`poskernel_tl.inspect` used here are
+imported inside the functions that use them.
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+
+def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``poskernel inspect`` to the CLI's subparsers and return its parser."""
+    from poskernel_tl.registry import EMBEDDED_DEFAULT
+
+    p = subparsers.add_parser(
+        "inspect", help="one head on one text: a standalone HTML page",
+        description="Inspect one attention head on one text: attention pattern "
+                    "(circuitsvis), logits beside their Toeplitz fit and residual, g(Δ) and "
+                    "its spectrum with the rotary frequencies, written as one HTML page.")
+    p.add_argument("--model", default=EMBEDDED_DEFAULT,
+                   help="registry name (see `poskernel models`) or hf:<repo id>")
+    p.add_argument("--layer", type=int, required=True, help="layer index (0-based)")
+    p.add_argument("--head", type=int, required=True, help="query head index (0-based)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="the text to run (tokenized without special tokens)")
+    src.add_argument("--file", help="a UTF-8 text file to run")
+    src.add_argument("--dataset", help="one window of a dataset: wikipedia, code, random, "
+                                       "prose, stdlib-code or text:PATH")
+    p.add_argument("--index", type=int, default=None,
+                   help="with --dataset: which window, in corpus order (default 0)")
+    p.add_argument("--length", type=int, default=256,
+                   help="with --dataset: tokens per window (default 256)")
+    p.add_argument("--seed", type=int, default=0, help="with --dataset: shuffle/draw seed")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="keep only the first N tokens of the text")
+    p.add_argument("--out", default=None,
+                   help="HTML file to write (default artifacts/inspect/{model}_L{L}H{H}.html)")
+    p.add_argument("--shared-assets", action="store_true",
+                   help="write circuitsvis.js to assets/ beside the page instead of inlining")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    return p
+
+
+def default_out(model: str, layer: int, head: int) -> Path:
+    from poskernel_tl.constants import model_slug
+
+    return Path("artifacts") / "inspect" / f"{model_slug(model)}_L{layer}H{head}.html"
+
+
+def check_inspect_args(args) -> str | None:
+    """Check everything that can be checked before the model loads; returns the text of
+    ``--file`` (read now, so a bad file fails early) or ``--text``."""
+    from poskernel_tl.datasets import check_dataset_name
+    from poskernel_tl.inspect import MIN_TOKENS, check_head
+    from poskernel_tl.loading import resolve_device
+    from poskernel_tl.registry import resolve
+
+    spec = resolve(args.model)
+    if args.layer < 0 or args.head < 0:
+        raise ValueError(f"--layer and --head must be >= 0, got {args.layer}, {args.head}")
+    if spec.n_layers:
+        check_head(spec.name, spec.n_layers, spec.n_heads, args.layer, args.head)
+    if args.index is not None and args.dataset is None:
+        raise ValueError("--index selects a window of --dataset; give --dataset too")
+    if args.max_tokens is not None and args.max_tokens < MIN_TOKENS:
+        raise ValueError(f"--max-tokens must be >= {MIN_TOKENS}, got {args.max_tokens}")
+    resolve_device(args.device)
+    out = Path(args.out) if args.out else default_out(args.model, args.layer, args.head)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give an .html file name")
+    if args.dataset is not None:
+        check_dataset_name(args.dataset)
+        if args.index is not None and args.index < 0:
+            raise ValueError(f"--index must be >= 0, got {args.index}")
+        if args.length < MIN_TOKENS or (spec.n_ctx and args.length > spec.n_ctx):
+            limit = f"..{spec.n_ctx}" if spec.n_ctx else " or more"
+            raise ValueError(f"--length {args.length}: choose {MIN_TOKENS}{limit} tokens")
+        return None
+    if args.file is not None:
+        path = Path(args.file)
+        if not path.is_file():
+            raise FileNotFoundError(f"--file {path}: no such file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"--file {path} is not UTF-8 text ({err})") from err
+    else:
+        text = args.text
+    if not text.strip():
+        raise ValueError("the text is empty")
+    return text
+
+
+def dataset_window(tokenizer, dataset: str, length: int, index: int = 0, seed: int = 0,
+                   *, model_name: str = "model") -> tuple[Int[Tensor, " pos"], str]:
+    """Window ``index`` (corpus order) of ``length`` tokens of ``dataset`` and a label.
+    Random tokens: row ``index`` of the seeded random sequences."""
+    from poskernel_tl.datasets import DataError
+    from poskernel_tl.sequences import build_sequences, collect_windows
+
+    if dataset == "random":
+        n = 2 * (index // 2 + 1)
+        seqs = build_sequences(tokenizer, "random", length, n, seed, model_name=model_name)
+        return seqs["input_ids"][index], f"random tokens, sequence {index} (seed {seed})"
+    tokens, doc_ids, offsets = collect_windows(tokenizer, dataset, length, seed,
+                                               max_windows=index + 1)
+    if len(tokens) <= index:
+        raise DataError(f"dataset {dataset!r} has only {len(tokens)} windows of {length} "
+                        f"tokens; --index {index} is out of range")
+    return (torch.from_numpy(tokens[index].copy()),
+            f"{dataset} window {index}: {doc_ids[index]}, tokens {offsets[index]}.."
+            f"{offsets[index] + length - 1}")
+
+
+def cmd_inspect(args) -> int:
+    """``poskernel inspect``: write one head's page and print its R²."""
+    from poskernel_tl.inspect import alignment_line, inspect_head
+    from poskernel_tl.loading import load_model
+
+    text = check_inspect_args(args)  # before the model loads
+    out = Path(args.out) if args.out else default_out(args.model, args.layer, args.head)
+    model = load_model(args.model, device=args.device)
+    source: object = text
+    label = f"--file {args.file}" if args.file else "--text"
+    if args.dataset is not None:
+        source, label = dataset_window(model.tokenizer, args.dataset, args.length,
+                                       args.index or 0, args.seed, model_name=args.model)
+    view = inspect_head(model, source, args.layer, args.head, max_tokens=args.max_tokens)
+    path = view.save(out, inline=not args.shared_assets)
+    print(f"{view.title} ({label})")
+    print(f"R² = {view.r2:.4f}   R² without the sink column = {view.r2_nosink:.4f}   "
+          f"(logits from {view.scores_from})")
+    if view.thetas is not None:
+        print(alignment_line(view.alignment))
+    for note in view.notes:
+        print(note)
+    size = path.stat().st_size / 1e6
+    print(f"page written to {path} ({size:.2f} MB"
+          + (", circuitsvis inlined)" if not args.shared_assets else ", assets/ beside it)"))
+    return 0
