@@ -331,7 +331,7 @@ def compression_experiment(model, train_tokens: Int[Tensor, "n_train window"],
         pca = sequence_pca(emb_tr, n_components)
     frozen = [(p, p.requires_grad) for p in hf.parameters()]
     with torch.random.fork_rng(devices=[]), cpu_threads(threads):
-        torch.manual_seed(seed)
+        torch.random.default_generator.manual_seed(seed)  # CPU only: CUDA state untouched
         d_model = emb_tr.shape[-1]
         decoder = PositionalDecoder(d_model, context, float(emb_tr.std())).to(dev)
         target = (pca.components.float().to(dev) ** 2)  # [component, pos]: sums to 1

@@ -219,7 +219,7 @@ def train_mlp_probe(x: Float[Tensor, "sample d_model"], y: Int[Tensor, " sample"
     while training (the matrices are small: one thread avoids the synchronisation cost
     that dominates on a busy machine; None keeps torch's setting)."""
     with torch.random.fork_rng(devices=[]), torch.enable_grad(), cpu_threads(threads):
-        torch.manual_seed(seed)
+        torch.random.default_generator.manual_seed(seed)  # CPU only: CUDA state untouched
         std = x.std(0).clamp(min=1e-6)
         mlp = PositionPredictor(x.shape[1], n_positions, x.mean(0), std).to(x.device)
         opt = torch.optim.Adam(mlp.parameters(), lr=lr)
