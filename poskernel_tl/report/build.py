@@ -4,8 +4,10 @@ and one ``report.html`` that opens offline.
 Layout under ``out`` (default ``DIR/report``): ``report.html``; ``figures/*.png|pdf``;
 ``table1.csv|md``, ``verdicts.csv|md``, ``summary.csv``, ``nulls_thresholds.csv|md``;
 ``spectral/{stem}_spectral.csv`` (+ ``_peaks.csv``); ``nulls/{stem}_perm_null.csv`` where the
-run measured the permutation null. Every Figure 1 cell links to the head's page
-``heads/{model}/{dataset}_{T}/L{layer}H{head}.html`` (written by the head-page step).
+run measured the permutation null; ``figures/beyond_{stem}_{NAME}.png|pdf`` where the
+kernel-patching, separable or mean-field CSV exists (see ``extras.py``). Every Figure 1
+cell links to the head's page ``heads/{model}/{dataset}_{T}/L{layer}H{head}.html``
+(written by the head-page step).
 """
 
 import importlib
@@ -16,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from poskernel_tl import constants as C
+from poskernel_tl.report import extras as EX
 from poskernel_tl.report import figures as F
 from poskernel_tl.report import nulls as N
 from poskernel_tl.report import tables as TB
@@ -378,9 +381,11 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
         if head_null is not None:
             TB.write_table(head_null, out / "nulls" / f"{r.stem()}_perm_null")
 
+    beyond = EX.report_section(results_dir, results, lambda fig, name, alt: _img(
+        _write_figure(fig, out, name), out, alt))
     paged = _paged(results, head_pages)
     html = _page(results_dir, out, results, summary, verdict, t1, thresholds, gate, figs,
-                 fig4_note, paged)
+                 fig4_note, paged, beyond)
     page = write_page(out / "report.html", html)
     if paged:
         _write_head_pages(results_dir, out, [r for r in results if r.stem() in paged],
@@ -422,13 +427,14 @@ def _write_head_pages(results_dir: Path, out: Path, results, spectral: dict,
         with_logits.append(r.replace(logits=first))
         del full
     tables = {"spectral": pd.concat(list(spectral.values()), ignore_index=True)} \
-        if spectral else None
+        if spectral else {}
+    tables[EX.HEAD_TABLE] = EX.head_frame(results_dir, results)
     write_head_pages(with_logits, out, tokenizer_decode=decode, tables=tables,
                      progress=progress)
 
 
 def _page(results_dir, out, results, summary, verdict, t1, thresholds, gate, figs,
-          fig4_note, paged: set[str] | None = None) -> str:
+          fig4_note, paged: set[str] | None = None, beyond: str = "") -> str:
     heat = []
     for r in results:
         table = heatmap_table(r, r.stem() in (paged or set()))
@@ -481,6 +487,7 @@ def _page(results_dir, out, results, summary, verdict, t1, thresholds, gate, fig
            "<p>Permutation null not measured in these runs.</p>")
         + f"<p>{esc(nope_txt)}</p>" + table_html(thresholds) + "".join(figs["null"]),
         "<h2>Early positions and the sink column</h2>" + _boundary_html(summary, results),
+        beyond,
         "<h2>Limitations</h2><ul>" + "".join(f"<li>{esc(t)}</li>"
                                              for t in _limitations(results)) + "</ul>",
     ]

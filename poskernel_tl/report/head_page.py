@@ -18,6 +18,7 @@ import pandas as pd
 from jaxtyping import Float
 
 from poskernel_tl.report import head_figures as figures
+from poskernel_tl.report.extras import HEAD_TABLE, head_rows_html
 from poskernel_tl.report.html import (
     attention_heads_html,
     attention_pattern_html,
@@ -43,6 +44,10 @@ class HeadPageData:
     enters the fit. ``spectrum`` is ``(omega, power)`` with ω in rad/token; ``thetas``
     the positional-encoding frequencies to mark. ``tables`` maps a caption to this head's
     rows of a result table; ``r2_values`` names pooled R² numbers shown at the top.
+    ``beyond`` holds the head's rows of the kernel-patching, separable and mean-field
+    tables (:func:`poskernel_tl.report.extras.head_rows`), shown in their own section; a
+    table captioned :data:`~poskernel_tl.report.extras.HEAD_TABLE` in ``tables`` is moved
+    there.
     """
 
     title: str
@@ -58,8 +63,15 @@ class HeadPageData:
     per_seq_r2: Float[np.ndarray, " n_seqs"] | None = None
     notes: Sequence[str] = ()
     links: Mapping[str, str] = field(default_factory=dict)
+    beyond: pd.DataFrame | None = None
 
     def __post_init__(self):
+        if HEAD_TABLE in self.tables:
+            tables = dict(self.tables)
+            found = tables.pop(HEAD_TABLE)
+            self.tables = tables
+            if self.beyond is None:
+                self.beyond = found
         T = len(self.tokens)
         if T < 3:
             raise ValueError(f"a head page needs at least 3 tokens, got {T}")
@@ -130,6 +142,11 @@ def head_html(
             "Per-sequence R²",
             figure_img(figures.fig_r2_distribution(data.per_seq_r2, data.r2_values),
                        "per-sequence R2", dpi=dpi)))
+    if data.beyond is not None:
+        parts.append(_section(
+            "Beyond the seeds", head_rows_html(data.beyond),
+            "This head in the kernel-patching, separable-baseline and mean-field tables "
+            "(poskernel analyze NAME); see the report's section of the same name."))
     if data.tables:
         tables = "\n".join(f"<h3>{escape(name)}</h3>\n{table_html(df)}"
                            for name, df in data.tables.items())
@@ -165,6 +182,7 @@ def render_head_page(
     tables: dict[str, pd.DataFrame] | None = None,
     r2_values: dict[str, float] | None = None,
     per_seq_r2: Float[np.ndarray, " n_seqs"] | None = None,
+    beyond: pd.DataFrame | None = None,
     assets_rel: str | None,
     notes: Sequence[str] = (),
     links: Mapping[str, str] | None = None,
@@ -178,13 +196,14 @@ def render_head_page(
     :func:`poskernel_tl.report.write_assets` once per report), or None to inline the
     circuitsvis bundle in the page (a single self-contained file, ≈ 1.3 MB larger).
     Patterns longer than ``max_tokens`` are shown truncated, with a note; ``links``
-    (``{label: relative href}``) go in the page header.
+    (``{label: relative href}``) go in the page header; ``beyond`` (the head's rows of
+    :func:`poskernel_tl.report.extras.head_rows`) adds the "Beyond the seeds" section.
     """
     data = HeadPageData(
         title=title, tokens=list(tokens), pattern=pattern, logits=logits,
         g_trackA=g_trackA, g_trackB=g_trackB, spectrum=spectrum, thetas=thetas,
         tables=dict(tables or {}), r2_values=dict(r2_values or {}), per_seq_r2=per_seq_r2,
-        notes=tuple(notes), links=dict(links or {}))
+        notes=tuple(notes), links=dict(links or {}), beyond=beyond)
     return write_head_page(path, data, assets_rel=assets_rel, max_tokens=max_tokens, dpi=dpi)
 
 

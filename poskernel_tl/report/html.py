@@ -373,6 +373,9 @@ STYLE = """<style>
   margin: 0 1px; background: #fafafa; }
 .pk-report .pk-cv[data-pk-state="error"] { color: #b00; font-weight: bold; }
 .pk-report .pk-cv-box { max-width: 820px; }
+.pk-report .pk-beyond th, .pk-report .pk-beyond td { text-align: left; vertical-align: top; }
+.pk-report .pk-beyond td.pk-value { text-align: right; }
+.pk-report .pk-beyond-layers th { text-align: center; }
 </style>"""
 
 

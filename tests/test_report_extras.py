@@ -1,0 +1,222 @@
+"""The report's "Beyond the seeds" section and head-page rows: the kernel-patching,
+separable and mean-field CSVs, made by the analyses' own table functions from synthetic
+numbers with a few planted values, read back into report.html and the head pages."""
+
+import dataclasses
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from synthetic import make_result
+
+from poskernel_tl import constants as C
+from poskernel_tl.analyses import kernel_patching as KP
+from poskernel_tl.analyses import mean_field as MF
+from poskernel_tl.analyses import separable as SEP
+from poskernel_tl.registry import REGISTRY
+from poskernel_tl.report import extras as EX
+from poskernel_tl.report.build import build_report
+from poskernel_tl.report.pages import head_page_path
+
+L, H, T, N = 2, 2, 16, 4
+OTHER = "llama-3.2-1b"
+PLANTED = {"dloss_patched": 0.1234567, "dloss_ablated": 0.4321, "R2_separable": 0.654321,
+           "share_cross": -0.0421}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def spec(name: str = "smollm2-135m", layers: int = L, heads: int = H):
+    base = REGISTRY[name]
+    i = np.arange(0, 8, 2)
+    return dataclasses.replace(base, n_layers=layers, n_heads=heads, n_kv_heads=1, d_head=8,
+                               inv_freq=tuple(float(base.rope_base) ** (-i / 8)))
+
+
+def with_logits(r):
+    """The result with one saved logit matrix (NaN on and above the diagonal), so its
+    head pages carry an attention pattern and go through ``head_html``."""
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((L, H, T, T)).astype(np.float32)
+    A[..., np.triu_indices(T)[0], np.triu_indices(T)[1]] = np.nan
+    return r.replace(logits={int(r.seq_id[0]): A})
+
+
+def patching_csv(rng) -> pd.DataFrame:
+    n = 5
+    clean = 3.0 + 0.01 * rng.standard_normal(n)
+    row = np.repeat(clean[:, None], L, 1)
+    losses = {"patched": row[..., None] + rng.uniform(0.0, 0.2, (n, L, H)),
+              "patched_sink": row[..., None] + rng.uniform(0.0, 0.1, (n, L, H)),
+              "ablated": row[..., None] + rng.uniform(0.1, 0.5, (n, L, H))}
+    res = KP.PatchingResult(clean, row, losses, "pooled", "fit", 0, 1, "result.g_pooled",
+                            True, 4, 0.1)
+    return KP.patching_table(res, {"R2_pooled": rng.uniform(0, 1, (L, H))}, n_boot=50)
+
+
+def separable_csv(rng) -> pd.DataFrame:
+    per = lambda: rng.uniform(0, 1, (N, L, H))  # noqa: E731
+    res = SEP.SeparableResult(np.arange(N), T, *(rng.uniform(0, 1, (L, H)) for _ in range(3)),
+                              per(), per(), per())
+    return SEP.separable_table(res, "m", "d", T).drop(columns=["model", "dataset", "length"])
+
+
+def mean_field_csv(rng) -> pd.DataFrame:
+    parts = (*MF.PARTS, "raw")
+    g = {p: rng.standard_normal((L, H, T - 1)) for p in parts}
+    amp, freqs = MF.spectrum(g["meanfield"])
+    share = dict(zip(MF.PARTS, (np.full((L, H), 0.5), np.full((L, H), 0.1),
+                                np.full((L, H), 0.4))))
+    mf = MF.MeanFieldResult({p: rng.uniform(0, 1, (L, H)) for p in parts}, g, share, share,
+                            amp, freqs, "result")
+    return MF.mean_field_table(mf)
+
+
+def write_csv(out, r, name: str, table: pd.DataFrame) -> None:
+    """As ``run_analysis`` writes it: model, dataset and length first."""
+    table = table.copy()
+    for col, value in (("length", r.length), ("dataset", r.dataset), ("model", r.model)):
+        table.insert(0, col, value)
+    path = C.result_path(out, r.model, r.dataset, r.length, f"{name}.csv")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(path, index=False)
+
+
+def plant(table: pd.DataFrame, layer: int = 1, head: int = 0) -> pd.DataFrame:
+    """The planted values at (layer, head); L0H1's ablation made not significant."""
+    at = (table["layer"] == layer) & (table["head"] == head)
+    for col, value in PLANTED.items():
+        if col in table.columns:
+            table.loc[at, col] = value
+    if "ablation_matters" in table.columns:
+        table.loc[(table["layer"] == 0) & (table["head"] == 1), "ablation_matters"] = False
+    return table
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Two conditions: prose (with saved logits) has all three CSVs; random (one head of
+    another model, so that no tokenizer is loaded and few pages are drawn) has only a
+    kernel-patching CSV without its dloss_ablated column."""
+    out = tmp_path_factory.mktemp("beyond")
+    rng = np.random.default_rng(0)
+    prose = with_logits(make_result(spec(), T, dataset="prose", n_seqs=N))
+    rand = make_result(spec(OTHER, 1, 1), T, dataset="random", centered=False, n_seqs=N, seed=1)
+    for r in (prose, rand):
+        r.save(out)
+    tables = {"kernel-patching": plant(patching_csv(rng)), "separable": plant(separable_csv(rng)),
+              "mean-field": plant(mean_field_csv(rng))}
+    for name, table in tables.items():
+        write_csv(out, prose, name, table)
+    bad = patching_csv(rng).query("layer == 0 and head == 0").drop(columns="dloss_ablated")
+    write_csv(out, rand, "kernel-patching", bad)
+    page = build_report(out, n_null=20, head_pages="all")
+    return {"out": out, "page": page, "report": page.parent, "prose": prose, "rand": rand,
+            "tables": tables}
+
+
+def read(path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def test_report_has_section_figures_and_layer_table(built):
+    text = read(built["page"])
+    assert f"<h2>{EX.SECTION_TITLE}</h2>" in text
+    section = text[text.index(EX.SECTION_TITLE):text.index("<h2>Limitations")]
+    prose = built["prose"]
+    for a in EX.ANALYSES:
+        png = built["report"] / "figures" / f"beyond_{prose.stem()}_{a.name}.png"
+        assert png.is_file() and png.stat().st_size > 1000
+        assert png.read_bytes()[:8] == PNG
+        assert png.with_suffix(".pdf").is_file()
+        assert f'src="figures/{png.name}"' in section
+        assert a.guide.split(":")[0].replace("'", "&#x27;") in section
+    # no figure for the malformed table
+    assert not list((built["report"] / "figures").glob(f"beyond_{built['rand'].stem()}_*"))
+    # per-layer means: layer 1 of the separable R² mean over both heads
+    sep = built["tables"]["separable"]
+    mean = sep.loc[sep.layer == 1, "R2_separable"].mean()
+    assert f"<td>{mean:.4g}</td>" in section
+    assert "<th>L0</th>" in section and "<th>L1</th>" in section
+    assert "kernel / ablation*" in section
+
+
+def test_malformed_csv_is_a_note(built):
+    text = read(built["page"])
+    section = text[text.index(EX.SECTION_TITLE):text.index("<h2>Limitations")]
+    assert "unreadable — missing column dloss_ablated" in section
+    page = read(head_page_path(built["report"], OTHER, "random", T, 0, 0))
+    assert "missing column dloss_ablated" in page
+    assert "not run" in page
+
+
+def test_head_page_shows_the_heads_values(built):
+    page = read(head_page_path(built["report"], "smollm2-135m", "prose", T, 1, 0))
+    assert "<h2>Beyond the seeds</h2>" in page
+    beyond = page[page.index("<h2>Beyond the seeds</h2>"):]
+    beyond = beyond[:beyond.index("</section>")]
+    for col in ("dloss_patched", "dloss_ablated", "R2_separable", "share_cross"):
+        assert f'<td class="pk-value">{PLANTED[col]:.4g}</td>' in beyond, col
+    kp = built["tables"]["kernel-patching"].set_index(["layer", "head"]).loc[(1, 0)]
+    assert f'<td class="pk-value">{kp["dloss_ratio"]:.4g}</td>' in beyond
+    assert f"[{kp['dloss_patched_lo']:.4g}, {kp['dloss_patched_hi']:.4g}]" in beyond
+    for share in ("0.5", "0.4"):  # mean-field shares
+        assert f'<td class="pk-value">{share}</td>' in beyond
+    assert "not run" not in beyond
+    # the table is not repeated among the result tables
+    assert f"<h3>{EX.HEAD_TABLE}</h3>" not in page
+    assert "the ratio means little" not in beyond and "<th>note</th>" not in beyond
+    other = read(head_page_path(built["report"], "smollm2-135m", "prose", T, 0, 1))
+    sep = built["tables"]["separable"].set_index(["layer", "head"]).loc[(0, 1)]
+    assert f'<td class="pk-value">{sep["R2_separable"]:.4g}</td>' in other
+    assert "ablation&#x27;s interval reaches 0: the ratio means little" in other
+
+
+def test_head_page_without_csvs_says_not_run(built):
+    page = read(head_page_path(built["report"], OTHER, "random", T, 0, 0))
+    for name in ("separable", "mean-field"):
+        assert (f"poskernel analyze {name} --model {OTHER} --dataset random "
+                f"--length {T}") in page
+    assert page.count("not run") >= 2
+
+
+def test_report_without_csvs_has_no_section(tmp_path):
+    r = make_result(spec(), T, dataset="prose", n_seqs=N)
+    r.save(tmp_path)
+    text = read(build_report(tmp_path, n_null=20))
+    assert "Beyond the seeds" not in text
+    assert not list((tmp_path / "report" / "figures").glob("beyond_*"))
+
+
+def test_read_table_problems(tmp_path):
+    a = EX.BY_NAME["separable"]
+    path = tmp_path / "x.csv"
+    assert EX.read_table(a, path).status == EX.NOT_RUN
+    path.write_bytes(b"")
+    assert "could not be parsed" in EX.read_table(a, path).problem
+    pd.DataFrame({"layer": [0], "head": [0], "R2_toeplitz": ["high"], "R2_separable": [0.1],
+                  "R2_toeplitz_separable": [0.2]}).to_csv(path, index=False)
+    assert EX.read_table(a, path).problem == "column R2_toeplitz is not numeric"
+    pd.DataFrame({"layer": [0, 5], "head": [0, 0], "R2_toeplitz": 0.1, "R2_separable": 0.1,
+                  "R2_toeplitz_separable": 0.2}).to_csv(path, index=False)
+    assert "does not have" in EX.read_table(a, path, n_layers=2, n_heads=2).problem
+    ok = EX.read_table(a, path)
+    assert ok.status == EX.OK and len(ok.table) == 2
+    rows = EX.head_rows({"separable": ok}, "m", "d", T, 1, 0)
+    assert list(rows.quantity) == [EX.NOT_RUN, EX.NO_ROW, EX.NOT_RUN]
+    assert re.search(r"poskernel analyze mean-field --model m --dataset d --length 16",
+                     EX.head_rows_html(rows))
+    odd = EX.head_rows_html(EX.head_rows({}, "m", "<b>x</b>", T, 0, 0))
+    assert "<b>x" not in odd and "--dataset &#x27;&lt;b&gt;x&lt;/b&gt;&#x27;" in odd
+
+
+def test_figure_failure_is_a_note(tmp_path):
+    """A mean-field table with the shown columns but not the figure's: table, no figure."""
+    r = make_result(spec(), T, dataset="prose", n_seqs=N)
+    table = mean_field_csv(np.random.default_rng(3)).drop(columns="R2_gram_raw")
+    write_csv(tmp_path, r, "mean-field", table)
+    drawn = []
+    html = EX.report_section(tmp_path, [r], lambda fig, name, alt: drawn.append(name) or "")
+    assert not drawn
+    assert "Mean field: figure not drawn (KeyError" in html
+    assert "R² mean field" in html and "not run — <code>poskernel analyze separable" in html
