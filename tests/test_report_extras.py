@@ -178,6 +178,8 @@ def test_head_page_without_csvs_says_not_run(built):
         assert (f"poskernel analyze {name} --model {OTHER} --dataset random "
                 f"--length {T}") in page
     assert page.count("not run") >= 2
+    # a page without a logit matrix (no pattern) has the same section, not a result table
+    assert "<h2>Beyond the seeds</h2>" in page and f"<h3>{EX.HEAD_TABLE}</h3>" not in page
 
 
 def test_report_without_csvs_has_no_section(tmp_path):

@@ -38,6 +38,7 @@ from poskernel_tl.inspect import (
     token_strings,
 )
 from poskernel_tl.report import head_figures as figures
+from poskernel_tl.report.extras import HEAD_TABLE, head_rows_html
 from poskernel_tl.report.head_page import HeadPageData, render_layer_page, write_head_page
 from poskernel_tl.report.html import (
     assets_rel_for,
@@ -249,6 +250,10 @@ def _summary_block(title: str, links: Mapping[str, str], notes: Sequence[str],
             if thetas is not None else ""))
     parts.append(_section("Per-sequence R²", figure_img(
         figures.fig_r2_distribution(per_seq_r2, r2_values), "per-sequence R2", dpi=dpi)))
+    tables = dict(tables)
+    beyond = tables.pop(HEAD_TABLE, None)
+    if beyond is not None:
+        parts.append(_section("Beyond the seeds", head_rows_html(beyond)))
     tables_html = "\n".join(f"<h3>{escape(n)}</h3>\n{table_html(df)}" for n, df in tables.items())
     parts.append(_section("This head in the result tables", tables_html))
     return report_block("\n".join(p for p in parts if p), include_style=False)
