@@ -222,3 +222,16 @@ def test_figure_failure_is_a_note(tmp_path):
     assert not drawn
     assert "Mean field: figure not drawn (KeyError" in html
     assert "R² mean field" in html and "not run — <code>poskernel analyze separable" in html
+
+
+def test_pages_drawn_in_parallel_equal_those_drawn_in_one_process(tmp_path):
+    from poskernel_tl.report.pages import write_head_pages
+
+    r = with_logits(make_result(spec(), T, dataset="prose", n_seqs=N))
+    pages = {}
+    for workers in (1, 2):
+        written = write_head_pages([r], tmp_path / str(workers), workers=workers)
+        pages[workers] = {p.relative_to(tmp_path / str(workers)): p.read_bytes()
+                          for p in written}
+    assert len(pages[1]) == L * H + L  # head pages and layer pages
+    assert pages[1] == pages[2]

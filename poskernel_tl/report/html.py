@@ -14,13 +14,13 @@ nothing); a few lines of JavaScript restore the full matrices before mounting.
 """
 
 import base64
+import hashlib
 import html
 import io
 import json
 import math
 import os
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -210,12 +210,14 @@ def circuitsvis_html(
     inline when None) unless ``load_bundle`` is False (the page already loaded it)."""
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", component):
         raise ValueError(f"not a circuitsvis component name: {component!r}")
-    element_id = element_id or f"cv-{uuid.uuid4().hex[:12]}"
     payload = {
         "component": component,
         "props": {k: v for k, v in props.items() if v is not None},
         "matrices": {k: encode_matrix(v, decimals) for k, v in matrices.items()},
     }
+    # named by its content, so that identical inputs give identical pages
+    element_id = element_id or "cv-" + hashlib.sha256(
+        json_for_script(payload).encode()).hexdigest()[:12]
     src = "(inline)" if assets_rel is None else f"{assets_rel.rstrip('/')}/{BUNDLE_NAME}"
     mount = _MOUNT_JS % {"id": json_for_script(element_id), "src": json_for_script(src)}
     parts = [bundle_tag(assets_rel)] if load_bundle else []

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from jaxtyping import Float
 
 from poskernel_tl.constants import dataset_slug, model_slug
@@ -278,6 +279,7 @@ def write_head_pages(
     layer_max_tokens: int = 64,
     dpi: int = 55,
     progress: bool = False,
+    workers: int | None = None,
 ) -> list[Path]:
     """Write a page for every head (or the ``(layer, head)`` pairs in ``heads``) of every
     condition, and a page for every layer, under ``report_dir/heads/``; the circuitsvis
@@ -288,15 +290,19 @@ def write_head_pages(
     ``tables``: further tables (caption → DataFrame with ``layer`` and ``head`` columns,
     and ``model``/``dataset``/``length`` where they apply, e.g. ``spectral.csv``); each
     head page shows its rows. Pages link to ``report_dir/report.html``, their layer page,
-    neighbouring heads and the same head in the other conditions."""
+    neighbouring heads and the same head in the other conditions. ``workers``: processes
+    drawing the pages, each a block of layers (default: the CPU count, at most 4; the
+    figures are matplotlib's, about a second per page on one core)."""
     report_dir = Path(report_dir)
     write_assets(report_dir)
     wanted = None if heads is None else {(int(a), int(b)) for a, b in heads}
     written: list[Path] = []
+    workers = min(4, os.cpu_count() or 1) if workers is None else max(1, int(workers))
     for result in results:
         t0 = time.time()
-        pages = _write_condition(result, results, report_dir, tokenizer_decode, tables,
-                                 wanted, max_tokens, layer_max_tokens, dpi)
+        args = (result, results, report_dir, tokenizer_decode, tables, wanted, max_tokens,
+                layer_max_tokens, dpi)
+        pages = _write_parallel(args, workers) if workers > 1 else _write_condition(*args)
         written += pages
         if progress:
             print(f"{_condition_label(result)}: {len(pages)} pages in "
@@ -304,8 +310,37 @@ def write_head_pages(
     return written
 
 
+_FORKED: dict = {}  # what forked page writers inherit (nothing is pickled but layers)
+
+
+def _write_layers(layers: list[int]) -> list[Path]:
+    torch.set_num_threads(1)  # as DataLoader workers do: no OpenMP pool after fork
+    return _write_condition(*_FORKED["args"], only_layers=set(layers))
+
+
+def _write_parallel(args: tuple, workers: int) -> list[Path]:
+    """:func:`_write_condition` split by layers over forked processes (where the
+    platform has fork; otherwise in this process)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    result, wanted = args[0], args[5]
+    layers = [layer for layer in range(result.n_layers) if wanted is None
+              or any((layer, h) in wanted for h in range(result.n_heads))]
+    if len(layers) < 2 or "fork" not in mp.get_all_start_methods():
+        return _write_condition(*args)
+    blocks = [[int(x) for x in b] for b in np.array_split(layers, min(workers, len(layers)))]
+    _FORKED["args"] = args
+    try:
+        with ProcessPoolExecutor(len(blocks), mp_context=mp.get_context("fork")) as pool:
+            return [p for pages in pool.map(_write_layers, blocks) for p in pages]
+    finally:
+        _FORKED.clear()
+
+
 def _write_condition(result, results, report_dir, decode, extra, wanted, max_tokens,
-                     layer_max_tokens, dpi) -> list[Path]:
+                     layer_max_tokens, dpi, only_layers: set[int] | None = None
+                     ) -> list[Path]:
     L, H, T = result.n_layers, result.n_heads, result.length
     key = (result.model, result.dataset, T)
 
@@ -334,7 +369,7 @@ def _write_condition(result, results, report_dir, decode, extra, wanted, max_tok
     written: list[Path] = []
     for layer in range(L):
         layer_heads = [h for h in range(H) if wants(layer, h)]
-        if not layer_heads:
+        if not layer_heads or (only_layers is not None and layer not in only_layers):
             continue
         layer_page = layer_page_path(report_dir, *key, layer)
         patterns = causal_softmax(result.logits[sid][layer]) if sid is not None else None
