@@ -112,11 +112,11 @@ def test_issue_flat_kernel_matches_only_in_the_raw_spectrum(thetas, raw_matched)
     # the Dirichlet side lobes ≈ 1 bin apart pass as peaks, as the issue reports
     np.testing.assert_allclose(raw["peaks"], [0.0368, 0.0614, 0.0859, 0.1104, 0.1350],
                                atol=5e-4)
-    assert raw["n_matched"] == raw_matched and raw["seed_criterion_met"]
+    assert raw["n_matched"] == raw_matched and raw["criterion_met"]
     assert raw["chance"] > 0.5  # and the criterion's chance level says why
     new = S.spectral_alignment(flat, thetas)
     assert new["n_peaks_found"] == 0 and new["frac_matched"] == 0.0
-    assert not new["seed_criterion_met"] and not new["aligned"]
+    assert not new["criterion_met"] and not new["aligned"]
 
 
 def test_issue_reference_score_follows_structure_not_low_frequency_power():
@@ -125,12 +125,12 @@ def test_issue_reference_score_follows_structure_not_low_frequency_power():
     recognises a pure RoPE head."""
     ref_equal = thetas_of(1e4, 64)
     flat = S.spectral_alignment(np.ones(T - 1), ref_equal)
-    assert flat["pearson_seed"] > 0.99
+    assert flat["pearson_literal"] > 0.99
     for tau in (5.0, 20.0, 100.0):
         res = S.spectral_alignment(np.exp(-LAGS / tau), ref_equal)
         assert abs(res["ref_peak_r"]) < 0.15, (tau, res["ref_peak_r"])
         assert not res["aligned"]
-    assert S.spectral_alignment(np.exp(-LAGS / 20), ref_equal)["pearson_seed"] > 0.6
+    assert S.spectral_alignment(np.exp(-LAGS / 20), ref_equal)["pearson_literal"] > 0.6
     own = []
     for seed in range(10):
         g, usage = rope_head(ref_equal, T, seed)
@@ -164,7 +164,7 @@ def test_issue_frac_matched_counts_out_of_five():
     res = S.spectral_alignment(g, SMOL)
     assert res["n_peaks_found"] == 2 and res["matched"].all()
     assert res["n_matched"] == 2 and res["frac_matched"] == pytest.approx(0.4)
-    assert not res["seed_criterion_met"]  # 2 of 5, although both peaks found match
+    assert not res["criterion_met"]  # 2 of 5, although both peaks found match
     assert res["aligned"]  # two exact rotary frequencies are evidence, unlike the count
 
 
@@ -262,32 +262,92 @@ def test_spectral_table_gate_labels():
     g = np.stack([np.stack([rope_head(SMOL, T, 10 * layer + h)[0] for h in range(2)])
                   for layer in range(2)])
     r2 = np.array([[0.9, 0.8], [0.7, 0.3]])
+    mags = {}
     table, peaks = S.spectral_table(g, r2, SMOL, T, gate_met=True, model="m", dataset="d",
-                                    pe="rope", source="gram_centered", n_null=200)
-    assert table["status"].tolist() == ["gated"] * 3 + ["skipped: R2 <= 0.40"]
-    assert table["analysed"].tolist() == [True, True, True, False]
-    done = table[table["analysed"]]
-    assert (done["n_peaks_found"] == 5).all() and done["aligned"].all()
-    assert table["aligned"].isna().tolist() == [False, False, False, True]
-    assert len(peaks) == 15 and (peaks.groupby(["layer", "head"]).size() == 5).all()
+                                    pe="rope", source="gram_centered", n_null=200,
+                                    magnitudes=mags)
+    # every head is analysed; only the gated ones are in the pre-registered analysis
+    assert table["status"].tolist() == ["gated"] * 3 + ["exploratory: R2 <= 0.40"]
+    assert table["analysed"].all()
+    assert table["preregistered"].tolist() == [True, True, True, False]
+    assert (table["n_peaks_found"] == 5).all() and table["aligned"].all()
+    assert len(peaks) == 20 and (peaks.groupby(["layer", "head"]).size() == 5).all()
     assert (peaks["marginal"] == (peaks["matched"] & (peaks["rel_error"] > 0.05))).all()
     assert list(table.columns) == S.HEAD_COLUMNS and list(peaks.columns) == S.PEAK_COLUMNS
+    # the spectra handed back are those analysed, one per head, on the frequency grid
+    assert mags["spectrum"].shape == (2, 2, 2 * T + 1)
+    np.testing.assert_allclose(mags["spectrum"][1, 0], S.spectrum(g[1, 0], T), atol=1e-9)
+    np.testing.assert_array_equal(mags["omega"], S.frequency_grid(T))
+    # the test's false-positive rate: about alpha for heads with significant peaks
+    assert table["fpr"].between(0.03, 0.05).all(), table["fpr"].tolist()
+    one = S.spectral_alignment(g[0, 1], SMOL, n_null=200)
+    row = table.iloc[1]
+    for col in ("p_value", "chance", "fpr", "n_matched", "ref_peak_r", "pearson_literal"):
+        assert row[col] == pytest.approx(one[col], rel=1e-9, abs=1e-12), col
 
-    table, peaks = S.spectral_table(g, r2, SMOL, T, gate_met=False, n_null=50)
+    # explore=False keeps the pre-registered analysis alone
+    table, peaks = S.spectral_table(g, r2, SMOL, T, gate_met=False, n_null=50, explore=False)
     assert not table["analysed"].any() and len(peaks) == 0
     assert (table["status"] == "skipped: gate not met").all()
+    table, _ = S.spectral_table(g, r2, SMOL, T, gate_met=False, n_null=50)
+    assert table["analysed"].all() and not table["preregistered"].any()
+    assert (table["status"] == "exploratory: gate not met").all()
     table, _ = S.spectral_table(g, r2, SMOL, T, gate_met=False, force=True, n_null=50)
     assert table["analysed"].all() and table["forced"].all()
     assert (table["status"] == "ungated").all()
     table, _ = S.spectral_table(g, r2, SMOL, T, gate_met=True, force=True, n_null=50)
     assert table["status"].tolist() == ["gated"] * 3 + ["ungated"]
     table, _ = S.spectral_table(g, r2, None, T, gate_met=None, pe="none", n_null=50)
-    assert table["status"].tolist() == ["ungated"] * 3 + ["skipped: R2 <= 0.40"]
+    assert table["status"].tolist() == ["ungated"] * 3 + ["exploratory: R2 <= 0.40"]
     assert table["frac_matched"].isna().all() and not table["aligned"].fillna(False).any()
+    assert table["fpr"].isna().all()  # no rotary frequencies: no test to be wrong
     bad = g.copy()
     bad[0, 0, 3] = np.nan
-    table, _ = S.spectral_table(bad, r2, SMOL, T, gate_met=True, n_null=50)
-    assert table["status"][0] == "skipped: non-finite g"
+    mags = {}
+    table, _ = S.spectral_table(bad, r2, SMOL, T, gate_met=True, n_null=50, magnitudes=mags)
+    assert table["status"][0] == "skipped: non-finite g" and not table["analysed"][0]
+    assert np.isnan(mags["spectrum"][0, 0]).all() and np.isfinite(mags["spectrum"][0, 1]).all()
+
+
+def test_false_positive_rate_of_the_test():
+    """The rate is the share of the head's own null draws that the test would call aligned:
+    about alpha with significant peaks (the null is exact), 0 without."""
+    on = np.array([SMOL[0], SMOL[2], SMOL[3]])
+    res = N.rotation_null(on, np.ones(3, bool), SMOL, T, N_FFT, n_null=2000)
+    assert res["fpr"] == pytest.approx(0.05, abs=0.002)
+    assert N.false_positive_rate(res["null"], alpha=0.2) == pytest.approx(0.2, abs=0.002)
+    ties = np.r_[np.zeros(100), np.arange(1, 101.0)]  # half the draws tied at the bottom
+    assert N.false_positive_rate(ties, alpha=0.05) == 0.0
+    none = N.rotation_null(on, np.zeros(3, bool), SMOL, T, N_FFT, n_null=100)
+    assert none["fpr"] == 0.0 and np.isnan(none["p_value"])
+    # across white-noise kernels the aligned share stays near the mean rate the table reports
+    r = np.random.default_rng(8)
+    rows = [S.spectral_alignment(r.standard_normal(T - 1), SMOL, n_null=400, seed=s,
+                                 references=False) for s in range(120)]
+    rate = np.mean([x["aligned"] for x in rows])
+    fpr = np.mean([x["fpr"] for x in rows])
+    assert fpr <= 0.05 and rate <= fpr + 0.05, (rate, fpr)
+
+
+def test_rotation_null_matches_the_direct_computation():
+    """The log-domain null (binary search, no [draw, peak, pair] array) gives the chance
+    level and p-value of the direct computation exactly."""
+    r = np.random.default_rng(0)
+    for _ in range(60):
+        omega = np.exp(r.uniform(np.log(0.005), np.log(3.0), 5))
+        sig = r.random(5) < 0.6
+        sig[0] = True
+        spacing = N.local_log_spacing(SMOL, omega[sig])
+        scaled = N.null_factors(spacing, 500, 3)[:, None] * SMOL[None]
+        diff = np.abs(omega[None, :, None] - scaled[:, None, :])
+        hit = ((diff / scaled[:, None, :] < 0.1) | (diff < 2 * np.pi / N_FFT)).any(-1)
+        floor = N.precision_floor(omega[sig], T)
+        observed = float(N.alignment_statistic(omega[sig], SMOL, floor))
+        null = N.alignment_statistic(omega[sig], scaled, floor)
+        res = N.rotation_null(omega, sig, SMOL, T, N_FFT, n_null=500, seed=3)
+        assert res["chance"] == hit.mean()
+        np.testing.assert_allclose(res["null"], null, atol=1e-12)
+        assert res["p_value"] == (1 + np.sum(null <= observed)) / 501
 
 
 def test_gate_value():
@@ -332,23 +392,69 @@ def test_run_spectral_rotary(tmp_path):
     r2 = np.array([[0.9, 0.8], [0.7, 0.3]])  # gate = 0.675 > 0.6; head (1, 1) below 0.40
     summary, table, peaks = run(spec, g, r2, T, tmp_path, usage=usage, n_null=200)
     assert summary["gate_met"] and summary["gate_value"] == pytest.approx(0.675)
-    assert table["analysed"].tolist() == [True, True, True, False]
-    done = table[table["analysed"]]
+    assert table["preregistered"].tolist() == [True, True, True, False]
+    assert table["analysed"].all() and summary["n_preregistered"] == 3
+    done = table[table["preregistered"]]
     assert done["aligned"].astype(bool).all() and summary["frac_aligned"] == 1.0
-    assert (done["ref_peak_r"] > 0.9).all() and (done["source"] == "gram_centered").all()
-    assert len(peaks) == 15 and not table["raw_spectrum"].any()
-    assert summary["mean_frac_matched_early"] == pytest.approx(done["frac_matched"].mean())
+    assert summary["frac_aligned_early"] == 1.0 and summary["n_early"] == 4
+    assert summary["fpr_early"] == pytest.approx(table["fpr"].mean())
+    assert (done["ref_peak_r"] > 0.9).all() and (table["source"] == "gram_centered").all()
+    assert len(peaks) == 20 and not table["raw_spectrum"].any()
+    assert summary["mean_frac_matched_early"] == pytest.approx(table["frac_matched"].mean())
     # the usage file weights the reference, in θ order: same scores as from the arrays
     direct, _ = S.spectral_table(g, r2, SMOL, T, usage=usage, gate_met=True, n_null=50)
     np.testing.assert_allclose(done["ref_peak_r"], direct["ref_peak_r"][:3], rtol=1e-5)
     equal, _ = S.spectral_table(g, r2, SMOL, T, gate_met=True, n_null=50)
     assert (done["ref_peak_r"].to_numpy() > equal["ref_peak_r"][:3].to_numpy()).all()
 
-    assert run(spec, g, r2 * 0.5, T, tmp_path, n_null=50)[0]["n_analysed"] == 0
+    # a failed gate: nothing pre-registered, every head still analysed (exploratory)
+    summary, table, _ = run(spec, g, r2 * 0.5, T, tmp_path, n_null=50)
+    assert summary["n_preregistered"] == 0 and summary["n_analysed"] == 4
+    assert (table["status"].str.startswith("exploratory")).all()
+    assert summary["trackA_frac_aligned_early"] == 1.0  # Track A's g is the same here
     _, table, _ = run(spec, g, r2 * 0.5, T, tmp_path, force=True, raw_spectrum=True,
                       n_null=50)
     assert table["analysed"].all() and table["forced"].all() and table["raw_spectrum"].all()
     assert (table["status"] == "ungated").all() and not table["gate_met"].any()
+
+
+def test_both_sources_are_written_and_read_back(tmp_path):
+    """Track B (pre-registered) and Track A (exploratory) tables, peaks and spectra are
+    saved with the condition; read_spectral gives back what run_spectral returned, and says
+    what is missing or damaged instead of raising."""
+    from poskernel_tl.analyses import spectral_io as SIO
+
+    spec = rope_spec()
+    g = np.array([[rope_head(SMOL, T, 10 * layer + h)[0] for h in range(2)]
+                  for layer in range(2)])
+    result = make_result(spec, T, g=g, r2=np.array([[0.9, 0.8], [0.7, 0.3]]))
+    result = result.replace(g_pooled=np.exp(-LAGS / 10) * np.ones((2, 2, 1)))  # smooth
+    table, peaks, summary = S.run_spectral(result, tmp_path, n_null=100)
+    saved = SIO.read_spectral(tmp_path, spec.name, "wikipedia", T, 2, 2)
+    assert not saved.missing and not saved.problems and saved.has("trackA")
+    back = saved.tables["trackB"]
+    np.testing.assert_allclose(back["p_value"], table["p_value"])
+    np.testing.assert_array_equal(back["aligned"], table["aligned"].astype(float))
+    np.testing.assert_allclose(saved.peaks["trackB"]["omega"], peaks["omega"])
+    a = saved.tables["trackA"]
+    assert (a["status"] == "exploratory").all() and not a["preregistered"].any()
+    assert (a["source"] == "trackA_pooled").all() and (a["aligned"] == 0).all()
+    assert summary["trackA_frac_aligned_early"] == 0.0 and summary["frac_aligned_early"] == 1
+    np.testing.assert_allclose(saved.spectra["trackB"][0, 1], S.spectrum(g[0, 1], T),
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(saved.omega, S.frequency_grid(T))
+    assert saved.head("trackB", 1, 0)["layer"] == 1
+
+    where = SIO.paths(tmp_path, spec.name, "wikipedia", T)
+    where["trackA"].unlink()
+    where["trackB_peaks"].write_text("garbage\n\"")
+    saved = SIO.read_spectral(tmp_path, spec.name, "wikipedia", T, 2, 2)
+    assert saved.missing == ["trackA"] and not saved.has("trackB")
+    assert saved.problems and saved.problems[0][0] == where["trackB_peaks"].name
+    where["spectra"].write_bytes(b"not a zip")
+    assert SIO.read_spectral(tmp_path, spec.name, "wikipedia", T, 2, 2).problems
+    empty = SIO.read_spectral(tmp_path / "nothing", spec.name, "wikipedia", T, 2, 2)
+    assert empty.missing == ["trackB", "trackA"] and not empty.problems
 
 
 def test_run_spectral_random_tokens_read_the_raw_gram(tmp_path):
@@ -367,7 +473,7 @@ def test_run_spectral_gpt2_and_nope(tmp_path):
     summary, table, peaks = run(gpt2, g, np.array([[0.5, 0.1]]), T, tmp_path, s_pe=s_pe,
                                 n_null=50)
     assert summary["gate_met"] is None and table["gate_met"].isna().all()
-    assert table["status"].tolist() == ["ungated", "skipped: R2 <= 0.40"]
+    assert table["status"].tolist() == ["ungated", "exploratory: R2 <= 0.40"]
     for col in ("r_pe_trackA_pooled", "r_pe_gram_raw", "r_pe_gram_centered"):
         assert table[col][0] > 0.95
     assert table["n_matched"].isna().all() and not peaks["matched"].any()

@@ -1,0 +1,177 @@
+"""The spectral analysis' files, written once per condition and read by the report.
+
+Under ``DIR/results/`` (``{stem}`` = ``{model}_{dataset}_{T}``):
+
+- ``{stem}_spectral.csv`` / ``{stem}_spectral_peaks.csv``: Track B's g (the pre-registered
+  analysis), one row per head / per peak;
+- ``{stem}_spectral_trackA.csv`` / ``{stem}_spectral_trackA_peaks.csv``: Track A's pooled g
+  (exploratory), same columns;
+- ``{stem}_spectral_spectra.npz``: ``omega`` [freq], ``trackB`` and ``trackA`` [layer,
+  head_index, freq] (|ĝ| as analysed, float32, NaN where g was not finite) and ``thetas``
+  (empty without rotary PE). Written last: its presence marks a complete analysis.
+
+:func:`read_spectral` reads them back and checks them; it never raises for a missing or
+damaged file: it says which source is missing and what is wrong with which file.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from poskernel_tl import constants as C
+from poskernel_tl.io import save_csv, save_npz
+
+SOURCES = ("trackB", "trackA")
+FILES = {"trackB": (C.SPECTRAL_CSV, C.SPECTRAL_PEAKS_CSV),
+         "trackA": ("spectral_trackA.csv", "spectral_trackA_peaks.csv")}
+SPECTRA = "spectral_spectra.npz"
+LABELS = {"trackB": "Track B centered g (pre-registered)",
+          "trackA": "Track A pooled g (exploratory)"}
+NEEDED = ("layer", "head", "status", "analysed", "preregistered", "aligned", "fpr",
+          "n_significant", "n_matched", "frac_matched", "chance", "p_value", "gate_met",
+          "source")
+PEAK_NEEDED = ("layer", "head", "rank", "omega", "magnitude", "significant", "matched",
+               "nearest_theta", "rel_error")
+
+
+def paths(out, model: str, dataset: str, length: int) -> dict[str, Path]:
+    """Every file of the analysis, by role (``trackB``, ``trackB_peaks``, …, ``spectra``)."""
+    path = lambda suffix: C.result_path(out, model, dataset, length, suffix)
+    found = {}
+    for source, (table, peaks) in FILES.items():
+        found[source], found[f"{source}_peaks"] = path(table), path(peaks)
+    found["spectra"] = path(SPECTRA)
+    return found
+
+
+def write_spectral(out, model: str, dataset: str, length: int, sources: dict,
+                   omega: np.ndarray, thetas: np.ndarray | None) -> dict[str, Path]:
+    """Write ``sources`` (``{"trackB": (table, peaks, spectra), "trackA": …}``) and the
+    spectra file (last)."""
+    where = paths(out, model, dataset, length)
+    written = {}
+    for source, (table, peaks, _) in sources.items():
+        written[source] = save_csv(table, where[source])
+        written[f"{source}_peaks"] = save_csv(peaks, where[f"{source}_peaks"])
+    arrays = {source: np.asarray(mags, np.float32) for source, (_, _, mags) in sources.items()}
+    written["spectra"] = save_npz(where["spectra"], omega=np.asarray(omega, np.float64),
+                                  thetas=np.zeros(0) if thetas is None else
+                                  np.asarray(thetas, np.float64), **arrays)
+    return written
+
+
+@dataclass
+class SavedSpectral:
+    """One condition's spectral files as read: per source (``trackB``, ``trackA``) the head
+    table, the peak table and the spectra [layer, head_index, freq]; ``omega`` the
+    frequency grid. ``missing``: sources whose files do not exist (not run);
+    ``problems``: ``(file name, reason)`` for files that exist but cannot be used."""
+
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    peaks: dict[str, pd.DataFrame] = field(default_factory=dict)
+    spectra: dict[str, np.ndarray] = field(default_factory=dict)
+    omega: np.ndarray | None = None
+    missing: list[str] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+    def has(self, source: str) -> bool:
+        return source in self.tables and source in self.spectra
+
+    def head(self, source: str, layer: int, head: int) -> dict | None:
+        """One head's row of ``source`` as a dict (None when not available)."""
+        if source not in self.tables:
+            return None
+        t = self.tables[source]
+        row = t[(t["layer"] == layer) & (t["head"] == head)]
+        return None if row.empty else row.iloc[0].to_dict()
+
+
+def _flag(s: pd.Series) -> pd.Series:
+    """A boolean column read back from CSV: True/False, NaN where empty."""
+    text = s.astype(str).str.strip().str.lower()
+    return text.map({"true": 1.0, "false": 0.0, "1": 1.0, "0": 0.0, "1.0": 1.0, "0.0": 0.0})
+
+
+def _read_csv(path: Path, needed: tuple[str, ...], n_rows: int | None):
+    try:
+        df = pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError,
+            pd.errors.EmptyDataError) as err:
+        return None, f"unreadable ({type(err).__name__})"
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        return None, (f"lacks columns {', '.join(missing)} (written by an older version: "
+                      "rerun poskernel spectral)")
+    if n_rows is not None and len(df) != n_rows:
+        return None, f"has {len(df)} rows, expected {n_rows}"
+    return df, ""
+
+
+def _read_source(saved: SavedSpectral, where: dict, source: str, L: int, H: int) -> None:
+    table_path, peaks_path = where[source], where[f"{source}_peaks"]
+    if not table_path.exists():
+        saved.missing.append(source)
+        return
+    table, why = _read_csv(table_path, NEEDED, L * H)
+    if table is None:
+        saved.problems.append((table_path.name, why))
+        return
+    if not peaks_path.exists():
+        saved.problems.append((peaks_path.name, "missing"))
+        return
+    peaks, why = _read_csv(peaks_path, PEAK_NEEDED, None)
+    if peaks is None:
+        saved.problems.append((peaks_path.name, why))
+        return
+    for col in ("analysed", "preregistered", "aligned", "criterion_met"):
+        if col in table:
+            table[col] = _flag(table[col])
+    for col in ("significant", "matched", "marginal"):
+        if col in peaks:
+            peaks[col] = _flag(peaks[col]).fillna(0.0).astype(bool)
+    saved.tables[source] = table.sort_values(["layer", "head"]).reset_index(drop=True)
+    saved.peaks[source] = peaks.sort_values(["layer", "head", "rank"]).reset_index(drop=True)
+
+
+def _read_spectra(saved: SavedSpectral, path: Path, L: int, H: int, length: int) -> None:
+    if not path.exists():
+        if saved.tables:
+            saved.problems.append((path.name, "missing (the analysis did not finish: rerun "
+                                              "poskernel spectral)"))
+        return
+    n_freq = 2 * length + 1
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError) as err:
+        saved.problems.append((path.name, f"unreadable ({type(err).__name__})"))
+        return
+    omega = arrays.get("omega")
+    if omega is None or omega.shape != (n_freq,):
+        saved.problems.append((path.name, f"omega missing or not of length {n_freq}"))
+        return
+    saved.omega = omega
+    for source in list(saved.tables):
+        mags = arrays.get(source)
+        if mags is None or mags.shape != (L, H, n_freq):
+            saved.problems.append((path.name, f"{source} missing or not [{L}, {H}, {n_freq}]"))
+            saved.tables.pop(source)
+            continue
+        saved.spectra[source] = mags
+
+
+def read_spectral(out, model: str, dataset: str, length: int, n_layers: int,
+                  n_heads: int) -> SavedSpectral:
+    """The condition's spectral files (see :class:`SavedSpectral`); never raises for a file."""
+    where = paths(out, model, dataset, length)
+    saved = SavedSpectral()
+    for source in SOURCES:
+        _read_source(saved, where, source, n_layers, n_heads)
+    _read_spectra(saved, where["spectra"], n_layers, n_heads, length)
+    return saved
+
+
+__all__ = ["FILES", "LABELS", "SOURCES", "SPECTRA", "SavedSpectral", "paths", "read_spectral",
+           "write_spectral"]
