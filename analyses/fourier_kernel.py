@@ -52,12 +52,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.analyses.fourier_kernel_fit import (  # noqa: F401  (re-exported)
     PAD_FACTOR,
     CosineFit,
-    _prepare,
-    _residual_path,
     fit_cosine_series,
+    prepare_lags,
+    residual_path,
 )
 
 DEFAULT_KS = (1, 2, 3, 5, 8)
@@ -121,10 +122,10 @@ def cosine_fit_table(
     fit_rows, comp_rows = [], []
     for layer in range(g.shape[0]):
         for head in range(g.shape[1]):
-            gh, lags, n_fit = _prepare(g[layer, head], max_lag)
+            gh, lags, n_fit = prepare_lags(g[layer, head], max_lag)
             floor = math.pi / n_fit if min_freq is None else min_freq
             if init == "residual" and np.isfinite(gh[:n_fit]).all():
-                head_fits = _residual_path(gh, lags, n_fit, Ks, max_nfev, min_freq)
+                head_fits = residual_path(gh, lags, n_fit, Ks, max_nfev, min_freq)
             else:
                 head_fits = {k: fit_cosine_series(gh, K=k, init=init, max_lag=max_lag,
                                                   min_freq=min_freq, max_nfev=max_nfev)
@@ -338,12 +339,17 @@ def fourier_kernel_attention_linear(
 
 
 # -------------------------------------------------- poskernel analyze fourier-kernel
-NAME = "fourier-kernel"
-NEEDS_RESULT = True
 
 
-def analyze(model, eval_tokens, centering_tokens=None, *, result=None, batch_size: int = 4,
-            progress: bool = True) -> pd.DataFrame:
+def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
     """Cosine-series fits of every head's pooled Track A g(Δ) for K = 1, 2, 3, 5, 8, with
     the fitted frequencies matched to the model's θ_i (one row per layer, head, K)."""
+    result = inputs.result
     return cosine_fit_table(result.g_pooled, thetas=result.thetas).fits
+
+
+SPEC = AnalysisSpec(
+    name="fourier-kernel", title="Cosine-series kernel fit", compute=analyze,
+    needs_model=False, needs_result=True, columns=("K", "R2_fit"),
+    guide="Each head's pooled Track A g(Δ) fitted by K = 1, 2, 3, 5, 8 cosines with free "
+          "frequencies; the fitted frequencies are matched to the model's θᵢ.")

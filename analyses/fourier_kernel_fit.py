@@ -138,7 +138,7 @@ def _largest_peak(resid: np.ndarray, n_fft: int, taken: np.ndarray, gap: float) 
     return float(omega[np.argmax(np.where(free, mag, -1.0)) if free.any() else np.argmax(mag)])
 
 
-def _prepare(g, max_lag):
+def prepare_lags(g, max_lag):
     g = np.asarray(g, np.float64)
     if g.ndim != 1 or len(g) < 2:
         raise ValueError(f"g must be one kernel over lags Δ = 1..T−1; got shape {g.shape}")
@@ -147,7 +147,7 @@ def _prepare(g, max_lag):
     return g, lags, n_fit
 
 
-def _residual_path(g, lags, n_fit, Ks, max_nfev, min_freq=None, start=None
+def residual_path(g, lags, n_fit, Ks, max_nfev, min_freq=None, start=None
                    ) -> dict[int, CosineFit]:
     """Fit at the ``start`` frequencies, then add the residual spectrum's largest peak one
     at a time (refitting jointly) up to max(Ks); the fit at each K in ``Ks``."""
@@ -197,7 +197,7 @@ def fit_cosine_series(
     the default π/max_lag (half a period over the window) keeps slow trends from becoming
     cosines of vanishing frequency and diverging amplitude. ``max_nfev`` caps evaluations
     per refit. Returns a :class:`CosineFit` (NaN-filled if g is not finite)."""
-    g, lags, n_fit = _prepare(g, max_lag)
+    g, lags, n_fit = prepare_lags(g, max_lag)
     if init not in ("residual", "peaks"):
         raise ValueError(f"init must be 'residual' or 'peaks', not {init!r}")
     if init_freqs is not None:
@@ -210,4 +210,4 @@ def fit_cosine_series(
                          success=False, nfev=0)
     if init_freqs is None and init == "peaks":
         init_freqs = _peak_freqs(g[:n_fit], K)
-    return _residual_path(g, lags, n_fit, (K,), max_nfev, min_freq, start=init_freqs)[K]
+    return residual_path(g, lags, n_fit, (K,), max_nfev, min_freq, start=init_freqs)[K]

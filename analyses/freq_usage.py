@@ -13,7 +13,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.constants import FREQ_USAGE_CSV, result_path
+from poskernel_tl.errors import UserError
 from poskernel_tl.io import save_csv
 from poskernel_tl.result import ConditionResult
 
@@ -25,7 +27,7 @@ def freq_usage_table(result: ConditionResult) -> pd.DataFrame:
     """Tidy table: layer, head, kv_head, rank, pair, theta, dim_a, dim_b, q_norm, k_norm,
     q_share (the pair's share of the head's summed q norms), sorted by θ descending."""
     if result.q_pair_norm is None:
-        raise ValueError(f"{result.model} has no rotary frequency usage (pe={result.spec.pe})")
+        raise UserError(f"{result.model} has no rotary frequency usage (pe={result.spec.pe})")
     qn, kn, theta = result.q_pair_norm, result.k_pair_norm, result.thetas
     L, H, P = qn.shape
     order = np.argsort(-theta, kind="stable")
@@ -65,3 +67,16 @@ def write_freq_usage(result: ConditionResult, out: str | Path) -> Path | None:
         return None
     return save_csv(freq_usage_table(result), result_path(
         out, result.model, result.dataset, result.length, FREQ_USAGE_CSV))
+
+
+def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
+    """``poskernel analyze freq-usage``: :func:`freq_usage_table` of the saved result."""
+    return freq_usage_table(inputs.result)
+
+
+SPEC = AnalysisSpec(
+    name="freq-usage", title="Rotary frequency usage", compute=analyze, needs_model=False,
+    needs_result=True, file=FREQ_USAGE_CSV, columns=("pair", "theta", "q_share"),
+    guide="The mean norm of q and k inside each rotary 2-D pair, pairs ordered by θ: large "
+          "norms in the fastest pairs mark positional heads, in the slowest pairs the "
+          "near-constant semantic channels.")

@@ -59,6 +59,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.measure import as_tokens, check_tokens, choose_scores_path, forward_pass
 from poskernel_tl.pe_kernel import (
     NoPositionTableError,
@@ -68,8 +69,6 @@ from poskernel_tl.pe_kernel import (
 )
 from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
 
-NAME = "gk-baseline"
-NEEDS_RESULT = False
 TERMS = ("semantic", "tok_pos", "pos_tok", "pos_pos", "key_bias", "query_bias")
 
 
@@ -326,12 +325,12 @@ def gk_table(res: GkBaselineResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def analyze(model, eval_tokens, centering_tokens=None, *, result=None, batch_size: int = 4,
-            progress: bool = True) -> pd.DataFrame:
+def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
     """``poskernel analyze gk-baseline``: :func:`gk_table` of the evaluation sequences
     (the centering sequences are not used)."""
-    _check_additive(model.hf_model)  # a clear error before any forward pass
-    return gk_table(gk_baseline(model, eval_tokens, batch_size=batch_size, progress=progress))
+    _check_additive(inputs.model.hf_model)  # a clear error before any forward pass
+    return gk_table(gk_baseline(inputs.model, inputs.eval_tokens,
+                                batch_size=inputs.batch_size, progress=inputs.progress))
 
 
 def plot_term_shares(table: pd.DataFrame, column: str = "share", title: str = "") -> Figure:
@@ -467,7 +466,17 @@ def planted_pos_pos_kernel(model: GPT2LMHeadModel, length: int
     return np.stack(out)
 
 
-__all__ = ["NAME", "NEEDS_RESULT", "TERMS", "GkBaselineReducer", "GkBaselineResult",
+SPEC = AnalysisSpec(
+    name="gk-baseline", title="Positional baseline G_k", compute=analyze,
+    figure=lambda table, title="": plot_term_shares(table, title=title),
+    columns=("R2_scores", "R2_minus_gk", "gk_explained"),
+    head_rows=(("R2_scores", "R² of the scores"), ("R2_minus_gk", "R² after subtracting G_k"),
+               ("gk_explained", "share explained by G_k")),
+    guide="For a learned-absolute-PE model, the head-projected positional Gram "
+          "E[P(i+k)P(i)ᵀ] and its share of the skip-k logits, split into four terms.")
+
+
+__all__ = ["SPEC", "TERMS", "GkBaselineReducer", "GkBaselineResult",
            "BlockParts", "NoPositionTableError", "analyze", "gk_baseline", "gk_table",
            "block_parts", "planted_frequencies", "projected_pe_kernel", "planted_head_frequencies",
            "planted_pos_pos_kernel", "plot_term_shares", "projected_gram", "sinusoidal_gpt2",

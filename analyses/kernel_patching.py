@@ -57,6 +57,7 @@ sequences. The clean row of every patched forward is checked against the clean p
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -67,11 +68,12 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
+from poskernel_tl.config import option
 from poskernel_tl.hooks import scores_hook_name
+from poskernel_tl.measure import as_tokens, check_tokens
 
-NAME = "kernel-patching"
-NEEDS_RESULT = True
-MAX_SEQS = 16  # evaluation sequences patched by the command-line entry point
+MAX_SEQS = 16  # evaluation sequences patched by default from a notebook
 MODES = ("pooled", "per_seq")
 DIAGONALS = ("fit", "keep")
 CLEAN_TOL = 1e-3  # |loss(clean row) − loss(clean pass)| allowed (batch-shape float noise)
@@ -428,8 +430,6 @@ def kernel_patching(model, eval_tokens, result=None, *, mode: str = "pooled",
     ``result`` (the condition's :class:`~poskernel_tl.ConditionResult`) supplies the pooled
     kernel and Track A's R²; without it the pooled kernel is fitted to the patched
     sequences."""
-    from poskernel_tl.measure import as_tokens, check_tokens
-
     ids = as_tokens(model, eval_tokens)
     check_tokens(model, ids, "evaluation tokens")
     if result is not None and result.length != ids.shape[1]:
@@ -446,12 +446,23 @@ def kernel_patching(model, eval_tokens, result=None, *, mode: str = "pooled",
     return table
 
 
-def analyze(model, eval_tokens, centering_tokens, *, result=None, batch_size: int = 4,
-            progress: bool = True) -> pd.DataFrame:
-    """``poskernel analyze kernel-patching``: pooled-kernel patching of every head on the
-    first :data:`MAX_SEQS` evaluation sequences (centering sequences are not used)."""
-    return kernel_patching(model, eval_tokens, result, mode="pooled", batch_size=batch_size,
-                           progress=progress)
+@dataclass(frozen=True)
+class KernelPatchingOptions:
+    max_seqs: int = option(2, "evaluation sequences patched; each costs about R·L²/2 block "
+                              "evaluations (≈ 450 single-sequence forwards on SmolLM2)")
+    sink_keys: int = option(1, "key columns the second patch keeps clean (0: no second "
+                               "patch, about a third cheaper)")
+    mode: Literal["pooled", "per_seq"] = option(
+        "pooled", "pooled: the condition's pooled kernel; per_seq: each sequence's own fit")
+
+
+def analyze(inputs: AnalysisInputs, options: KernelPatchingOptions) -> pd.DataFrame:
+    """``poskernel analyze kernel-patching``: kernel patching of every head on the first
+    ``max_seqs`` evaluation sequences (centering sequences are not used)."""
+    return kernel_patching(inputs.model, inputs.eval_tokens, inputs.result,
+                           mode=options.mode, sink_keys=options.sink_keys,
+                           max_seqs=options.max_seqs, batch_size=inputs.batch_size,
+                           progress=inputs.progress)
 
 
 def plot_kernel_patching(table: pd.DataFrame, title: str = "") -> Figure:
@@ -495,6 +506,21 @@ def _grid(table: pd.DataFrame, col: str, L: int, H: int) -> np.ndarray:
     return out
 
 
-__all__ = ["NAME", "NEEDS_RESULT", "PatchingResult", "analyze", "kernel_patching",
+SPEC = AnalysisSpec(
+    name="kernel-patching", title="Kernel patching", compute=analyze,
+    options=KernelPatchingOptions, needs_result=True, figure=plot_kernel_patching,
+    columns=("dloss_patched", "dloss_ablated", "dloss_ratio"),
+    head_rows=(("dloss_patched", "Δloss, kernel patched (nats)"),
+               ("dloss_patched_sink", "Δloss, kernel patched, sink kept (nats)"),
+               ("dloss_ablated", "Δloss, mean-ablated (nats)"),
+               ("dloss_ratio", "kernel / ablation (normalised loss)"),
+               ("dloss_ratio_sink", "kernel + sink / ablation")),
+    guide="Each head's scores are replaced by its pooled kernel g(t − s) and the loss "
+          "change is divided by that of mean-ablating the head: 0 means the kernel is all "
+          "the head contributes, 1 means it does no better than the mean (the ratio means "
+          "something only where ablation costs loss; grey cells in the figure).")
+
+
+__all__ = ["SPEC", "KernelPatchingOptions", "PatchingResult", "analyze", "kernel_patching",
            "next_token_loss", "patching_table", "plot_kernel_patching", "pooled_kernels",
            "run_kernel_patching", "shift_invariant_part"]

@@ -37,6 +37,7 @@ no mean field: its rows are NaN, with a note.
 
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -45,10 +46,11 @@ from jaxtyping import Float
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
+from poskernel_tl.config import option
+from poskernel_tl.measure import as_tokens, check_tokens, forward_pass
 from poskernel_tl.toeplitz import shift_invariance_r2
 
-NAME = "mean-field"
-NEEDS_RESULT = True
 PARTS = ("meanfield", "cross", "centered")
 NO_MEANS = ("no centering means (uncentered condition, e.g. random tokens): the mean-field "
             "kernel is undefined")
@@ -235,8 +237,6 @@ def compute_mean_field(result, model=None, eval_tokens=None, *, source: str = "a
             c = torch.from_numpy(result.gram_centered[layer]).double()
             layers.append({"meanfield": m, "cross": raw - m - c, "centered": c, "raw": raw})
         return summarise(layers, source, keep_matrices)
-    from poskernel_tl.measure import as_tokens, check_tokens, forward_pass
-
     ids = as_tokens(model, eval_tokens)
     check_tokens(model, ids, "evaluation tokens")
     if ids.shape[1] != T:
@@ -285,14 +285,18 @@ def mean_field(result, model=None, eval_tokens=None, *, source: str = "auto",
     return mean_field_table(mf, result.kv_head)
 
 
-def analyze(model, eval_tokens, centering_tokens, *, result=None, batch_size: int = 4,
-            progress: bool = True) -> pd.DataFrame:
-    """``poskernel analyze mean-field``: the exact pass over the evaluation sequences,
-    with the condition's centering means (``result``)."""
-    if result is None:
-        raise ValueError("the mean-field analysis needs the condition's result")
-    return mean_field(result, model, eval_tokens, source="pass", batch_size=batch_size,
-                      progress=progress)
+@dataclass(frozen=True)
+class MeanFieldOptions:
+    source: Literal["pass", "result"] = option(
+        "pass", "pass: one exact pass over the evaluation sequences; result: the saved "
+        "Gram matrices (T ≤ 256, no forward)")
+
+
+def analyze(inputs: AnalysisInputs, options: MeanFieldOptions) -> pd.DataFrame:
+    """``poskernel analyze mean-field``: the decomposition with the condition's centering
+    means (``inputs.result``)."""
+    return mean_field(inputs.result, inputs.model, inputs.eval_tokens, source=options.source,
+                      batch_size=inputs.batch_size, progress=inputs.progress)
 
 
 def plot_mean_field(table: pd.DataFrame, title: str = "") -> Figure:
@@ -336,6 +340,19 @@ def plot_mean_field(table: pd.DataFrame, title: str = "") -> Figure:
     return fig
 
 
-__all__ = ["NAME", "NEEDS_RESULT", "MeanFieldReducer", "MeanFieldResult", "analyze",
+SPEC = AnalysisSpec(
+    name="mean-field", title="Mean field", compute=analyze, options=MeanFieldOptions,
+    needs_result=True, figure=plot_mean_field,
+    columns=("R2_meanfield", "share_meanfield", "share_cross", "share_centered"),
+    head_rows=(("R2_meanfield", "R² of the mean field μ_q μ_kᵀ"),
+               ("share_meanfield", "share: mean field"),
+               ("share_cross", "share: cross"),
+               ("share_centered", "share: centered")),
+    guide="The raw averaged Gram split into the mean field μ_q μ_kᵀ (content-free), the "
+          "centered Gram (content) and a cross term: a large mean-field share with a high "
+          "R²_meanfield says the kernel lives in the mean query and key.")
+
+
+__all__ = ["SPEC", "MeanFieldOptions", "MeanFieldReducer", "MeanFieldResult", "analyze",
            "compute_mean_field", "decompose", "mean_field", "mean_field_table", "summarise",
            "plot_mean_field", "shares", "spectrum"]

@@ -33,6 +33,7 @@ from jaxtyping import Float, Int
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
+from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.toeplitz import lag_counts, r2_from_sums, shift_invariance_r2
 
 _CHUNK_ELEMENTS = 1 << 24  # bounds the [batch, chunk, pos, d] and [batch, perm, pair] temps
@@ -321,16 +322,22 @@ def plot_qig_null(table: pd.DataFrame, title: str = "") -> Figure:
 
 
 # ----------------------------------------------------- poskernel analyze qig-control
-NAME = "qig-control"
-NEEDS_RESULT = False
 MAX_SEQS = 8  # the QIG logits cost O(T²·d_model) per sequence and layer
 
 
-def analyze(model, eval_tokens: Int[Tensor, "batch pos"], centering_tokens=None, *,
-            result=None, batch_size: int = 4, progress: bool = True) -> pd.DataFrame:
+def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
     """QIG logits of each layer's residual stream (first ``MAX_SEQS`` evaluation
     sequences) through the Toeplitz R², against the joint position-permutation null."""
-    tokens = eval_tokens[:MAX_SEQS].to(model.device)
+    model = inputs.model
+    tokens = inputs.eval_tokens[:MAX_SEQS].to(model.device)
     streams = residual_streams(model, tokens)
     table = qig_table(streams, model=model.spec.name)
     return table.drop(columns=[c for c in ("model", "dataset") if c in table.columns])
+
+
+SPEC = AnalysisSpec(
+    name="qig-control", title="Position-free control kernel (QIG)", compute=analyze,
+    figure=plot_qig_null, columns=("source", "R2_qig", "p_value"),
+    guide="Attention logits built without q·kᵀ from Fisher–Rao distances between residual "
+          "streams, fitted by the same Toeplitz R² against a joint position-permutation "
+          "null: how much shift invariance a position-free kernel shows by construction.")

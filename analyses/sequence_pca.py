@@ -52,6 +52,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.analyses.sequence_pca_stats import (  # noqa: F401  (re-exported)
     PROBES,
     PositionPredictor,
@@ -69,9 +70,8 @@ from poskernel_tl.analyses.sequence_pca_stats import (  # noqa: F401  (re-export
 )
 from poskernel_tl.hooks import qk_hook_names
 from poskernel_tl.measure import as_tokens, check_tokens, forward_pass
+from poskernel_tl.sequences import build_sequences
 
-NAME = "seq-pca"
-NEEDS_RESULT = False
 N_REPORT = 3  # temporal components reported per layer in the table
 
 
@@ -189,12 +189,13 @@ def probe_table(res: ProbeResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def analyze(model, eval_tokens, centering_tokens=None, *, result=None, batch_size: int = 4,
-            progress: bool = True) -> pd.DataFrame:
+def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
     """``poskernel analyze seq-pca``: probes trained on the centering sequences (the
     first half of the evaluation sequences when there are none), scored on the
     evaluation sequences, with the sequence PCA of the evaluation pass."""
-    ev = as_tokens(model, eval_tokens)
+    model, centering_tokens = inputs.model, inputs.centering_tokens
+    batch_size, progress = inputs.batch_size, inputs.progress
+    ev = as_tokens(model, inputs.eval_tokens)
     if centering_tokens is None or len(centering_tokens) == 0:
         if len(ev) < 2:
             raise ValueError("need at least 2 sequences to train and score the probes")
@@ -288,8 +289,6 @@ def compression_tokens(model, dataset: str = "prose", n_train: int = 16,
                        seed: int = 0) -> tuple[Tensor, Tensor]:
     """Training and held-out windows of ``context + continuation`` tokens from one of
     the toolkit's datasets (disjoint windows; held-out ones drawn separately)."""
-    from poskernel_tl.sequences import build_sequences
-
     n = 2 * max(n_train, n_heldout)
     seqs = build_sequences(model.tokenizer, dataset, context + continuation, n, seed,
                            model_name=model.spec.name, n_ctx=model.spec.n_ctx)
@@ -387,3 +386,11 @@ def compression_experiment(model, train_tokens: Int[Tensor, "n_train window"],
                                heldout_loss=sum(v) / n) for k, v in conds.items()])
     table["delta_vs_full"] = table.heldout_loss - float(table.heldout_loss.iloc[0])
     return CompressionResult(table, len(losses), time.time() - t0, losses, pca)
+
+
+SPEC = AnalysisSpec(
+    name="seq-pca", title="Sequence PCA and positional probes", compute=analyze,
+    figure=plot_probe_mae, columns=("probe", "mae_tokens"),
+    guide="How well each layer's residual stream encodes absolute position: probes "
+          "trained on the centering sequences, mean absolute error in tokens on the "
+          "evaluation sequences, and the top temporal components of the sequence axis.")

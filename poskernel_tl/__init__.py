@@ -1,21 +1,19 @@
-"""poskernel_tl: how shift-invariant is each attention head's positional kernel?"""
+"""poskernel_tl: how shift-invariant is each attention head's positional kernel?
 
-__version__ = "0.2.0"
+The public API, re-exported from the layers below (the package's top layer).
+"""
 
-from poskernel_tl.inspect import HeadView, inspect_head  # noqa: E402
-from poskernel_tl.loading import LoadedModel, load_model  # noqa: E402
-from poskernel_tl.measure import measure  # noqa: E402
-from poskernel_tl.registry import REGISTRY, ModelSpec, resolve  # noqa: E402
-from poskernel_tl.result import ConditionResult  # noqa: E402
-from poskernel_tl.toeplitz import shift_invariance_r2  # noqa: E402
+from poskernel_tl.analyses.spectral import spectral_alignment
+from poskernel_tl.constants import VERSION
+from poskernel_tl.errors import UserError
+from poskernel_tl.head_view import HeadView, inspect_head
+from poskernel_tl.loading import LoadedModel, load_model
+from poskernel_tl.measure import measure
+from poskernel_tl.registry import REGISTRY, ModelSpec, resolve
+from poskernel_tl.result import ConditionResult
+from poskernel_tl.toeplitz import shift_invariance_r2
 
-
-def spectral_alignment(g, thetas, *, length=None, **kw) -> dict:
-    """Spectral alignment of one head's g(Δ) with rotary frequencies θ_i; see
-    :func:`poskernel_tl.analyses.spectral.spectral_alignment`."""
-    from poskernel_tl.analyses.spectral import spectral_alignment as run
-
-    return run(g, thetas, length=length, **kw)
+__version__ = VERSION
 
 __all__ = [
     "REGISTRY",
@@ -23,6 +21,8 @@ __all__ = [
     "HeadView",
     "LoadedModel",
     "ModelSpec",
+    "UserError",
+    "__version__",
     "inspect_head",
     "load_model",
     "measure",

@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from poskernel_tl.errors import UserError
 from poskernel_tl.loading import LoadedModel
 
 # [head, T, T] float32 tensors alive at once per sequence during one layer's attention
@@ -79,10 +80,10 @@ def check_batch_size(batch_size: int | str) -> int | str:
         try:
             batch_size = int(batch_size)
         except ValueError:
-            raise ValueError(f"--batch-size {batch_size}: a positive integer or auto"
+            raise UserError(f"--batch-size {batch_size}: a positive integer or auto"
                              ) from None
     if batch_size < 1:
-        raise ValueError(f"--batch-size {batch_size}: must be >= 1 (or auto)")
+        raise UserError(f"--batch-size {batch_size}: must be >= 1 (or auto)")
     return int(batch_size)
 
 

@@ -8,15 +8,10 @@ DATA_DIR = "data"
 RESULTS_DIR = "results"
 MANIFEST = "manifest.json"
 
-SPLIT_CENTERING = "centering"
-SPLIT_EVAL = "eval"
+# the protocol's definitions (splits, boundary rows, ...) live in poskernel_tl.protocol
+from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION  # noqa: E402,F401  (track_a)
 
-# positions of the boundary-effect comparison (0-indexed query rows)
-EARLY_ROWS = (1, 21)  # query positions 1..20
-INTERIOR_FROM = 50  # query positions 50..T-1
-N_SPLITS = 5  # random 80/20 subsets of the evaluation set (seed, Step 3.5)
-SPLIT_FRACTION = 0.8
-VIS_EVAL_INDICES = tuple(range(0, 100, 11))  # eval indices 0, 11, ..., 99
+VERSION = "0.2.0"
 GRAM_SAVE_MAX_T = 256  # full T×T Gram matrices are written only up to this length
 
 

@@ -33,6 +33,8 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+from poskernel_tl.errors import DataError
+
 OFFLINE_DATASETS = ("prose", "stdlib-code", "random")
 HUB_DATASETS = ("wikipedia", "code")
 TEXT_PREFIX = "text:"
@@ -51,8 +53,6 @@ _WIKITEXT_TITLE = re.compile(r"^ = (?!=)(.*\S) = $")
 _OFFLINE_HINT = "offline alternatives: prose, stdlib-code, random, text:PATH"
 
 
-class DataError(ValueError):
-    """A dataset, text file or cached sequences file cannot be used as asked."""
 
 
 def known_datasets() -> str:

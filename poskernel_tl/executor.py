@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from poskernel_tl.grid import SUMMARY_CSV, Condition, GridOptions, merge, run_grid
+from poskernel_tl.config import GridConfig
+from poskernel_tl.errors import UserError
+from poskernel_tl.grid import SUMMARY_CSV, Condition, merge, run_grid
 from poskernel_tl.io import save_csv
 
 JOBS_DIR = "jobs"
@@ -37,7 +39,7 @@ class SlurmOptions:
     cpus_per_task: int = 8
 
 
-def run_job(conds: list[Condition], opts: GridOptions, load=None) -> pd.DataFrame:
+def run_job(conds: list[Condition], opts: GridConfig, load=None) -> pd.DataFrame:
     """What one job runs (module level, so submitit can pickle it by reference)."""
     return run_grid(conds, opts, load=load)
 
@@ -68,20 +70,20 @@ def executor_parameters(cluster: str, slurm: SlurmOptions) -> dict:
 
 def make_executor(cluster: str, folder: Path, slurm: SlurmOptions):
     if cluster not in EXECUTORS:
-        raise ValueError(f"--executor {cluster}: choose one of {', '.join(EXECUTORS)}")
+        raise UserError(f"--executor {cluster}: choose one of {', '.join(EXECUTORS)}")
     try:
         import submitit
     except ImportError as err:
-        raise ValueError("--executor needs submitit: pip install submitit") from err
+        raise UserError("--executor needs submitit: pip install submitit") from err
     if cluster == "slurm" and shutil.which("srun") is None:
-        raise ValueError("--executor slurm: no Slurm on this machine (srun not found); "
+        raise UserError("--executor slurm: no Slurm on this machine (srun not found); "
                          "submit from a login node, or use --shard I/N with any scheduler")
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
     executor.update_parameters(**executor_parameters(cluster, slurm))
     return executor
 
 
-def submit_grid(conds: list[Condition], opts: GridOptions, cluster: str = "slurm",
+def submit_grid(conds: list[Condition], opts: GridConfig, cluster: str = "slurm",
                 slurm: SlurmOptions | None = None, load=None, poll_s: float = 5.0
                 ) -> pd.DataFrame:
     """Submit one job per model, wait for all of them (a progress bar over jobs), merge
@@ -91,7 +93,10 @@ def submit_grid(conds: list[Condition], opts: GridOptions, cluster: str = "slurm
 
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    executor = make_executor(cluster, out / SUBMITIT_DIR, slurm or SlurmOptions())
+    slurm = slurm or SlurmOptions(partition=opts.slurm_partition,
+                                  gpus_per_task=opts.slurm_gpus_per_task,
+                                  time_min=opts.slurm_time)
+    executor = make_executor(cluster, out / SUBMITIT_DIR, slurm)
     groups = by_model(conds)
     folders = {m: out / JOBS_DIR / m for m in groups}
     jobs = {}

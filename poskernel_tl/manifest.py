@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+from poskernel_tl.errors import UserError
 from poskernel_tl.io import save_json
 
 MANIFEST = "manifest.json"
@@ -71,7 +72,7 @@ class Manifest:
             try:
                 self.entries = json.loads(self.path.read_text())["conditions"]
             except (ValueError, KeyError) as err:
-                raise ValueError(f"{self.path}: unreadable manifest ({err}); move it away "
+                raise UserError(f"{self.path}: unreadable manifest ({err}); move it away "
                                  "to start the folder afresh") from err
 
     def status(self, name: str, key: str) -> str:

@@ -21,8 +21,10 @@ from tqdm.auto import tqdm
 
 from poskernel_tl import constants as C
 from poskernel_tl.batching import check_batch_size, resolve_batch_size
+from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.loading import LoadedModel, dtype_name
+from poskernel_tl.pe_kernel import head_projected_pe_kernel
 from poskernel_tl.reducers import (
     FreqUsageReducer,
     GramReducer,
@@ -48,13 +50,13 @@ def as_tokens(model: LoadedModel, data) -> Int[torch.Tensor, "batch pos"] | None
         return None
     if torch.is_tensor(data):
         if data.dtype not in (torch.int64, torch.int32) or data.ndim != 2:
-            raise ValueError(f"tokens must be an int tensor [n_seqs, T], got {data.dtype} "
+            raise UserError(f"tokens must be an int tensor [n_seqs, T], got {data.dtype} "
                              f"{tuple(data.shape)}")
         return data.long()
     if isinstance(data, str) or not isinstance(data, Sequence):
-        raise TypeError("tokens: an int tensor [n_seqs, T] or a list of strings")
+        raise UserError("tokens: an int tensor [n_seqs, T] or a list of strings")
     if model.tokenizer is None:
-        raise ValueError("this model has no tokenizer: pass token ids")
+        raise UserError("this model has no tokenizer: pass token ids")
     ids = [model.tokenizer(t, add_special_tokens=False)["input_ids"] for t in data]
     T = min(len(x) for x in ids)
     return torch.tensor([x[:T] for x in ids], dtype=torch.long)
@@ -63,12 +65,12 @@ def as_tokens(model: LoadedModel, data) -> Int[torch.Tensor, "batch pos"] | None
 def check_tokens(model: LoadedModel, tokens: torch.Tensor, what: str) -> None:
     n, T = tokens.shape
     if T < 3:
-        raise ValueError(f"{what}: sequences of {T} tokens; the fit needs T >= 3")
+        raise UserError(f"{what}: sequences of {T} tokens; the fit needs T >= 3")
     if model.spec.n_ctx and T > model.spec.n_ctx:
-        raise ValueError(f"{what}: T={T} exceeds {model.spec.name}'s context of "
+        raise UserError(f"{what}: T={T} exceeds {model.spec.name}'s context of "
                          f"{model.spec.n_ctx}")
     if n and (int(tokens.min()) < 0 or int(tokens.max()) >= model.bridge.cfg.d_vocab):
-        raise ValueError(f"{what}: token ids outside the vocabulary [0, "
+        raise UserError(f"{what}: token ids outside the vocabulary [0, "
                          f"{model.bridge.cfg.d_vocab})")
 
 
@@ -78,10 +80,10 @@ def choose_scores_path(model: LoadedModel, scores: ScoresPath) -> bool:
     precision the hooked scores are rounded to 8 bits of mantissa, so q·kᵀ is formed in
     float32 from the post-rotary q/k instead."""
     if scores not in ("auto", "hook", "qk"):
-        raise ValueError(f"scores={scores!r}: choose auto, hook or qk")
+        raise UserError(f"scores={scores!r}: choose auto, hook or qk")
     has_hook = scores_hook_name(0) in model.bridge.hook_dict
     if scores == "hook" and not has_hook:
-        raise ValueError("this bridge has no hook_attn_scores; use scores='qk'")
+        raise UserError("this bridge has no hook_attn_scores; use scores='qk'")
     full_precision = model.dtype == torch.float32
     return scores == "hook" or (scores == "auto" and has_hook and full_precision)
 
@@ -152,14 +154,14 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *,
     cen_ids = as_tokens(model, centering_tokens)
     check_tokens(model, ev_ids, "evaluation tokens")
     if len(ev_ids) < 2:
-        raise ValueError("need at least 2 evaluation sequences")
+        raise UserError("need at least 2 evaluation sequences")
     T = ev_ids.shape[1]
     if cen_ids is not None and len(cen_ids) == 0:
         cen_ids = None
     if cen_ids is not None:
         check_tokens(model, cen_ids, "centering tokens")
         if cen_ids.shape[1] != T:
-            raise ValueError(f"centering sequences have T={cen_ids.shape[1]}, evaluation "
+            raise UserError(f"centering sequences have T={cen_ids.shape[1]}, evaluation "
                              f"sequences T={T}")
     spec, dev = model.spec, model.device
     L, H, Hkv, d = spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head
@@ -177,7 +179,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *,
             batch_size, "centering pass", progress)
         centering = mom.result()
     if whiten and centering is None:
-        raise ValueError("whitening needs centering sequences")
+        raise UserError("whitening needs centering sequences")
     wanted = {i: int(seq_id[i]) for i in logits_for if i < len(ev_ids)}
     pairs = model.rotary_pairs
 
@@ -225,8 +227,6 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *,
                       n_centering=centering.n, n_centering_half=centering.n_half)
     notes = []
     if spec.pe == "learned-absolute":
-        from poskernel_tl.pe_kernel import head_projected_pe_kernel
-
         if getattr(model.bridge, "compatibility_mode", False):
             # compatibility mode folds ln_1 into separate q/k modules and leaves the HF
             # c_attn weights that S_PE reads stale: skip it rather than report a wrong one
@@ -258,9 +258,7 @@ def versions() -> dict:
     import transformer_lens
     import transformers
 
-    import poskernel_tl
-
-    return {"poskernel_tl": poskernel_tl.__version__, "torch": torch.__version__,
+    return {"poskernel_tl": C.VERSION, "torch": torch.__version__,
             "transformers": transformers.__version__,
             "transformer_lens": getattr(transformer_lens, "__version__", "unknown")}
 

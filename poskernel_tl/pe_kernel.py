@@ -28,8 +28,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.errors import UserError
 
-class NoPositionTableError(ValueError):
+
+class NoPositionTableError(UserError):
     """The model has no learned absolute position table (e.g. a rotary or NoPE model)."""
 
 
@@ -39,7 +41,7 @@ def positional_gram(
     """Seed 000's G_k = mean_i P(i+k) P(i)ᵀ over i = 0..n−1−k (row index = P(i+k) feature)."""
     n = P.shape[0]
     if not 0 <= k < n:
-        raise ValueError(f"lag k={k} must lie in [0, {n - 1}] for {n} positions")
+        raise UserError(f"lag k={k} must lie in [0, {n - 1}] for {n} positions")
     return P[k:].T @ P[: n - k] / (n - k)
 
 
@@ -105,7 +107,7 @@ def head_projected_pe_kernel(hf_model, T: int, include_bias: bool = False) -> np
     body, wpe = _blocks(hf_model)
     cfg = hf_model.config
     if T < 2 or T > wpe.weight.shape[0]:
-        raise ValueError(f"T={T} must lie in [2, {wpe.weight.shape[0]}] (the position table)")
+        raise UserError(f"T={T} must lie in [2, {wpe.weight.shape[0]}] (the position table)")
     n_heads = cfg.n_head
     P = wpe.weight.detach()[:T].double().cpu()
     counts = torch.arange(T - 1, 0, -1, dtype=torch.float64)  # T−Δ pairs for Δ = 1..T−1

@@ -11,6 +11,8 @@ from typing import Literal
 
 import numpy as np
 
+from poskernel_tl.errors import UnknownNameError, UserError
+
 PEScheme = Literal["rope", "learned-absolute", "none"]
 NormType = Literal["layernorm", "rmsnorm"]
 LoaderKind = Literal["hub", "hub-nope", "gguf"]
@@ -19,7 +21,7 @@ EMBEDDED_DEFAULT = "smollm2-135m"
 HF_PREFIX = "hf:"
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(UnknownNameError):
     """Raised for a model name that is neither registered nor an ``hf:`` id."""
 
 
@@ -53,6 +55,15 @@ class ModelSpec:
     def group_size(self) -> int:
         """Query heads per key/value head (1 without grouped-query attention)."""
         return self.n_heads // self.n_kv_heads
+
+    def check_length(self, length: int, what: str = "--length") -> None:
+        """A UserError naming ``what`` unless 3 ≤ length ≤ the model's context (an
+        unknown context, 0, is not checked)."""
+        if length < 3:
+            raise UserError(f"{what} {length}: the fit needs at least 3 tokens")
+        if self.n_ctx and length > self.n_ctx:
+            raise UserError(f"{what} {length} exceeds {self.name}'s context of "
+                            f"{self.n_ctx} tokens")
 
     def kv_head(self, head: int) -> int:
         """The key/value head that query head ``head`` reads: kv(h) = h // (H / H_kv)."""

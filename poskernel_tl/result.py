@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float, Int
 
 from poskernel_tl import constants as C
+from poskernel_tl.errors import ResultFileError
 from poskernel_tl.io import save_csv, save_json, save_npz, save_torch
 from poskernel_tl.registry import ModelSpec
 
@@ -27,10 +28,6 @@ HEAD_ARRAYS_A = {  # attribute -> Track A CSV column, one value per (layer, head
     "r2_pooled_interior_keys": "R2_pooled_interior_keys",
 }
 HEAD_ARRAYS_B = {"r2_gram_raw": "R2_gram_raw", "r2_gram_half": "R2_gram_half"}
-
-
-class ResultFileError(ValueError):
-    """A saved condition is missing, corrupt or inconsistent (names the file)."""
 
 
 @dataclass
@@ -240,6 +237,15 @@ class ConditionResult:
             except (ValueError, KeyError) as err:
                 raise ResultFileError(f"{cfg}: unreadable ({err})") from err
         return found
+
+    @staticmethod
+    def saved_spec(out: str | Path, model: str, dataset: str, length: int) -> ModelSpec:
+        """The model spec of a saved condition, read from its ``cfg.json`` alone."""
+        path = C.result_path(out, model, dataset, length, C.CFG)
+        try:
+            return ModelSpec.from_dict(json.loads(path.read_text())["spec"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ResultFileError(f"{path}: unreadable ({err})") from err
 
     @classmethod
     def load(cls, out: str | Path, model: str | None = None, dataset: str | None = None,

@@ -12,12 +12,11 @@ import pandas as pd
 import torch
 
 from poskernel_tl import constants as C
+from poskernel_tl.errors import ResultFileError
 from poskernel_tl.registry import ModelSpec
 
 
 def _err(path: Path, problem: str):
-    from poskernel_tl.result import ResultFileError
-
     return ResultFileError(f"{path}: {problem}")
 
 

@@ -13,12 +13,13 @@ e.g. stdlib modules a–m, in the centering set and the end in the evaluation se
 
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from poskernel_tl import constants
+from poskernel_tl import constants, protocol
 from poskernel_tl.datasets import (
     HUB_DATASETS,
     DataError,
@@ -157,9 +158,9 @@ def collect_windows(tokenizer, dataset: str, length: int, seed: int = 0, *,
 
 def _split_labels(n_seqs: int, random_tokens: bool) -> list[str]:
     if random_tokens:
-        return [constants.SPLIT_EVAL] * n_seqs
+        return [protocol.SPLIT_EVAL] * n_seqs
     half = n_seqs // 2
-    return [constants.SPLIT_CENTERING] * half + [constants.SPLIT_EVAL] * half
+    return [protocol.SPLIT_CENTERING] * half + [protocol.SPLIT_EVAL] * half
 
 
 # ------------------------------------------------------------------------ builder
@@ -320,10 +321,17 @@ def ensure_sequences(out_dir: Path, tokenizer, dataset: str, length: int, n_seqs
 
 def eval_mask(seqs: dict) -> torch.Tensor:
     """BoolTensor [N]: True for evaluation rows."""
-    return torch.tensor([s == constants.SPLIT_EVAL for s in seqs["split"]], dtype=torch.bool)
+    return torch.tensor([s == protocol.SPLIT_EVAL for s in seqs["split"]], dtype=torch.bool)
 
 
 def centering_mask(seqs: dict) -> torch.Tensor:
     """BoolTensor [N]: True for centering rows (none for random tokens)."""
-    return torch.tensor([s == constants.SPLIT_CENTERING for s in seqs["split"]],
+    return torch.tensor([s == protocol.SPLIT_CENTERING for s in seqs["split"]],
                         dtype=torch.bool)
+
+
+def token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
+    """One string per token id (each decoded on its own), or the ids as text."""
+    if tokenizer is None:
+        return [str(int(i)) for i in ids]
+    return [tokenizer.decode([int(i)], clean_up_tokenization_spaces=False) for i in ids]

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.errors import UserError
+
 
 def skew_lower(
     scores: Float[Tensor, "*batch query_pos key_pos"],
@@ -94,7 +96,7 @@ def shift_invariance_r2(
     """
     T = scores.shape[-1]
     if scores.shape[-2] != T or T < 3:
-        raise ValueError(f"need square score matrices with T >= 3, got {tuple(scores.shape)}")
+        raise UserError(f"need square score matrices with T >= 3, got {tuple(scores.shape)}")
     s1, sq = lag_sums(scores)
     return r2_from_sums(s1, sq, lag_counts(T, device=scores.device))
 

@@ -9,6 +9,7 @@ from tiny_models import load_for_grid
 from poskernel_tl import constants as C
 from poskernel_tl import executor, grid
 from poskernel_tl.cli import main
+from poskernel_tl.config import GridConfig
 from poskernel_tl.manifest import Manifest
 
 TESTS = Path(__file__).parent
@@ -28,7 +29,7 @@ def jobs_can_import_tests(monkeypatch):
 
 def test_local_executor_runs_two_conditions_as_jobs_and_merges_them(tmp_path,
                                                                     jobs_can_import_tests):
-    opts = grid.GridOptions(out=str(tmp_path / "sub"), batch_size=2, progress=False)
+    opts = GridConfig(out=str(tmp_path / "sub"), batch_size=2, progress=False)
     table = executor.submit_grid(CONDS, opts, cluster="local", load=load_for_grid,
                                  poll_s=0.5)
     assert sorted(table["condition"]) == sorted(c.name for c in CONDS)
@@ -40,7 +41,7 @@ def test_local_executor_runs_two_conditions_as_jobs_and_merges_them(tmp_path,
     for c in CONDS:  # each model ran in its own job folder, with its own log
         assert (tmp_path / "sub" / executor.JOBS_DIR / c.model / grid.LOG).exists()
     # the same bytes as the grid run in this process
-    here = grid.GridOptions(out=str(tmp_path / "here"), batch_size=2, progress=False)
+    here = GridConfig(out=str(tmp_path / "here"), batch_size=2, progress=False)
     grid.run_grid(CONDS, here, load=load_for_grid)
     assert _csvs(tmp_path / "sub") == _csvs(tmp_path / "here") != {}
     # a resubmission resumes: every condition is already complete in its job folder
@@ -54,7 +55,7 @@ def _failing_load(name):
 
 
 def test_a_failed_job_is_reported_with_its_log(tmp_path, jobs_can_import_tests):
-    opts = grid.GridOptions(out=str(tmp_path), batch_size=2, progress=False)
+    opts = GridConfig(out=str(tmp_path), batch_size=2, progress=False)
     with pytest.raises(executor.GridJobError, match="tiny-llama.*no weights.*log: "):
         executor.submit_grid(CONDS[:1], opts, cluster="local", load=_failing_load,
                              poll_s=0.5)

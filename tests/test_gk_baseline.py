@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 from tiny_models import SPECS, tiny_hf_model, tiny_loaded
 
 from poskernel_tl.analyses import gk_baseline as G
+from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.loading import LoadedModel, boot_bridge, describe
 from poskernel_tl.pe_kernel import head_projected_pe_kernel
 
@@ -144,7 +145,7 @@ def test_planted_heads_r2_after_subtraction(planted_result):
 
 
 def test_analyze_table_and_figure(planted, tokens):
-    table = G.analyze(planted, tokens, None, batch_size=3, progress=False)
+    table = G.SPEC.run(AnalysisInputs(planted, None, tokens, batch_size=3, progress=False))
     assert len(table) == 2 * 4
     assert {"layer", "head", "R2_scores", "R2_minus_gk", "R2_minus_pos_pos",
             "share_pos_pos", "cov_share_semantic", "split_max_abs_err"} <= set(table.columns)
@@ -161,7 +162,7 @@ def test_analyze_table_and_figure(planted, tokens):
 def test_rotary_and_nope_models_raise(tiny_tokenizer, arch, tokens):
     model = tiny_loaded(arch, tiny_tokenizer)
     with pytest.raises(ValueError, match="no additive position table"):
-        G.analyze(model, tokens, None, progress=False)
+        G.SPEC.run(AnalysisInputs(model, None, tokens, progress=False))
     with pytest.raises(G.NoPositionTableError):
         G.block_parts(model, 0)
 

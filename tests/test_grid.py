@@ -14,6 +14,7 @@ from tiny_models import tiny_loaded
 from poskernel_tl import constants as C
 from poskernel_tl import grid
 from poskernel_tl.cli import main
+from poskernel_tl.config import GridConfig
 from poskernel_tl.manifest import FolderLock, Manifest
 
 TESTS = Path(__file__).parent
@@ -24,7 +25,7 @@ CONDS = [grid.Condition("tiny-llama", "random", 32, 6),
 
 def _run(out, conds=CONDS, tokenizer=None, **kw):
     model = tiny_loaded("llama", tokenizer)
-    opts = grid.GridOptions(out=str(out), batch_size=2, progress=False, **kw)
+    opts = GridConfig(out=str(out), batch_size=2, progress=False, **kw)
     return grid.run_grid(conds, opts, load=lambda name: model)
 
 
@@ -125,9 +126,10 @@ SCRIPT = textwrap.dedent("""
     from conftest import make_tiny_tokenizer
     from tiny_models import tiny_loaded
     from poskernel_tl import grid
+    from poskernel_tl.config import GridConfig
     conds = [grid.Condition("tiny-llama", "random", t, 20) for t in (48, 64, 96)]
     model = tiny_loaded("llama", make_tiny_tokenizer(sys.argv[2]))
-    grid.run_grid(conds, grid.GridOptions(out=sys.argv[1], batch_size=1, progress=False),
+    grid.run_grid(conds, GridConfig(out=sys.argv[1], batch_size=1, progress=False),
                   load=lambda name: model)
 """)
 

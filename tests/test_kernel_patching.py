@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import poskernel_tl as pk
 from poskernel_tl.analyses import kernel_patching as kp
+from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.loading import LoadedModel, boot_bridge, describe
 from poskernel_tl.registry import ModelSpec
 
@@ -147,8 +148,9 @@ def test_expand_and_repeat_paths_agree(tiny_tokenizer):
 
 def test_table_figure_and_cli_contract(exact):
     model, ids, result = exact
-    assert kp.NAME == "kernel-patching" and kp.NEEDS_RESULT
-    table = kp.analyze(model, ids, None, result=result, progress=False)
+    assert kp.SPEC.name == "kernel-patching" and kp.SPEC.needs_result
+    table = kp.SPEC.run(AnalysisInputs(model, result, ids, progress=False),
+                        kp.KernelPatchingOptions(max_seqs=16))
     assert len(table) == 2 * 4
     for col in ("layer", "head", "dloss_patched", "dloss_ablated", "dloss_ratio",
                 "dloss_patched_sink", "dloss_ratio_sink", "dloss_ratio_sink_lo",

@@ -9,6 +9,7 @@ from tiny_models import tiny_loaded
 
 import poskernel_tl as pk
 from poskernel_tl.analyses import mean_field as mf
+from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.hooks import capture_qk
 from poskernel_tl.reducers import LayerBatch
 
@@ -139,8 +140,8 @@ def test_gqa_mapping_matches_a_loop():
 
 def test_table_figure_contract_and_uncentered(condition):
     model, ev, cen, result = condition
-    assert mf.NAME == "mean-field" and mf.NEEDS_RESULT
-    table = mf.analyze(model, ev, cen, result=result, progress=False)
+    assert mf.SPEC.name == "mean-field" and mf.SPEC.needs_result
+    table = mf.SPEC.run(AnalysisInputs(model, result, ev, cen, progress=False))
     assert len(table) == result.n_layers * result.n_heads
     for col in ("layer", "head", "R2_meanfield", "share_meanfield", "share_cross",
                 "share_centered"):

@@ -7,6 +7,7 @@ from matplotlib.figure import Figure
 from tiny_models import tiny_loaded
 
 from poskernel_tl.analyses import sequence_pca as S
+from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.reducers import LayerBatch
 
 THETAS = (0.9, 0.45, 0.2)  # rad/token, planted
@@ -99,7 +100,7 @@ def test_mlp_probe_is_seeded():
 
 
 def test_analyze_on_a_tiny_rotary_model(llama, tokens):
-    table = S.analyze(llama, tokens[6:], tokens[:6], progress=False)
+    table = S.SPEC.run(AnalysisInputs(llama, None, tokens[6:], tokens[:6], progress=False))
     assert len(table) == (2 + 1) * 2  # residual layers 0..n_layers, two probes
     assert set(table.probe) == set(S.PROBES)
     assert {"layer", "probe", "mae_tokens", "mae_chance", "resid_ev_1", "q_freq_1"} \
@@ -110,7 +111,7 @@ def test_analyze_on_a_tiny_rotary_model(llama, tokens):
     fig = S.plot_probe_mae(table)
     assert isinstance(fig, Figure) and len(fig.axes[0].lines) == 3
     # no centering sequences: the first half of the evaluation sequences trains
-    assert len(S.analyze(llama, tokens[:4], None, progress=False)) == 6
+    assert len(S.SPEC.run(AnalysisInputs(llama, None, tokens[:4], progress=False))) == 6
 
 
 def test_qk_sequence_pca_and_figure(llama, tokens):

@@ -2,10 +2,8 @@
 
 :func:`add_inspect_parser` adds the subcommand to the CLI; :func:`cmd_inspect` checks the
 arguments before the model loads (:func:`check_inspect_args`), picks the text (``--text``,
-``--file`` or a :func:`dataset_window`), runs :func:`poskernel_tl.inspect.inspect_head`
-and saves the view. All names are also importable from :mod:`poskernel_tl.inspect`,
-which imports this module; so the names of :mod:`poskernel_tl.inspect` used here are
-imported inside the functions that use them.
+``--file`` or a :func:`dataset_window`), runs
+:func:`poskernel_tl.head_view.inspect_head` and saves the view.
 """
 
 import argparse
@@ -15,11 +13,18 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from poskernel_tl.analyses.spectral_summary import alignment_line
+from poskernel_tl.constants import model_slug
+from poskernel_tl.datasets import DataError, check_dataset_name
+from poskernel_tl.errors import UserError
+from poskernel_tl.head_view import MIN_TOKENS, check_head, inspect_head
+from poskernel_tl.loading import load_model, resolve_device
+from poskernel_tl.registry import EMBEDDED_DEFAULT, resolve
+from poskernel_tl.sequences import build_sequences, collect_windows
+
 
 def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``poskernel inspect`` to the CLI's subparsers and return its parser."""
-    from poskernel_tl.registry import EMBEDDED_DEFAULT
-
     p = subparsers.add_parser(
         "inspect", help="one head on one text: a standalone HTML page",
         description="Inspect one attention head on one text: attention pattern "
@@ -50,52 +55,45 @@ def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def default_out(model: str, layer: int, head: int) -> Path:
-    from poskernel_tl.constants import model_slug
-
     return Path("artifacts") / "inspect" / f"{model_slug(model)}_L{layer}H{head}.html"
 
 
 def check_inspect_args(args) -> str | None:
     """Check everything that can be checked before the model loads; returns the text of
     ``--file`` (read now, so a bad file fails early) or ``--text``."""
-    from poskernel_tl.datasets import check_dataset_name
-    from poskernel_tl.inspect import MIN_TOKENS, check_head
-    from poskernel_tl.loading import resolve_device
-    from poskernel_tl.registry import resolve
-
     spec = resolve(args.model)
     if args.layer < 0 or args.head < 0:
-        raise ValueError(f"--layer and --head must be >= 0, got {args.layer}, {args.head}")
+        raise UserError(f"--layer and --head must be >= 0, got {args.layer}, {args.head}")
     if spec.n_layers:
         check_head(spec.name, spec.n_layers, spec.n_heads, args.layer, args.head)
     if args.index is not None and args.dataset is None:
-        raise ValueError("--index selects a window of --dataset; give --dataset too")
+        raise UserError("--index selects a window of --dataset; give --dataset too")
     if args.max_tokens is not None and args.max_tokens < MIN_TOKENS:
-        raise ValueError(f"--max-tokens must be >= {MIN_TOKENS}, got {args.max_tokens}")
+        raise UserError(f"--max-tokens must be >= {MIN_TOKENS}, got {args.max_tokens}")
     resolve_device(args.device)
     out = Path(args.out) if args.out else default_out(args.model, args.layer, args.head)
     if out.is_dir():
-        raise ValueError(f"--out {out} is a folder; give an .html file name")
+        raise UserError(f"--out {out} is a folder; give an .html file name")
     if args.dataset is not None:
         check_dataset_name(args.dataset)
         if args.index is not None and args.index < 0:
-            raise ValueError(f"--index must be >= 0, got {args.index}")
+            raise UserError(f"--index must be >= 0, got {args.index}")
         if args.length < MIN_TOKENS or (spec.n_ctx and args.length > spec.n_ctx):
             limit = f"..{spec.n_ctx}" if spec.n_ctx else " or more"
-            raise ValueError(f"--length {args.length}: choose {MIN_TOKENS}{limit} tokens")
+            raise UserError(f"--length {args.length}: choose {MIN_TOKENS}{limit} tokens")
         return None
     if args.file is not None:
         path = Path(args.file)
         if not path.is_file():
-            raise FileNotFoundError(f"--file {path}: no such file")
+            raise UserError(f"--file {path}: no such file")
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
-            raise ValueError(f"--file {path} is not UTF-8 text ({err})") from err
+            raise UserError(f"--file {path} is not UTF-8 text ({err})") from err
     else:
         text = args.text
     if not text.strip():
-        raise ValueError("the text is empty")
+        raise UserError("the text is empty")
     return text
 
 
@@ -103,9 +101,6 @@ def dataset_window(tokenizer, dataset: str, length: int, index: int = 0, seed: i
                    *, model_name: str = "model") -> tuple[Int[Tensor, " pos"], str]:
     """Window ``index`` (corpus order) of ``length`` tokens of ``dataset`` and a label.
     Random tokens: row ``index`` of the seeded random sequences."""
-    from poskernel_tl.datasets import DataError
-    from poskernel_tl.sequences import build_sequences, collect_windows
-
     if dataset == "random":
         n = 2 * (index // 2 + 1)
         seqs = build_sequences(tokenizer, "random", length, n, seed, model_name=model_name)
@@ -122,9 +117,6 @@ def dataset_window(tokenizer, dataset: str, length: int, index: int = 0, seed: i
 
 def cmd_inspect(args) -> int:
     """``poskernel inspect``: write one head's page and print its R²."""
-    from poskernel_tl.inspect import alignment_line, inspect_head
-    from poskernel_tl.loading import load_model
-
     text = check_inspect_args(args)  # before the model loads
     out = Path(args.out) if args.out else default_out(args.model, args.layer, args.head)
     model = load_model(args.model, device=args.device)

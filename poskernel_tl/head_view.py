@@ -8,9 +8,8 @@ shift-invariant fit g(Δ) with its R² and residual, and the spectrum of g(Δ) w
 spectral alignment against the rotary frequencies θᵢ. The result, a :class:`HeadView`,
 renders in Jupyter (``_repr_html_``) and saves as a standalone HTML page.
 
-The ``poskernel inspect`` subcommand (:func:`add_inspect_parser`, :func:`cmd_inspect`,
-defined in :mod:`poskernel_tl.inspect_cli` and importable from here) does the same from
-the command line.
+The ``poskernel inspect`` subcommand (:mod:`poskernel_tl.head_view_cli`) does the same
+from the command line.
 """
 
 import math
@@ -20,115 +19,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from poskernel_tl.analyses.spectral_summary import alignment_frames, alignment_line, kernel_spectrum
+from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
-from poskernel_tl.inspect_cli import (  # noqa: F401  (re-exported)
-    add_inspect_parser,
-    check_inspect_args,
-    cmd_inspect,
-    dataset_window,
-    default_out,
-)
+from poskernel_tl.io import sentence
 from poskernel_tl.loading import LoadedModel
+from poskernel_tl.report import (
+    HeadPageData,
+    assets_rel_for,
+    head_html,
+    write_assets,
+    write_head_page,
+)
+from poskernel_tl.sequences import token_strings
 from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
 MIN_TOKENS = 3
-
-
-# ----------------------------------------------------------------------- spectrum
-def _fallback_spectrum(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """|FFT|² of the mean-removed, Hann-tapered g(Δ), zero-padded to 4T."""
-    T = len(g) + 1
-    taper = np.sin(np.pi * np.arange(1, T) / T) ** 2
-    n_fft = 4 * T
-    power = np.abs(np.fft.rfft((g - g.mean()) * taper, n=n_fft)) ** 2
-    return 2 * np.pi * np.arange(n_fft // 2 + 1) / n_fft, power
-
-
-def kernel_spectrum(
-    g: Float[np.ndarray, " lag"],
-    thetas: Float[np.ndarray, " n_theta"] | None = None,
-    *,
-    usage: Float[np.ndarray, " n_theta"] | None = None,
-) -> tuple[Float[np.ndarray, " freq"], Float[np.ndarray, " freq"], dict | None, str]:
-    """``(omega, power, alignment, note)`` for one g(Δ), Δ = 1..T−1.
-
-    The power spectrum is the spectral analysis' own (``analyses.spectral.spectrum``,
-    squared: detrended, tapered, zero-padded to 4T); ``alignment`` is
-    ``spectral_alignment(g, thetas, usage=usage)`` for rotary models (``thetas`` given),
-    else None. When the spectral module cannot be used, a plain tapered FFT is shown,
-    alignment is None and ``note`` says why."""
-    g = np.asarray(g, dtype=np.float64)
-    T = len(g) + 1
-    note, alignment = "", None
-    try:
-        from poskernel_tl.analyses import spectral
-
-        mag = np.asarray(spectral.spectrum(g, T), dtype=np.float64)
-        omega = np.asarray(spectral.frequency_grid(T), dtype=np.float64)
-        if omega.shape != mag.shape:
-            raise ValueError("spectrum and frequency grid differ in length")
-        power = mag ** 2
-    except Exception as err:  # the spectral module is optional here
-        omega, power = _fallback_spectrum(g)
-        note = f"spectral analysis unavailable ({type(err).__name__}: {err}); plain FFT shown"
-        return omega, power, None, note
-    if thetas is not None and len(thetas):
-        try:
-            alignment = spectral.spectral_alignment(g, thetas, length=T, usage=usage)
-        except Exception as err:
-            note = f"spectral alignment failed ({type(err).__name__}: {err})"
-    return omega, power, alignment, note
-
-
-def _get(d: dict, key: str, default=float("nan")):
-    value = d.get(key, default)
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def alignment_frames(alignment: dict | None, label: str = "g(Δ)") -> dict[str, pd.DataFrame]:
-    """The spectral alignment of ``label`` as two small tables: a one-row summary and one
-    row per top peak of |ĝ(ω)| (empty dict when there is no alignment)."""
-    if not alignment:
-        return {}
-    summary = pd.DataFrame([{k: _get(alignment, k) for k in (
-        "n_peaks_found", "n_significant", "n_matched", "frac_matched", "chance", "p_value",
-        "aligned", "ref_peak_r")}])
-    peaks = np.asarray(alignment.get("peaks", []), dtype=np.float64)
-    rows = []
-    for i, w in enumerate(peaks):
-        row = {"rank": i + 1, "omega": w, "period (tokens)": 2 * np.pi / w if w > 0 else np.inf}
-        for key in ("peak_magnitude", "significant", "nearest_theta", "theta_index",
-                    "rel_error", "matched"):
-            values = alignment.get(key)
-            if values is not None and len(values) > i:
-                row[key] = np.asarray(values)[i].item()
-        rows.append(row)
-    out = {f"Spectral alignment with the rotary frequencies: {label}": summary}
-    if rows:
-        out[f"Top spectral peaks: {label}"] = pd.DataFrame(rows)
-    return out
-
-
-def alignment_line(alignment: dict | None, label: str = "") -> str:
-    """One sentence summarising a spectral alignment (for the CLI and page notes)."""
-    head = f"Spectral alignment{f' ({label})' if label else ''}: "
-    if not alignment:
-        return head + "not computed (no rotary frequencies)."
-    n, k = _get(alignment, "n_matched"), _get(alignment, "n_peaks", 5)
-    n_sig = _get(alignment, "n_significant", 0)
-    if not n_sig:
-        return head + (f"no significant peak ({n} of {k} top peaks near a θᵢ, chance "
-                       f"{_get(alignment, 'chance'):.2f}): not aligned.")
-    verdict = "aligned" if alignment.get("aligned") else "not aligned"
-    return head + (f"{n} of {k} top peaks match a θᵢ, {n_sig} significant (chance "
-                   f"{_get(alignment, 'chance'):.2f}, p = {_get(alignment, 'p_value'):.3g}): "
-                   f"{verdict}.")
 
 
 # ----------------------------------------------------------------------- the view
@@ -156,7 +67,7 @@ class HeadView:
     residual: Float[np.ndarray, "query_pos key_pos"]
     spectrum: tuple[Float[np.ndarray, " freq"], Float[np.ndarray, " freq"]]
     alignment: dict | None
-    thetas: Float[np.ndarray, " n_theta"] | None = None
+    thetas: Float[np.ndarray, " pair"] | None = None
     scores_from: str = "hook_attn_scores"
     pattern_from: str = "hook_pattern"
     notes: list[str] = field(default_factory=list)
@@ -175,8 +86,6 @@ class HeadView:
 
     def page_data(self):
         """This view as :class:`poskernel_tl.report.HeadPageData`."""
-        from poskernel_tl.report import HeadPageData
-
         notes = [f"Logits from {self.scores_from}; pattern from {self.pattern_from}. "
                  "g(Δ) (drawn as Track A) and its spectrum are this one sequence's fit; "
                  "Track B needs many sequences (pk.measure).", *self.notes]
@@ -191,8 +100,6 @@ class HeadView:
 
     def to_html(self, assets_rel: str | None = None) -> str:
         """The view as an HTML block; ``assets_rel=None`` inlines the circuitsvis bundle."""
-        from poskernel_tl.report import head_html
-
         return head_html(self.page_data(), assets_rel=assets_rel)
 
     def _repr_html_(self) -> str:
@@ -205,8 +112,6 @@ class HeadView:
         inside (≈ 1.3 MB more), to mail or open anywhere. ``inline=False``: the bundle
         is written once to ``assets/circuitsvis.js`` beside the page and loaded by the
         relative path ``assets/…`` (keep the folder together), for saving many views."""
-        from poskernel_tl.report import assets_rel_for, write_assets, write_head_page
-
         path = Path(path)
         assets_rel = None
         if not inline:
@@ -216,12 +121,6 @@ class HeadView:
 
 
 # ------------------------------------------------------------------ input checks
-def _sentence(text: str) -> str:
-    """``text`` with its first letter upper-cased and a final full stop."""
-    text = text.strip()
-    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".") if text else ""
-
-
 def _is_int(x) -> bool:
     return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
@@ -229,10 +128,10 @@ def _is_int(x) -> bool:
 def check_head(model_name: str, n_layers: int, n_heads: int, layer, head) -> None:
     """ValueError naming the valid range unless 0 ≤ layer < n_layers, 0 ≤ head < n_heads."""
     if not _is_int(layer) or not 0 <= layer < n_layers:
-        raise ValueError(f"layer {layer!r} is out of range: {model_name} has layers "
+        raise UserError(f"layer {layer!r} is out of range: {model_name} has layers "
                          f"0..{n_layers - 1}")
     if not _is_int(head) or not 0 <= head < n_heads:
-        raise ValueError(f"head {head!r} is out of range: {model_name} has heads "
+        raise UserError(f"head {head!r} is out of range: {model_name} has heads "
                          f"0..{n_heads - 1} per layer")
 
 
@@ -243,7 +142,7 @@ def token_ids(model: LoadedModel, text_or_tokens, max_tokens: int | None = None
     x = text_or_tokens
     if isinstance(x, str):
         if model.tokenizer is None:
-            raise ValueError("this model has no tokenizer: pass token ids instead of text")
+            raise UserError("this model has no tokenizer: pass token ids instead of text")
         ids = torch.tensor(model.tokenizer(x, add_special_tokens=False)["input_ids"],
                            dtype=torch.long)
     elif isinstance(x, Tensor | np.ndarray) or (isinstance(x, Sequence) and all(
@@ -253,35 +152,28 @@ def token_ids(model: LoadedModel, text_or_tokens, max_tokens: int | None = None
             ids = ids[0]
         if ids.ndim != 1 or (ids.numel() and ids.dtype.is_floating_point) or ids.dtype == \
                 torch.bool:
-            raise ValueError(f"token ids must be one sequence of integers (pos) or "
+            raise UserError(f"token ids must be one sequence of integers (pos) or "
                              f"(1, pos), got {ids.dtype} {tuple(ids.shape)}")
         ids = ids.long().cpu()
     else:
-        raise TypeError("text_or_tokens: a string, a list of token ids, or a 1-D / [1, pos] "
+        raise UserError("text_or_tokens: a string, a list of token ids, or a 1-D / [1, pos] "
                         f"integer tensor; got {type(x).__name__}")
     if max_tokens is not None:
         if not _is_int(max_tokens) or max_tokens < MIN_TOKENS:
-            raise ValueError(f"max_tokens must be an integer >= {MIN_TOKENS}, got "
+            raise UserError(f"max_tokens must be an integer >= {MIN_TOKENS}, got "
                              f"{max_tokens!r}")
         ids = ids[:max_tokens]
     T, name, n_ctx = len(ids), model.spec.name, model.spec.n_ctx
     if T < MIN_TOKENS:
-        raise ValueError(f"the text has {T} token(s); inspecting a head needs at least "
+        raise UserError(f"the text has {T} token(s); inspecting a head needs at least "
                          f"{MIN_TOKENS} (the fit uses the lags Δ = 1..T−1)")
     if n_ctx and T > n_ctx:
-        raise ValueError(f"the text has {T} tokens, more than {name}'s context of {n_ctx}; "
+        raise UserError(f"the text has {T} tokens, more than {name}'s context of {n_ctx}; "
                          f"pass a shorter text or max_tokens={n_ctx}")
     vocab = model.bridge.cfg.d_vocab
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        raise ValueError(f"token ids outside the vocabulary [0, {vocab})")
+        raise UserError(f"token ids outside the vocabulary [0, {vocab})")
     return ids
-
-
-def token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
-    """One string per token id (each decoded on its own), or the ids as text."""
-    if tokenizer is None:
-        return [str(int(i)) for i in ids]
-    return [tokenizer.decode([int(i)], clean_up_tokenization_spaces=False) for i in ids]
 
 
 # ------------------------------------------------------------------ the forward pass
@@ -380,7 +272,7 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     if usage is not None and len(usage) != len(thetas):
         usage = None
     omega, power, alignment, note = kernel_spectrum(g_np, thetas, usage=usage)
-    notes = [_sentence(model.weights_note)] if spec.loader == "gguf" else []
+    notes = [sentence(model.weights_note)] if spec.loader == "gguf" else []
     if note:
         notes.append(note)
     return HeadView(
@@ -392,5 +284,4 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes)
 
 
-__all__ = ["HeadView", "add_inspect_parser", "alignment_frames", "cmd_inspect",
-           "dataset_window", "inspect_head", "kernel_spectrum", "token_ids"]
+__all__ = ["HeadView", "check_head", "inspect_head", "token_ids"]

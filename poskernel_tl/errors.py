@@ -1,0 +1,40 @@
+"""Whose fault is it? :class:`UserError` and its subclasses are bad input: the command
+line prints their one-line message (which names the flag or file to change) and exits 2.
+Any other exception is a bug in poskernel_tl: the command line shows the traceback and
+asks for a report. Every user error derives from ``ValueError``, so code that caught
+``ValueError`` before keeps working."""
+
+
+class UserError(ValueError):
+    """Bad input: a flag, a name, a file or an argument the user can change."""
+
+
+class UnknownNameError(UserError, KeyError):
+    """A model, dataset, analysis or preset name that is not known."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ModelUnavailableError(UserError):
+    """The weights or a package needed to build the model are not on this machine."""
+
+
+class DataError(UserError):
+    """A dataset cannot be read or does not have enough text."""
+
+
+class ResultFileError(UserError):
+    """A saved condition is missing, corrupt or inconsistent (the message names the file)."""
+
+
+class NonFiniteError(UserError, FloatingPointError):
+    """A forward pass produced NaN/inf logits (e.g. half precision overflowing)."""
+
+
+class PlanError(UserError):
+    """A run that cannot fit in the memory or time it is given (names the flag to change)."""
+
+
+BUG_HINT = ("this is a bug in poskernel_tl, not a problem with your input: please report "
+            "it with the command you ran and the traceback above")

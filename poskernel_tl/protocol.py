@@ -1,0 +1,35 @@
+"""The pre-registered protocol's definitions (Experiment 1), in one place: every module
+that speaks of early layers, late layers, the spectral gate, the boundary rows or the
+evaluation splits reads them from here."""
+
+# layers 0–1 are "early" (expected R² > 0.80), layers 4+ "late" (expected < 0.50);
+# layers 2–3 are the moderate band in between
+EARLY_LAYERS = (0, 1)
+LATE_FROM = 4
+
+# Phase 5: spectral analysis proceeds only if the mean pooled Track A R² of the rotary
+# models' early-layer heads exceeds GATE_THRESHOLD; each head needs HEAD_THRESHOLD
+GATE_THRESHOLD = 0.60
+HEAD_THRESHOLD = 0.40
+FALSIFY_BELOW = 0.40  # R² below this at early layers falsifies claim (a)
+
+# the boundary-effect comparison (0-indexed query rows)
+EARLY_ROWS = (1, 21)  # query positions 1..20
+INTERIOR_FROM = 50  # query positions 50..T-1 (and keys 50.. for the interior block)
+
+# evaluation splits: first half of the sequences centers Track B, second half evaluates
+SPLIT_CENTERING = "centering"
+SPLIT_EVAL = "eval"
+N_SPLITS = 5  # random 80/20 subsets of the evaluation set (Step 3.5)
+SPLIT_FRACTION = 0.8
+VIS_EVAL_INDICES = tuple(range(0, 100, 11))  # eval indices 0, 11, ..., 99
+
+
+def early_layers(n_layers: int) -> list[int]:
+    """The early layers a model of ``n_layers`` has."""
+    return [layer for layer in EARLY_LAYERS if layer < n_layers]
+
+
+def late_layers(n_layers: int) -> list[int]:
+    """Layers 4+ (empty for a model of 4 layers or fewer)."""
+    return list(range(LATE_FROM, n_layers))
