@@ -2,26 +2,34 @@
 
 For each of ``n_perm`` seeded permutations π of the positions 0..T−1 (one π per draw,
 the same for every sequence), the queries and keys are permuted *together*,
-q' = q[:, π], k' = k[:, π], and the full product A' = scale · q'·k'ᵀ is formed (no causal
-mask: A'[t, s] = A[π(t), π(s)] reads logits on both sides of the diagonal). Every logit
-value q_i·k_j survives; only which offset t − s it sits at changes. The strictly lower
-triangle of A' is then fitted by a shift-invariant g(Δ) exactly as Track A fits the real
-logits, pooled over the sequences, from the same sufficient statistics
-(:func:`poskernel_tl.toeplitz.lower_lag_stats`). Row and column effects (a key that every
-query likes, such as an attention sink) stay row and column effects under π, so the null
-measures how much of the variance a Toeplitz fit captures by chance for this head's own
-logit values and structure, not for i.i.d. noise.
+q' = q[:, π], k' = k[:, π], giving the product A' = scale · q'·k'ᵀ (no causal mask:
+A'[t, s] = A[π(t), π(s)] reads logits on both sides of the diagonal). Every logit value
+q_i·k_j survives; only which offset t − s it sits at changes. The strictly lower triangle
+of A' is then fitted by a shift-invariant g(Δ) exactly as Track A fits the real logits,
+pooled over the sequences, from the same sufficient statistics (per-lag sums and the
+sum of squares). Row and column effects (a key that every query likes, such as an
+attention sink) stay row and column effects under π, so the null measures how much of
+the variance a Toeplitz fit captures by chance for this head's own logit values and
+structure, not for i.i.d. noise.
 
-To bound the cost (each draw is one extra q·kᵀ per sequence and head) only the first
-``max_seqs`` sequences of the pass enter. The unpermuted fit of those same sequences is
-kept as ``r2_same_seqs``, so a head's pooled R² can be compared with its null on exactly
-the data the null was drawn from.
+The sums come from q[π], k[π] directly by default (``source="lags"``): the strictly lower
+triangle of q'·k'ᵀ is that of a product of two position sequences, so the FFT
+cross-correlation and running key moment of :mod:`poskernel_tl.reducers.lag_sums` give
+its per-lag sums and sum of squares exactly (nothing there assumes causality; that A'
+reads both triangles of A only means no mask is involved). ``source="scores"`` forms the
+permuted product explicitly and sweeps it (the reference path).
+
+To bound the cost (each draw is one more pass over q/k, or one more q·kᵀ with
+``source="scores"``, per sequence and head) only the first ``max_seqs`` sequences of the
+pass enter. The unpermuted fit of those same sequences is kept as ``r2_same_seqs``, so a
+head's pooled R² can be compared with its null on exactly the data the null was drawn from.
 
 Reads the post-rotary ``hook_rot_q``/``hook_rot_k`` (``hook_q``/``hook_k`` without rotary)
 through :class:`~poskernel_tl.reducers.base.LayerBatch`; GQA keys are broadcast, not copied.
 """
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -29,6 +37,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
+from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
 from poskernel_tl.toeplitz import lag_counts, lower_lag_stats, lower_mean_from_qk, r2_from_sums
 
 
@@ -74,12 +83,16 @@ class PermNullReducer:
 
     def __init__(self, n_layers: int, n_heads: int, length: int, *, n_perm: int = 8,
                  max_seqs: int = 16, seed: int = 0, device: torch.device | str = "cpu",
-                 include_identity: bool = True):
+                 include_identity: bool = True,
+                 source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK):
+        if source not in ("lags", "scores"):
+            raise ValueError(f"source={source!r}: choose 'lags' or 'scores'")
         if n_perm < 1 or max_seqs < 1:
             raise ValueError(f"n_perm and max_seqs must be >= 1, got {n_perm}, {max_seqs}")
         if length < 3:
             raise ValueError(f"length must be >= 3, got {length}")
         T = length
+        self.source, self.chunk = source, chunk
         self.T, self.n_perm, self.max_seqs, self.seed = T, n_perm, max_seqs, seed
         self.n_layers, self.n_heads = n_layers, n_heads
         self.perms_cpu = joint_permutations(T, n_perm, seed)
@@ -105,7 +118,20 @@ class PermNullReducer:
             else:
                 idx = torch.as_tensor(keep, device=q.device)
                 q, k = q.index_select(0, idx), k.index_select(0, idx)
-        q, k = q.float(), k.float()
+        L = batch.layer
+        if self.source == "lags":
+            for p in range(len(self.perms)):
+                pi = self.perms[p]
+                s1, sq = lower_stats(q.index_select(1, pi), k.index_select(1, pi),
+                                     batch.scale, self.chunk)
+                self.s1[p, L] += s1.sum(0)
+                self.sq[p, L] += sq.sum(0)
+        else:
+            self._update_from_scores(q.float(), k.float(), batch)
+        self.n_seen[L] += len(keep)
+
+    def _update_from_scores(self, q: Tensor, k: Tensor, batch: LayerBatch) -> None:
+        """The reference path: form each permuted product and sweep its lower triangle."""
         b, T, h, _ = q.shape
         L = batch.layer
         work = batch.workspace.get("perm_null_work", (b, h, 2 * T, T), q, zero=True)
@@ -117,7 +143,6 @@ class PermNullReducer:
             (s1, sq), _ = lower_lag_stats(A, shift, [], work)
             self.s1[p, L] += s1.sum(0)
             self.sq[p, L] += sq.sum(0)
-        self.n_seen[L] += len(keep)
 
     def result(self) -> PermNull:
         n = self.n_seen

@@ -7,9 +7,15 @@ per-sequence R²_x and g_x(Δ); the pooled R² (all sequences' entries fitted by
 five random 80/20 subsets of the pooled fit; the fit restricted to query rows 1–20 vs
 50+ (boundary effect) and to the interior sub-matrix A[50:, 50:] (boundary keys left out
 too); and every fit again with the key column s = 0 (the attention sink) left out.
+
+Two sources of the same sums: ``source="lags"`` (default) forms them from q/k without the
+T×T logits (:mod:`poskernel_tl.reducers.lag_sums`: FFT cross-correlation, running key
+moment, the strip of keys s < 50) and never reads ``batch.scores``; ``source="scores"``
+sweeps the materialised logits ``batch.scores`` (``hook_attn_scores`` or q·kᵀ).
 """
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -18,6 +24,7 @@ from torch import Tensor
 
 from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, track_a_stats
 from poskernel_tl.toeplitz import (
     key_block_counts,
     lag_counts,
@@ -48,8 +55,12 @@ class NonFiniteError(FloatingPointError):
 
 class TrackAReducer:
     def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int,
-                 device: torch.device | str = "cpu", seed: int = 0):
+                 device: torch.device | str = "cpu", seed: int = 0,
+                 source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK):
+        if source not in ("lags", "scores"):
+            raise ValueError(f"source={source!r}: choose 'lags' or 'scores'")
         T = length
+        self.source, self.chunk = source, chunk
         f64 = dict(dtype=torch.float64, device=device)
         self.T, self.n_layers, self.n_heads, self.seed = T, n_layers, n_heads, seed
         self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
@@ -72,6 +83,37 @@ class TrackAReducer:
         bad = (~torch.isfinite(batch.q)).sum(dim=(1, 3)) + \
             bad_k.repeat_interleave(batch.group, dim=1)
         self.nonfinite[idx, L] += bad
+        if self.source == "lags":
+            self._update_from_lags(batch)
+        else:
+            self._update_from_scores(batch)
+        self.seen[idx] = True
+
+    def _update_from_lags(self, batch: LayerBatch) -> None:
+        """The sums from q/k directly (:func:`~poskernel_tl.reducers.lag_sums.track_a_stats`)."""
+        st = track_a_stats(batch.q, batch.k, batch.scale, self.chunk)
+        self._store(batch.layer, batch.index, (st.s1, st.sq), st.sink, st.early, st.middle,
+                    st.corner)
+
+    def _store(self, L: int, idx: Tensor, whole: tuple[Tensor, Tensor], col0: Tensor,
+               early: tuple[Tensor, Tensor], middle: tuple[Tensor, Tensor],
+               corner: tuple[Tensor, Tensor]) -> None:
+        """Keep one batch's sums: per sequence the whole triangle and the sink column
+        (``col0[..., Δ−1] = A[Δ, 0]``); summed over the batch, query rows [1, 21), rows
+        ≥ 50 (whole − rows [1, 21) − rows [21, 50)) and rows ≥ 50 with keys < 50."""
+        (s1, sq), (e1, esq), (m1, msq) = whole, early, middle
+        self.s1[idx, L], self.sq[idx, L] = s1, sq
+        self.sink[idx, L], self.sink_sq[idx, L] = col0, (col0 * col0).sum(-1)
+        self.early_s1[L] += e1.sum(0)
+        self.early_sq[L] += esq.sum(0)
+        self.late_s1[L] += (s1 - e1 - m1).sum(0)
+        self.late_sq[L] += (sq - esq - msq).sum(0)
+        self.rect_s1[L] += corner[0].sum(0)
+        self.rect_sq[L] += corner[1].sum(0)
+
+    def _update_from_scores(self, batch: LayerBatch) -> None:
+        """The sums from the materialised logits ``batch.scores`` (the reference path)."""
+        L, idx = batch.layer, batch.index
         # the whole lower triangle, plus query-row blocks [1, 21) and [21, 50); rows ≥ 50
         # are the rest (row 0 has no key before it)
         shift = lower_mean_from_qk(batch.q, batch.k, batch.scale)
@@ -81,20 +123,9 @@ class TrackAReducer:
         (s1, sq), [(e1, esq), (m1, msq), (r1, rsq)] = lower_lag_stats(
             A, shift, [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM)], work,
             key_block=(INTERIOR_FROM, INTERIOR_FROM))
-        l1, lsq = s1 - e1 - m1, sq - esq - msq
-        self.s1[idx, L] = s1
-        self.sq[idx, L] = sq
         # key s = 0 (the attention sink) for query rows t = 1..T-1, i.e. lag Δ = t
-        col0 = A[:, :, 1:, 0].double()
-        self.sink[idx, L] = col0
-        self.sink_sq[idx, L] = (col0 * col0).sum(-1)
-        self.early_s1[L] += e1.sum(0)
-        self.early_sq[L] += esq.sum(0)
-        self.late_s1[L] += l1.sum(0)
-        self.late_sq[L] += lsq.sum(0)
-        self.rect_s1[L] += r1.sum(0)
-        self.rect_sq[L] += rsq.sum(0)
-        self.seen[idx] = True
+        self._store(L, idx, (s1, sq), A[:, :, 1:, 0].double(), (e1, esq), (m1, msq),
+                    (r1, rsq))
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteError` naming the first bad (sequence, layer, head).

@@ -1,0 +1,234 @@
+"""Track A's sufficient statistics straight from q and k, without the T×T logits.
+
+With A[t, s] = scale·q_t·k_s (query head h reads key/value head h // (H / H_kv)), every
+Track A fit (:mod:`poskernel_tl.toeplitz`) needs, per block of the strictly lower
+triangle, the per-lag sums S1(Δ) and the total sum of squares. Both follow from q and k:
+
+1. Per-lag sums are a cross-correlation along positions, summed over d_head:
+   S1(Δ) = Σ_{t=Δ}^{T−1} A[t, t−Δ] = scale · IFFT_n( Σ_i Q_i · conj(K_i) )[Δ],
+   Q_i = FFT_n(q[:, i]), K_i = FFT_n(k[:, i]), zero-padded to n ≥ 2T − 1 so the circular
+   correlation never wraps (for t < Δ the index t − Δ mod n ≥ T lands on padding). The
+   sum over d_head is taken in the frequency domain: one inverse FFT per head.
+2. The sum of squares of the strictly lower triangle is a running key second moment:
+   Σ_{s<t} A[t, s]² = scale² · Σ_t q_tᵀ M_t q_t,  M_t = Σ_{s<t} k_s k_sᵀ (d × d).
+   In chunks [a, a + C) of positions: Σ_{t in chunk} q_tᵀ M_a q_t (M_a, the exclusive
+   prefix sum of the chunks' key Grams, carried across chunks) plus the chunk's own
+   C × C strictly lower triangle, formed explicitly.
+3. Every other block Track A fits touches only the first keys: the key column s = 0 (the
+   attention sink), query rows 1–20 and 21–49 (keys s < t < 50) and query rows ≥ 50 with
+   keys s < 50. All lie in the strip A[:, :50], formed explicitly (T × 50 per head); its
+   per-lag sums come from one sheared copy (entry (s, Δ) = A[s + Δ, s]), rows < 50 from
+   its 50 × 50 top.
+
+How the variants map (``TrackAReducer`` keeps exactly these sums): whole triangle = 1, 2;
+no-sink = whole − column 0; early rows = strip rows [1, 21); interior rows (≥ 50) =
+whole − rows [1, 21) − rows [21, 50); interior keys A[50:, 50:] = interior rows − (strip
+rows ≥ 50 = whole strip − strip rows < 50); per-sequence g = S1 / n(Δ); pooled fits and
+80/20 splits add sums over sequences. The permutation null fits the lower triangle of
+A' = q[π]·k[π]ᵀ (unmasked: A'[t, s] = A[π(t), π(s)] reads both triangles of A), which is
+again a product of two position sequences, so 1 and 2 apply to q[π], k[π] unchanged: no
+causality is assumed, and the null costs the same as the real fit.
+
+Cost per sequence and head O(T·d·(d + C + 50) + d·T·log T) and memory
+O(T·(d + C + 50) + (T / C)·d²) (with C = 64 ≈ d, O(T·d)), instead of O(T²·d) time and
+O(T²) memory. Everything is computed in float64 (q/k are cast once per function, in the
+layout it needs); GQA keys are broadcast by folding a kv head's query heads into the row
+dimension of each product (or by broadcasting in the frequency domain), never copied per
+query head.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM
+
+ACC = torch.float64
+DEFAULT_CHUNK = 64
+
+
+def _fft_size(n: int) -> int:
+    """The smallest 2^a·3^b ≥ n (fast sizes for every FFT backend)."""
+    best = 1 << max(0, (n - 1).bit_length())
+    p3 = 1
+    while p3 < best:
+        p2 = p3
+        while p2 < n:
+            p2 *= 2
+        best = min(best, p2)
+        p3 *= 3
+    return best
+
+
+def _as_acc(x: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """``x.permute(dims)`` as a contiguous float64 tensor, cast and transposed in one pass."""
+    out = torch.empty([x.shape[i] for i in dims], dtype=ACC, device=x.device)
+    return out.copy_(x.permute(*dims))
+
+
+def _padded_acc(x: Float[Tensor, "batch pos head_index d_head"], n: int
+                ) -> Float[Tensor, "batch head_index d_head fft_pos"]:
+    """x as float64 [b, head, d, n], positions last and zero-padded to n (one pass)."""
+    b, T, h, d = x.shape
+    out = torch.zeros(b, h, d, n, dtype=ACC, device=x.device)
+    out[..., :T] = x.permute(0, 2, 3, 1)
+    return out
+
+
+def lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
+             k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float
+             ) -> Float[Tensor, "batch head_index lag"]:
+    """S1(Δ) = Σ_{t ≥ Δ} scale·q_t·k_{t−Δ} for Δ = 1..T−1, by FFT cross-correlation
+    (identity 1 of the module docstring), in float64."""
+    b, T, H, d = q.shape
+    kv = k.shape[2]
+    n = _fft_size(2 * T - 1)
+    qf = torch.fft.rfft(_padded_acc(q, n))  # [b, H, d, f]
+    kf = torch.fft.rfft(_padded_acc(k, n))  # [b, kv, d, f]
+    f = qf.shape[-1]
+    spec = qf.view(b, kv, H // kv, d, f).mul_(kf.conj().unsqueeze(2)).sum(3)
+    corr = torch.fft.irfft(spec.reshape(b, H, f), n=n)  # [b, H, n]: lag m at column m
+    return corr[..., 1:T] * scale
+
+
+_MASKS: dict = {}
+
+
+def _strict_lower(C: int, device) -> Tensor:
+    """Float64 [C, C] with ones strictly below the diagonal (cached per size/device)."""
+    key = ("lower", C, str(device))
+    if key not in _MASKS:
+        _MASKS[key] = torch.ones(C, C, dtype=ACC, device=device).tril(-1)
+    return _MASKS[key]
+
+
+def lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
+                      k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+                      chunk: int = DEFAULT_CHUNK) -> Float[Tensor, "batch head_index"]:
+    """Σ_{s<t} (scale·q_t·k_s)² by the chunked running key moment (identity 2 of the
+    module docstring), in float64. Positions are zero-padded to a multiple of ``chunk``
+    (zero rows add nothing); a kv head's query heads share its chunk products."""
+    b, T, H, d = q.shape
+    kv = k.shape[2]
+    g = H // kv
+    C = max(1, min(chunk, T))
+    nc = -(-T // C)
+    if nc * C > T:
+        q = F.pad(q, (0, 0, 0, 0, 0, nc * C - T))
+        k = F.pad(k, (0, 0, 0, 0, 0, nc * C - T))
+    # [b, kv, chunk, group·C, d]: within a chunk, row j·C + i is query head j at offset i
+    qc = _as_acc(q.reshape(b, nc, C, kv, g, d), (0, 3, 1, 4, 2, 5)).view(b, kv, nc, g * C, d)
+    kc = _as_acc(k.reshape(b, nc, C, kv, d), (0, 3, 1, 2, 4))  # [b, kv, chunk, C, d]
+    inner = torch.matmul(qc, kc.transpose(-1, -2)).view(b, kv, nc, g, C, C)
+    diag = inner.mul_(_strict_lower(C, q.device)).square_().sum(dim=(2, 4, 5))  # [b, kv, g]
+    gram = torch.matmul(kc.transpose(-1, -2), kc)  # [b, kv, chunk, d, d]
+    prior = torch.zeros_like(gram)  # Σ of the keys before each chunk
+    torch.cumsum(gram[:, :, :-1], dim=2, out=prior[:, :, 1:])
+    off = torch.matmul(qc, prior).mul_(qc).view(b, kv, nc, g, C, d).sum(dim=(2, 4, 5))
+    return (diag + off).reshape(b, H) * (scale * scale)
+
+
+def key_strip(q: Float[Tensor, "batch pos head_index d_head"],
+              k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+              key_hi: int) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """The strip A[:, :key_hi] = scale·q·k[:key_hi]ᵀ in float64, every query row (entries
+    with s ≥ t included: callers skip them), GQA keys broadcast."""
+    b, T, H, d = q.shape
+    kv = k.shape[2]
+    qf = _as_acc(q.reshape(b, T, kv, H // kv, d), (0, 2, 3, 1, 4)).view(b, kv, H // kv * T, d)
+    kk = k[:, :key_hi].to(ACC).permute(0, 2, 3, 1) * scale  # [b, kv, d, key]
+    return torch.matmul(qf, kk).view(b, H, T, key_hi)
+
+
+def _skew_keys(strip: Float[Tensor, "batch head_index query_pos key_pos"]
+               ) -> Float[Tensor, "batch head_index key_pos lag"]:
+    """out[..., s, Δ−1] = A[s + Δ, s] (0 where s + Δ ≥ T), Δ = 1..T−1: the strictly lower
+    entries of the strip by key and lag. One zero-padded copy, then a strided view: row s
+    of the padded [key, T + K] buffer read from column s + 1."""
+    b, H, T, K = strip.shape
+    W = T + K
+    buf = strip.new_zeros(b, H, K, W)
+    buf[..., :T] = strip.transpose(-1, -2)
+    return buf.as_strided((b, H, K, T - 1), (H * K * W, K * W, W + 1, 1),
+                          buf.storage_offset() + 1)
+
+
+def strip_lag_stats(strip: Float[Tensor, "batch head_index query_pos key_pos"],
+                    row_blocks: list[tuple[int, int]]
+                    ) -> tuple[tuple[Float[Tensor, "batch head_index lag"],
+                                     Float[Tensor, "batch head_index"]],
+                               list[tuple[Float[Tensor, "batch head_index lag"],
+                                          Float[Tensor, "batch head_index"]]]]:
+    """Per-lag sums and Σ A² of the strictly lower entries (t > s) of the strip A[:, :K]:
+    all of them, and those with query row t in [lo, hi) for each of ``row_blocks``, which
+    must lie in rows < K (read from the K × K top of the strip, never the long part)."""
+    b, H, T, K = strip.shape
+    sk = _skew_keys(strip)
+    total = (sk.sum(-2), torch.linalg.vector_norm(sk, dim=(-2, -1)).square())
+    top = _skew_keys(strip[:, :, :K])  # [b, H, K, K−1]: rows t < K
+    rows = torch.arange(K, device=strip.device)[:, None] + \
+        torch.arange(1, K, device=strip.device)[None]  # t = s + Δ
+    blocks = []
+    for lo, hi in row_blocks:
+        if min(hi, T) > K:
+            raise ValueError(f"row block [{lo}, {hi}) reaches past the strip's {K} rows")
+        w = ((rows >= lo) & (rows < hi)).to(strip.dtype)
+        s1 = F.pad((top * w).sum(-2), (0, T - K))
+        blocks.append((s1, (top * top * w).sum((-2, -1))))
+    return total, blocks
+
+
+@dataclass
+class LowerStats:
+    """Per (sequence, head) sums Track A fits: S1(Δ) and Σ A² of the whole strictly lower
+    triangle, the sink column A[Δ, 0] (Δ = 1..T−1) and its Σ A², and (S1, Σ A²) of query
+    rows [1, 21) (``early``), rows [21, 50) (``middle``) and rows ≥ 50 with keys < 50
+    (``corner``). All float64."""
+
+    s1: Float[Tensor, "batch head_index lag"]
+    sq: Float[Tensor, "batch head_index"]
+    sink: Float[Tensor, "batch head_index lag"]
+    sink_sq: Float[Tensor, "batch head_index"]
+    early: tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
+    middle: tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
+    corner: tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
+
+
+def track_a_stats(q: Float[Tensor, "batch pos head_index d_head"],
+                  k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+                  chunk: int = DEFAULT_CHUNK) -> LowerStats:
+    """Every sum :class:`~poskernel_tl.reducers.track_a.TrackAReducer` keeps, from q/k
+    (identities 1–3 of the module docstring). Rows ≥ 50 with keys < 50 are the strip's
+    strictly lower entries less those of rows < 50 (query rows [1, 21) and [21, 50))."""
+    T = q.shape[1]
+    if T < 2:
+        raise ValueError(f"need at least 2 positions, got T={T}")
+    K = min(INTERIOR_FROM, T)
+    strip = key_strip(q, k, scale, K)
+    blocks = [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM)]
+    (c1, csq), [(e1, esq), (m1, msq)] = strip_lag_stats(
+        strip, [(lo, min(hi, K)) for lo, hi in blocks])
+    if T > INTERIOR_FROM:
+        corner = (c1 - e1 - m1, csq - esq - msq)
+    else:
+        corner = (torch.zeros_like(c1), torch.zeros_like(csq))
+    sink = strip[:, :, 1:, 0]
+    return LowerStats(s1=lag_sums(q, k, scale), sq=lower_sum_squares(q, k, scale, chunk),
+                      sink=sink, sink_sq=(sink * sink).sum(-1), early=(e1, esq),
+                      middle=(m1, msq), corner=corner)
+
+
+def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
+                k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+                chunk: int = DEFAULT_CHUNK) -> tuple[Float[Tensor, "batch head_index lag"],
+                                                     Float[Tensor, "batch head_index"]]:
+    """(S1(Δ), Σ A²) of the whole strictly lower triangle of scale·q·kᵀ (identities 1, 2);
+    for the permutation null, pass q[:, π], k[:, π]."""
+    return lag_sums(q, k, scale), lower_sum_squares(q, k, scale, chunk)
+
+
+__all__ = ["LowerStats", "key_strip", "lag_sums", "lower_stats", "lower_sum_squares",
+           "strip_lag_stats", "track_a_stats"]

@@ -1,0 +1,250 @@
+"""Track A from q/k without the T×T logits (``reducers/lag_sums.py``): the sums against
+naive numpy loops, and both reducers' lag path against their materialised-logits path."""
+
+import numpy as np
+import pytest
+import torch
+
+from poskernel_tl.reducers import LayerBatch, PermNullReducer, TrackAReducer
+from poskernel_tl.reducers.lag_sums import (
+    key_strip,
+    lag_sums,
+    lower_stats,
+    lower_sum_squares,
+    track_a_stats,
+)
+
+H, HKV, D = 6, 2, 5
+SCALE = 0.37
+R2_FIELDS = ("r2_per_seq", "r2_per_seq_nosink", "r2_pooled", "r2_pooled_nosink",
+             "r2_pooled_early", "r2_pooled_interior", "r2_pooled_interior_keys", "r2_split")
+STATE = {"s1": ("s1", "sink", "early_s1", "late_s1", "rect_s1"),
+         "sq": ("sq", "sink_sq", "early_sq", "late_sq", "rect_sq")}
+
+
+class NoScores(LayerBatch):
+    """A batch whose logits must not be read (the lag path never touches them)."""
+
+    @property
+    def scores(self):
+        raise AssertionError("the lag path read batch.scores")
+
+
+def draw(T, n=3, dtype=torch.float64, seed=0, offset=0.0, h=H, hkv=HKV, d=D):
+    """Random q/k with a shared positional component (fits far from the null) and,
+    with ``offset``, a common direction that gives every logit a large mean."""
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.randn(T, 1, d, generator=g, dtype=torch.float64)
+    u = torch.randn(1, 1, 1, d, generator=g, dtype=torch.float64)
+    q = torch.randn(n, T, h, d, generator=g, dtype=torch.float64) + 2 * pos + offset * u
+    k = torch.randn(n, T, hkv, d, generator=g, dtype=torch.float64) + 2 * pos + offset * u
+    return q.to(dtype), k.to(dtype)
+
+
+def full_logits(q, k):
+    """numpy [n, head, T, T] = SCALE·q·kᵀ over every (t, s), GQA by h // group."""
+    q, k = q.double().numpy(), k.double().numpy()
+    kk = np.repeat(k, q.shape[2] // k.shape[2], axis=2)
+    return np.einsum("nthd,nshd->nhts", q, kk) * SCALE
+
+
+def naive_lower(q, k):
+    """Per-lag sums and sum of squares of the strictly lower triangle, by loops over
+    (t, s) with one dot product each."""
+    qn, kn = q.double().numpy(), k.double().numpy()
+    n, T, h, _ = qn.shape
+    group = h // kn.shape[2]
+    s1, sq = np.zeros((n, h, T - 1)), np.zeros((n, h))
+    for x in range(n):
+        for head in range(h):
+            for t in range(T):
+                for s in range(t):
+                    a = SCALE * float(qn[x, t, head] @ kn[x, s, head // group])
+                    s1[x, head, t - s - 1] += a
+                    sq[x, head] += a * a
+    return s1, sq
+
+
+def feed(red, q, k, batch=2, hooked=None):
+    """Feed in batches. Lag path (``red.source == "lags"``): batches whose logits must not
+    be read. Otherwise, with ``hooked`` (a fill value) the logits come materialised in q's
+    dtype, masked above the diagonal with that fill, as from ``hook_attn_scores``; without,
+    the batch forms q·kᵀ itself."""
+    T = q.shape[1]
+    for start in range(0, len(q), batch):
+        idx = torch.arange(start, min(len(q), start + batch))
+        if red.source == "lags":
+            b = NoScores(0, q[idx], k[idx], idx, SCALE, rows=tuple(idx.tolist()))
+        elif hooked is None:
+            b = LayerBatch(0, q[idx], k[idx], idx, SCALE, rows=tuple(idx.tolist()))
+        else:
+            A = torch.as_tensor(full_logits(q[idx], k[idx]), dtype=q.dtype)
+            A = A.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(), hooked)
+            b = LayerBatch(0, q[idx], k[idx], idx, SCALE, rows=tuple(idx.tolist()),
+                           hooked_scores=A)
+        red.update(b)
+
+
+def assert_same_track_a(lags, ref, tol_sums, tol_r2):
+    """Every kept sum (relative to the whole triangle's magnitude) and every result field."""
+    for kind, names in STATE.items():
+        size = getattr(ref, kind).abs().max()
+        for name in names:
+            diff = (getattr(lags, name) - getattr(ref, name)).abs().max()
+            assert diff <= tol_sums * size, (name, float(diff / size))
+    a, b = lags.result(), ref.result()
+    for name in R2_FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert np.array_equal(np.isnan(x), np.isnan(y)), name
+        assert np.nanmax(np.abs(x - y), initial=0.0) <= tol_r2, name
+    gp, gr = a.g_pooled, b.g_pooled
+    assert np.allclose(gp, gr, rtol=0, atol=tol_sums * np.abs(gr).max())
+    assert np.allclose(a.g_per_seq, b.g_per_seq, rtol=0,
+                       atol=max(tol_sums, 1e-6) * np.abs(b.g_per_seq).max())
+
+
+# ------------------------------------------------------------------ the sums themselves
+@pytest.mark.parametrize("T, chunk", [(3, 64), (4, 3), (13, 4), (37, 8), (37, 1)])
+def test_sums_match_naive_loops(T, chunk):
+    q, k = draw(T, n=2)
+    s1, sq = naive_lower(q, k)
+    assert np.abs(lag_sums(q, k, SCALE).numpy() - s1).max() <= 1e-12 * np.abs(s1).max()
+    got = lower_sum_squares(q, k, SCALE, chunk).numpy()
+    assert np.abs(got - sq).max() <= 1e-12 * sq.max()
+    A = full_logits(q, k)
+    K = min(50, T)
+    assert np.abs(key_strip(q, k, SCALE, K).numpy() - A[..., :K]).max() <= 1e-12 * np.abs(A).max()
+
+
+@pytest.mark.parametrize("T", [3, 4, 21, 49, 50, 64])
+def test_block_sums_match_naive_loops(T):
+    """Sink column, rows [1, 21), rows [21, 50) and rows ≥ 50 with keys < 50."""
+    q, k = draw(T, n=2, seed=1)
+    st = track_a_stats(q, k, SCALE, chunk=16)
+    A = full_logits(q, k)
+    n, h = A.shape[:2]
+    want = {name: (np.zeros((n, h, T - 1)), np.zeros((n, h)))
+            for name in ("early", "middle", "corner")}
+    for t in range(1, T):
+        for s in range(t):
+            name = "early" if t < 21 else "middle" if t < 50 else "corner" if s < 50 else None
+            if name:
+                want[name][0][..., t - s - 1] += A[:, :, t, s]
+                want[name][1][...] += A[:, :, t, s] ** 2
+    for name, (w1, wsq) in want.items():
+        got1, gotsq = getattr(st, name)
+        assert np.abs(got1.numpy() - w1).max() <= 1e-12 * np.abs(A).max() * T, name
+        assert np.abs(gotsq.numpy() - wsq).max() <= 1e-12 * (A ** 2).sum(), name
+    assert np.abs(st.sink.numpy() - A[:, :, 1:, 0]).max() <= 1e-12 * np.abs(A).max()
+
+
+def test_permuted_sums_read_both_triangles():
+    """lower_stats(q[π], k[π]) = per-lag sums and Σ A² of A'[t, s] = A[π(t), π(s)], s < t,
+    read off the full (unmasked) product of the original q/k."""
+    T = 23
+    q, k = draw(T, n=2, seed=2)
+    A = full_logits(q, k)
+    pi = torch.randperm(T, generator=torch.Generator().manual_seed(5))
+    s1, sq = lower_stats(q[:, pi], k[:, pi], SCALE, chunk=4)
+    p = pi.numpy()
+    want1 = np.zeros(s1.shape)
+    for t in range(T):
+        for s in range(t):
+            want1[..., t - s - 1] += A[:, :, p[t], p[s]]
+    Ap = A[:, :, p][:, :, :, p]
+    wantsq = (np.tril(Ap, -1) ** 2).sum((-2, -1))
+    assert np.abs(s1.numpy() - want1).max() <= 1e-12 * np.abs(A).max() * T
+    assert np.abs(sq.numpy() - wantsq).max() <= 1e-12 * wantsq.max()
+
+
+# ------------------------------------------------------- Track A: lags vs materialised
+@pytest.mark.parametrize("T", [3, 4, 20, 49, 50, 51, 77])
+@pytest.mark.parametrize("fill", [float("-inf"), 7.0])
+def test_track_a_lags_equal_materialised_float64(T, fill):
+    """Same sums and fits as sweeping float64 logits (GQA 6/2, T not a multiple of the
+    chunk; below T = 50 the interior variants are NaN on both paths)."""
+    q, k = draw(T, n=5, seed=T)
+    lags = TrackAReducer(5, 1, H, T, seed=3, chunk=16)
+    feed(lags, q, k)
+    ref = TrackAReducer(5, 1, H, T, seed=3, source="scores")
+    feed(ref, q, k, hooked=fill)
+    assert_same_track_a(lags, ref, 1e-9, 1e-9)
+    if T < 50:
+        assert np.isnan(lags.result().r2_pooled_interior).all()
+
+
+@pytest.mark.parametrize("offset", [0.0, 6.0])
+def test_track_a_lags_equal_materialised_float32(offset):
+    """float32 q/k: the lag path (float64 inside) against q·kᵀ formed in float32, also
+    with a large common logit mean that makes sums of squares cancel."""
+    T = 130
+    q, k = draw(T, n=4, dtype=torch.float32, seed=7, offset=offset, d=16)
+    lags = TrackAReducer(4, 1, H, T, seed=1)
+    feed(lags, q, k)
+    ref = TrackAReducer(4, 1, H, T, seed=1, source="scores")
+    feed(ref, q, k)
+    assert_same_track_a(lags, ref, 1e-5, 1e-5)
+
+
+def rope_rotate(x, theta):
+    """HF-style rotary (dimension i paired with i + d/2) at positions 0..T−1."""
+    T, d = x.shape[1], x.shape[-1]
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * theta[None]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None]
+    return x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+
+
+def test_planted_rope_head_has_r2_one_on_every_variant():
+    """q_t = R(t)a, k_s = R(s)b with the same a, b in every sequence: A depends on t − s
+    only and is the same in every sequence, so every fit, pooled ones included, is exact."""
+    T, n, d = 70, 4, 8
+    g = torch.Generator().manual_seed(11)
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    a = torch.randn(1, 1, H, d, generator=g, dtype=torch.float64).expand(n, T, H, d)
+    b = torch.randn(1, 1, HKV, d, generator=g, dtype=torch.float64).expand(n, T, HKV, d)
+    q, k = rope_rotate(a, theta), rope_rotate(b, theta)
+    red = TrackAReducer(n, 1, H, T, chunk=16)
+    feed(red, q, k)
+    res = red.result()
+    for name in R2_FIELDS:
+        assert np.abs(getattr(res, name) - 1).max() < 1e-9, name
+
+
+def test_source_is_checked():
+    """A ValueError (a TypeError first where jaxtyping checks the Literal at call time)."""
+    with pytest.raises((ValueError, TypeError), match="source"):
+        TrackAReducer(2, 1, H, 8, source="hook")
+    with pytest.raises((ValueError, TypeError), match="source"):
+        PermNullReducer(1, H, 8, source="qk")
+
+
+# ----------------------------------------------------------------- permutation null
+def test_perm_null_lags_equal_materialised():
+    """float32 q/k, the first 3 of 5 sequences (a batch split by max_seqs), GQA."""
+    T = 40
+    q, k = draw(T, n=5, dtype=torch.float32, seed=4, d=16)
+    kw = dict(n_perm=3, max_seqs=3, seed=2)
+    lags, ref = PermNullReducer(1, H, T, **kw), PermNullReducer(1, H, T, **kw, source="scores")
+    feed(lags, q, k)
+    feed(ref, q, k)
+    a, b = lags.result(), ref.result()
+    assert a.n_seqs == b.n_seqs == 3
+    assert np.abs(a.r2_null - b.r2_null).max() < 1e-5
+    assert np.abs(a.r2_same_seqs - b.r2_same_seqs).max() < 1e-5
+
+
+def test_perm_null_lags_match_permuted_full_product():
+    """float64: each draw's kept sums equal those of A[π(t), π(s)] read from the full
+    product of the original q/k."""
+    T = 17
+    q, k = draw(T, n=3, seed=9)
+    red = PermNullReducer(1, H, T, n_perm=2, max_seqs=8, seed=1, chunk=4)
+    feed(red, q, k)
+    A = full_logits(q, k)
+    for p, pi in enumerate(red.perms.numpy()):
+        Ap = A[:, :, pi][:, :, :, pi]
+        want1 = np.stack([np.diagonal(Ap, -lag, -2, -1).sum(-1) for lag in range(1, T)], -1)
+        wantsq = (np.tril(Ap, -1) ** 2).sum((-2, -1))
+        assert np.abs(red.s1[p, 0].numpy() - want1.sum(0)).max() <= 1e-12 * np.abs(A).max() * T
+        assert np.abs(red.sq[p, 0].numpy() - wantsq.sum(0)).max() <= 1e-12 * wantsq.sum()
