@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from poskernel_tl.batching import check_batch_size
-from poskernel_tl.datasets import check_dataset_name, saves_logits_by_default
+from poskernel_tl.datasets import check_dataset, saves_logits_by_default
 from poskernel_tl.errors import UserError
 from poskernel_tl.loading import resolve_device
 from poskernel_tl.registry import EMBEDDED_DEFAULT, ModelSpec, resolve
@@ -158,7 +158,7 @@ class RunConfig(MeasureConfig):
         """Every check that needs no model, so bad input fails before loading one
         (``spec``: of a model already loaded; default: the registry's)."""
         super().validate()
-        check_dataset_name(self.dataset)
+        check_dataset(self.dataset)
         spec = spec if spec is not None else resolve(self.model)
         spec.check_length(self.length)
         if self.n_seqs < 4 or self.n_seqs % 2:
@@ -221,7 +221,7 @@ class GridConfig(RunConfig):
         MeasureConfig.validate(self)
         resolve_device(self.device)
         for d in self.datasets or ():
-            check_dataset_name(d)
+            check_dataset(d)
         for m in self.models or ():
             resolve(m)
         if self.n_seqs is not None and (self.n_seqs < 4 or self.n_seqs % 2):

@@ -68,6 +68,14 @@ def check_dataset_name(dataset: str) -> None:
     raise DataError(f"unknown dataset {dataset!r}; known: {known_datasets()}")
 
 
+def check_dataset(dataset: str) -> None:
+    """:func:`check_dataset_name`, and for ``text:PATH`` that the file or folder holds
+    UTF-8 text (read now, so an empty or binary file fails before a model loads)."""
+    check_dataset_name(dataset)
+    if dataset.startswith(TEXT_PREFIX):
+        next(iter(_text_path(dataset[len(TEXT_PREFIX):])))
+
+
 def saves_logits_by_default(dataset: str) -> bool:
     """Whether ``poskernel run --save-logits auto`` keeps full logits for ``dataset``."""
     return dataset in LOGITS_BY_DEFAULT

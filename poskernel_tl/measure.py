@@ -5,12 +5,13 @@ runs the evaluation sequences once and feeds Track A, the Track B Gram accumulat
 the rotary frequency-usage reducer (and, on request, the whitened Gram and a few full
 logit matrices) from the same hooked tensors. Nothing is written to disk.
 
-Track A reads the logits from ``hook_attn_scores`` when the bridge computes them anyway
-(it runs attention eagerly so that the hook can fire: then forming q·kᵀ again would
-double the work), and forms q·kᵀ from the post-rotary q/k otherwise
-(``scores="qk"``); both paths give the same numbers.
+Track A forms its per-lag sums and sums of squares from the post-rotary q and k without
+the T×T logits (:mod:`poskernel_tl.reducers.lag_sums`); ``scores="hook"`` (read
+``hook_attn_scores``) and ``scores="qk"`` (form q·kᵀ) keep the materialised reference
+path. Both give the same numbers.
 """
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -20,19 +21,22 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 
 from poskernel_tl import constants as C
-from poskernel_tl.batching import check_batch_size, resolve_batch_size
+from poskernel_tl.batching import resolve_batch_size
+from poskernel_tl.config import MeasureConfig
 from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.loading import LoadedModel, dtype_name
-from poskernel_tl.pe_kernel import head_projected_pe_kernel
+from poskernel_tl.pe_kernel import PEKernel, head_projected_pe_kernel
 from poskernel_tl.reducers import (
+    CenteringMeans,
+    FreqUsage,
     FreqUsageReducer,
     GramReducer,
     LayerBatch,
     LogitSaver,
     Moments,
     MomentsReducer,
-    NonFiniteError,
+    PermNull,
     PermNullReducer,
     TrackAReducer,
     WhitenedGramReducer,
@@ -75,17 +79,14 @@ def check_tokens(model: LoadedModel, tokens: torch.Tensor, what: str) -> None:
 
 
 def choose_scores_path(model: LoadedModel, scores: ScoresPath) -> bool:
-    """True to read ``hook_attn_scores``. ``auto``: whenever the bridge exposes it (its
-    attention is then computed eagerly anyway) and the forward runs in float32; in half
-    precision the hooked scores are rounded to 8 bits of mantissa, so q·kᵀ is formed in
-    float32 from the post-rotary q/k instead."""
+    """True to read ``hook_attn_scores`` (``scores="hook"``, which makes the bridge run
+    its eager attention so that the hook fires). ``auto``: Track A from the lag sums of q
+    and k, no T×T logits; ``qk``: the logits formed from q and k (the reference path)."""
     if scores not in ("auto", "hook", "qk"):
-        raise UserError(f"scores={scores!r}: choose auto, hook or qk")
-    has_hook = scores_hook_name(0) in model.bridge.hook_dict
-    if scores == "hook" and not has_hook:
-        raise UserError("this bridge has no hook_attn_scores; use scores='qk'")
-    full_precision = model.dtype == torch.float32
-    return scores == "hook" or (scores == "auto" and has_hook and full_precision)
+        raise UserError(f"--scores {scores}: choose auto, hook or qk")
+    if scores == "hook" and scores_hook_name(0) not in model.bridge.hook_dict:
+        raise UserError("this bridge has no hook_attn_scores; use --scores qk")
+    return scores == "hook"
 
 
 def _is_oom(err: BaseException) -> bool:
@@ -130,128 +131,136 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers: Callable[
             print(f"out of memory: retrying {desc} with --batch-size {batch_size}")
 
 
-def measure(model: LoadedModel, tokens, centering_tokens=None, *,
-            batch_size: int | str = "auto",
-            progress: bool = True, seq_id=None, seed: int = 0, whiten: bool = False,
-            logits_for: Sequence[int] = (), scores: ScoresPath = "auto",
-            null_perms: int = 4, null_seqs: int = 8,
-            keep_gram: bool | None = None, dataset: str = "custom",
-            config: dict | None = None) -> ConditionResult:
+def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool = True,
+            seq_id=None, logits_for: Sequence[int] = (), keep_gram: bool | None = None,
+            dataset: str = "custom", config: dict | None = None,
+            **options) -> ConditionResult:
     """Track A and Track B of every head on ``tokens`` (evaluation sequences, an int
     tensor [n, T] or a list of strings), centered by the per-position means of
-    ``centering_tokens`` (none: Track B uncentered, as the seed does for random tokens).
+    ``centering_tokens`` (none: Track B uncentered, as the protocol does for random
+    tokens).
 
-    ``batch_size``: sequences per forward, or ``"auto"`` (from the free memory, see
-    :mod:`poskernel_tl.batching`; halved on out-of-memory either way);
+    ``options`` are the fields of :class:`~poskernel_tl.config.MeasureConfig`:
+    ``batch_size`` (sequences per forward or ``"auto"``; halved on out-of-memory),
+    ``seed`` (the 80/20 subsets, the random half of the centering set, the null),
+    ``whiten``, ``scores`` (``auto``: Track A from q and k without the T×T logits;
+    ``hook``/``qk``: the materialised reference path), ``null_perms``, ``null_seqs``.
     ``logits_for``: evaluation positions whose full logits to keep; ``keep_gram``: keep
     the full Gram matrices (default: T ≤ 256); ``seq_id``: ids of the evaluation
-    sequences (default 0..n−1); ``seed``: the 80/20 subsets and the random half of the
-    centering set; ``scores``: where Track A's logits come from (see the module).
+    sequences (default 0..n−1); ``config``: saved with the result.
     """
-    t0 = time.time()
-    check_batch_size(batch_size)  # bad values fail before any work
-    ev_ids = as_tokens(model, tokens)
-    cen_ids = as_tokens(model, centering_tokens)
+    t0, opts = time.time(), MeasureConfig(**options)
+    opts.validate()  # bad values fail before any work
+    ev_ids, cen_ids = checked_tokens(model, tokens, centering_tokens)
+    T, dev = ev_ids.shape[1], model.device
+    hook_scores = choose_scores_path(model, opts.scores)
+    batch_size = resolve_batch_size(opts.batch_size, model, T, len(ev_ids))
+    seq_id = np.arange(len(ev_ids)) if seq_id is None else np.asarray(seq_id, dtype=np.int64)
+    centering = centering_pass(model, cen_ids, batch_size, opts, progress)
+    if opts.whiten and centering is None:
+        raise UserError("--whiten needs centering sequences")
+    wanted = {i: int(seq_id[i]) for i in logits_for if i < len(ev_ids)}
+    reds = forward_pass(model, ev_ids,
+                        lambda: eval_reducers(model, len(ev_ids), T, centering, wanted, opts),
+                        batch_size, "evaluation pass", progress, hook_scores,
+                        after_batch=lambda reds: reds[0].check_finite())
+    keep_gram = T <= C.GRAM_SAVE_MAX_T if keep_gram is None else keep_gram
+    parts, notes = result_parts(model, reds, centering, keep_gram, T)
+    provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
+                  "scores_from": {"hook": "hook_attn_scores", "qk": "q·kᵀ"}.get(
+                      opts.scores, "lag sums of q and k"),
+                  "n_eval": len(ev_ids), "n_centering": 0 if cen_ids is None else len(cen_ids),
+                  "device": str(dev), "dtype": dtype_name(model.dtype),
+                  "attention": getattr(model, "attention", "eager"),
+                  "seconds": round(time.time() - t0, 1), "notes": notes,
+                  "versions": versions()}
+    return ConditionResult(
+        model.spec.name, dataset, T, model.spec, seq_id, parts=parts,
+        config=dict(config or {}, **dict(opts.measure_kwargs(), batch_size=batch_size)),
+        provenance=provenance)
+
+
+Tokens = Int[torch.Tensor, "batch pos"]
+
+
+def checked_tokens(model: LoadedModel, tokens, centering_tokens
+                   ) -> tuple[Tokens, Tokens | None]:
+    """The evaluation and centering token ids, checked (no centering: None)."""
+    ev_ids, cen_ids = as_tokens(model, tokens), as_tokens(model, centering_tokens)
     check_tokens(model, ev_ids, "evaluation tokens")
     if len(ev_ids) < 2:
         raise UserError("need at least 2 evaluation sequences")
-    T = ev_ids.shape[1]
     if cen_ids is not None and len(cen_ids) == 0:
         cen_ids = None
     if cen_ids is not None:
         check_tokens(model, cen_ids, "centering tokens")
-        if cen_ids.shape[1] != T:
+        if cen_ids.shape[1] != ev_ids.shape[1]:
             raise UserError(f"centering sequences have T={cen_ids.shape[1]}, evaluation "
-                             f"sequences T={T}")
-    spec, dev = model.spec, model.device
-    L, H, Hkv, d = spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head
-    hook_scores = choose_scores_path(model, scores)
-    batch_size = resolve_batch_size(batch_size, model, T, len(ev_ids))
-    keep_gram = T <= C.GRAM_SAVE_MAX_T if keep_gram is None else keep_gram
-    seq_id = np.arange(len(ev_ids)) if seq_id is None else np.asarray(seq_id, dtype=np.int64)
+                            f"sequences T={ev_ids.shape[1]}")
+    return ev_ids, cen_ids
 
-    centering: Moments | None = None
-    if cen_ids is not None:
-        (mom,) = forward_pass(
-            model, cen_ids,
-            lambda: [MomentsReducer(len(cen_ids), L, H, Hkv, T, d, dev, half_seed=seed,
-                                    second_moments=whiten)],
-            batch_size, "centering pass", progress)
-        centering = mom.result()
-    if whiten and centering is None:
-        raise UserError("whitening needs centering sequences")
-    wanted = {i: int(seq_id[i]) for i in logits_for if i < len(ev_ids)}
-    pairs = model.rotary_pairs
 
-    def make_eval():
-        reds = [TrackAReducer(len(ev_ids), L, H, T, dev, seed=seed),
-                GramReducer(L, H, Hkv, T, d, model.logit_scale, dev, reference=centering)]
-        if pairs is not None:
-            reds.append(FreqUsageReducer(L, H, Hkv, *pairs, device=dev))
-        if wanted:
-            reds.append(LogitSaver(wanted, L))
-        if whiten:
-            reds.append(WhitenedGramReducer(centering, model.logit_scale))
-        if null_perms > 0:
-            reds.append(PermNullReducer(L, H, T, n_perm=null_perms, max_seqs=null_seqs,
-                                        seed=seed, device=dev, include_identity=False))
-        return reds
+def centering_pass(model: LoadedModel, cen_ids, batch_size: int, opts: MeasureConfig,
+                   progress: bool) -> Moments | None:
+    """Pass 1: the per-position means of the centering sequences (None without any)."""
+    if cen_ids is None:
+        return None
+    s, (n, T) = model.spec, cen_ids.shape
+    (mom,) = forward_pass(
+        model, cen_ids,
+        lambda: [MomentsReducer(n, s.n_layers, s.n_heads, s.n_kv_heads, T, s.d_head,
+                                model.device, half_seed=opts.seed,
+                                second_moments=opts.whiten)],
+        batch_size, "centering pass", progress)
+    return mom.result()
 
-    def check(reds):
-        reds[0].check_finite()
 
-    reds = forward_pass(model, ev_ids, make_eval, batch_size, "evaluation pass", progress,
-                        hook_scores, after_batch=check)
-    a = reds[0].result()
-    b = reds[1].result(centering, keep_matrices=keep_gram)
-    by_type = {type(r).__name__: r for r in reds[2:]}
-    fields: dict = {}
-    if "FreqUsageReducer" in by_type:
-        fu = by_type["FreqUsageReducer"].result()
-        fields.update(q_pair_norm=fu.q_pair_norm, k_pair_norm=fu.k_pair_norm,
-                      pair_first=fu.pair_first, pair_second=fu.pair_second)
-    if "LogitSaver" in by_type:
-        fields["logits"] = by_type["LogitSaver"].result().logits
-    if "PermNullReducer" in by_type:
-        null = by_type["PermNullReducer"].result()
-        # the unpermuted fit of the same sequences comes from Track A's per-sequence sums
-        same, _ = reds[0].pooled(torch.arange(null.n_seqs, device=dev))
-        fields.update(r2_perm_null=null.r2_null, r2_perm_same_seqs=same.cpu().numpy())
-    if whiten:
-        fields["r2_gram_whitened"] = by_type["WhitenedGramReducer"].result().r2_gram_whitened
-    if centering is not None:
-        f32 = lambda t: None if t is None else t.float().cpu().numpy()
-        fields.update(mean_q=f32(centering.mean_q), mean_k=f32(centering.mean_k),
-                      mean_q_half=f32(centering.mean_q_half),
-                      mean_k_half=f32(centering.mean_k_half),
-                      n_centering=centering.n, n_centering_half=centering.n_half)
-    notes = []
-    if spec.pe == "learned-absolute":
+def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
+                  wanted: dict[int, int], opts: MeasureConfig) -> list:
+    """Pass 2's reducers: Track A first, Track B second, then the optional ones."""
+    s, dev = model.spec, model.device
+    L, H, Hkv = s.n_layers, s.n_heads, s.n_kv_heads
+    source = "scores" if opts.scores in ("hook", "qk") else "lags"
+    reds = [TrackAReducer(n, L, H, T, dev, seed=opts.seed, source=source),
+            GramReducer(L, H, Hkv, T, s.d_head, model.logit_scale, dev, reference=centering)]
+    if model.rotary_pairs is not None:
+        reds.append(FreqUsageReducer(L, H, Hkv, *model.rotary_pairs, device=dev))
+    if wanted:
+        reds.append(LogitSaver(wanted, L))
+    if opts.whiten:
+        reds.append(WhitenedGramReducer(centering, model.logit_scale))
+    if opts.null_perms > 0:
+        reds.append(PermNullReducer(L, H, T, n_perm=opts.null_perms, max_seqs=opts.null_seqs,
+                                    seed=opts.seed, device=dev, include_identity=False,
+                                    source=source))
+    return reds
+
+
+def result_parts(model: LoadedModel, reds: list, centering: Moments | None, keep_gram: bool,
+                 T: int) -> tuple[dict, list[str]]:
+    """The result's parts from the evaluation pass's reducers, and notes."""
+    track_a, notes = reds[0], []
+    parts = {"track_a": track_a.result(),
+             "track_b": reds[1].result(centering, keep_matrices=keep_gram),
+             "centering": CenteringMeans.from_moments(centering)}
+    if centering is None:
+        parts["track_b"] = dataclasses.replace(parts["track_b"], gram_centered=None)
+    for red in reds[2:]:
+        part = red.result()
+        if isinstance(part, PermNull):  # the unpermuted fit of the same sequences
+            same, _ = track_a.pooled(torch.arange(part.n_seqs, device=model.device))
+            part = dataclasses.replace(part, r2_same_seqs=same.cpu().numpy())
+        if isinstance(part, FreqUsage):
+            part = dataclasses.replace(part, theta=model.spec.rotary_frequencies())
+        parts[part.NAME] = part
+    if model.spec.pe == "learned-absolute":
         if getattr(model.bridge, "compatibility_mode", False):
             # compatibility mode folds ln_1 into separate q/k modules and leaves the HF
             # c_attn weights that S_PE reads stale: skip it rather than report a wrong one
             notes.append("S_PE not computed: the bridge runs in compatibility mode")
         else:
-            fields["s_pe"] = head_projected_pe_kernel(model.hf_model, T)
-    provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
-                  "scores_from": "hook_attn_scores" if hook_scores else "q·kᵀ",
-                  "n_eval": len(ev_ids), "n_centering": 0 if cen_ids is None else len(cen_ids),
-                  "device": str(dev), "dtype": dtype_name(model.dtype),
-                  "seconds": round(time.time() - t0, 1), "notes": notes,
-                  "versions": versions()}
-    return ConditionResult(
-        model=spec.name, dataset=dataset, length=T, spec=spec, seq_id=seq_id,
-        r2_per_seq=a.r2_per_seq, r2_per_seq_nosink=a.r2_per_seq_nosink,
-        g_per_seq=a.g_per_seq, r2_pooled=a.r2_pooled, r2_pooled_nosink=a.r2_pooled_nosink,
-        g_pooled=a.g_pooled, r2_pooled_early=a.r2_pooled_early,
-        r2_pooled_interior=a.r2_pooled_interior,
-        r2_pooled_interior_keys=a.r2_pooled_interior_keys, r2_split=a.r2_split,
-        centered=centering is not None, r2_gram=b.r2_gram, g_gram=b.g_gram,
-        r2_gram_raw=b.r2_gram_raw, g_gram_raw=b.g_gram_raw, r2_gram_half=b.r2_gram_half,
-        gram_raw=b.gram_raw, gram_centered=b.gram_centered if centering is not None else None,
-        config=dict(config or {}, batch_size=batch_size, seed=seed, whiten=whiten,
-                    null_perms=null_perms, null_seqs=null_seqs),
-        provenance=provenance, **fields)
+            parts["pe_kernel"] = PEKernel(head_projected_pe_kernel(model.hf_model, T))
+    return parts, notes
 
 
 def versions() -> dict:
@@ -263,4 +272,4 @@ def versions() -> dict:
             "transformer_lens": getattr(transformer_lens, "__version__", "unknown")}
 
 
-__all__ = ["NonFiniteError", "as_tokens", "forward_pass", "measure", "versions"]
+__all__ = ["as_tokens", "forward_pass", "measure", "versions"]

@@ -22,6 +22,7 @@ q/k biases are left out (under TransformerLens' LN folding β becomes part of b_
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,6 +30,16 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.errors import UserError
+from poskernel_tl.schema import Part, stored
+
+
+@dataclass
+class PEKernel(Part):
+    """S_PE(Δ) of every head, for learned-absolute-position models."""
+
+    NAME = "pe_kernel"
+    s_pe: Float[np.ndarray, "layer head_index lag"] = stored("pe_kernel.npz", "s_pe",
+                                                             finite=True)
 
 
 class NoPositionTableError(UserError):

@@ -1,91 +1,115 @@
 """One condition's measurement as a value: :class:`ConditionResult`.
 
-:func:`poskernel_tl.measure` returns it without touching the disk; ``save`` writes the
-seed's files (tidy CSVs, compact arrays, the centering means, …) and ``load`` reads them
-back exactly, validating every file before anything is returned. The grid, the report,
-head inspection and the analyses all work from this one object.
+A result is its condition (model, dataset, length, spec, evaluation sequence ids,
+configuration, provenance) and a set of parts, each the result dataclass of the reducer
+that computes it (:data:`PARTS`). Where each part's fields are saved — a file and key, or
+a column of the tidy Track A/Track B tables — is declared on the fields themselves
+(:mod:`poskernel_tl.schema`), so ``save``, ``load``, ``to_frames`` and the shape checks
+are written once, here, for every part.
+
+A part's fields read as attributes of the result (``result.r2_pooled`` is
+``result.track_a.r2_pooled``); an absent part's fields read as their defaults (None).
+:func:`poskernel_tl.measure` returns a result without touching the disk; ``save`` writes
+the protocol's files and ``load`` reads them back exactly, checking every file first.
 """
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 
 from poskernel_tl import constants as C
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.io import save_csv, save_json, save_npz, save_torch
+from poskernel_tl.pe_kernel import PEKernel
+from poskernel_tl.reducers import (
+    CenteringMeans,
+    FreqUsage,
+    GramResult,
+    PermNull,
+    SavedLogits,
+    TrackAResult,
+    WhitenedGramResult,
+)
 from poskernel_tl.registry import ModelSpec
+from poskernel_tl.schema import Part, SavedFiles
 
-HEAD_ARRAYS_A = {  # attribute -> Track A CSV column, one value per (layer, head)
-    "r2_pooled": "R2_pooled", "r2_pooled_nosink": "R2_pooled_nosink",
-    "r2_pooled_early": "R2_pooled_early", "r2_pooled_interior": "R2_pooled_interior",
-    "r2_pooled_interior_keys": "R2_pooled_interior_keys",
-}
-HEAD_ARRAYS_B = {"r2_gram_raw": "R2_gram_raw", "r2_gram_half": "R2_gram_half"}
+PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, WhitenedGramResult,
+                                 FreqUsage, PermNull, SavedLogits, PEKernel)
+# result attribute -> (part, field) where the names differ
+ALIASES = {"r2_perm_null": ("perm_null", "r2_null"),
+           "r2_perm_same_seqs": ("perm_null", "r2_same_seqs")}
+# field name -> the part that declares it (fields a result does not show are left out)
+UNSHOWN = ("seq_index", "eval_moments", "perms", "n_seqs", "seed")
+OWNER = {f.name: cls for cls in PARTS for f in dataclasses.fields(cls)
+         if f.name not in UNSHOWN}
+META = ("model", "dataset", "length", "spec", "seq_id", "config", "provenance")
 
 
-@dataclass
 class ConditionResult:
-    """Track A and Track B for one (model, dataset, length) condition.
+    """Track A, Track B and their companions for one (model, dataset, length) condition.
 
-    Arrays use TransformerLens axis names; ``lag`` runs over Δ = 1..T−1 (index Δ−1).
+    Build it from parts (``parts={"track_a": TrackAResult(...), ...}``) or from the parts'
+    fields by name (``r2_pooled=..., g_gram=...``); arrays use TransformerLens axis names
+    and ``lag`` runs over Δ = 1..T−1 (index Δ−1). Shapes are checked on construction.
     ``r2_gram``/``g_gram`` (centered Track B) are NaN when no centering sequences were
-    given (random tokens, by the seed's rule); the tidy Track B table then reports the
-    raw fit under ``R2_gram`` with ``centered`` false, as the seed's CSV does.
+    given (random tokens); the Track B table then reports the raw fit under ``R2_gram``
+    with ``centered`` false.
     """
 
-    model: str
-    dataset: str
-    length: int
-    spec: ModelSpec
-    seq_id: Int[np.ndarray, " n_seqs"]
-    # Track A
-    r2_per_seq: Float[np.ndarray, "n_seqs layer head_index"]
-    r2_per_seq_nosink: Float[np.ndarray, "n_seqs layer head_index"]
-    g_per_seq: Float[np.ndarray, "n_seqs layer head_index lag"]  # float32
-    r2_pooled: Float[np.ndarray, "layer head_index"]
-    r2_pooled_nosink: Float[np.ndarray, "layer head_index"]
-    g_pooled: Float[np.ndarray, "layer head_index lag"]
-    r2_pooled_early: Float[np.ndarray, "layer head_index"]
-    r2_pooled_interior: Float[np.ndarray, "layer head_index"]
-    r2_pooled_interior_keys: Float[np.ndarray, "layer head_index"]
-    r2_split: Float[np.ndarray, "split layer head_index"]
-    # Track B
-    centered: bool
-    r2_gram: Float[np.ndarray, "layer head_index"]
-    g_gram: Float[np.ndarray, "layer head_index lag"]
-    r2_gram_raw: Float[np.ndarray, "layer head_index"]
-    g_gram_raw: Float[np.ndarray, "layer head_index lag"]
-    r2_gram_half: Float[np.ndarray, "layer head_index"]
-    n_centering: int = 0
-    n_centering_half: int = 0
-    r2_gram_whitened: Float[np.ndarray, "layer head_index"] | None = None
-    mean_q: Float[np.ndarray, "layer head_index pos d_head"] | None = None
-    mean_k: Float[np.ndarray, "layer kv_head_index pos d_head"] | None = None
-    mean_q_half: Float[np.ndarray, "layer head_index pos d_head"] | None = None
-    mean_k_half: Float[np.ndarray, "layer kv_head_index pos d_head"] | None = None
-    gram_raw: Float[np.ndarray, "layer head_index query_pos key_pos"] | None = None
-    gram_centered: Float[np.ndarray, "layer head_index query_pos key_pos"] | None = None
-    # rotary frequency usage (rotary models)
-    q_pair_norm: Float[np.ndarray, "layer head_index pair"] | None = None
-    k_pair_norm: Float[np.ndarray, "layer kv_head_index pair"] | None = None
-    pair_first: Int[np.ndarray, " pair"] | None = None
-    pair_second: Int[np.ndarray, " pair"] | None = None
-    # joint position-permutation null of the pooled Track A R² (first few eval sequences)
-    r2_perm_null: Float[np.ndarray, "perm layer head_index"] | None = None
-    r2_perm_same_seqs: Float[np.ndarray, "layer head_index"] | None = None
-    # head-projected positional kernel S_PE (learned absolute PE)
-    s_pe: Float[np.ndarray, "layer head_index lag"] | None = None
-    # full logits of a few evaluation sequences: seq_id -> [layer, head, T, T]
-    logits: dict[int, np.ndarray] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    provenance: dict[str, Any] = field(default_factory=dict)
+    def __init__(self, model: str, dataset: str, length: int, spec: ModelSpec,
+                 seq_id: Int[np.ndarray, " n_seqs"], *, parts: dict[str, Part] | None = None,
+                 config: dict | None = None, provenance: dict | None = None, **fields: Any):
+        self.model, self.dataset, self.length, self.spec = model, dataset, int(length), spec
+        self.seq_id = np.asarray(seq_id)
+        self.config, self.provenance = dict(config or {}), dict(provenance or {})
+        self.parts: dict[str, Part] = dict(parts or {})
+        for name, (_, field) in ALIASES.items():
+            if name in fields:
+                fields[field] = fields.pop(name)
+        unknown = sorted(set(fields) - set(OWNER))
+        if unknown:
+            raise TypeError(f"ConditionResult has no fields {unknown}")
+        for cls in PARTS:
+            mine = {k: v for k, v in fields.items() if OWNER[k] is cls}
+            if mine and cls.NAME in self.parts:
+                self.parts[cls.NAME] = dataclasses.replace(self.parts[cls.NAME], **mine)
+            elif mine:
+                self.parts[cls.NAME] = _build(cls, mine)
+        for required in ("track_a", "track_b"):
+            if required not in self.parts:
+                raise TypeError(f"ConditionResult needs the {required} part")
+        self.check()
+
+    # ------------------------------------------------------------ attributes
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("parts",):
+            raise AttributeError(name)
+        part_name, field = ALIASES.get(name, (None, name))
+        cls = OWNER.get(field)
+        if cls is None:
+            raise AttributeError(f"ConditionResult has no attribute {name!r}")
+        part = self.parts.get(part_name or cls.NAME)
+        if part is None:
+            f = next(f for f in dataclasses.fields(cls) if f.name == field)
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            return None if f.default is dataclasses.MISSING else f.default
+        return getattr(part, field)
+
+    def replace(self, **changes) -> "ConditionResult":
+        """A copy with some condition attributes or part fields changed."""
+        meta = {k: changes.pop(k, getattr(self, k)) for k in META}
+        return ConditionResult(**meta, parts=self.parts, **changes)
+
+    def __repr__(self) -> str:
+        return (f"ConditionResult({self.model!r}, {self.dataset!r}, T={self.length}, "
+                f"n_eval={len(self.seq_id)}, parts={sorted(self.parts)})")
 
     # ------------------------------------------------------------ derived values
     @property
@@ -106,30 +130,50 @@ class ConditionResult:
         return self.spec.rotary_frequencies()
 
     @property
-    def usage(self) -> Float[np.ndarray, "layer head_index pair"] | None:
+    def usage(self) -> np.ndarray | None:
         """Frequency usage of each rotary pair, mean |q| × mean |k| (each query head with
-        its key/value head), pairs in the order of :attr:`thetas`; None without rotary."""
+        its key/value head), [layer, head_index, pair] in the order of :attr:`thetas`."""
         if self.q_pair_norm is None or self.k_pair_norm is None:
             return None
-        q, k = np.asarray(self.q_pair_norm, np.float64), np.asarray(self.k_pair_norm,
-                                                                    np.float64)
-        return q * k[:, self.kv_head]
+        return np.asarray(self.q_pair_norm, np.float64) * \
+            np.asarray(self.k_pair_norm, np.float64)[:, self.kv_head]
 
     @property
-    def r2_split_mean(self) -> Float[np.ndarray, "layer head_index"]:
-        return self.r2_split.mean(0)
+    def r2_split_mean(self) -> np.ndarray:
+        return self.track_a.r2_split_mean
 
     @property
-    def r2_split_std(self) -> Float[np.ndarray, "layer head_index"]:
-        return self.r2_split.std(0, ddof=1) if len(self.r2_split) > 1 else \
-            np.full(self.r2_pooled.shape, np.nan)
+    def r2_split_std(self) -> np.ndarray:
+        return self.track_a.r2_split_std
 
     @property
-    def g_trackB(self) -> tuple[Float[np.ndarray, "layer head_index lag"], str]:
+    def g_trackB(self) -> tuple[np.ndarray, str]:
         """The Track B g(Δ) the spectral analysis reads, and its name: the centered Gram,
         or the raw Gram where the condition is not centered."""
         return (self.g_gram, "gram_centered") if self.centered else (self.g_gram_raw,
                                                                      "gram_raw")
+
+    @property
+    def track_a(self) -> TrackAResult:
+        return self.parts["track_a"]
+
+    @property
+    def track_b(self) -> GramResult:
+        return self.parts["track_b"]
+
+    def dims(self) -> dict[str, int]:
+        """Axis name → size for this condition (the shape checks' reference)."""
+        s, T = self.spec, self.length
+        dims = {"n_seqs": len(self.seq_id), "layer": s.n_layers, "head_index": s.n_heads,
+                "kv_head_index": s.n_kv_heads, "d_head": s.d_head, "pos": T,
+                "query_pos": T, "key_pos": T, "lag": T - 1}
+        return {k: v for k, v in dims.items() if v}
+
+    def check(self) -> None:
+        """Every part's arrays against :meth:`dims` (cheap: shapes only)."""
+        dims = self.dims()
+        for part in self.parts.values():
+            part.check(dims, f"{self.model}/{self.dataset}_{self.length}")
 
     def stem(self) -> str:
         return C.stem(self.model, self.dataset, self.length)
@@ -137,36 +181,21 @@ class ConditionResult:
     # ------------------------------------------------------------------ tables
     def to_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The tidy Track A table (one row per eval sequence, layer, head) and Track B
-        table (one row per layer, head), with the seed's columns first."""
-        n, L, H = self.r2_per_seq.shape
+        table (one row per layer, head), with the protocol's columns first."""
+        dims, (n, L, H) = self.dims(), (len(self.seq_id), self.n_layers, self.n_heads)
+        base = dict(model=self.model, dataset=self.dataset, length=self.length)
         s, layer, head = (g.ravel() for g in np.meshgrid(np.arange(n), np.arange(L),
                                                           np.arange(H), indexing="ij"))
-        base = dict(model=self.model, dataset=self.dataset, length=self.length)
-        a = pd.DataFrame({**base, "layer": layer, "head": head, "seq_id": self.seq_id[s],
-                          "R2_per_seq": self.r2_per_seq.ravel()})
-        a["R2_pooled"] = self.r2_pooled[layer, head]
-        a["kv_head"] = self.kv_head[head]
-        a["R2_per_seq_nosink"] = self.r2_per_seq_nosink.ravel()
-        a["R2_per_seq_mean"] = np.nanmean(self.r2_per_seq, axis=0)[layer, head]
-        a["R2_per_seq_std"] = (np.nanstd(self.r2_per_seq, axis=0, ddof=1)[layer, head]
-                               if n > 1 else np.nan)
-        for attr, col in HEAD_ARRAYS_A.items():
-            if col != "R2_pooled":
-                a[col] = getattr(self, attr)[layer, head]
-        a["R2_split_mean"] = self.r2_split_mean[layer, head]
-        a["R2_split_std"] = self.r2_split_std[layer, head]
-        layer, head = (g.ravel() for g in np.meshgrid(np.arange(L), np.arange(H),
-                                                      indexing="ij"))
-        b = pd.DataFrame({
-            **base, "layer": layer, "head": head,
-            "R2_gram": (self.r2_gram if self.centered else self.r2_gram_raw)[layer, head],
-            "R2_gram_raw": self.r2_gram_raw[layer, head],
-            "R2_gram_half": self.r2_gram_half[layer, head],
-            "centered": self.centered, "kv_head": self.kv_head[head],
-            "n_centering": self.n_centering, "n_centering_half": self.n_centering_half})
-        if self.r2_gram_whitened is not None:
-            b["R2_gram_whitened"] = self.r2_gram_whitened[layer, head]
-        return a, b
+        frames = []
+        for table, keys in (("trackA", {"layer": layer, "head": head,
+                                         "seq_id": self.seq_id[s]}),
+                            ("trackB", {"layer": layer[:L * H], "head": head[:L * H]})):
+            cols = {**base, **keys}
+            for part in self.parts.values():
+                cols.update(part.columns(table, dims))
+            cols["kv_head"] = self.kv_head[keys["head"]]
+            frames.append(pd.DataFrame(cols))
+        return frames[0], frames[1]
 
     def layer_summary(self) -> pd.DataFrame:
         """Mean over heads of each layer: pooled Track A, Track B centered and raw."""
@@ -185,46 +214,27 @@ class ConditionResult:
         """Write the condition under ``out`` (``results/{model}_{dataset}_{T}_*``);
         ``cfg.json`` is written last, so its presence marks a complete condition.
         Returns the paths written."""
-        out = Path(out)
-        path = lambda suffix: C.result_path(out, self.model, self.dataset, self.length, suffix)
+        path = lambda suffix: C.result_path(out, self.model, self.dataset, self.length,
+                                            suffix)
         a, b = self.to_frames()
-        w = {"trackA": save_csv(a, path(C.TRACK_A_CSV)),
-             "trackB": save_csv(b, path(C.TRACK_B_CSV)),
-             "g": save_npz(path(C.G_ARRAYS), lags=np.arange(1, self.length),
-                           seq_id=self.seq_id, trackA_per_seq=self.g_per_seq,
-                           trackA_pooled=self.g_pooled, gram_centered=self.g_gram,
-                           gram_raw=self.g_gram_raw, r2_split=self.r2_split)}
-        if self.mean_q is not None:
-            w["centering_means"] = save_torch(
-                {k: torch.from_numpy(v) for k, v in
-                 (("mean_q", self.mean_q), ("mean_k", self.mean_k),
-                  ("mean_q_half", self.mean_q_half), ("mean_k_half", self.mean_k_half))
-                 if v is not None}, path(C.CENTERING_MEANS))
-        for name, mat in (("gram_raw", self.gram_raw), ("gram_centered", self.gram_centered)):
-            if mat is not None:
-                w[name] = save_torch(torch.from_numpy(mat), path(f"{name}.pt"))
-        if self.q_pair_norm is not None:
-            w["freq_usage"] = save_npz(
-                path(C.FREQ_USAGE), theta=self.thetas, q_pair_norm=self.q_pair_norm,
-                k_pair_norm=self.k_pair_norm, pair_first=self.pair_first,
-                pair_second=self.pair_second)
-        if self.s_pe is not None:
-            w["pe_kernel"] = save_npz(path(C.PE_KERNEL), s_pe=self.s_pe)
-        if self.r2_perm_null is not None:
-            w["perm_null"] = save_npz(path(C.PERM_NULL), r2_perm_null=self.r2_perm_null,
-                                      r2_perm_same_seqs=self.r2_perm_same_seqs)
-        for sid, mat in sorted(self.logits.items()):
-            w[f"A_vis_{sid}"] = save_torch(torch.from_numpy(mat),
-                                           path(C.VIS_DIR) / f"seq_{sid}.pt")
+        written = {"trackA": save_csv(a, path(C.TRACK_A_CSV)),
+                   "trackB": save_csv(b, path(C.TRACK_B_CSV))}
+        files: dict[str, dict] = {C.G_ARRAYS: {"lags": np.arange(1, self.length),
+                                                "seq_id": self.seq_id}}
+        for part in self.parts.values():
+            for file, arrays in part.arrays().items():
+                files.setdefault(file, {}).update(arrays)
+        for file, arrays in files.items():
+            written[file] = _write(path(file), arrays)
         meta = {"model": self.model, "dataset": self.dataset, "length": self.length,
-                "spec": self.spec.to_dict(), "centered": self.centered,
-                "n_eval": len(self.seq_id), "n_centering": self.n_centering,
-                "n_centering_half": self.n_centering_half,
+                "spec": self.spec.to_dict(), "centered": bool(self.centered),
+                "n_eval": len(self.seq_id), "n_centering": int(self.n_centering),
+                "n_centering_half": int(self.n_centering_half),
                 "whitened": self.r2_gram_whitened is not None,
                 "logits_saved": sorted(int(k) for k in self.logits),
                 "config": self.config, "provenance": self.provenance}
-        w["cfg"] = save_json(meta, path(C.CFG))
-        return w
+        written["cfg"] = save_json(meta, path(C.CFG))
+        return written
 
     @staticmethod
     def conditions(out: str | Path) -> list[tuple[str, str, int]]:
@@ -241,30 +251,84 @@ class ConditionResult:
     @staticmethod
     def saved_spec(out: str | Path, model: str, dataset: str, length: int) -> ModelSpec:
         """The model spec of a saved condition, read from its ``cfg.json`` alone."""
-        path = C.result_path(out, model, dataset, length, C.CFG)
-        try:
-            return ModelSpec.from_dict(json.loads(path.read_text())["spec"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ResultFileError(f"{path}: unreadable ({err})") from err
+        return ModelSpec.from_dict(_meta(out, model, dataset, length)["spec"])
 
     @classmethod
     def load(cls, out: str | Path, model: str | None = None, dataset: str | None = None,
              length: int | None = None) -> "ConditionResult":
         """Read a saved condition back (exactly). With several conditions under ``out``,
-        ``model``/``dataset``/``length`` choose one. Every file is read and checked
-        (shapes against the spec, row counts, finiteness) before anything is returned;
-        problems raise :class:`ResultFileError` naming the file."""
-        from poskernel_tl.result_io import load_condition
+        ``model``/``dataset``/``length`` choose one (given all three, the folder is not
+        scanned). Every file is read and checked (shapes against the spec, row counts,
+        finiteness) before anything is returned; problems raise ResultFileError naming
+        the file."""
+        if None in (model, dataset, length):
+            found = [c for c in cls.conditions(out)
+                     if (model is None or c[0] == model) and (dataset is None or c[1] == dataset)
+                     and (length is None or c[2] == int(length))]
+            if len(found) != 1:
+                what = "no complete condition" if not found else f"{len(found)} conditions"
+                raise ResultFileError(
+                    f"{what} under {out} match model={model} dataset={dataset} "
+                    f"length={length}; present: {cls.conditions(out) or 'none'}")
+            model, dataset, length = found[0]
+        return _load(cls, Path(out), model, dataset, int(length))
 
-        found = [c for c in cls.conditions(out)
-                 if (model is None or c[0] == model) and (dataset is None or c[1] == dataset)
-                 and (length is None or c[2] == int(length))]
-        if len(found) != 1:
-            what = "no complete condition" if not found else f"{len(found)} conditions"
-            raise ResultFileError(
-                f"{what} under {out} match model={model} dataset={dataset} "
-                f"length={length}; present: {cls.conditions(out) or 'none'}")
-        return load_condition(cls, Path(out), *found[0])
 
-    def replace(self, **changes) -> "ConditionResult":
-        return dataclasses.replace(self, **changes)
+def _build(cls: type[Part], values: dict) -> Part:
+    """A part from some of its fields; the rest take their defaults (None where absent)."""
+    for f in dataclasses.fields(cls):
+        if f.name not in values and f.default is dataclasses.MISSING \
+                and f.default_factory is dataclasses.MISSING:
+            values[f.name] = None
+    return cls(**values)
+
+
+def _write(path: Path, arrays: dict) -> Path:
+    if path.suffix == ".npz":
+        return save_npz(path, **arrays)
+    if list(arrays) == [None]:
+        return save_torch(torch.from_numpy(np.asarray(arrays[None])), path)
+    return save_torch({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}, path)
+
+
+def _meta(out, model: str, dataset: str, length: int) -> dict:
+    path = C.result_path(out, model, dataset, length, C.CFG)
+    try:
+        meta = json.loads(path.read_text())
+        meta["spec"] = ModelSpec.from_dict(meta["spec"]).to_dict()
+        int(meta["n_eval"]), bool(meta["centered"])
+        return meta
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ResultFileError(f"{path}: unreadable ({err})") from err
+
+
+def _load(cls, out: Path, model: str, dataset: str, length: int) -> ConditionResult:
+    meta = _meta(out, model, dataset, length)
+    spec = ModelSpec.from_dict(meta["spec"])
+    saved = SavedFiles(lambda suffix: C.result_path(out, model, dataset, length, suffix))
+    seq_id = saved.array(C.G_ARRAYS, "seq_id")
+    probe = cls.__new__(cls)
+    probe.spec, probe.length, probe.seq_id = spec, length, seq_id
+    dims = ConditionResult.dims(probe)
+    a = saved.get(C.TRACK_A_CSV)
+    stride = dims["layer"] * dims["head_index"]
+    if len(a) != len(seq_id) * stride:
+        raise ResultFileError(f"{saved.path_of(C.TRACK_A_CSV)}: has {len(a)} rows, "
+                              f"expected {len(seq_id) * stride}")
+    if "seq_id" not in a.columns or not np.array_equal(a["seq_id"].to_numpy()[::stride],
+                                                       seq_id):
+        raise ResultFileError(f"{saved.path_of(C.TRACK_A_CSV)}: seq_id values disagree "
+                              f"with {saved.path_of(C.G_ARRAYS).name}")
+    given = {TrackAResult: {"seq_index": np.arange(len(seq_id))},
+             GramResult: {"centered": bool(meta["centered"])},
+             SavedLogits: {"logits": [int(s) for s in meta.get("logits_saved", [])]}}
+    parts = {}
+    for part_cls in PARTS:
+        part = part_cls.load(saved, dict(dims), **given.get(part_cls, {}))
+        if part is not None:
+            parts[part_cls.NAME] = part
+    return ConditionResult(model, dataset, length, spec, seq_id, parts=parts,
+                           config=meta.get("config", {}), provenance=meta.get("provenance", {}))
+
+
+__all__ = ["ALIASES", "PARTS", "ConditionResult", "ResultFileError"]

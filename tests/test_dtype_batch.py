@@ -26,7 +26,7 @@ def test_bf16_forward_r2_within_0_01_of_float32(arch, device, tiny_tokenizer):
         runs[dtype] = pk.measure(model, ev, cen, batch_size=4, progress=False, null_perms=0)
     full, half = runs[torch.float32], runs[torch.bfloat16]
     assert half.provenance["dtype"] == "bfloat16"
-    assert half.provenance["scores_from"] == "q·kᵀ"  # half-precision scores are not read
+    assert half.provenance["scores_from"] == "lag sums of q and k"  # not the bf16 scores
     for name in ("r2_pooled", "r2_gram", "r2_gram_raw", "r2_pooled_nosink"):
         a, b = getattr(full, name), getattr(half, name)
         assert np.isfinite(b).all()
@@ -35,10 +35,12 @@ def test_bf16_forward_r2_within_0_01_of_float32(arch, device, tiny_tokenizer):
     assert diff < 0.01
 
 
-def test_scores_path_follows_the_forward_dtype(tiny_tokenizer):
-    assert choose_scores_path(tiny_loaded("llama", tiny_tokenizer), "auto") is True
+def test_hooked_scores_only_when_asked_for(tiny_tokenizer):
+    """auto: Track A from q and k (no T×T logits, in any dtype); hook: the reference."""
+    assert choose_scores_path(tiny_loaded("llama", tiny_tokenizer), "auto") is False
     half = tiny_loaded("llama", tiny_tokenizer, dtype=torch.bfloat16)
     assert choose_scores_path(half, "auto") is False
+    assert choose_scores_path(half, "qk") is False
     assert choose_scores_path(half, "hook") is True  # asked for explicitly
 
 

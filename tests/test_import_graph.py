@@ -18,7 +18,7 @@ RANKS = [
      "poskernel_tl.sequences", "poskernel_tl.loading", "poskernel_tl.batching",
      "poskernel_tl.pe_kernel", "poskernel_tl.manifest", "poskernel_tl.config"),
     ("poskernel_tl.reducers",),
-    ("poskernel_tl.measure", "poskernel_tl.result", "poskernel_tl.result_io",
+    ("poskernel_tl.measure", "poskernel_tl.result",
      "poskernel_tl.runner"),
     ("poskernel_tl.analyses", "poskernel_tl.analyze"),
     ("poskernel_tl.report",),

@@ -1,7 +1,6 @@
 """pk.measure as a value: save/load round trip and validation, both Track A paths,
 from_bridge, strings as input, and the CLI's refusals before any model is loaded."""
 
-import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -13,7 +12,7 @@ import poskernel_tl as pk
 from poskernel_tl import constants as C
 from poskernel_tl.cli import main
 from poskernel_tl.loading import boot_bridge
-from poskernel_tl.result import ResultFileError
+from poskernel_tl.result import ALIASES, OWNER, ResultFileError
 
 T, N = 24, 6
 
@@ -44,10 +43,9 @@ def _equal(a, b):
 def test_save_load_round_trip_is_exact(measured, tmp_path):
     measured.save(tmp_path)
     back = pk.ConditionResult.load(tmp_path)
-    for f in dataclasses.fields(measured):
-        if f.name in ("config", "provenance"):
-            continue
-        assert _equal(getattr(measured, f.name), getattr(back, f.name)), f.name
+    assert sorted(back.parts) == sorted(measured.parts)
+    for name in [*OWNER, *ALIASES, "model", "dataset", "length", "seq_id"]:
+        assert _equal(getattr(measured, name), getattr(back, name)), name
     a, b = measured.to_frames()
     pd.testing.assert_frame_equal(a, back.to_frames()[0])
     pd.testing.assert_frame_equal(b, back.to_frames()[1])

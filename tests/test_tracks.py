@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
+from poskernel_tl.errors import NonFiniteError
 from poskernel_tl.reducers import (
     GramReducer,
     LayerBatch,
     MomentsReducer,
-    NonFiniteError,
     TrackAReducer,
 )
 from poskernel_tl.reducers.moments import random_half
@@ -99,12 +99,12 @@ def test_track_a_matches_naive(qk):
 
 @pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min, 7.0])
 def test_track_a_from_hooked_scores_equals_qk_path(qk, fill):
-    """The two sources of Track A's logits (hook_attn_scores, masked with any fill value;
-    or q·kᵀ formed from the hooked q/k) give the same numbers."""
+    """The two materialised sources of Track A's logits (hook_attn_scores, masked with any
+    fill value; or q·kᵀ formed from the hooked q/k) give the same numbers."""
     q, k = qk
-    ours = TrackAReducer(B, 1, H, T)
+    ours = TrackAReducer(B, 1, H, T, source="scores")
     feed(ours, q, k)
-    hooked = TrackAReducer(B, 1, H, T)
+    hooked = TrackAReducer(B, 1, H, T, source="scores")
     feed(hooked, q, k, hooked_fill=fill)
     a, b = ours.result(), hooked.result()
     for name in ("r2_per_seq", "r2_pooled", "r2_pooled_nosink", "r2_pooled_early",

@@ -4,13 +4,12 @@ from poskernel_tl.reducers.base import LayerBatch, Reducer, Workspace
 from poskernel_tl.reducers.freq_usage import FreqUsage, FreqUsageReducer
 from poskernel_tl.reducers.gram import GramReducer, GramResult
 from poskernel_tl.reducers.logits import LogitSaver, SavedLogits
-from poskernel_tl.reducers.moments import Moments, MomentsReducer
+from poskernel_tl.reducers.moments import CenteringMeans, Moments, MomentsReducer
 from poskernel_tl.reducers.perm_null import PermNull, PermNullReducer
-from poskernel_tl.reducers.track_a import NonFiniteError, TrackAReducer, TrackAResult
+from poskernel_tl.reducers.track_a import TrackAReducer, TrackAResult
 from poskernel_tl.reducers.whitened_gram import WhitenedGramReducer, WhitenedGramResult
 
-__all__ = ["FreqUsage", "FreqUsageReducer", "GramReducer", "GramResult", "LayerBatch",
-           "LogitSaver", "Moments", "MomentsReducer", "NonFiniteError", "PermNull",
-           "PermNullReducer", "Reducer",
-           "SavedLogits", "TrackAReducer", "TrackAResult", "Workspace", "WhitenedGramReducer",
-           "WhitenedGramResult"]
+__all__ = ["CenteringMeans", "FreqUsage", "FreqUsageReducer", "GramReducer", "GramResult",
+           "LayerBatch", "LogitSaver", "Moments", "MomentsReducer", "PermNull",
+           "PermNullReducer", "Reducer", "SavedLogits", "TrackAReducer", "TrackAResult",
+           "Workspace", "WhitenedGramReducer", "WhitenedGramResult"]

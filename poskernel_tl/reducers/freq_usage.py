@@ -10,14 +10,23 @@ import torch
 from jaxtyping import Float, Int
 
 from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.schema import Part, stored
 
 
 @dataclass
-class FreqUsage:
-    q_pair_norm: Float[np.ndarray, "layer head_index pair"]
-    k_pair_norm: Float[np.ndarray, "layer kv_head_index pair"]
-    pair_first: Int[np.ndarray, " pair"]
-    pair_second: Int[np.ndarray, " pair"]
+class FreqUsage(Part):
+    """Mean |q| and |k| inside each rotary pair; ``theta`` is the pair's rotation rate
+    (set by the caller from the model's rotary module)."""
+
+    NAME = "freq_usage"
+    q_pair_norm: Float[np.ndarray, "layer head_index pair"] = stored(
+        "freq_usage.npz", "q_pair_norm", finite=True)
+    k_pair_norm: Float[np.ndarray, "layer kv_head_index pair"] = stored(
+        "freq_usage.npz", "k_pair_norm", finite=True)
+    pair_first: Int[np.ndarray, " pair"] = stored("freq_usage.npz", "pair_first")
+    pair_second: Int[np.ndarray, " pair"] = stored("freq_usage.npz", "pair_second")
+    theta: Float[np.ndarray, " pair"] | None = stored("freq_usage.npz", "theta",
+                                                      default=None)
 
 
 class FreqUsageReducer:

@@ -22,21 +22,48 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.errors import ResultFileError
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.moments import Moments, MomentsReducer
+from poskernel_tl.schema import Part, column, stored
 from poskernel_tl.toeplitz import shift_invariance_r2
 
 
 @dataclass
-class GramResult:
-    r2_gram_raw: Float[np.ndarray, "layer head_index"]
-    g_gram_raw: Float[np.ndarray, "layer head_index lag"]
+class GramResult(Part):
+    """Track B of one condition; where each field is saved is declared on it. The table's
+    ``R2_gram`` is the centered fit, or the raw one where the condition is not centered
+    (the protocol's CSV), so ``r2_gram`` is written and read by :meth:`columns`/:meth:`load`."""
+
+    NAME = "track_b"
+    r2_gram_raw: Float[np.ndarray, "layer head_index"] = column("trackB", "R2_gram_raw")
+    g_gram_raw: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "gram_raw",
+                                                                   finite=True)
     r2_gram: Float[np.ndarray, "layer head_index"]  # NaN without centering
-    g_gram: Float[np.ndarray, "layer head_index lag"]
-    r2_gram_half: Float[np.ndarray, "layer head_index"]
-    gram_raw: Float[np.ndarray, "layer head_index query_pos key_pos"] | None
-    gram_centered: Float[np.ndarray, "layer head_index query_pos key_pos"] | None
-    eval_moments: Moments
+    g_gram: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "gram_centered")
+    r2_gram_half: Float[np.ndarray, "layer head_index"] = column("trackB", "R2_gram_half")
+    gram_raw: Float[np.ndarray, "layer head_index query_pos key_pos"] | None = stored(
+        "gram_raw.pt", default=None)
+    gram_centered: Float[np.ndarray, "layer head_index query_pos key_pos"] | None = stored(
+        "gram_centered.pt", default=None)
+    centered: bool = column("trackB", "centered", default=False)
+    eval_moments: Moments | None = None  # the evaluation means (not saved)
+
+    def columns(self, table: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
+        cols = super().columns(table, dims)
+        if table == "trackB":
+            shown = self.r2_gram if self.centered else self.r2_gram_raw
+            cols = {"R2_gram": np.asarray(shown).ravel(), **cols}
+        return cols
+
+    @classmethod
+    def load(cls, saved, dims: dict[str, int], **given):
+        raw = saved.table_column("trackB", "R2_gram", dims, ("layer", "head_index"))
+        r2 = raw if given.get("centered") else np.full(raw.shape, np.nan)
+        part = super().load(saved, dims, r2_gram=r2, **given)
+        if part.centered and not np.isfinite(part.g_gram).all():
+            raise ResultFileError(f"{saved.path_of('g.npz')}: gram_centered holds NaN/inf")
+        return part
 
 
 class GramReducer:
@@ -124,4 +151,4 @@ class GramReducer:
             r2_gram_half=stack("r2_gram_half", nan),
             gram_raw=np.stack(mats["gram_raw"]) if mats["gram_raw"] else None,
             gram_centered=np.stack(mats["gram_centered"]) if mats["gram_centered"] else None,
-            eval_moments=ev)
+            centered=centering is not None, eval_moments=ev)

@@ -1,21 +1,46 @@
 """The full logit matrices of a few evaluation sequences, for heatmaps and head pages
 (the seed's visualization subset: evaluation indices 0, 11, …, 99 at T = 256)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from jaxtyping import Float
 
+from poskernel_tl.constants import VIS_DIR
+from poskernel_tl.errors import ResultFileError
 from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.schema import Part, SavedFiles
 
 
 @dataclass
-class SavedLogits:
+class SavedLogits(Part):
     """seq_id → logits [layer, head_index, query_pos, key_pos] (float32; NaN on and above
-    the diagonal, which the causal mask removes)."""
+    the diagonal, which the causal mask removes), saved one file per sequence as
+    ``A_vis/seq_{seq_id}.pt``; ``cfg.json`` lists the ids."""
 
-    logits: dict[int, Float[np.ndarray, "layer head_index query_pos key_pos"]]
+    NAME = "saved_logits"
+    logits: dict[int, Float[np.ndarray, "layer head_index query_pos key_pos"]] = field(
+        default_factory=dict)
+
+    def arrays(self) -> dict[str, dict[str | None, np.ndarray]]:
+        return {f"{VIS_DIR}/seq_{sid}.pt": {None: mat} for sid, mat in sorted(
+            self.logits.items())}
+
+    @classmethod
+    def load(cls, saved: SavedFiles, dims: dict[str, int], logits=()):
+        """``logits``: the seq_ids ``cfg.json`` lists."""
+        part = cls({int(sid): saved.array(f"{VIS_DIR}/seq_{sid}.pt", None) for sid in logits})
+        part.check(dims, saved.path_of(VIS_DIR))
+        return part
+
+    def check(self, dims: dict[str, int], where: object = "") -> dict[str, int]:
+        shape = tuple(dims[a] for a in ("layer", "head_index", "query_pos", "key_pos"))
+        for sid, mat in self.logits.items():
+            if tuple(mat.shape) != shape:
+                raise ResultFileError(f"{where}: logits of sequence {sid} have shape "
+                                      f"{tuple(mat.shape)}, expected {shape}")
+        return dims
 
 
 class LogitSaver:

@@ -15,6 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.schema import Part, SavedFiles, column, stored
 
 
 @dataclass
@@ -41,6 +42,36 @@ class Moments:
             vals = torch.clamp(vals, min=eps * vals.amax(-1, keepdim=True))
             out.append(vecs @ torch.diag_embed(vals.rsqrt()) @ vecs.transpose(-1, -2))
         return out[0], out[1]
+
+
+@dataclass
+class CenteringMeans(Part):
+    """The centering means a condition saves (float32 on the host): Track B's reference,
+    and its random half for the stability check. Absent (None) without centering."""
+
+    NAME = "centering"
+    mean_q: Float[np.ndarray, "layer head_index pos d_head"] | None = stored(
+        "centering_means.pt", "mean_q", finite=True, default=None)
+    mean_k: Float[np.ndarray, "layer kv_head_index pos d_head"] | None = stored(
+        "centering_means.pt", "mean_k", finite=True, default=None)
+    mean_q_half: Float[np.ndarray, "layer head_index pos d_head"] | None = stored(
+        "centering_means.pt", "mean_q_half", finite=True, default=None)
+    mean_k_half: Float[np.ndarray, "layer kv_head_index pos d_head"] | None = stored(
+        "centering_means.pt", "mean_k_half", finite=True, default=None)
+    n_centering: int = column("trackB", "n_centering", default=0)
+    n_centering_half: int = column("trackB", "n_centering_half", default=0)
+
+    @classmethod
+    def from_moments(cls, m: Moments | None) -> "CenteringMeans":
+        if m is None:
+            return cls()
+        f32 = lambda t: None if t is None else t.float().cpu().numpy()
+        return cls(f32(m.mean_q), f32(m.mean_k), f32(m.mean_q_half), f32(m.mean_k_half),
+                   m.n, m.n_half)
+
+    @classmethod
+    def present(cls, saved: SavedFiles) -> bool:
+        return True  # its counts are columns of every Track B table
 
 
 def random_half(n_seqs: int, seed: int) -> np.ndarray:

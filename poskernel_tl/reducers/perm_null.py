@@ -38,19 +38,24 @@ from torch import Tensor
 
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
+from poskernel_tl.schema import Part, stored
 from poskernel_tl.toeplitz import lag_counts, lower_lag_stats, lower_mean_from_qk, r2_from_sums
 
 
 @dataclass
-class PermNull:
+class PermNull(Part):
     """``r2_null[p, layer, head]``: pooled Toeplitz R² after permutation ``p``;
-    ``r2_same_seqs``: the unpermuted pooled R² of the same ``n_seqs`` sequences."""
+    ``r2_same_seqs``: the unpermuted pooled R² of the same ``n_seqs`` sequences (read on
+    a result as ``r2_perm_null`` and ``r2_perm_same_seqs``)."""
 
-    r2_null: Float[np.ndarray, "perm layer head_index"]
-    r2_same_seqs: Float[np.ndarray, "layer head_index"] | None
-    perms: Int[np.ndarray, "perm pos"]
-    n_seqs: int
-    seed: int
+    NAME = "perm_null"
+    r2_null: Float[np.ndarray, "perm layer head_index"] = stored("perm_null.npz",
+                                                                  "r2_perm_null")
+    r2_same_seqs: Float[np.ndarray, "layer head_index"] | None = stored(
+        "perm_null.npz", "r2_perm_same_seqs")
+    perms: Int[np.ndarray, "perm pos"] | None = None  # not saved
+    n_seqs: int = 0
+    seed: int = 0
 
     def percentile(self, r2: Float[np.ndarray, "layer head_index"]
                    ) -> Float[np.ndarray, "layer head_index"]:

@@ -22,9 +22,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
+from poskernel_tl.errors import NonFiniteError
+from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, track_a_stats
+from poskernel_tl.schema import TABLE_ROWS, Part, column, stored
 from poskernel_tl.toeplitz import (
     key_block_counts,
     lag_counts,
@@ -35,22 +37,52 @@ from poskernel_tl.toeplitz import (
 
 
 @dataclass
-class TrackAResult:
-    seq_index: Int[np.ndarray, " n_seqs"]  # positions within the pass
-    r2_per_seq: Float[np.ndarray, "n_seqs layer head_index"]
-    r2_per_seq_nosink: Float[np.ndarray, "n_seqs layer head_index"]
-    g_per_seq: Float[np.ndarray, "n_seqs layer head_index lag"]  # float32 (size)
-    r2_pooled: Float[np.ndarray, "layer head_index"]
-    r2_pooled_nosink: Float[np.ndarray, "layer head_index"]
-    g_pooled: Float[np.ndarray, "layer head_index lag"]  # float64
-    r2_pooled_early: Float[np.ndarray, "layer head_index"]
-    r2_pooled_interior: Float[np.ndarray, "layer head_index"]
-    r2_pooled_interior_keys: Float[np.ndarray, "layer head_index"]
-    r2_split: Float[np.ndarray, "split layer head_index"]
+class TrackAResult(Part):
+    """Track A of one condition; where each field is saved is declared on it."""
 
+    NAME = "track_a"
+    seq_index: Int[np.ndarray, " n_seqs"]  # positions within the pass (not saved)
+    r2_per_seq: Float[np.ndarray, "n_seqs layer head_index"] = column("trackA", "R2_per_seq")
+    r2_pooled: Float[np.ndarray, "layer head_index"] = column("trackA", "R2_pooled",
+                                                               finite=True)
+    r2_per_seq_nosink: Float[np.ndarray, "n_seqs layer head_index"] = column(
+        "trackA", "R2_per_seq_nosink")
+    g_per_seq: Float[np.ndarray, "n_seqs layer head_index lag"] = stored(  # float32
+        "g.npz", "trackA_per_seq")
+    r2_pooled_nosink: Float[np.ndarray, "layer head_index"] = column("trackA",
+                                                                      "R2_pooled_nosink")
+    g_pooled: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "trackA_pooled",
+                                                                 finite=True)
+    r2_pooled_early: Float[np.ndarray, "layer head_index"] = column("trackA",
+                                                                     "R2_pooled_early")
+    r2_pooled_interior: Float[np.ndarray, "layer head_index"] = column(
+        "trackA", "R2_pooled_interior")
+    r2_pooled_interior_keys: Float[np.ndarray, "layer head_index"] = column(
+        "trackA", "R2_pooled_interior_keys")
+    r2_split: Float[np.ndarray, "split layer head_index"] = stored("g.npz", "r2_split")
 
-class NonFiniteError(FloatingPointError):
-    """q or k held NaN/inf (typically half-precision overflow)."""
+    @property
+    def r2_split_mean(self) -> Float[np.ndarray, "layer head_index"]:
+        return self.r2_split.mean(0)
+
+    @property
+    def r2_split_std(self) -> Float[np.ndarray, "layer head_index"]:
+        return self.r2_split.std(0, ddof=1) if len(self.r2_split) > 1 else \
+            np.full(self.r2_pooled.shape, np.nan)
+
+    def columns(self, table: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
+        """The saved columns and, per head, the per-sequence and split mean and std."""
+        cols = super().columns(table, dims)
+        if table == "trackA":
+            n = len(self.r2_per_seq)
+            shape = tuple(dims[a] for a in TABLE_ROWS["trackA"])
+            each = lambda x: np.broadcast_to(x[None], shape).ravel()
+            cols["R2_per_seq_mean"] = each(np.nanmean(self.r2_per_seq, axis=0))
+            cols["R2_per_seq_std"] = each(np.nanstd(self.r2_per_seq, axis=0, ddof=1)) \
+                if n > 1 else np.nan
+            cols["R2_split_mean"] = each(self.r2_split_mean)
+            cols["R2_split_std"] = each(self.r2_split_std)
+        return cols
 
 
 class TrackAReducer:

@@ -14,12 +14,15 @@ from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.moments import Moments
+from poskernel_tl.schema import Part, column
 from poskernel_tl.toeplitz import shift_invariance_r2
 
 
 @dataclass
-class WhitenedGramResult:
-    r2_gram_whitened: Float[np.ndarray, "layer head_index"]
+class WhitenedGramResult(Part):
+    NAME = "whitened"
+    r2_gram_whitened: Float[np.ndarray, "layer head_index"] = column("trackB",
+                                                                      "R2_gram_whitened")
 
 
 class WhitenedGramReducer:

@@ -1,0 +1,219 @@
+"""Result parts: dataclasses whose fields say where they are saved.
+
+A :class:`ConditionResult <poskernel_tl.result.ConditionResult>` is composed of parts
+(Track A, Track B, the centering means, frequency usage, the permutation null, saved
+logits, …), each the result dataclass of the reducer that computes it. A part's field
+declares, in its metadata, where it is stored — an array in a file (:func:`stored`) or a
+column of a tidy table (:func:`column`) — and its jaxtyping annotation gives its axes.
+From that alone this module writes, reads and shape-checks every part, so adding a
+statistic to a reducer's result (one annotated field) is all it takes to save it, load
+it and see it in the tables.
+
+Tables: ``trackA`` has one row per (evaluation sequence, layer, head), ``trackB`` one per
+(layer, head); a field with fewer axes is repeated along the others.
+"""
+
+import dataclasses
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from poskernel_tl.errors import ResultFileError
+
+TABLE_ROWS = {"trackA": ("n_seqs", "layer", "head_index"), "trackB": ("layer", "head_index")}
+
+
+def stored(file: str, key: str | None = None, *, finite: bool = False,
+           default: Any = dataclasses.MISSING) -> Any:
+    """A field saved as array ``key`` of ``file`` (``.npz``, or ``.pt``: a dict of tensors,
+    or one tensor when ``key`` is None)."""
+    return dataclasses.field(default=default, metadata={
+        "file": file, "key": key, "finite": finite})
+
+
+def column(table: str, name: str, *, finite: bool = False,
+           default: Any = dataclasses.MISSING) -> Any:
+    """A field saved as column ``name`` of the tidy table ``table`` (trackA or trackB)."""
+    return dataclasses.field(default=default, metadata={
+        "table": table, "column": name, "finite": finite})
+
+
+def axes(tp) -> tuple[str, ...] | None:
+    """The axis names of a jaxtyping annotation (``Float[np.ndarray, "layer head_index"]``,
+    optionally ``| None``); None for anything else."""
+    for t in (tp, *typing.get_args(tp)):
+        dims = getattr(t, "dim_str", None)
+        if dims is not None:
+            return tuple(dims.split())
+    return None
+
+
+def check_shapes(obj, dims: dict[str, int], where: str = "") -> dict[str, int]:
+    """Every annotated array field of dataclass ``obj`` against ``dims`` (axis name →
+    size); axes not in ``dims`` are bound by their first use. Raises ResultFileError
+    naming the field; returns the (extended) dims."""
+    return check_values(type(obj), {f.name: getattr(obj, f.name)
+                                    for f in dataclasses.fields(obj)}, dims, where)
+
+
+def check_values(cls, values: dict[str, Any], dims: dict[str, int], where: str = "",
+                 label: Callable[[dataclasses.Field], str] = lambda f: f.name
+                 ) -> dict[str, int]:
+    """:func:`check_shapes` for the field values of dataclass ``cls`` before building it
+    (``label``: how a field is named in the message)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        names, value = axes(hints.get(f.name)), values.get(f.name)
+        if names is None or value is None or not hasattr(value, "shape"):
+            continue
+        expected = tuple(dims.get(a, "?") for a in names)
+        if len(value.shape) != len(names) or any(
+                dims.setdefault(a, n) != n for a, n in zip(names, value.shape)):
+            raise ResultFileError(f"{where}{label(f)} has shape {tuple(value.shape)}, "
+                                  f"expected {expected} ({' '.join(names)})")
+    return dims
+
+
+class SavedFiles:
+    """Reads a saved condition's files once each; every problem names the file."""
+
+    def __init__(self, path_of: Callable[[str], Path]):
+        self.path_of, self.cache = path_of, {}
+
+    def exists(self, file: str) -> bool:
+        return self.path_of(file).exists()
+
+    def _read(self, file: str):
+        path = self.path_of(file)
+        if not path.exists():
+            raise ResultFileError(f"{path}: missing")
+        try:
+            if file.endswith(".npz"):
+                with np.load(path, allow_pickle=False) as z:
+                    return {k: z[k] for k in z.files}
+            if file.endswith(".csv"):
+                return pd.read_csv(path, float_precision="round_trip")
+            return torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as err:  # numpy, pandas and torch raise many types for bad files
+            raise ResultFileError(f"{path}: unreadable ({type(err).__name__}: {err})") from err
+
+    def get(self, file: str):
+        if file not in self.cache:
+            self.cache[file] = self._read(file)
+        return self.cache[file]
+
+    def array(self, file: str, key: str | None) -> np.ndarray:
+        content = self.get(file)
+        if key is None:
+            return content.numpy() if torch.is_tensor(content) else np.asarray(content)
+        if key not in content:
+            raise ResultFileError(f"{self.path_of(file)}: lacks {key}")
+        value = content[key]
+        return value.numpy() if torch.is_tensor(value) else value
+
+    def table_column(self, table: str, name: str, dims: dict[str, int],
+                     names: tuple[str, ...]) -> Any:
+        """Column ``name`` of ``table`` laid out along ``names`` (rows in the written
+        order, checked: one row per combination of the table's row axes)."""
+        path, df = self.path_of(f"{table}.csv"), self.get(f"{table}.csv")
+        rows = TABLE_ROWS[table]
+        shape = tuple(dims[a] for a in rows)
+        if name not in df.columns:
+            raise ResultFileError(f"{path}: lacks columns ['{name}']")
+        if len(df) != int(np.prod(shape)):
+            raise ResultFileError(f"{path}: has {len(df)} rows, expected {np.prod(shape)}")
+        values = df[name].to_numpy().reshape(shape)
+        index = tuple(slice(None) if a in names else 0 for a in rows)
+        return values[index] if names else values[index].item()
+
+
+class Part:
+    """Mixin of a result part (a dataclass). ``NAME``: its attribute on the result."""
+
+    NAME: ClassVar[str]
+
+    @classmethod
+    def stored_fields(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if "file" in f.metadata]
+
+    @classmethod
+    def column_fields(cls, table: str) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if f.metadata.get("table") == table]
+
+    def arrays(self) -> dict[str, dict[str | None, np.ndarray]]:
+        """{file: {key: array}} of the stored fields that hold a value."""
+        out: dict[str, dict] = {}
+        for f in self.stored_fields():
+            value = getattr(self, f.name)
+            if value is not None:
+                out.setdefault(f.metadata["file"], {})[f.metadata["key"]] = value
+        return out
+
+    def columns(self, table: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
+        """{column: values, one per row of ``table``} of the fields saved in it."""
+        hints = typing.get_type_hints(type(self))
+        rows = TABLE_ROWS[table]
+        shape = tuple(dims[a] for a in rows)
+        out = {}
+        for f in self.column_fields(table):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            names = axes(hints[f.name]) or ()
+            index = tuple(slice(None) if a in names else None for a in rows)
+            arr = np.asarray(value)[index] if names else np.asarray(value)
+            out[f.metadata["column"]] = np.broadcast_to(arr, shape).ravel()
+        return out
+
+    @classmethod
+    def present(cls, saved: SavedFiles) -> bool:
+        """Whether the condition has this part (its files exist; table parts: always)."""
+        files = {f.metadata["file"] for f in cls.stored_fields()}
+        if files:
+            return any(saved.exists(file) for file in files)
+        tables = {f.metadata["table"]: f.metadata["column"] for f in dataclasses.fields(cls)
+                  if "table" in f.metadata}
+        return all(col in saved.get(f"{t}.csv").columns for t, col in tables.items())
+
+    @classmethod
+    def load(cls, saved: SavedFiles, dims: dict[str, int], **given):
+        """The part from a saved condition; None if it was not saved. ``given``: values
+        of fields that are not stored (counts, flags from ``cfg.json``)."""
+        if not cls.present(saved):
+            return None
+        hints = typing.get_type_hints(cls)
+        values = dict(given)
+        for f in dataclasses.fields(cls):
+            meta, default_missing = f.metadata, f.default is dataclasses.MISSING
+            if "file" in meta:
+                if not saved.exists(meta["file"]) and not default_missing:
+                    continue
+                if meta["key"] is not None and meta["key"] not in saved.get(meta["file"]) \
+                        and not default_missing:
+                    continue
+                values[f.name] = saved.array(meta["file"], meta["key"])
+            elif "table" in meta and f.name not in values:
+                names = axes(hints[f.name]) or ()
+                values[f.name] = saved.table_column(meta["table"], meta["column"], dims, names)
+        check_values(cls, values, dims, label=lambda f: (
+            f"{saved.path_of(f.metadata['file'])}: {f.metadata['key'] or 'the array'}"
+            if "file" in f.metadata else f"{saved.path_of('*')}: {f.name}"))
+        part = cls(**values)
+        part.check(dims, saved.path_of("*"))
+        return part
+
+    def check(self, dims: dict[str, int], where: object = "") -> dict[str, int]:
+        """Shapes against ``dims`` and finiteness of the fields that require it."""
+        prefix = f"{where}: " if where else ""
+        check_shapes(self, dims, prefix)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("finite") and value is not None and \
+                    not np.isfinite(np.asarray(value)).all():
+                raise ResultFileError(f"{prefix}{f.name} holds NaN/inf")
+        return dims

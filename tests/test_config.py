@@ -1,0 +1,116 @@
+"""One config tree: every option field has a flag and every flag a field; choices are
+checked with messages that name the flag; bad input fails before any model loads, with
+exit 2 and one line, while a bug shows its traceback and asks for a report."""
+
+import dataclasses
+import time
+
+import pytest
+
+from poskernel_tl import cli
+from poskernel_tl.config import (
+    PER_CONDITION,
+    GridConfig,
+    MeasureConfig,
+    RunConfig,
+    cli_fields,
+    from_args,
+)
+from poskernel_tl.errors import UserError
+
+IGNORED = {"help", "command"}
+
+
+def _dests(argv: list[str]) -> set[str]:
+    parser = cli.build_parser()
+    args = parser.parse_args(argv)
+    return set(vars(args)) - IGNORED
+
+
+def _fields(cls, exclude=()) -> set[str]:
+    return {f.name for f in cli_fields(cls)} - set(exclude)
+
+
+def test_run_flags_are_the_run_config_fields():
+    assert _dests(["run"]) - {"spectral"} == _fields(RunConfig)
+
+
+def test_grid_flags_are_the_grid_config_fields():
+    assert _dests(["grid"]) == _fields(GridConfig, PER_CONDITION)
+
+
+def test_analyze_flags_are_run_fields_plus_the_options():
+    from poskernel_tl.analyses.registry import REGISTRY
+
+    for name, spec in REGISTRY.items():
+        dests = _dests(["analyze", name]) - {"analysis"}
+        assert dests == _fields(RunConfig, cli.RUN_ONLY) | _fields(spec.options), name
+
+
+def test_every_field_documents_itself():
+    for cls in (MeasureConfig, RunConfig, GridConfig):
+        for f in dataclasses.fields(cls):
+            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
+
+
+def test_parsed_flags_round_trip_into_the_dataclass():
+    args = cli.build_parser().parse_args(
+        ["run", "--model", "gpt2", "--length", "64", "--n-seqs", "8", "--batch-size", "3",
+         "--scores", "qk", "--quiet", "--whiten"])
+    cfg = from_args(RunConfig, args)
+    assert (cfg.model, cfg.length, cfg.n_seqs, cfg.batch_size, cfg.scores) == \
+        ("gpt2", 64, 8, 3, "qk")
+    assert cfg.progress is False and cfg.whiten is True
+
+
+@pytest.mark.parametrize("changes, flag", [
+    ({"dtype": "float8"}, "--dtype"), ({"scores": "maybe"}, "--scores"),
+    ({"batch_size": 0}, "--batch-size"), ({"n_seqs": 7}, "--n-seqs"),
+    ({"length": 100_000}, "--length"), ({"length": 2}, "--length"),
+    ({"dataset": "nosuch"}, "nosuch"), ({"model": "nosuch"}, "nosuch"),
+    ({"null_perms": -1}, "--null-perms")])
+def test_bad_values_name_the_flag(changes, flag):
+    cfg = RunConfig()
+    for key, value in changes.items():  # as a command line or a cfg.json would set them
+        setattr(cfg, key, value)
+    with pytest.raises(UserError, match=flag):
+        cfg.validate()
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\x01binary\x00"])
+def test_empty_or_binary_text_fails_before_the_model_loads(tmp_path, content, capsys,
+                                                           monkeypatch):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(content)
+    monkeypatch.setattr("poskernel_tl.runner.load_model",
+                        lambda *a, **k: pytest.fail("the model was loaded"))
+    t0 = time.time()
+    rc = cli.main(["run", "--dataset", f"text:{path}", "--out", str(tmp_path / "o")])
+    assert rc == 2 and time.time() - t0 < 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0]
+
+
+def test_a_bug_is_a_traceback_and_a_request_to_report(monkeypatch, capsys):
+    def broken(args):
+        raise ZeroDivisionError("internal")
+
+    monkeypatch.setitem(cli.COMMANDS, "models", broken)
+    assert cli.main(["models"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ZeroDivisionError" in err and "report" in err
+
+
+def test_a_user_error_is_one_line_and_exit_2(capsys):
+    assert cli.main(["run", "--batch-size", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--batch-size" in err[0]
+
+
+def test_grid_config_makes_each_condition_s_run_config():
+    grid = GridConfig(batch_size=2, seed=3, out="x", save_logits="yes")
+    run = grid.run_config("m", "prose", 1024, 20)
+    assert isinstance(run, RunConfig) and not isinstance(run, GridConfig)
+    assert (run.model, run.length, run.n_seqs, run.batch_size, run.seed, run.out) == \
+        ("m", 1024, 20, 2, 3, "x")
+    assert run.save_logits == "no"  # full logits only at T <= 256
