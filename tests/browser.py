@@ -180,16 +180,17 @@ def _chromium(args: list[str], timeout: float) -> subprocess.CompletedProcess:
 
 
 def load_page(path: str | os.PathLike, *, budget_ms: int = 2000,
-              timeout: float = 90) -> PageRun:
+              timeout: float = 90, fragment: str = "") -> PageRun:
     """Open ``path`` from ``file://`` in headless Chromium with the probe and return
-    the DOM, probe records and console messages after ``budget_ms`` of virtual time."""
+    the DOM, probe records and console messages after ``budget_ms`` of virtual time.
+    ``fragment``: the part after ``#`` of the address (a permalink)."""
     path = Path(path).resolve()
     probed = path.with_name(f".probe-{path.name}")
     probed.write_text(_with_probe(path.read_text(encoding="utf-8")), encoding="utf-8")
+    uri = probed.as_uri() + (f"#{fragment}" if fragment else "")
     try:
         proc = _chromium(["--enable-logging=stderr", "--v=0",
-                          f"--virtual-time-budget={budget_ms}", "--dump-dom",
-                          probed.as_uri()], timeout)
+                          f"--virtual-time-budget={budget_ms}", "--dump-dom", uri], timeout)
     finally:
         probed.unlink(missing_ok=True)
     if proc.returncode != 0 or "<html" not in proc.stdout:
@@ -205,13 +206,14 @@ def load_page(path: str | os.PathLike, *, budget_ms: int = 2000,
 
 def screenshot(path: str | os.PathLike, out: str | os.PathLike, *,
                size: tuple[int, int] = (1400, 2000), budget_ms: int = 2000,
-               timeout: float = 90) -> Path:
-    """Render ``path`` from ``file://`` and write a PNG of the window to ``out``."""
+               timeout: float = 90, fragment: str = "") -> Path:
+    """Render ``path`` from ``file://`` (``#fragment`` appended when given) and write a PNG
+    of the window to ``out``."""
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
+    uri = Path(path).resolve().as_uri() + (f"#{fragment}" if fragment else "")
     proc = _chromium([f"--screenshot={out}", f"--window-size={size[0]},{size[1]}",
-                      f"--virtual-time-budget={budget_ms}", Path(path).resolve().as_uri()],
-                     timeout)
+                      f"--virtual-time-budget={budget_ms}", uri], timeout)
     if proc.returncode != 0 or not out.is_file():
         raise RuntimeError(f"chromium screenshot failed (rc={proc.returncode}): "
                            f"{proc.stderr[-2000:]}")

@@ -1,9 +1,8 @@
-"""The report: figures on synthetic results, verdict logic on hand-built tables, the
-permutation-null reducer on planted heads, the analytic null, and build_report end to end."""
+"""The report's parts: figures on synthetic results, verdict logic on hand-built tables, the
+permutation-null reducer on planted heads and the analytic null (build_report end to end:
+test_report_build.py)."""
 
 import dataclasses
-import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -71,7 +70,7 @@ def synthetic(model: str = "smollm2-135m", dataset: str = "prose", T: int = 32, 
         centered=centered, r2_gram=r2_gram, g_gram=g if centered else np.full(g.shape, np.nan),
         r2_gram_raw=np.clip(depth - 0.05, 0, 1), g_gram_raw=g + 0.5,
         r2_gram_half=r2_gram, gram_raw=gram.astype(np.float32),
-        provenance={"weights": "synthetic"}, **extra)
+        logits={}, provenance={"weights": "synthetic"}, **extra)
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +134,11 @@ def test_fig4_gate_label_and_matched_peaks(grid):
     labels = [t.get_text() for t in spec_ax.texts]
     assert len(labels) == int(np.sum(res["matched"]))
     # without a kept Gram matrix and with a minimal spectral dict, panel (a) says why
-    fig = F.fig4_spectral(r.replace(gram_centered=None, gram_raw=None), layer, head,
-                          {"peaks": np.array([0.5])}, gate_met=None)
+    minimal = {"peaks": np.array([0.5]), "omega": res["omega"], "spectrum": res["spectrum"]}
+    fig = F.fig4_spectral(r, layer, head, minimal, gate_met=None, grams={})
     assert any("not kept" in t.get_text() for t in fig.axes[0].texts)
+    with pytest.raises(ValueError, match="saved spectrum"):
+        F.fig4_spectral(r, layer, head, {"peaks": np.array([0.5])}, gate_met=None)
 
 
 def test_fig_nulls_with_and_without_permutation_null(grid, tmp_path):
@@ -195,7 +196,7 @@ def row(**kw) -> dict:
                 A_slope_se=0.002,
                 n_bucking=0, bucking_heads="", B_centered_early=0.88, AB_diff_early=0.02,
                 seq_std_early=0.05, n_early_ge_040=0, early_ge_040="",
-                spec_status="computed", spec_n_analysed=10, spec_n_seed_met=8,
+                spec_status="computed", spec_n_analysed=10, spec_n_criterion_met=8,
                 spec_n_aligned=5, spec_frac_matched_mean=0.6, spec_chance_mean=0.3)
     base.update(kw)
     return base
@@ -220,8 +221,8 @@ CASES = {
                     V.FAILED: [row(A_slope=0.02)], V.NA: [row(pe="learned-absolute")]},
     "gate": {V.MET: [row()], V.PARTIAL: [row(), row(model="m2", A_early_mean=0.5)],
              V.FAILED: [row(A_early_mean=0.5)], V.NA: [row(**NOPE)]},
-    "spectral": {V.MET: [row()], V.PARTIAL: [row(spec_n_seed_met=2)],
-                 V.FAILED: [row(spec_n_seed_met=0)], V.NA: [row(A_early_mean=0.5)]},
+    "spectral": {V.MET: [row()], V.PARTIAL: [row(spec_n_criterion_met=2)],
+                 V.FAILED: [row(spec_n_criterion_met=0)], V.NA: [row(A_early_mean=0.5)]},
     "nope": {V.MET: [row(), row(A_early_mean=0.1, **NOPE)],
              V.PARTIAL: [row(A_early_mean=0.1, **NOPE),
                          row(A_early_mean=0.5, **{**NOPE, "model": "n2"})],
@@ -258,8 +259,8 @@ def test_verdicts_on_results_say_why_not_computable(grid):
     t1 = TB.table1(TB.condition_summary(grid))
     assert list(t1.columns) == TB.TABLE1_COLUMNS and len(t1) == len(grid)
     cell = dict(zip(t1["model"], t1["spectral_alignment"]))  # no spectral results given
-    assert cell == {"gpt2": "no rotary PE", "llama-3.2-1b": "not computed",
-                    "smollm2-135m": "not computed", "tinyllama-nope-1.1b": "no PE frequencies"}
+    assert cell == {"gpt2": "no rotary PE", "llama-3.2-1b": "not run",
+                    "smollm2-135m": "not run", "tinyllama-nope-1.1b": "no PE frequencies"}
 
 
 # ------------------------------------------------------------ permutation-null reducer
@@ -326,46 +327,3 @@ def test_perm_null_iid_noise_inside_null_and_same_seqs_fit(device):
     assert abs(np.median(res.percentile(res.r2_same_seqs)) - 50) < 30
     # every permuted fit keeps the analytic scale of an unstructured matrix
     assert res.r2_null.mean() < 20 * N.analytic_null_mean(T_, 3)
-
-
-# ------------------------------------------------------------------- build_report
-def test_build_report_offline_and_escaped(tmp_path):
-    from poskernel_tl.report.build import _paged, build_report, head_page_href, heatmap_table
-
-    first = synthetic(dataset=SCRIPT)
-    null = np.full((8, *first.r2_pooled.shape), 1e-3)
-    results = [first.replace(r2_perm_null=null, r2_perm_same_seqs=first.r2_pooled),
-               synthetic(dataset="random", centered=False, seed=1),
-               synthetic("gpt2", dataset=SCRIPT, heads=4, level=0.4, seed=3)]
-    for r in results:
-        r.save(tmp_path)
-    page = build_report(tmp_path, n_null=50)
-    assert page == tmp_path / "report" / "report.html"
-    text = page.read_text(encoding="utf-8")
-    assert "http://" not in text and "https://" not in text
-    assert "<script>alert(1)" not in text and "\"quoted\"" not in text
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;quoted&quot;" in text
-    assert not re.search(r"<script\b", text)
-    href = head_page_href("smollm2-135m", SCRIPT, 32, 1, 2)
-    assert href.startswith("heads/smollm2-135m/") and href.endswith("_32/L1H2.html")
-    # without head pages Figure 1 links nowhere; with them every cell links to its page
-    assert f'href="{href}"' not in text
-    assert f'href="{href}"' in heatmap_table(results[0], linked=True)
-    assert "href=" not in heatmap_table(results[0], linked=False)
-    assert _paged(results, "first") == {results[0].stem()}
-    assert _paged(results, "all") == {r.stem() for r in results} and not _paged(results, False)
-    out = page.parent
-    for src in re.findall(r'src="([^"]+)"', text):
-        assert (out / src).exists(), src
-        assert (out / src[:-4]).with_name(Path(src).stem + ".pdf").exists()
-    for name in ("table1", "verdicts", "summary", "nulls_thresholds"):
-        assert (out / f"{name}.csv").exists() and (out / f"{name}.md").exists()
-    v = pd.read_csv(out / "verdicts.csv").set_index("id")
-    assert v.loc["nope", "reason"] == "no NoPE model in this folder"
-    assert "<script>" not in (out / "table1.md").read_text(encoding="utf-8")
-    assert "36/36 heads above the largest of their 8 permuted R²" in text
-    assert len(list((out / "nulls").glob("*_perm_null.csv"))) == 1
-    for question in ("(a)", "(b)", "(c)", "(d)", "(e)", "(f)"):
-        assert question in text
-    for phrase in ("Tokenizer confound", "dequantized", "NoPE + LayerNorm", "sink"):
-        assert phrase in text

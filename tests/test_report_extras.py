@@ -1,9 +1,9 @@
-"""The report's "Beyond the seeds" section and head-page rows: the kernel-patching,
+"""The report's "Further analyses" section and the head views' rows: the kernel-patching,
 separable and mean-field CSVs, made by the analyses' own table functions from synthetic
-numbers with a few planted values, read back into report.html and the head pages."""
+numbers with a few planted values, read back into report.html and the data files."""
 
 import dataclasses
-import re
+import json
 
 import numpy as np
 import pandas as pd
@@ -17,7 +17,6 @@ from poskernel_tl.analyses import separable as SEP
 from poskernel_tl.registry import REGISTRY
 from poskernel_tl.report import extras as EX
 from poskernel_tl.report.build import build_report
-from poskernel_tl.report.pages import head_page_path
 
 L, H, T, N = 2, 2, 16, 4
 OTHER = "llama-3.2-1b"
@@ -35,7 +34,7 @@ def spec(name: str = "smollm2-135m", layers: int = L, heads: int = H):
 
 def with_logits(r):
     """The result with one saved logit matrix (NaN on and above the diagonal), so its
-    head pages carry an attention pattern and go through ``head_html``."""
+    head views carry an attention pattern."""
     rng = np.random.default_rng(7)
     A = rng.standard_normal((L, H, T, T)).astype(np.float32)
     A[..., np.triu_indices(T)[0], np.triu_indices(T)[1]] = np.nan
@@ -110,7 +109,7 @@ def built(tmp_path_factory):
         write_csv(out, prose, name, table)
     bad = patching_csv(rng).query("layer == 0 and head == 0").drop(columns="dloss_ablated")
     write_csv(out, rand, "kernel-patching", bad)
-    page = build_report(out, n_null=20, head_pages="all")
+    page = build_report(out, workers=1)
     return {"out": out, "page": page, "report": page.parent, "prose": prose, "rand": rand,
             "tables": tables}
 
@@ -125,14 +124,14 @@ def test_report_has_section_figures_and_layer_table(built):
     section = text[text.index(EX.SECTION_TITLE):text.index("<h2>Limitations")]
     prose = built["prose"]
     for a in EX.ANALYSES:
-        png = built["report"] / "figures" / f"beyond_{prose.stem()}_{a.name}.png"
+        png = built["report"] / "figures" / f"further_{prose.stem()}_{a.name}.png"
         assert png.is_file() and png.stat().st_size > 1000
         assert png.read_bytes()[:8] == PNG
         assert png.with_suffix(".pdf").is_file()
         assert f'src="figures/{png.name}"' in section
         assert a.guide.split(":")[0].replace("'", "&#x27;") in section
     # no figure for the malformed table
-    assert not list((built["report"] / "figures").glob(f"beyond_{built['rand'].stem()}_*"))
+    assert not list((built["report"] / "figures").glob(f"further_{built['rand'].stem()}_*"))
     # per-layer means: layer 1 of the separable R² mean over both heads
     sep = built["tables"]["separable"]
     mean = sep.loc[sep.layer == 1, "R2_separable"].mean()
@@ -141,53 +140,56 @@ def test_report_has_section_figures_and_layer_table(built):
     assert "kernel / ablation*" in section
 
 
+def extras_of(built, r) -> dict:
+    """The further analyses' rows in the condition's data file, by analysis name."""
+    text = (built["report"] / "data" / f"{r.stem()}.js").read_text(encoding="utf-8")
+    payload = json.loads(text[text.index(" = {") + 3:-2])
+    return {x["name"]: x for x in payload["extras"]}
+
+
 def test_malformed_csv_is_a_note(built):
     text = read(built["page"])
     section = text[text.index(EX.SECTION_TITLE):text.index("<h2>Limitations")]
     assert "unreadable — missing column dloss_ablated" in section
-    page = read(head_page_path(built["report"], OTHER, "random", T, 0, 0))
-    assert "missing column dloss_ablated" in page
-    assert "not run" in page
+    rows = extras_of(built, built["rand"])
+    assert rows["kernel-patching"]["status"] == EX.UNREADABLE
+    assert "missing column dloss_ablated" in rows["kernel-patching"]["message"]
+    assert rows["separable"]["status"] == EX.NOT_RUN
 
 
-def test_head_page_shows_the_heads_values(built):
-    page = read(head_page_path(built["report"], "smollm2-135m", "prose", T, 1, 0))
-    assert "<h2>Beyond the seeds</h2>" in page
-    beyond = page[page.index("<h2>Beyond the seeds</h2>"):]
-    beyond = beyond[:beyond.index("</section>")]
-    for col in ("dloss_patched", "dloss_ablated", "R2_separable", "share_cross"):
-        assert f'<td class="pk-value">{PLANTED[col]:.4g}</td>' in beyond, col
+def test_head_views_carry_each_heads_values(built):
+    rows = extras_of(built, built["prose"])
+    at = 1 * H + 0  # L1H0
+    for name, col in (("kernel-patching", "dloss_patched"), ("kernel-patching", "dloss_ablated"),
+                      ("separable", "R2_separable"), ("mean-field", "share_cross")):
+        labels = dict(EX.HEAD_QUANTITIES[name])
+        i = rows[name]["labels"].index(labels[col])
+        assert rows[name]["values"][at][i] == pytest.approx(PLANTED[col]), col
     kp = built["tables"]["kernel-patching"].set_index(["layer", "head"]).loc[(1, 0)]
-    assert f'<td class="pk-value">{kp["dloss_ratio"]:.4g}</td>' in beyond
-    assert f"[{kp['dloss_patched_lo']:.4g}, {kp['dloss_patched_hi']:.4g}]" in beyond
-    for share in ("0.5", "0.4"):  # mean-field shares
-        assert f'<td class="pk-value">{share}</td>' in beyond
-    assert "not run" not in beyond
-    # the table is not repeated among the result tables
-    assert f"<h3>{EX.HEAD_TABLE}</h3>" not in page
-    assert "the ratio means little" not in beyond and "<th>note</th>" not in beyond
-    other = read(head_page_path(built["report"], "smollm2-135m", "prose", T, 0, 1))
-    sep = built["tables"]["separable"].set_index(["layer", "head"]).loc[(0, 1)]
-    assert f'<td class="pk-value">{sep["R2_separable"]:.4g}</td>' in other
-    assert "ablation&#x27;s interval reaches 0: the ratio means little" in other
+    i = rows["kernel-patching"]["labels"].index("Δloss, kernel patched (nats)")
+    assert rows["kernel-patching"]["intervals"][at][i] == pytest.approx(
+        [kp["dloss_patched_lo"], kp["dloss_patched_hi"]])
+    shares = [0.5, PLANTED["share_cross"], 0.4]
+    assert rows["mean-field"]["values"][at][1:4] == pytest.approx(shares)
+    assert rows["kernel-patching"]["values"][at][-1] == ""  # no note where ablation matters
+    assert "the ratio means little" in rows["kernel-patching"]["values"][0 * H + 1][-1]
 
 
-def test_head_page_without_csvs_says_not_run(built):
-    page = read(head_page_path(built["report"], OTHER, "random", T, 0, 0))
+def test_head_views_without_csvs_say_not_run(built):
+    rows = extras_of(built, built["rand"])
     for name in ("separable", "mean-field"):
-        assert (f"poskernel analyze {name} --model {OTHER} --dataset random "
-                f"--length {T}") in page
-    assert page.count("not run") >= 2
-    # a page without a logit matrix (no pattern) has the same section, not a result table
-    assert "<h2>Beyond the seeds</h2>" in page and f"<h3>{EX.HEAD_TABLE}</h3>" not in page
+        assert rows[name]["status"] == EX.NOT_RUN
+        assert rows[name]["message"] == (f"poskernel analyze {name} --model {OTHER} "
+                                         f"--dataset random --length {T} --out DIR")
+        assert "values" not in rows[name]
 
 
 def test_report_without_csvs_has_no_section(tmp_path):
     r = make_result(spec(), T, dataset="prose", n_seqs=N)
     r.save(tmp_path)
-    text = read(build_report(tmp_path, n_null=20))
-    assert "Beyond the seeds" not in text
-    assert not list((tmp_path / "report" / "figures").glob("beyond_*"))
+    text = read(build_report(tmp_path, workers=1))
+    assert EX.SECTION_TITLE not in text
+    assert not list((tmp_path / "report" / "figures").glob("further_*"))
 
 
 def test_read_table_problems(tmp_path):
@@ -204,12 +206,14 @@ def test_read_table_problems(tmp_path):
     assert "does not have" in EX.read_table(a, path, n_layers=2, n_heads=2).problem
     ok = EX.read_table(a, path)
     assert ok.status == EX.OK and len(ok.table) == 2
-    rows = EX.head_rows({"separable": ok}, "m", "d", T, 1, 0)
-    assert list(rows.quantity) == [EX.NOT_RUN, EX.NO_ROW, EX.NOT_RUN]
-    assert re.search(r"poskernel analyze mean-field --model m --dataset d --length 16",
-                     EX.head_rows_html(rows))
-    odd = EX.head_rows_html(EX.head_rows({}, "m", "<b>x</b>", T, 0, 0))
-    assert "<b>x" not in odd and "--dataset &#x27;&lt;b&gt;x&lt;/b&gt;&#x27;" in odd
+    rows = {x["name"]: x for x in EX.viewer_tables({"separable": ok}, "m", "d", T, 6, 1)}
+    assert [rows[n]["status"] for n in ("kernel-patching", "separable", "mean-field")] == \
+        [EX.NOT_RUN, EX.OK, EX.NOT_RUN]
+    assert rows["separable"]["values"][1] is None and rows["separable"]["values"][5]
+    assert rows["mean-field"]["message"].startswith(
+        "poskernel analyze mean-field --model m --dataset d --length 16")
+    odd = EX.viewer_tables({}, "m", "<b>x</b>", T, 1, 1)[0]["message"]
+    assert "--dataset '<b>x</b>'" in odd  # quoted for the shell; the viewer shows it as text
 
 
 def test_figure_failure_is_a_note(tmp_path):
@@ -224,14 +228,13 @@ def test_figure_failure_is_a_note(tmp_path):
     assert "R² mean field" in html and "not run — <code>poskernel analyze separable" in html
 
 
-def test_pages_drawn_in_parallel_equal_those_drawn_in_one_process(tmp_path):
-    from poskernel_tl.report.pages import write_head_pages
-
+def test_figures_drawn_in_parallel_equal_those_drawn_in_one_process(tmp_path):
     r = with_logits(make_result(spec(), T, dataset="prose", n_seqs=N))
-    pages = {}
+    r.save(tmp_path)
+    files = {}
     for workers in (1, 2):
-        written = write_head_pages([r], tmp_path / str(workers), workers=workers)
-        pages[workers] = {p.relative_to(tmp_path / str(workers)): p.read_bytes()
-                          for p in written}
-    assert len(pages[1]) == L * H + L  # head pages and layer pages
-    assert pages[1] == pages[2]
+        page = build_report(tmp_path, tmp_path / f"r{workers}", workers=workers)
+        files[workers] = {p.relative_to(page.parent): p.read_bytes()
+                          for p in page.parent.rglob("*") if p.is_file()
+                          and p.suffix in (".html", ".js", ".png")}
+    assert len(files[1]) > 8 and files[1] == files[2]

@@ -1,5 +1,5 @@
-"""Beyond the seeds: the per-head tables of ``poskernel analyze kernel-patching``,
-``separable`` and ``mean-field`` in the report and on the head pages.
+"""Further analyses: the per-head tables of ``poskernel analyze kernel-patching``,
+``separable`` and ``mean-field`` in the report and in the head views.
 
 Each analysis writes ``results/{model}_{dataset}_{T}_{NAME}.csv`` (one row per layer and
 head; see :func:`poskernel_tl.analyze.run_analysis`). For one condition,
@@ -10,9 +10,8 @@ the condition does not have) is kept as a note instead of a table. From there:
 - :func:`report_section`: the report's section, per condition with any of the files each
   analysis' own figure (written through the caller's figure writer), a per-layer table of
   means and a status line per analysis (read / not run with the command / unreadable);
-- :func:`head_rows`, :func:`head_frame`: one head's values from each file, or "not run"
-  with the command that makes the file, as a tidy frame (the head-page tables route it
-  to :func:`head_rows_html`, the "Beyond the seeds" section of a head page).
+- :func:`viewer_tables`: every head's values from each file, or "not run" with the command
+  that makes the file, as JSON-ready data for the head views (the "Further analyses" rows).
 """
 
 import importlib
@@ -25,16 +24,11 @@ import numpy as np
 import pandas as pd
 
 from poskernel_tl import constants as C
+from poskernel_tl.report.figures import model_label
 from poskernel_tl.report.html import escape
 
-SECTION_TITLE = "Beyond the seeds: kernel patching, separable baseline, mean field"
-HEAD_TABLE = "Beyond the seeds"  # caption of the head-page table (see head_page.py)
-KEYS = ("model", "dataset", "length", "layer", "head")
-# the text columns first: a page that shows the frame as a plain table reads left to right
-HEAD_COLUMNS = ("analysis", "quantity", "value", "95% interval", "note", *KEYS)
-# a file's status; a head row whose quantity is one of the last three carries a message
-OK, NOT_RUN, UNREADABLE, NO_ROW = "ok", "not run", "unreadable", "no row"
-MESSAGES = (NOT_RUN, UNREADABLE, NO_ROW)
+SECTION_TITLE = "Further analyses: kernel patching, separable baseline, mean field"
+OK, NOT_RUN, UNREADABLE = "ok", "not run", "unreadable"  # a file's status
 
 
 @dataclass(frozen=True)
@@ -208,91 +202,54 @@ def _load(results_dir, r) -> dict[str, Loaded]:
     return load_condition(results_dir, r.model, r.dataset, r.length, r.n_layers, r.n_heads)
 
 
-# ------------------------------------------------------------------------ head rows
-def head_rows(loaded: dict[str, Loaded], model: str, dataset: str, length: int,
-              layer: int, head: int) -> pd.DataFrame:
-    """One head's values from each analysis (columns :data:`HEAD_COLUMNS`; values as
-    text). An analysis without a file gives one row with quantity "not run" whose value
-    is the command; an unreadable file or a head missing from it gives one row
-    ("unreadable", "no row") whose value says why."""
-    rows = []
-    key = dict(model=model, dataset=dataset, length=int(length), layer=int(layer),
-               head=int(head))
+# ------------------------------------------------------------------- head views
+def _finite(x) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if np.isfinite(x) else None
 
-    def add(a: Analysis, quantity: str, value: str, interval: str = "",
-            note: str = "") -> None:
-        rows.append({**key, "analysis": a.title, "quantity": quantity, "value": value,
-                     "95% interval": interval, "note": note})
 
+def _head_notes(a: Analysis, t: pd.DataFrame) -> list[str]:
+    notes = [""] * len(t)
+    if a.name == "kernel-patching" and "ablation_matters" in t.columns:
+        notes = ["" if ok else "ablation's interval reaches 0: the ratio means little"
+                 for ok in t["ablation_matters"]]
+    if a.name == "mean-field" and "note" in t.columns:
+        notes = [n.strip() if isinstance(n, str) else "" for n in t["note"]]
+    return notes
+
+
+def viewer_tables(loaded: dict[str, Loaded], model: str, dataset: str, length: int,
+                  n_layers: int, n_heads: int) -> list[dict]:
+    """Every head's rows of each analysis for the head views, JSON-ready: per analysis its
+    ``title``, ``status`` (ok / not run / unreadable), ``message`` (the command that writes
+    the file, or what is wrong with it), the quantity ``labels`` and, per head (index
+    layer × n_heads + head; None where the file has no row), the ``values``, the 95%
+    ``intervals`` (None where the file has none) and a ``note``."""
+    out = []
     for a in ANALYSES:
         item = loaded.get(a.name) or Loaded(a, Path())
-        if item.status == NOT_RUN:
-            add(a, NOT_RUN, command(a.name, model, dataset, length))
-            continue
-        if item.status == UNREADABLE:
-            add(a, UNREADABLE, f"{item.path.name}: {item.problem}")
-            continue
-        t = item.table
-        match = t[(t["layer"] == layer) & (t["head"] == head)]
-        if match.empty:
-            add(a, NO_ROW, f"{item.path.name} has no row for L{layer}H{head}")
-            continue
-        row = match.iloc[0]
-        for col, label in HEAD_QUANTITIES[a.name]:
-            if col not in row.index:
-                continue
-            lo, hi = row.get(f"{col}_lo"), row.get(f"{col}_hi")
-            interval = (f"[{_num(lo)}, {_num(hi)}]" if lo is not None and hi is not None
-                        and _num(lo) != "–" and _num(hi) != "–" else "")
-            note = ""
-            if col.startswith("dloss_ratio") and "ablation_matters" in row.index \
-                    and not bool(row["ablation_matters"]):
-                note = "ablation's interval reaches 0: the ratio means little"
-            if a.name == "mean-field" and col == "R2_meanfield" and "note" in row.index \
-                    and isinstance(row["note"], str) and row["note"].strip():
-                note = row["note"].strip()
-            add(a, label, _num(row[col]), interval, note)
-    return pd.DataFrame(rows, columns=list(HEAD_COLUMNS))
-
-
-def head_frame(results_dir: str | Path, results: Sequence) -> pd.DataFrame:
-    """:func:`head_rows` of every head of every condition in ``results``
-    (ConditionResults), one frame: the head pages' "Beyond the seeds" table."""
-    frames = []
-    for r in results:
-        loaded = _load(results_dir, r)
-        for layer in range(r.n_layers):
-            for head in range(r.n_heads):
-                frames.append(head_rows(loaded, r.model, r.dataset, r.length, layer, head))
-    return (pd.concat(frames, ignore_index=True) if frames
-            else pd.DataFrame(columns=list(HEAD_COLUMNS)))
-
-
-def head_rows_html(df: pd.DataFrame) -> str:
-    """A head's rows (:func:`head_rows`) as a table, one block of rows per analysis (the
-    note column only where a row has a note)."""
-    columns = ["quantity", "value", "95% interval", "note"]
-    is_msg = df["quantity"].isin(MESSAGES)
-    if not df.loc[~is_msg, "note"].fillna("").astype(str).str.strip().any():
-        columns.pop()
-    width = f' colspan="{len(columns)}"'
-    body = []
-    for analysis, group in df.groupby("analysis", sort=False):
-        records = group.to_dict("records")
-        span = f' rowspan="{len(records)}"' if len(records) > 1 else ""
-        for i, row in enumerate(records):
-            first = f"<th{span}>{_esc(analysis)}</th>" if i == 0 else ""
-            status = row["quantity"] if row["quantity"] in MESSAGES else OK
-            if status == NOT_RUN:
-                cells = f"<td{width}>not run — <code>{_esc(row['value'])}</code></td>"
-            elif status != OK:
-                cells = f"<td{width}>{_esc(status)} — {_esc(row['value'])}</td>"
-            else:
-                cells = "".join(f'<td class="pk-value">{_esc(row[c])}</td>' if c == "value"
-                                else f"<td>{_esc(row[c])}</td>" for c in columns)
-            body.append(f'<tr class="pk-beyond-{status.replace(" ", "-")}">{first}{cells}</tr>')
-    head = "<tr><th>analysis</th>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"
-    return f'<table class="pk-table pk-beyond">{head}{"".join(body)}</table>'
+        entry = {"name": a.name, "title": a.title, "status": item.status,
+                 "message": command(a.name, model, dataset, length) if item.status == NOT_RUN
+                 else f"{item.path.name}: {item.problem}" if item.status == UNREADABLE else ""}
+        if item.table is not None:
+            t = item.table
+            cols = [(c, label) for c, label in HEAD_QUANTITIES[a.name] if c in t.columns]
+            entry["labels"] = [label for _, label in cols]
+            values: list = [None] * (n_layers * n_heads)
+            intervals: list = [None] * (n_layers * n_heads)
+            notes = _head_notes(a, t)
+            for i, row in enumerate(t.to_dict("records")):
+                at = int(row["layer"]) * n_heads + int(row["head"])
+                values[at] = [_finite(row[c]) for c, _ in cols] + [notes[i]]
+                intervals[at] = [[_finite(row.get(f"{c}_lo")), _finite(row.get(f"{c}_hi"))]
+                                 if f"{c}_lo" in row and f"{c}_hi" in row else None
+                                 for c, _ in cols]
+            entry.update(values=values, intervals=intervals)
+        out.append(entry)
+    return out
 
 
 # ---------------------------------------------------------------------- the report
@@ -335,7 +292,7 @@ def _layer_table_html(groups, frame: pd.DataFrame) -> str:
         cells = "".join(f"<td>{_esc(v if isinstance(v, str) else _num(v))}</td>"
                         for v in row.to_numpy(dtype=object))
         rows.append(f"<tr><th>L{int(layer)}</th>{cells}</tr>")
-    return f'<table class="pk-table pk-beyond-layers">{top}{sub}{"".join(rows)}</table>'
+    return f'<table class="pk-table pk-further-layers">{top}{sub}{"".join(rows)}</table>'
 
 
 def _status_html(item: Loaded, r) -> str:
@@ -375,22 +332,23 @@ def _figure(item: Loaded, r) -> tuple[object | None, str]:
 
 
 def report_section(results_dir: str | Path, results: Sequence,
-                   figure: Callable[[object, str, str], str]) -> str:
-    """The report's "Beyond the seeds" section as HTML, or "" when no condition in
+                   figure: Callable[[object, str, str], str],
+                   loaded: dict[str, dict[str, Loaded]] | None = None) -> str:
+    """The report's "Further analyses" section as HTML, or "" when no condition in
     ``results`` has any of the three CSVs. ``figure(fig, name, alt)`` writes a figure
-    next to the report and returns its HTML (the report's own figure writer)."""
-    from poskernel_tl.report.figures import model_label
-
-    loaded = {r.stem(): _load(results_dir, r) for r in results}
+    next to the report and returns its HTML (the report's own figure writer); ``loaded``:
+    the files already read (:func:`load_condition` by stem), read here otherwise."""
+    loaded = {r.stem(): (loaded or {}).get(r.stem()) or _load(results_dir, r)
+              for r in results}
     if not any(item.exists for per in loaded.values() for item in per.values()):
         return ""
     guides = "".join(f"<li><b>{_esc(a.title)}</b> (<code>poskernel analyze {a.name}</code>)"
                      f": {_esc(a.guide)}</li>" for a in ANALYSES)
     parts = [f"<h2>{_esc(SECTION_TITLE)}</h2>",
-             '<p class="pk-note">Three per-head analyses beyond the seed, read from '
-             "<code>results/{model}_{dataset}_{T}_{NAME}.csv</code> where they were run "
-             "(<code>DIR</code> in the commands: the folder this report reads). Each head's "
-             "own values are on its head page, where head pages were written.</p>",
+             '<p class="pk-note">Three per-head analyses beyond the pre-registered protocol, '
+             "read from <code>results/{model}_{dataset}_{T}_{NAME}.csv</code> where they were "
+             "run (<code>DIR</code> in the commands: the folder this report reads). Each "
+             "head's own values are in its head view.</p>",
              f"<ul>{guides}</ul>"]
     without = []
     for r in results:
@@ -409,7 +367,7 @@ def report_section(results_dir: str | Path, results: Sequence,
                 body.append(f'<p class="pk-note">{_esc(item.analysis.title)}: figure not '
                             f"drawn ({_esc(why)}).</p>")
             else:
-                body.append(figure(fig, f"beyond_{r.stem()}_{item.analysis.name}",
+                body.append(figure(fig, f"further_{r.stem()}_{item.analysis.name}",
                                    f"{item.analysis.title}, {r.stem()}"))
         groups, frame = _layer_means(per)
         if groups:
@@ -424,5 +382,5 @@ def report_section(results_dir: str | Path, results: Sequence,
     return "\n".join(parts)
 
 
-__all__ = ["ANALYSES", "HEAD_TABLE", "SECTION_TITLE", "Loaded", "command", "head_frame",
-           "head_rows", "head_rows_html", "load_condition", "read_table", "report_section"]
+__all__ = ["ANALYSES", "SECTION_TITLE", "Loaded", "command", "load_condition", "read_table",
+           "report_section", "viewer_tables"]

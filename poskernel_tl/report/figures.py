@@ -1,4 +1,4 @@
-"""The report's figures (seed Phase 6), one function per figure, each returning a
+"""The report's figures (Phase 6 of the protocol), one function per figure, each returning a
 ``matplotlib.figure.Figure`` built directly (the global pyplot backend is never touched).
 
 - :func:`fig1_heatmaps`: Track A pooled R² [layer × head] per condition, shared 0–1 scale,
@@ -24,7 +24,7 @@ from matplotlib.ticker import MaxNLocator
 
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
 from poskernel_tl.report import nulls as N
-from poskernel_tl.report.tables import EARLY_LAYERS, depth_slope
+from poskernel_tl.report.tables import EARLY_LAYERS, dataset_label, depth_slope
 from poskernel_tl.result import ConditionResult
 
 CELLS = [(("rope", "rmsnorm"), "RoPE + RMSNorm"), (("rope", "layernorm"), "RoPE + LayerNorm"),
@@ -50,8 +50,9 @@ def condition_label(r: ConditionResult) -> str:
     return _plain(f"{model_label(r)} · {_short(r.dataset)} · T={r.length}")
 
 
-def _short(text: str, most: int = 40) -> str:
-    return text if len(text) <= most else text[:most - 1] + "…"
+def _short(text: str) -> str:
+    """The dataset's short label (``text:PATH`` → ``text: <file name>``)."""
+    return dataset_label(text)
 
 
 def _plain(text: str) -> str:
@@ -159,7 +160,7 @@ def top_early_heads(r: ConditionResult, n: int = 5) -> list[tuple[int, int]]:
 
 def fig3_violins(results: Sequence[ConditionResult], n_top: int = 5) -> Figure:
     """Violins of per-sequence Track A R² for the ``n_top`` (3–5) highest early-layer heads
-    of each model, one panel per populated cell of the seed's PE × norm grid (RoPE+RMSNorm,
+    of each model, one panel per populated cell of the protocol's PE × norm grid (RoPE+RMSNorm,
     RoPE+LayerNorm, NoPE+RMSNorm, absolute PE+LayerNorm; others get their own panel).
     Each violin is labelled with its head and its std across sequences; dashed lines mark
     0.40 and 0.80."""
@@ -196,7 +197,7 @@ def fig3_violins(results: Sequence[ConditionResult], n_top: int = 5) -> Figure:
                 sd = float(np.std(vals, ddof=1)) if vals.size > 1 else float("nan")
                 ax.text(x, 1.005, f"sd {sd:.2f}", ha="center", va="bottom", fontsize=6.5)
                 short = _plain(PRETTY.get(r.model, r.model))
-                extra = _plain(f"\n{r.dataset} T={r.length}") if many else ""
+                extra = _plain(f"\n{_short(r.dataset)} T={r.length}") if many else ""
                 labels.append(f"{short}{extra}\nL{layer}H{h}")
                 pos.append(x)
                 x += 1
@@ -211,7 +212,7 @@ def fig3_violins(results: Sequence[ConditionResult], n_top: int = 5) -> Figure:
     axes[0].set_ylim(-0.02, 1.07)
     datasets = sorted({(r.dataset, r.length) for r in results})
     if not many:
-        fig.suptitle(_plain(f"Top early-layer (0–1) heads · {datasets[0][0]} · "
+        fig.suptitle(_plain(f"Top early-layer (0–1) heads · {_short(datasets[0][0])} · "
                             f"T={datasets[0][1]}"), fontsize=10)
     return fig
 
@@ -233,26 +234,25 @@ def pick_spectral_head(results: Sequence[ConditionResult]) -> tuple[ConditionRes
     return rope[best[3]], best[4], best[5]
 
 
-def _fallback_spectrum(g: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
-    n_fft = 4 * length
-    mag = np.abs(np.fft.rfft(g - g.mean(), n_fft))
-    return 2 * np.pi * np.arange(len(mag)) / n_fft, mag
-
-
 def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | None, *,
-                  gate_met: bool | None) -> Figure:
+                  gate_met: bool | None, grams: dict | None = None) -> Figure:
     """One head: (a) the centered Gram matrix (raw when the condition is uncentered) on
     its strictly lower triangle, (b) Track B g(Δ) with Track A's on a second axis, (c)
     |ĝ(ω)|² (the spectrum ``spectral`` analysed; from ``spectral_alignment``) with the
     model's θᵢ dashed, ±10% bands shaded and the top peaks marked, matched peaks labelled
-    with their relative error. Titled "gate not met" when the spectral gate failed."""
+    with their relative error. Titled "gate not met" when the spectral gate failed.
+    ``grams``: this head's Gram matrices by name (``gram_centered``, ``gram_raw``), read
+    from ``r`` when not given."""
     T = r.length
     fig = Figure(figsize=(15, 4.4), layout="constrained")
     ax_a, ax_b, ax_c = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1.1, 1.5]})
-    gram = r.gram_centered if r.centered and r.gram_centered is not None else r.gram_raw
-    which = "centered" if r.centered and r.gram_centered is not None else "raw"
+    if grams is None:
+        grams = {n: getattr(r, n)[layer, head] for n in ("gram_centered", "gram_raw")
+                 if getattr(r, n) is not None}
+    which = "centered" if r.centered and "gram_centered" in grams else "raw"
+    gram = grams.get(f"gram_{which}")
     if gram is not None:
-        m = np.where(np.tril(np.ones((T, T), bool), -1), gram[layer, head], np.nan)
+        m = np.where(np.tril(np.ones((T, T), bool), -1), gram, np.nan)
         lo, hi = np.nanpercentile(m, [1, 99])
         im = ax_a.imshow(m, cmap="viridis", vmin=lo, vmax=hi, interpolation="nearest")
         fig.colorbar(im, ax=ax_a, fraction=0.046, label="mean q̃·k̃ᵀ·scale")
@@ -277,11 +277,9 @@ def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | No
     ax_b.set_title("(b) g(Δ)\nTrack B (analysed) and Track A", fontsize=9)
     ax_b.grid(alpha=0.3)
     spectral = spectral or {}
-    if "omega" in spectral and "spectrum" in spectral:
-        omega, mag = np.asarray(spectral["omega"]), np.asarray(spectral["spectrum"])
-    else:
-        omega, mag = _fallback_spectrum(np.asarray(g_b[layer, head], np.float64), T)
-    power = mag ** 2
+    if "omega" not in spectral or "spectrum" not in spectral:
+        raise ValueError("fig4_spectral needs the head's saved spectrum (omega, spectrum)")
+    omega, power = np.asarray(spectral["omega"]), np.asarray(spectral["spectrum"]) ** 2
     keep = omega > 0
     ax_c.plot(omega[keep], power[keep], color="C0", lw=1.0, label="|ĝ(ω)|² as analysed")
     lo_w, hi_w = omega[keep].min(), np.pi

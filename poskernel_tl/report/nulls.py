@@ -1,6 +1,6 @@
 """Nulls for the Toeplitz R², from theory and from the data itself.
 
-The seed's thresholds (0.40, 0.80) are uncalibrated; three reference distributions put
+The protocol's thresholds (0.40, 0.80) are uncalibrated; three reference distributions put
 them on a scale:
 
 1. **Analytic i.i.d. null.** If the N = n·T(T−1)/2 lower-triangle entries of n sequences
@@ -12,7 +12,7 @@ them on a scale:
    ``result.r2_perm_null`` [perm, layer, head_index] when present): the head's own
    logits with q and k positions permuted together.
 3. **Empirical NoPE distribution** (when a model without positional encoding is in the
-   folder): every NoPE head's pooled R², the anchor the seed's calibration note asks for.
+   folder): every NoPE head's pooled R², the anchor the protocol's calibration note asks for.
 """
 
 import numpy as np
@@ -20,6 +20,7 @@ import pandas as pd
 from jaxtyping import Float
 from scipy import stats
 
+from poskernel_tl.reducers.perm_null import null_percentile
 from poskernel_tl.result import ConditionResult
 
 THRESHOLDS = (0.40, 0.80)
@@ -62,8 +63,6 @@ def perm_observed(result: ConditionResult) -> Float[np.ndarray, "layer head_inde
 def head_null_table(result: ConditionResult) -> pd.DataFrame | None:
     """One row per head: pooled R², its permutation null (mean, 95th percentile, max),
     the head's mid-rank percentile in it and the one-sided p-value; None without a null."""
-    from poskernel_tl.reducers.perm_null import null_percentile
-
     null = perm_null_of(result)
     if null is None:
         return None

@@ -1,9 +1,9 @@
-"""Table 1 (seed Phase 6) and the per-condition summary the verdicts are computed from.
+"""Table 1 (Phase 6 of the protocol) and the per-condition summary the verdicts are computed from.
 
 :func:`condition_summary` turns each :class:`~poskernel_tl.result.ConditionResult` into one
 row of numbers (early-layer means, depth slope, Track A vs B, per-sequence spread, the
-spectral outcome); :func:`table1` keeps the seed's columns; :func:`write_table` writes any
-such frame as CSV and Markdown. "Early" is layers 0–1, "late" layers 4+ (the seed's
+spectral outcome); :func:`table1` keeps the protocol's columns; :func:`write_table` writes any
+such frame as CSV and Markdown. "Early" is layers 0–1, "late" layers 4+ (the protocol's
 expected-results table); the depth slope is the least-squares slope of the per-layer mean
 of Track A pooled R² over layer index, with its standard error.
 """
@@ -25,6 +25,14 @@ GATE_THRESHOLD = 0.60
 NATURAL_EXCLUDE = ("random",)  # datasets that are not natural text
 
 Key = tuple[str, str, int]
+
+
+def dataset_label(dataset: str) -> str:
+    """A short dataset name for titles: ``text:PATH`` becomes ``text: <file name>``."""
+    if dataset.startswith("text:"):
+        name = Path(dataset[len("text:"):].rstrip("/\\")).name or "text"
+        return f"text: {name if len(name) <= 32 else name[:31] + '…'}"
+    return dataset if len(dataset) <= 40 else dataset[:39] + "…"
 
 
 def key_of(r: ConditionResult) -> Key:
@@ -65,7 +73,7 @@ def early(a: np.ndarray) -> np.ndarray:
 
 def bucking_heads(r2: Float[np.ndarray, "layer head_index"], limit: int = 8
                   ) -> tuple[int, str]:
-    """Heads past the early layers whose R² exceeds the early-layer mean: the seed's
+    """Heads past the early layers whose R² exceeds the early-layer mean: the protocol's
     heads that buck the depth decay (count, and the top ``limit`` as 'L5H2=0.71')."""
     ref = _nanmean(early(r2))
     later = np.asarray(r2, np.float64)[len(EARLY_LAYERS):]
@@ -79,38 +87,69 @@ def bucking_heads(r2: Float[np.ndarray, "layer head_index"], limit: int = 8
     return int(len(vals)), text
 
 
-def spectral_summary(table: pd.DataFrame | None, pe: str | None) -> dict:
-    """Per-condition spectral outcome from :func:`poskernel_tl.analyses.spectral.spectral_table`
-    (None: not run)."""
-    out = {"spec_status": "not computed", "spec_n_analysed": 0, "spec_n_seed_met": 0,
-           "spec_n_aligned": 0, "spec_frac_matched_mean": float("nan"),
-           "spec_chance_mean": float("nan")}
+SPEC_EMPTY = {"spec_status": "not computed", "spec_n_analysed": 0, "spec_n_criterion_met": 0,
+              "spec_n_aligned": 0, "spec_frac_matched_mean": float("nan"),
+              "spec_chance_mean": float("nan"), "spec_gate_saved": None}
+SOURCE_PREFIX = {"trackB": "specB_", "trackA": "specA_"}
+
+
+def _flags(col: pd.Series) -> pd.Series:
+    return pd.to_numeric(col, errors="coerce")
+
+
+def source_numbers(table: pd.DataFrame | None, prefix: str) -> dict:
+    """Exploratory numbers of one g source over the early-layer heads analysed: how many,
+    the share aligned and the test's false-positive rate over the same heads."""
+    out = {f"{prefix}n_early": 0, f"{prefix}aligned_early": float("nan"),
+           f"{prefix}fpr_early": float("nan")}
+    if table is None or not len(table):
+        return out
+    done = table[_flags(table["analysed"]).fillna(0).astype(bool)]
+    early = done[done["layer"].isin(EARLY_LAYERS)]
+    out[f"{prefix}n_early"] = len(early)
+    out[f"{prefix}aligned_early"] = _nanmean(_flags(early["aligned"])) if len(early) else \
+        float("nan")
+    out[f"{prefix}fpr_early"] = _nanmean(_flags(early["fpr"])) if len(early) else float("nan")
+    return out
+
+
+def spectral_summary(tables: Mapping[str, pd.DataFrame] | None, pe: str | None) -> dict:
+    """Per-condition spectral outcome from the saved per-head tables of each g source
+    (``{"trackB": …, "trackA": …}``; None: not run): the pre-registered analysis (Track B
+    rows with ``preregistered``) and, for both sources, the exploratory numbers
+    (:func:`source_numbers`)."""
+    out = dict(SPEC_EMPTY)
+    tables = dict(tables or {})
+    for source, prefix in SOURCE_PREFIX.items():
+        out.update(source_numbers(tables.get(source), prefix))
     if pe != "rope":
         out["spec_status"] = "no rotary PE" if pe == "learned-absolute" else \
             "no PE frequencies" if pe == "none" else "not computed"
+    table = tables.get("trackB")
     if table is None or not len(table):
+        if pe == "rope":
+            out["spec_status"] = "not run"
         return out
-    done = table[table["analysed"].astype(bool)] if "analysed" in table else table
-    if not len(done):
-        status = table["status"].iloc[0] if "status" in table else ""
-        out["spec_status"] = "not computed (gate)" if "gate" in str(status) else \
-            "no head with R2 > 0.40"
-        return out
+    gate = table["gate_met"].iloc[0] if "gate_met" in table else None
+    out["spec_gate_saved"] = None if pd.isna(gate) else str(gate).strip().lower() == "true"
+    done = table[_flags(table["preregistered"]).fillna(0).astype(bool)]
     if pe == "rope":
-        out["spec_status"] = "computed"
-    num = lambda col: pd.to_numeric(done[col], errors="coerce") if col in done else \
-        pd.Series(dtype=float)
-    out.update(spec_n_analysed=len(done),
-               spec_n_seed_met=int(num("seed_criterion_met").fillna(0).astype(bool).sum()),
-               spec_n_aligned=int(num("aligned").fillna(0).astype(bool).sum()),
-               spec_frac_matched_mean=_nanmean(num("frac_matched")),
-               spec_chance_mean=_nanmean(num("chance")))
+        out["spec_status"] = "computed" if len(done) else "not computed (gate)" \
+            if out["spec_gate_saved"] is False else "no head with R2 > 0.40"
+    if len(done):
+        out.update(spec_n_analysed=len(done),
+                   spec_n_criterion_met=int(_flags(done["criterion_met"]).fillna(0).sum()),
+                   spec_n_aligned=int(_flags(done["aligned"]).fillna(0).sum()),
+                   spec_frac_matched_mean=_nanmean(_flags(done["frac_matched"])),
+                   spec_chance_mean=_nanmean(_flags(done["chance"])))
     return out
 
 
 def condition_summary(results: Sequence[ConditionResult],
-                      spectral: Mapping[Key, pd.DataFrame] | None = None) -> pd.DataFrame:
-    """One row of numbers per condition (see the module docstring)."""
+                      spectral: Mapping[Key, Mapping[str, pd.DataFrame]] | None = None
+                      ) -> pd.DataFrame:
+    """One row of numbers per condition (see the module docstring); ``spectral``: each
+    condition's saved spectral tables by source (:func:`spectral_summary`)."""
     rows = []
     for r in results:
         r2 = np.asarray(r.r2_pooled, np.float64)
@@ -123,7 +162,8 @@ def condition_summary(results: Sequence[ConditionResult],
         high = [(layer, h) for layer, h in zip(*np.nonzero(np.nan_to_num(e) >= 0.40))]
         rows.append({
             "model": r.model, "dataset": r.dataset, "length": int(r.length),
-            "pe": r.spec.pe, "norm": r.spec.norm, "loader": r.spec.loader,
+            "dataset_label": dataset_label(r.dataset), "pe": r.spec.pe, "norm": r.spec.norm,
+            "loader": r.spec.loader,
             "weights": str(r.provenance.get("weights", "")), "centered": bool(r.centered),
             "natural": r.dataset not in NATURAL_EXCLUDE, "n_seqs": len(r.seq_id),
             "n_layers": r.n_layers, "n_heads": r.n_heads, "n_kv_heads": r.spec.n_kv_heads,
@@ -154,7 +194,7 @@ def condition_summary(results: Sequence[ConditionResult],
 
 
 def spectral_gate(summary: pd.DataFrame) -> tuple[float, bool | None]:
-    """The seed's gate: mean Track A pooled R² over every early-layer head of the rotary
+    """The protocol's gate: mean Track A pooled R² over every early-layer head of the rotary
     conditions (weighted by head count); (NaN, None) when no rotary model is present."""
     rope = summary[summary["pe"] == "rope"] if len(summary) else summary
     if not len(rope):
@@ -168,13 +208,27 @@ def spectral_gate(summary: pd.DataFrame) -> tuple[float, bool | None]:
     return value, bool(value > GATE_THRESHOLD)
 
 
+def _pct(x) -> str:
+    try:
+        return "–" if not np.isfinite(float(x)) else f"{100 * float(x):.0f}%"
+    except (TypeError, ValueError):
+        return "–"
+
+
 def spectral_cell(row: Mapping) -> str:
     status = row.get("spec_status", "not computed")
+    explore = ""
+    if row.get("specB_n_early") or row.get("specA_n_early"):
+        b, a = (_pct(row.get(f"spec{x}_aligned_early")) for x in "BA")
+        fb, fa = (_pct(row.get(f"spec{x}_fpr_early")) for x in "BA")
+        explore = (f"; exploratory: early heads aligned, Track B {b} / Track A {a} "
+                   f"(false-positive rate {fb} / {fa})")
     if status != "computed":
-        return status
+        return status + explore
     return (f"{row['spec_frac_matched_mean']:.2f} of top-5 peaks matched "
-            f"(chance {row['spec_chance_mean']:.2f}); {row['spec_n_seed_met']}/"
-            f"{row['spec_n_analysed']} heads ≥ 50%, {row['spec_n_aligned']} aligned vs null")
+            f"(chance {row['spec_chance_mean']:.2f}); {row['spec_n_criterion_met']}/"
+            f"{row['spec_n_analysed']} heads ≥ 50%, {row['spec_n_aligned']} aligned vs null"
+            + explore)
 
 
 TABLE1_COLUMNS = ["model", "dataset", "length", "A_early_mean", "A_early_std", "A_late_mean",
@@ -183,7 +237,7 @@ TABLE1_COLUMNS = ["model", "dataset", "length", "A_early_mean", "A_early_std", "
 
 
 def table1(summary: pd.DataFrame) -> pd.DataFrame:
-    """Seed Table 1: rows (model, dataset, length); Track A early-layer R² mean and std
+    """Table 1 of the protocol: rows (model, dataset, length); Track A early-layer R² mean and std
     (across early-layer heads), late-layer (4+) mean, depth-decay slope ± SE, Track B
     centered early-layer mean (NaN for uncentered conditions), |A − B| at early layers,
     and the spectral alignment score or why it was not computed."""
@@ -212,7 +266,7 @@ def table1_display(t1: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.
             b = f"uncentered (raw {_f(s['B_raw_early'])})"
             ab = f"– (vs raw {_f(s['AB_raw_diff_early'])})"
         rows.append({
-            "model": r["model"], "dataset": r["dataset"], "T": r["length"],
+            "model": r["model"], "dataset": dataset_label(r["dataset"]), "T": r["length"],
             "Track A early R² (mean ± std)": f"{_f(r['A_early_mean'])} ± "
                                             f"{_f(r['A_early_std'])}",
             f"Track A late R² (layers {LATE_FROM}+)": _f(r["A_late_mean"]),
@@ -253,6 +307,6 @@ def write_table(df: pd.DataFrame, stem: str | Path, display: pd.DataFrame | None
 
 
 __all__ = ["EARLY_LAYERS", "GATE_THRESHOLD", "LATE_FROM", "TABLE1_COLUMNS", "bucking_heads",
-           "early",
-           "condition_summary", "depth_slope", "key_of", "markdown_table", "spectral_gate",
-           "spectral_summary", "table1", "table1_display", "write_table"]
+           "condition_summary", "dataset_label", "depth_slope", "early", "key_of",
+           "markdown_table", "source_numbers", "spectral_gate", "spectral_summary", "table1",
+           "table1_display", "write_table"]

