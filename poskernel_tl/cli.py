@@ -16,7 +16,7 @@ from poskernel_tl import protocol
 from poskernel_tl.analyses.registry import REGISTRY
 from poskernel_tl.analyze import run_analysis
 from poskernel_tl.config import GridConfig, RunConfig, add_flags, from_args
-from poskernel_tl.errors import BUG_HINT, UserError
+from poskernel_tl.errors import BUG_HINT, ResultFileError, UserError
 from poskernel_tl.executor import GridJobError, submit_grid
 from poskernel_tl.grid import check_plan, merge, plan, run_grid
 from poskernel_tl.head_view_cli import add_inspect_parser, cmd_inspect
@@ -170,13 +170,22 @@ def cmd_spectral(args) -> int:
 def cmd_analyze(args) -> int:
     spec = REGISTRY[args.analysis]
     cfg = from_args(RunConfig, args)
-    cfg.validate()
+    cfg.validate(_saved_model_spec(cfg) if not spec.needs_model else None)
     if not cfg.progress:
         _quiet_libraries()
     table, path = run_analysis(spec.name, cfg, options=from_args(spec.options, args))
     print(table.head(12).round(4).to_string(index=False))
     print(f"\n{len(table)} rows in {path}")
     return 0
+
+
+def _saved_model_spec(cfg: RunConfig):
+    """The model spec of ``cfg``'s condition when it is saved under ``cfg.out`` (an
+    analysis that reads only the result then works for any model, registered or not)."""
+    try:
+        return ConditionResult.saved_spec(cfg.out, cfg.model, cfg.dataset, cfg.length)
+    except ResultFileError:
+        return None
 
 
 def cmd_grid(args) -> int:
