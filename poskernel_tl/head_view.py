@@ -35,6 +35,7 @@ from poskernel_tl.report import (
     write_assets,
     write_head_page,
 )
+from poskernel_tl.schema import check_shapes
 from poskernel_tl.sequences import token_strings
 from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
 
@@ -275,13 +276,17 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     notes = [sentence(model.weights_note)] if spec.loader == "gguf" else []
     if note:
         notes.append(note)
-    return HeadView(
+    view = HeadView(
         model_name=spec.name, layer=layer, head=head, kv_head=int(model.kv_heads[head]),
         tokens=token_strings(model.tokenizer, ids.tolist()), token_ids=ids.numpy(),
         logits=logits.cpu().numpy(), pattern=t["pattern"].float().cpu().numpy(), g=g_np,
         r2=float(r2), r2_nosink=r2_nosink, residual=residual.cpu().numpy(),
         spectrum=(omega, power), alignment=alignment, thetas=thetas,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes)
+    T = len(ids)  # the view's arrays against the text's length (cheap: shapes only)
+    check_shapes(view, {"pos": T, "query_pos": T, "key_pos": T, "lag": T - 1},
+                 error=RuntimeError)
+    return view
 
 
 __all__ = ["HeadView", "check_head", "inspect_head", "token_ids"]

@@ -53,17 +53,19 @@ def axes(tp) -> tuple[str, ...] | None:
     return None
 
 
-def check_shapes(obj, dims: dict[str, int], where: str = "") -> dict[str, int]:
+def check_shapes(obj, dims: dict[str, int], where: str = "",
+                 error: type[Exception] = ResultFileError) -> dict[str, int]:
     """Every annotated array field of dataclass ``obj`` against ``dims`` (axis name →
-    size); axes not in ``dims`` are bound by their first use. Raises ResultFileError
-    naming the field; returns the (extended) dims."""
+    size); axes not in ``dims`` are bound by their first use. Raises ``error`` naming
+    the field; returns the (extended) dims."""
     return check_values(type(obj), {f.name: getattr(obj, f.name)
-                                    for f in dataclasses.fields(obj)}, dims, where)
+                                    for f in dataclasses.fields(obj)}, dims, where,
+                        error=error)
 
 
 def check_values(cls, values: dict[str, Any], dims: dict[str, int], where: str = "",
-                 label: Callable[[dataclasses.Field], str] = lambda f: f.name
-                 ) -> dict[str, int]:
+                 label: Callable[[dataclasses.Field], str] = lambda f: f.name,
+                 error: type[Exception] = ResultFileError) -> dict[str, int]:
     """:func:`check_shapes` for the field values of dataclass ``cls`` before building it
     (``label``: how a field is named in the message)."""
     hints = typing.get_type_hints(cls)
@@ -74,8 +76,8 @@ def check_values(cls, values: dict[str, Any], dims: dict[str, int], where: str =
         expected = tuple(dims.get(a, "?") for a in names)
         if len(value.shape) != len(names) or any(
                 dims.setdefault(a, n) != n for a, n in zip(names, value.shape)):
-            raise ResultFileError(f"{where}{label(f)} has shape {tuple(value.shape)}, "
-                                  f"expected {expected} ({' '.join(names)})")
+            raise error(f"{where}{label(f)} has shape {tuple(value.shape)}, "
+                        f"expected {expected} ({' '.join(names)})")
     return dims
 
 
