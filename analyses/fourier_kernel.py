@@ -131,30 +131,12 @@ def cosine_fit_table(
                                                   min_freq=min_freq, max_nfev=max_nfev)
                              for k in Ks}
             for k, fit in head_fits.items():
-                row = {"layer": layer, "head": head, "K": k, "R2_fit": fit.r2,
-                       "offset": fit.offset, "n_lags": n_fit, "success": fit.success,
-                       "nfev": fit.nfev}
+                key = {"layer": layer, "head": head, "K": k}
                 match = None
                 if thetas is not None and len(thetas) and k and np.isfinite(fit.freqs).all():
                     match = match_thetas(fit.freqs, thetas, n_fft, tau_rel)
-                    row.update(n_matched=int(match["matched"].sum()),
-                               frac_matched=float(match["matched"].mean()),
-                               median_rel_error=float(np.median(match["rel_error"])))
-                fit_rows.append(row)
-                total = float(np.sum(fit.amplitudes)) if k else 0.0
-                for c in range(k):
-                    a = fit.freqs[c]
-                    comp = {"layer": layer, "head": head, "K": k, "component": c + 1,
-                            "freq": a, "amplitude": fit.amplitudes[c], "phase": fit.phases[c],
-                            "amplitude_share": fit.amplitudes[c] / total if total > 0 else np.nan,
-                            "period": 2 * math.pi / a if a > 0 else np.inf,
-                            "at_min_freq": bool(a <= floor * (1 + 1e-3))}
-                    if match is not None:
-                        comp.update(nearest_theta=match["nearest_theta"][c],
-                                    theta_index=int(match["theta_index"][c]),
-                                    rel_error=match["rel_error"][c],
-                                    matched=bool(match["matched"][c]))
-                    comp_rows.append(comp)
+                fit_rows.append(_fit_row(key, fit, n_fit, match))
+                comp_rows.extend(_component_rows(key, fit, floor, match))
     fits, comps = pd.DataFrame(fit_rows), pd.DataFrame(comp_rows)
     if thetas is not None:  # the θ columns exist even when no head could be matched
         fits = fits.reindex(columns=[*fits.columns.drop(THETA_FIT_COLS, errors="ignore"),
@@ -162,6 +144,40 @@ def cosine_fit_table(
         comps = comps.reindex(columns=[*comps.columns.drop(THETA_COMP_COLS, errors="ignore"),
                                        *THETA_COMP_COLS])
     return CosineFitTables(fits, comps)
+
+
+def _fit_row(key: dict, fit: CosineFit, n_fit: int, match: dict | None) -> dict:
+    """The ``fits`` row of one (layer, head, K) fit; the θ columns with a ``match``."""
+    row = {**key, "R2_fit": fit.r2, "offset": fit.offset, "n_lags": n_fit,
+           "success": fit.success, "nfev": fit.nfev}
+    if match is not None:
+        row.update(n_matched=int(match["matched"].sum()),
+                   frac_matched=float(match["matched"].mean()),
+                   median_rel_error=float(np.median(match["rel_error"])))
+    return row
+
+
+def _component_rows(key: dict, fit: CosineFit, floor: float, match: dict | None
+                    ) -> list[dict]:
+    """The ``components`` rows of one (layer, head, K) fit, largest amplitude first;
+    ``floor``: the lowest frequency allowed (components on it are flagged)."""
+    k = key["K"]
+    total = float(np.sum(fit.amplitudes)) if k else 0.0
+    rows = []
+    for c in range(k):
+        a = fit.freqs[c]
+        comp = {**key, "component": c + 1,
+                "freq": a, "amplitude": fit.amplitudes[c], "phase": fit.phases[c],
+                "amplitude_share": fit.amplitudes[c] / total if total > 0 else np.nan,
+                "period": 2 * math.pi / a if a > 0 else np.inf,
+                "at_min_freq": bool(a <= floor * (1 + 1e-3))}
+        if match is not None:
+            comp.update(nearest_theta=match["nearest_theta"][c],
+                        theta_index=int(match["theta_index"][c]),
+                        rel_error=match["rel_error"][c],
+                        matched=bool(match["matched"][c]))
+        rows.append(comp)
+    return rows
 
 
 def plot_cosine_fit(

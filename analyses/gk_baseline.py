@@ -46,6 +46,9 @@ SS_tot(A − S_PE)/SS_tot(A); each term's variance share ``share_<term>`` = Var(
 Cov(term, A) / Var(A) (sums to 1 with the real scores A, may be negative). Rows cover
 every (layer, head); the split columns are filled for layer 0 only, the S_PE columns for
 every layer.
+
+Sinusoidal GPT-2 models with a planted position→position term, for tests, are in
+:mod:`poskernel_tl.analyses.gk_baseline_planted`.
 """
 
 import math
@@ -57,7 +60,6 @@ import torch
 from jaxtyping import Float, Int
 from matplotlib.figure import Figure
 from torch import Tensor
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.measure import as_tokens, check_tokens, choose_scores_path, forward_pass
@@ -360,112 +362,6 @@ def plot_term_shares(table: pd.DataFrame, column: str = "share", title: str = ""
     return fig
 
 
-# ------------------------------------------------------- sinusoidal GPT-2 models
-def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0
-                     ) -> Float[Tensor, "pos d_model"]:
-    """The Transformer's table: PE[t, 2i] = sin(t·ω_i), PE[t, 2i+1] = cos(t·ω_i),
-    ω_i = base^(−2i/d_model)."""
-    t = torch.arange(n_positions, dtype=torch.float64)[:, None]
-    w = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
-    pe[:, 0::2], pe[:, 1::2] = torch.sin(t * w), torch.cos(t * w)
-    return pe.float()
-
-
-def planted_frequencies(d_model: int, base: float = 10000.0) -> Float[Tensor, " freq"]:
-    """ω_j = base^(−j/n) of the planted model's n = d_model/8 position frequencies."""
-    n = d_model // 8
-    return base ** (-torch.arange(n, dtype=torch.float64) / n)
-
-
-def planted_head_frequencies(n_heads: int, d_model: int) -> list[list[int]]:
-    """Which planted frequencies (indices into :func:`planted_frequencies`) head h reads."""
-    n, per = d_model // 8, d_model // n_heads // 4
-    return [[(h + i) % n for i in range(per)] for h in range(n_heads)]
-
-
-# (content, position) amplitudes of the planted heads, cycled over heads
-PLANTED_AMPLITUDES = ((0.2, 1.0), (1.0, 0.1), (1.0, 1.0), (1.0, 0.5))
-
-
-def sinusoidal_gpt2(*, vocab_size: int = 300, n_positions: int = 128, d_model: int = 64,
-                    n_layer: int = 2, n_head: int = 4, base: float = 10000.0, seed: int = 0,
-                    planted: bool = False) -> GPT2LMHeadModel:
-    """A tiny random GPT-2 whose ``wpe`` is a sinusoidal table (eager attention).
-
-    ``planted=True`` gives block 0 a known structure: token embeddings live in the first
-    half of the features (zero mean, fixed norm), positions in the second half as
-    [sin ω_j t, cos ω_j t, −sin ω_j t, −cos ω_j t] for the frequencies of
-    :func:`planted_frequencies` (zero mean, the same norm), ln_1 is the identity affine
-    map and q/k have no bias. Head h's first d_head/2 q/k dimensions read the content
-    (random, amplitude c_h), the rest read the sin/cos pairs of the frequencies
-    :func:`planted_head_frequencies` gives it (amplitude a_h, :data:`PLANTED_AMPLITUDES`).
-    Then σ(t)² = 1/2 for every token, the cross terms vanish and the position→position
-    term is exactly scale·2a_h²·Σ_j cos(ω_j Δ), Toeplitz.
-    """
-    if d_model % (8 * n_head) and planted:
-        raise ValueError("planted=True needs d_model divisible by 8·n_head")
-    cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=d_model,
-                     n_layer=n_layer, n_head=n_head)
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = GPT2LMHeadModel(cfg).eval()
-    model.config.architectures = ["GPT2LMHeadModel"]
-    model.config.planted_base = base
-    with torch.no_grad():
-        if not planted:
-            model.transformer.wpe.weight.copy_(sinusoidal_table(n_positions, d_model, base))
-            return model
-        half, d = d_model // 2, d_model // n_head
-        w = planted_frequencies(d_model, base)
-        t = torch.arange(n_positions, dtype=torch.float64)[:, None]
-        s, c = torch.sin(t * w), torch.cos(t * w)
-        pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
-        pe[:, half::4], pe[:, half + 1::4], pe[:, half + 2::4], pe[:, half + 3::4] = s, c, -s, -c
-        gen = torch.Generator().manual_seed(seed)
-        e = torch.randn(vocab_size, half, generator=gen, dtype=torch.float64)
-        e = e - e.mean(-1, keepdim=True)
-        e = e / e.norm(dim=-1, keepdim=True) * math.sqrt(half / 2)  # |e|² = |p|² = half/2
-        wte = torch.zeros(vocab_size, d_model, dtype=torch.float64)
-        wte[:, :half] = e
-        model.transformer.wte.weight.copy_(wte.float())
-        model.transformer.wpe.weight.copy_(pe.float())
-        block = model.transformer.h[0]
-        block.ln_1.weight.fill_(1.0)
-        block.ln_1.bias.zero_()
-        W = block.attn.c_attn.weight  # Conv1D [d_model, 3 d_model]
-        W[:, :2 * d_model] = 0.0
-        block.attn.c_attn.bias[:2 * d_model] = 0.0
-        freqs = planted_head_frequencies(n_head, d_model)
-        for h in range(n_head):
-            amp_c, amp_p = PLANTED_AMPLITUDES[h % len(PLANTED_AMPLITUDES)]
-            for off in (0, d_model):  # q columns, then k columns
-                cols = slice(off + h * d, off + h * d + d // 2)
-                W[:half, cols] = amp_c * torch.randn(half, d // 2, generator=gen) / math.sqrt(
-                    half)
-                for i, j in enumerate(freqs[h]):
-                    col = off + h * d + d // 2 + 2 * i
-                    W[half + 4 * j, col] = amp_p  # the sin feature of ω_j
-                    W[half + 4 * j + 1, col + 1] = amp_p  # its cos feature
-    return model
-
-
-def planted_pos_pos_kernel(model: GPT2LMHeadModel, length: int
-                           ) -> Float[np.ndarray, "head_index lag"]:
-    """The planted model's exact layer-0 position→position term by lag Δ = 1..length−1:
-    scale·a_h²/σ²·Σ_j cos(ω_j Δ), σ² = 1/2 + ε (see :func:`sinusoidal_gpt2`)."""
-    cfg = model.config
-    var = 0.5 + model.transformer.h[0].ln_1.eps
-    w = planted_frequencies(cfg.n_embd, getattr(cfg, "planted_base", 10000.0)).numpy()
-    lags = np.arange(1, length)
-    scale = 1.0 / math.sqrt(cfg.n_embd // cfg.n_head)
-    out = []
-    for h, fs in enumerate(planted_head_frequencies(cfg.n_head, cfg.n_embd)):
-        amp = PLANTED_AMPLITUDES[h % len(PLANTED_AMPLITUDES)][1]
-        out.append(scale * amp ** 2 / var * np.cos(np.outer(lags, w[fs])).sum(-1))
-    return np.stack(out)
-
-
 SPEC = AnalysisSpec(
     name="gk-baseline", title="Positional baseline G_k", compute=analyze,
     figure=lambda table, title="": plot_term_shares(table, title=title),
@@ -478,6 +374,5 @@ SPEC = AnalysisSpec(
 
 __all__ = ["SPEC", "TERMS", "GkBaselineReducer", "GkBaselineResult",
            "BlockParts", "NoPositionTableError", "analyze", "gk_baseline", "gk_table",
-           "block_parts", "planted_frequencies", "projected_pe_kernel", "planted_head_frequencies",
-           "planted_pos_pos_kernel", "plot_term_shares", "projected_gram", "sinusoidal_gpt2",
-           "sinusoidal_table", "split_layer0_scores"]
+           "block_parts", "projected_pe_kernel", "plot_term_shares", "projected_gram",
+           "split_layer0_scores"]

@@ -21,35 +21,24 @@ sequences and scored on every position of the evaluation sequences: the mean abs
 position error in tokens (Haviv et al. 2022), beside chance (always predicting the middle,
 (T−1)/2). Without centering sequences the first half of the evaluation sequences trains.
 
-**Compression experiment** (:func:`compression_experiment`, not run by ``analyze``):
-T = 300 input embeddings are compressed to 128 temporal components with a sequence PCA
-fitted on training sequences, passed through the seed's :class:`PositionalDecoder`
-(position predictor → expected position → interpolated learned position embedding,
-added, then the refiner), and fed with ``inputs_embeds`` into the frozen model followed
-by a continuation; the decoder is trained on the continuation's next-token loss plus the
-seed's auxiliary position (KL to the PCA loadings' position distribution |V_c,t|²) and
-reconstruction terms (weights 0.1 and 0.05). Deviation from the seed, for a short CPU
-budget: the refiner is applied residually with its last layer zero-initialised. Reported:
-held-out next-token loss on the continuation (targets c_1..c_{C−1}) with the full
-context, the decoder, the raw PCA components, naive average pooling to 128 and no context.
+**Compression experiment** (not run by ``analyze``): seed 002's positional decoder on
+temporal components of the input embeddings, in
+:mod:`poskernel_tl.analyses.sequence_pca_compression`.
 
 The numerical core (the sequence PCA from streamed moments, the probes' fits and their
 reducers) is in :mod:`poskernel_tl.analyses.sequence_pca_stats`; its names are importable
-from here too. This module runs the model: the passes, the table, the figures and the
-compression experiment.
+from here too. This module runs the model: the passes, the table and the figures.
 """
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from matplotlib.figure import Figure
-from torch import Tensor, nn
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
@@ -70,7 +59,6 @@ from poskernel_tl.analyses.sequence_pca_stats import (  # noqa: F401  (re-export
 )
 from poskernel_tl.hooks import qk_hook_names
 from poskernel_tl.measure import as_tokens, check_tokens, forward_pass
-from poskernel_tl.sequences import build_sequences
 
 N_REPORT = 3  # temporal components reported per layer in the table
 
@@ -238,154 +226,6 @@ def plot_probe_mae(table: pd.DataFrame, title: str = "") -> Figure:
     ax.set_title(title or "position decodable from the residual stream")
     fig.tight_layout()
     return fig
-
-
-# --------------------------------------------------------- compression experiment
-class PositionalDecoder(nn.Module):
-    """Seed 002's positional decoder: per component a distribution over the original
-    positions, its expected position, a linearly interpolated learned position
-    embedding added to the component, then the refiner (here residual, last layer
-    zero-initialised)."""
-
-    def __init__(self, d_model: int, n_positions: int, emb_std: float = 0.02):
-        super().__init__()
-        self.n_positions = n_positions
-        self.position_embeddings = nn.Embedding(n_positions, d_model)
-        nn.init.normal_(self.position_embeddings.weight, std=emb_std)
-        self.position_predictor = nn.Sequential(
-            nn.Linear(d_model, d_model // 2), nn.ReLU(), nn.Linear(d_model // 2, n_positions))
-        self.refiner = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 2 * d_model),
-                                     nn.GELU(), nn.Linear(2 * d_model, d_model))
-        nn.init.zeros_(self.refiner[-1].weight)
-        nn.init.zeros_(self.refiner[-1].bias)
-
-    def forward(self, z: Float[Tensor, "batch component d_model"]
-                ) -> tuple[Float[Tensor, "batch component d_model"],
-                           Float[Tensor, "batch component n_positions"]]:
-        scores = self.position_predictor(z).softmax(-1)
-        idx = torch.arange(self.n_positions, device=z.device, dtype=z.dtype)
-        pos = (scores * idx).sum(-1).clamp(0, self.n_positions - 1)
-        lo = pos.floor().long()
-        hi = (lo + 1).clamp(max=self.n_positions - 1)
-        frac = (pos - lo.to(pos.dtype))[..., None]
-        emb = self.position_embeddings
-        x = z + emb(lo) * (1 - frac) + emb(hi) * frac
-        return x + self.refiner(x), scores
-
-
-@dataclass
-class CompressionResult:
-    """Held-out next-token loss (nats/token) per condition, and the training record."""
-
-    table: pd.DataFrame
-    steps_done: int
-    seconds: float
-    train_loss: list[float]
-    pca: SequencePCA
-
-
-def compression_tokens(model, dataset: str = "prose", n_train: int = 16,
-                       n_heldout: int = 8, context: int = 300, continuation: int = 32,
-                       seed: int = 0) -> tuple[Tensor, Tensor]:
-    """Training and held-out windows of ``context + continuation`` tokens from one of
-    the toolkit's datasets (disjoint windows; held-out ones drawn separately)."""
-    n = 2 * max(n_train, n_heldout)
-    seqs = build_sequences(model.tokenizer, dataset, context + continuation, n, seed,
-                           model_name=model.spec.name, n_ctx=model.spec.n_ctx)
-    ids = seqs["input_ids"]
-    return ids[:n_train], ids[n // 2: n // 2 + n_heldout]
-
-
-def _next_token_loss(hf, prefix: Tensor, cont: Int[Tensor, "batch cont"], embed) -> Tensor:
-    """Mean CE of c_1..c_{C−1} given ``prefix`` embeddings then c_0..c_{C−2}."""
-    x = torch.cat([prefix, embed(cont[:, :-1])], dim=1)
-    k = cont.shape[1] - 1
-    logits = hf(inputs_embeds=x, use_cache=False, logits_to_keep=k).logits[:, -k:]
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                           cont[:, 1:].reshape(-1))
-
-
-def compression_experiment(model, train_tokens: Int[Tensor, "n_train window"],
-                           heldout_tokens: Int[Tensor, "n_heldout window"], *, context: int = 300,
-                           n_components: int = 128, steps: int = 120,
-                           max_seconds: float = 240.0, batch_size: int = 1, lr: float = 1e-3,
-                           aux_weights: tuple[float, float] = (0.1, 0.05), seed: int = 0,
-                           threads: int | None = None, progress: bool = True
-                           ) -> CompressionResult:
-    """Seed 002 in small form on a frozen model (see the module docstring). Windows are
-    ``context`` tokens then a continuation; the decoder trains for ``steps`` steps of
-    ``batch_size`` windows, or until ``max_seconds`` have passed (``steps_done`` says
-    which); held-out windows are scored in batches of at least 4. ``threads``: CPU
-    threads for the whole experiment (None keeps torch's setting)."""
-    hf, dev = model.hf_model, model.device
-    embed = hf.get_input_embeddings()
-    if train_tokens.shape[1] <= context + 1:
-        raise ValueError(f"windows of {train_tokens.shape[1]} tokens leave no continuation "
-                         f"after a context of {context}")
-    if n_components > context:
-        raise ValueError(f"n_components={n_components} exceeds the context ({context})")
-    t0 = time.time()
-    with torch.no_grad():
-        emb_tr = embed(train_tokens[:, :context].to(dev)).double()
-        pca = sequence_pca(emb_tr, n_components)
-    frozen = [(p, p.requires_grad) for p in hf.parameters()]
-    with torch.random.fork_rng(devices=[]), cpu_threads(threads):
-        torch.random.default_generator.manual_seed(seed)  # CPU only: CUDA state untouched
-        d_model = emb_tr.shape[-1]
-        decoder = PositionalDecoder(d_model, context, float(emb_tr.std())).to(dev)
-        target = (pca.components.float().to(dev) ** 2)  # [component, pos]: sums to 1
-        opt = torch.optim.Adam(decoder.parameters(), lr=lr)
-        g = torch.Generator().manual_seed(seed)
-        losses: list[float] = []
-        w_pos, w_rec = aux_weights
-        try:
-            for p, _ in frozen:
-                p.requires_grad_(False)
-            bar = tqdm(range(steps), desc="positional decoder", disable=not progress)
-            for _ in bar:
-                if time.time() - t0 > max_seconds:
-                    break
-                idx = torch.randint(len(train_tokens), (batch_size,), generator=g)
-                ids = train_tokens[idx].to(dev)
-                with torch.no_grad():
-                    e = embed(ids[:, :context]).float()
-                    z = pca.transform(e)
-                x, scores = decoder(z)
-                loss = _next_token_loss(hf, x, ids[:, context:], embed)
-                kl = F.kl_div(scores.clamp_min(1e-12).log(), target.expand_as(scores),
-                              reduction="batchmean")
-                rec = F.mse_loss(scores @ e, z)
-                total = loss + w_pos * kl + w_rec * rec
-                opt.zero_grad()
-                total.backward()
-                opt.step()
-                losses.append(float(loss.detach()))
-                bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        finally:
-            for p, flag in frozen:
-                p.requires_grad_(flag)
-    decoder.eval()
-    n_comp = n_components
-    conds: dict[str, list[float]] = {k: [] for k in
-                                     ("full", "pca_decoder", "pca_raw", "pool", "none")}
-    with torch.no_grad(), cpu_threads(threads):
-        for ids in heldout_tokens.to(dev).split(max(batch_size, 4)):
-            e = embed(ids[:, :context]).float()
-            z = pca.transform(e)
-            prefixes = {
-                "full": e, "pca_decoder": decoder(z)[0], "pca_raw": z,
-                "pool": F.adaptive_avg_pool1d(e.transpose(1, 2), n_comp).transpose(1, 2),
-                "none": e[:, :0]}
-            for name, prefix in prefixes.items():
-                conds[name].append(float(_next_token_loss(hf, prefix, ids[:, context:], embed))
-                                   * len(ids))
-    n = len(heldout_tokens)
-    prefix_len = {"full": context, "pca_decoder": n_comp, "pca_raw": n_comp, "pool": n_comp,
-                  "none": 0}
-    table = pd.DataFrame([dict(condition=k, prefix_tokens=prefix_len[k],
-                               heldout_loss=sum(v) / n) for k, v in conds.items()])
-    table["delta_vs_full"] = table.heldout_loss - float(table.heldout_loss.iloc[0])
-    return CompressionResult(table, len(losses), time.time() - t0, losses, pca)
 
 
 SPEC = AnalysisSpec(

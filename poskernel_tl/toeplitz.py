@@ -141,6 +141,44 @@ def key_block_counts(T: int, key_hi: int, row_lo: int, device=None) -> Float[Ten
     return key_block_index(T, key_hi, row_lo, device)[1].sum(0).double()
 
 
+def _unshift(s1p: Tensor, sqp: Tensor, counts: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """Raw (S1, Σ A²) from the sums of A − c (``c`` [batch, head_index], float64)."""
+    counts = counts.to(s1p.device)
+    s1 = s1p + c[..., None] * counts
+    sq = sqp + 2 * c * s1p.sum(-1) + c * c * counts.sum()
+    return s1, sq
+
+
+def _row_block_stats(top: Tensor, c: Tensor, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+    """(S1, Σ A²) of query rows [lo, hi) from ``top`` = A − c, zero on and above the
+    diagonal."""
+    b, h, T, _ = top.shape
+    hi = min(hi, T)
+    if hi <= lo:
+        zero = torch.zeros(b, h, T - 1, dtype=torch.float64, device=top.device)
+        return zero, zero.sum(-1)
+    lags = torch.arange(1, T, device=top.device)
+    rows = torch.arange(lo, hi, device=top.device)[:, None]
+    keys = rows - lags[None]  # [rows, lag]
+    valid = (keys >= 0).to(top.dtype)
+    g = top[:, :, lo:hi].gather(-1, keys.clamp(min=0).expand(b, h, -1, -1)) * valid
+    return _unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
+                    lag_counts(T, lo, hi), c)
+
+
+def _key_block_stats(top: Tensor, c: Tensor, key_hi: int, row_lo: int
+                     ) -> tuple[Tensor, Tensor]:
+    """(S1, Σ A²) of the keys s < ``key_hi`` in query rows t ≥ ``row_lo``, from ``top``
+    as in :func:`_row_block_stats`."""
+    b, h, T, _ = top.shape
+    key_hi = min(key_hi, T)
+    rows, valid = key_block_index(T, key_hi, row_lo, top.device)
+    cols = top.transpose(-1, -2)[:, :, :key_hi]  # [b, h, key, query]
+    g = cols.gather(-1, rows.expand(b, h, -1, -1)) * valid.to(top.dtype)
+    return _unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
+                    key_block_counts(T, key_hi, row_lo), c)
+
+
 def lower_lag_stats(
     scores: Float[Tensor, "batch head_index query_pos key_pos"],
     shift: Float[Tensor, "batch head_index"],
@@ -173,33 +211,8 @@ def lower_lag_stats(
                            work.storage_offset() + T)
     s1_shift = diag.sum(-1).double()
     sq_shift = torch.linalg.vector_norm(top, dim=-1).double().pow(2).sum(-1)
-
-    def unshift(s1p: Tensor, sqp: Tensor, counts: Tensor):
-        counts = counts.to(s1p.device)
-        s1 = s1p + c[..., None] * counts
-        sq = sqp + 2 * c * s1p.sum(-1) + c * c * counts.sum()
-        return s1, sq
-
-    total = unshift(s1_shift, sq_shift, lag_counts(T))
-    blocks = []
-    lags = torch.arange(1, T, device=scores.device)
-    for lo, hi in small_blocks:
-        hi = min(hi, T)
-        if hi <= lo:
-            zero = torch.zeros(b, h, T - 1, dtype=torch.float64, device=scores.device)
-            blocks.append((zero, zero.sum(-1)))
-            continue
-        rows = torch.arange(lo, hi, device=scores.device)[:, None]
-        keys = rows - lags[None]  # [rows, lag]
-        valid = (keys >= 0).to(top.dtype)
-        g = top[:, :, lo:hi].gather(-1, keys.clamp(min=0).expand(b, h, -1, -1)) * valid
-        blocks.append(unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
-                              lag_counts(T, lo, hi)))
+    total = _unshift(s1_shift, sq_shift, lag_counts(T), c)
+    blocks = [_row_block_stats(top, c, lo, hi) for lo, hi in small_blocks]
     if key_block is not None:
-        key_hi, row_lo = min(key_block[0], T), key_block[1]
-        rows, valid = key_block_index(T, key_hi, row_lo, scores.device)
-        cols = top.transpose(-1, -2)[:, :, :key_hi]  # [b, h, key, query]
-        g = cols.gather(-1, rows.expand(b, h, -1, -1)) * valid.to(top.dtype)
-        blocks.append(unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
-                              key_block_counts(T, key_hi, row_lo)))
+        blocks.append(_key_block_stats(top, c, *key_block))
     return total, blocks

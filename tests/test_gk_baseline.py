@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 from tiny_models import SPECS, tiny_hf_model, tiny_loaded
 
 from poskernel_tl.analyses import gk_baseline as G
+from poskernel_tl.analyses import gk_baseline_planted as GP
 from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.loading import LoadedModel, boot_bridge, describe
 from poskernel_tl.pe_kernel import head_projected_pe_kernel
@@ -35,7 +36,7 @@ def gpt2_models(tiny_tokenizer) -> dict[bool, LoadedModel]:
 
 @pytest.fixture(scope="module")
 def planted(tiny_tokenizer) -> LoadedModel:
-    hf = G.sinusoidal_gpt2(planted=True, seed=0)
+    hf = GP.sinusoidal_gpt2(planted=True, seed=0)
     return LoadedModel.from_bridge(boot_bridge(hf, tiny_tokenizer), tiny_tokenizer)
 
 
@@ -102,12 +103,12 @@ def test_spe_matches_pe_kernel_and_projected_gram(gpt2_models):
 
 
 def test_sinusoidal_table_and_model():
-    pe = G.sinusoidal_table(16, 8)
+    pe = GP.sinusoidal_table(16, 8)
     t, i = 5, 1
     w = 10000.0 ** (-2 * i / 8)
     assert pe[t, 2 * i].item() == pytest.approx(np.sin(t * w), abs=1e-6)
     assert pe[t, 2 * i + 1].item() == pytest.approx(np.cos(t * w), abs=1e-6)
-    hf = G.sinusoidal_gpt2(n_positions=16, d_model=8, n_head=2)
+    hf = GP.sinusoidal_gpt2(n_positions=16, d_model=8, n_head=2)
     assert torch.equal(hf.transformer.wpe.weight.detach(), pe)
 
 
@@ -117,7 +118,7 @@ def test_planted_position_term_is_the_planted_kernel(planted, planted_result, to
     # the real pos→pos term is exactly Toeplitz with the planted kernel
     terms = G.split_layer0_scores(G.block_parts(planted, 0), tokens[:2])
     _, g = G.shift_invariance_r2(terms[G.TERMS.index("pos_pos")])
-    expect = G.planted_pos_pos_kernel(planted.hf_model, T)
+    expect = GP.planted_pos_pos_kernel(planted.hf_model, T)
     # (the table and weights are stored in float32)
     np.testing.assert_allclose(g.numpy(), np.broadcast_to(expect, g.shape), atol=1e-6)
     np.testing.assert_allclose(res.r2_pos_pos, 1.0, atol=1e-9)

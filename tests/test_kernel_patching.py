@@ -11,7 +11,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import poskernel_tl as pk
 from poskernel_tl.analyses import kernel_patching as kp
+from poskernel_tl.analyses import kernel_patching_passes as kpp
 from poskernel_tl.analyses.base import AnalysisInputs
+from poskernel_tl.analyses.kernel_patching_kernels import shift_invariant_part
 from poskernel_tl.loading import LoadedModel, boot_bridge, describe
 from poskernel_tl.registry import ModelSpec
 
@@ -66,7 +68,7 @@ def test_shift_invariant_part_is_the_track_a_fit(rng):
     T = 12
     scores = torch.randn(3, 2, T, T, generator=rng, dtype=torch.float64)
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -1e30)
-    part = kp.shift_invariant_part(scores)
+    part = shift_invariant_part(scores)
     _, g = pk.shift_invariance_r2(scores)
     lags = torch.arange(1, T)
     for d in lags:
@@ -77,18 +79,18 @@ def test_shift_invariant_part_is_the_track_a_fit(rng):
     assert torch.allclose(diag, want.expand_as(diag), atol=1e-12)
     upper = torch.ones(T, T, dtype=torch.bool).triu(1)
     assert torch.equal(part[..., upper], scores[..., upper])  # mask fill kept
-    kept = kp.shift_invariant_part(scores, diagonal="keep")
+    kept = shift_invariant_part(scores, diagonal="keep")
     assert torch.equal(torch.diagonal(kept, dim1=-2, dim2=-1),
                        torch.diagonal(scores, dim1=-2, dim2=-1))
     exact = toeplitz(torch.randn(T, generator=rng, dtype=torch.float64), T)
-    assert torch.allclose(kp.shift_invariant_part(exact).tril(), exact.tril(), atol=1e-12)
+    assert torch.allclose(shift_invariant_part(exact).tril(), exact.tril(), atol=1e-12)
     # keep_keys: the first key columns stay, and the fit ignores them
     sink = exact.clone()
     sink[:, 0] += 5.0
-    part = kp.shift_invariant_part(sink, keep_keys=1)
+    part = shift_invariant_part(sink, keep_keys=1)
     assert torch.equal(part[:, 0], sink[:, 0])
     assert torch.allclose(part.tril(), sink.tril(), atol=1e-12)
-    assert not torch.allclose(kp.shift_invariant_part(sink).tril(), sink.tril(), atol=1e-3)
+    assert not torch.allclose(shift_invariant_part(sink).tril(), sink.tril(), atol=1e-3)
 
 
 def test_patch_hook_edits_only_the_chosen_head_rows(rng):
@@ -98,7 +100,7 @@ def test_patch_hook_edits_only_the_chosen_head_rows(rng):
     mean = torch.randn(2, H, T, T, generator=rng)
     kernel = torch.randn(H, T, T, generator=rng)
     sink = torch.randn(H, T, T, generator=rng)
-    p = kp._Patcher(1, heads, H, "pooled", "fit", mean, [(0, kernel), (1, sink)])
+    p = kpp._Patcher(1, heads, H, "pooled", "fit", mean, [(0, kernel), (1, sink)])
     assert p.rows == 1 + 3 * len(heads)
     x = torch.randn(2 * p.rows, H, T, T, generator=rng)
     x = x.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), torch.finfo(x.dtype).min)
@@ -122,8 +124,8 @@ def test_patch_hook_edits_only_the_chosen_head_rows(rng):
 def test_exact_rope_head_is_its_kernel(exact, mode):
     model, ids, result = exact
     assert result.r2_pooled[0, 0] > 1 - 1e-9
-    res = kp.run_kernel_patching(model, ids, g_pooled=result.g_pooled, mode=mode,
-                                 progress=False)
+    res = kpp.run_kernel_patching(model, ids, g_pooled=result.g_pooled, mode=mode,
+                                  progress=False)
     dp = np.abs(res.dloss_patched)  # [seq, layer, head]
     assert dp[:, 0, 0].max() < 1e-5, dp[:, 0, 0]
     assert np.abs(res.dloss("patched_sink")[:, 0, 0]).max() < 1e-5
@@ -136,8 +138,8 @@ def test_exact_rope_head_is_its_kernel(exact, mode):
 def test_expand_and_repeat_paths_agree(tiny_tokenizer):
     model = tiny_loaded("gpt2", tiny_tokenizer, compatibility_mode=False)
     ids = torch.randint(0, 300, (3, 16), generator=torch.Generator().manual_seed(1))
-    runs = [kp.run_kernel_patching(model, ids, mode="per_seq", layers=[1], head_chunk=3,
-                                   batch_size=2, expand=e, progress=False)
+    runs = [kpp.run_kernel_patching(model, ids, mode="per_seq", layers=[1], head_chunk=3,
+                                    batch_size=2, expand=e, progress=False)
             for e in (True, False)]
     assert runs[0].expanded and not runs[1].expanded
     assert np.isnan(runs[0].loss_patched[:, 0]).all()  # layer 0 not patched

@@ -7,6 +7,7 @@ from matplotlib.figure import Figure
 from tiny_models import tiny_loaded
 
 from poskernel_tl.analyses import sequence_pca as S
+from poskernel_tl.analyses import sequence_pca_compression as SC
 from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.reducers import LayerBatch
 
@@ -124,7 +125,7 @@ def test_qk_sequence_pca_and_figure(llama, tokens):
 
 def test_positional_decoder_starts_from_components_plus_positions():
     torch.manual_seed(0)
-    dec = S.PositionalDecoder(16, 10)
+    dec = SC.PositionalDecoder(16, 10)
     z = torch.randn(2, 4, 16)
     out, scores = dec(z)
     assert out.shape == z.shape and scores.shape == (2, 4, 10)
@@ -142,8 +143,8 @@ def test_compression_experiment_small(llama):
     train, held = torch.randint(3, 300, (6, 40), generator=g), torch.randint(3, 300, (4, 40),
                                                                               generator=g)
     flags = [p.requires_grad for p in llama.hf_model.parameters()]
-    res = S.compression_experiment(llama, train, held, context=24, n_components=8, steps=15,
-                                   batch_size=2, threads=1, progress=False)
+    res = SC.compression_experiment(llama, train, held, context=24, n_components=8, steps=15,
+                                    batch_size=2, threads=1, progress=False)
     assert res.steps_done == 15 and len(res.train_loss) == 15
     assert list(res.table.condition) == ["full", "pca_decoder", "pca_raw", "pool", "none"]
     assert list(res.table.prefix_tokens) == [24, 8, 8, 8, 0]
@@ -151,5 +152,5 @@ def test_compression_experiment_small(llama):
     assert res.pca.components.shape == (8, 24)
     assert [p.requires_grad for p in llama.hf_model.parameters()] == flags
     with pytest.raises(ValueError, match="no continuation"):
-        S.compression_experiment(llama, train[:, :25], held[:, :25], context=24,
-                                 progress=False)
+        SC.compression_experiment(llama, train[:, :25], held[:, :25], context=24,
+                                  progress=False)
