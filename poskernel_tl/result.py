@@ -72,12 +72,18 @@ class ConditionResult:
         for name, (_, field) in ALIASES.items():
             if name in fields:
                 fields[field] = fields.pop(name)
-        unknown = sorted(set(fields) - set(OWNER))
+        unknown = sorted(set(fields) - set(OWNER) - {"seq_index"})
         if unknown:
             raise TypeError(f"ConditionResult has no fields {unknown}")
+        if "r2_pooled" in fields:  # Track A built from its fields: sequences in order
+            fields.setdefault("seq_index", np.arange(len(self.seq_id)))
         for cls in PARTS:
-            mine = {k: v for k, v in fields.items() if OWNER[k] is cls}
-            if mine and cls.NAME in self.parts:
+            mine = {k: v for k, v in fields.items() if OWNER.get(k, TrackAResult) is cls}
+            if mine and all(v is None for v in mine.values()) and any(
+                    f.name in mine for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING):  # a required field unset: no part
+                self.parts.pop(cls.NAME, None)
+            elif mine and cls.NAME in self.parts:
                 self.parts[cls.NAME] = dataclasses.replace(self.parts[cls.NAME], **mine)
             elif mine:
                 self.parts[cls.NAME] = _build(cls, mine)
