@@ -15,6 +15,7 @@ from poskernel_tl import constants as C
 from poskernel_tl import grid
 from poskernel_tl.cli import main
 from poskernel_tl.config import GridConfig
+from poskernel_tl.errors import UserError
 from poskernel_tl.manifest import FolderLock, Manifest
 
 TESTS = Path(__file__).parent
@@ -164,3 +165,27 @@ def test_merge_combines_shards(tiny_tokenizer, tmp_path):
     from poskernel_tl.result import ConditionResult
 
     assert len(ConditionResult.conditions(tmp_path / "all")) == 3
+
+
+def test_analyses_run_per_condition_and_resume(tmp_path, tiny_tokenizer):
+    """--analyses: each named analysis writes its table for every measured condition, is
+    recorded in the manifest, and a rerun leaves the finished tables untouched."""
+    conds = CONDS[:2]
+    _run(tmp_path, conds, tiny_tokenizer, analyses=("spectral", "separable"))
+    tables = {c.name: [C.result_path(tmp_path, c.model, c.dataset, c.length, suffix)
+                       for suffix in ("spectral.csv", "spectral_peaks.csv", "separable.csv")]
+              for c in conds}
+    for paths in tables.values():
+        assert all(p.exists() for p in paths), paths
+    manifest = Manifest(tmp_path)
+    assert {f"{c.name}:{a}" for c in conds for a in ("spectral", "separable")} \
+        <= set(manifest.entries)
+    before = {p: p.stat().st_mtime_ns for paths in tables.values() for p in paths}
+    _run(tmp_path, conds, tiny_tokenizer, analyses=("spectral", "separable"))
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+
+
+def test_unknown_analysis_fails_before_any_condition(tmp_path, tiny_tokenizer):
+    with pytest.raises(UserError, match="separable"):
+        _run(tmp_path, CONDS[:1], tiny_tokenizer, analyses=("nosuch",))
+    assert not (tmp_path / C.RESULTS_DIR).exists()
