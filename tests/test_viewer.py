@@ -5,9 +5,11 @@ hostile token strings stay text, and a missing analysis says "not run" with its 
 Without Chromium the browser tests are skipped with the reason; the data-file checks run
 anyway."""
 
+import base64
 import dataclasses
 import json
 import re
+import zlib
 
 import numpy as np
 import pandas as pd
@@ -99,10 +101,9 @@ def data_of(page, r) -> dict:
 
 
 def typed(spec: dict) -> np.ndarray:
-    import base64
-
-    return np.frombuffer(base64.b64decode(spec["b64"]), "<" + spec["dtype"]).reshape(
-        spec["shape"])
+    data = base64.b64decode(spec["b64"])
+    data = zlib.decompress(data) if spec.get("z") else data
+    return np.frombuffer(data, "<" + spec["dtype"]).reshape(spec["shape"])
 
 
 # ------------------------------------------------------------------ without a browser
@@ -113,6 +114,7 @@ def test_data_file_holds_the_saved_numbers(site):
     np.testing.assert_array_equal(typed(d["arrays"]["g_a"]), r.g_pooled.astype(np.float32))
     np.testing.assert_array_equal(typed(d["arrays"]["per_seq"]), r.r2_per_seq.astype(np.float32))
     A = r.logits[12]
+    assert d["arrays"]["logits"]["z"]  # deflated; the viewer inflates it
     codes, lo = typed(d["arrays"]["logits"]), typed(d["arrays"]["logits_lo"])
     step = typed(d["arrays"]["logits_step"])
     t, s = np.tril_indices(T, -1)

@@ -168,6 +168,15 @@ def _figures(conds: list[Condition], out: Path, gate_met, workers: int) -> tuple
     def add(key: str, make, name: str, alt: str) -> None:
         jobs.append((key, lambda: _figure(make(), out, name, alt)))
 
+    jobs.append(("4", lambda: _fig4(conds, out, gate_met)))  # the longest first
+    for r in results:
+        nope = N.nope_r2(results, dataset=r.dataset, length=r.length)
+        nope = nope if nope.size and r.spec.pe != "none" else None
+        add("null", lambda r=r, nope=nope: F.fig_nulls(r, nope), f"nulls_{r.stem()}",
+            f"nulls, {r.stem()}")
+        head_null = N.head_null_table(r)
+        if head_null is not None:
+            TB.write_table(head_null, out / "nulls" / f"{r.stem()}_perm_null")
     by_model: dict[str, list] = {}
     for r in results:
         by_model.setdefault(r.model, []).append(r)
@@ -181,15 +190,6 @@ def _figures(conds: list[Condition], out: Path, gate_met, workers: int) -> tuple
     for (dataset, length), rs in sorted(by_cond.items()):
         add("3", lambda rs=rs: F.fig3_violins(rs), f"fig3_{C.dataset_slug(dataset)}_{length}",
             f"Figure 3, {dataset_label(dataset)}, T={length}")
-    jobs.append(("4", lambda: _fig4(conds, out, gate_met)))
-    for r in results:
-        nope = N.nope_r2(results, dataset=r.dataset, length=r.length)
-        nope = nope if nope.size and r.spec.pe != "none" else None
-        add("null", lambda r=r, nope=nope: F.fig_nulls(r, nope), f"nulls_{r.stem()}",
-            f"nulls, {r.stem()}")
-        head_null = N.head_null_table(r)
-        if head_null is not None:
-            TB.write_table(head_null, out / "nulls" / f"{r.stem()}_perm_null")
     figs: dict[str, list[str]] = {k: [] for k in ("1", "2", "3", "4", "null")}
     note4 = ""
     for (key, _), html in zip(jobs, _run_all([job for _, job in jobs], workers)):

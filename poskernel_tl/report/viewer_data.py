@@ -9,12 +9,13 @@ saved sequence with that sequence's own g(Δ) and token strings. Large arrays tr
 base64 typed arrays (``f4`` float32, ``f8`` float64, ``u1`` uint8, ``f2`` float16):
 
 - logits (strict lower triangle, row by row) as 8-bit codes per head, value = lo + code ×
-  step (``logits_lo``, ``logits_step``): a display copy; every R² shown comes from the
-  result files, not from these codes;
+  step (``logits_lo``, ``logits_step``), zlib-compressed: a display copy; every R² shown
+  comes from the result files, not from these codes;
 - spectra as float16 divided by each head's maximum (``spec_*_scale``).
 """
 
 import base64
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -69,11 +70,13 @@ def grid(a) -> list:
     return [[num(v) for v in row] for row in np.asarray(a, np.float64)]
 
 
-def typed(a: np.ndarray, dtype: str) -> dict:
-    """``a`` as a base64 little-endian typed array."""
+def typed(a: np.ndarray, dtype: str, deflate: bool = False) -> dict:
+    """``a`` as a base64 little-endian typed array; ``deflate``: zlib-compressed first
+    (``"z": true``; the viewer inflates it with the browser's DecompressionStream)."""
     arr = np.ascontiguousarray(np.asarray(a).astype("<" + dtype))
-    return {"dtype": dtype, "shape": list(arr.shape),
-            "b64": base64.b64encode(arr.tobytes()).decode("ascii")}
+    data = zlib.compress(arr.tobytes(), 6) if deflate else arr.tobytes()
+    out = {"dtype": dtype, "shape": list(arr.shape), "b64": base64.b64encode(data).decode()}
+    return {**out, "z": True} if deflate else out
 
 
 def quantize_logits(logits: np.ndarray) -> dict:
@@ -86,7 +89,8 @@ def quantize_logits(logits: np.ndarray) -> dict:
     step = (np.nanmax(x, axis=-1) - lo) / 255.0
     step = np.where(step > 0, step, 1.0).astype(np.float32)
     codes = np.rint((np.nan_to_num(x, nan=0.0) - lo[..., None]) / step[..., None])
-    return {"logits": typed(np.clip(codes, 0, 255), "u1"), "logits_lo": typed(lo, "f4"),
+    return {"logits": typed(np.clip(codes, 0, 255), "u1", deflate=True),
+            "logits_lo": typed(lo, "f4"),
             "logits_step": typed(step, "f4")}
 
 

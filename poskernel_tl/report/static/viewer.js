@@ -23,19 +23,33 @@
     for (var i = 0; i < bits.length; i++) out[i] = f16[bits[i]];
     return out;
   }
-  function decode(spec) {
+  function typedOf(dtype, buf) {
+    return dtype === "f4" ? new Float32Array(buf) : dtype === "f8" ? new Float64Array(buf)
+      : dtype === "f2" ? half(new Uint16Array(buf)) : new Uint8Array(buf);
+  }
+  function decode(spec) {  // a decoded array, or a Promise of one when it was deflated
     var raw = atob(spec.b64), buf = new Uint8Array(raw.length);
     for (var i = 0; i < raw.length; i++) buf[i] = raw.charCodeAt(i);
-    var data = spec.dtype === "f4" ? new Float32Array(buf.buffer)
-      : spec.dtype === "f8" ? new Float64Array(buf.buffer)
-      : spec.dtype === "f2" ? half(new Uint16Array(buf.buffer)) : buf;
-    return { data: data, shape: spec.shape };
+    if (!spec.z) return { data: typedOf(spec.dtype, buf.buffer), shape: spec.shape };
+    var stream = new Blob([buf]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new Response(stream).arrayBuffer().then(function (b) {
+      return { data: typedOf(spec.dtype, b), shape: spec.shape };
+    });
   }
   function decodeAll(obj) {  // every {dtype, shape, b64} inside obj, decoded in place
-    if (!obj || typeof obj !== "object") return obj;
-    if (obj.b64 !== undefined && obj.dtype) return decode(obj);
-    Object.keys(obj).forEach(function (k) { obj[k] = decodeAll(obj[k]); });
-    return obj;
+    var pending = [];
+    (function walk(o) {
+      Object.keys(o).forEach(function (k) {
+        var v = o[k];
+        if (!v || typeof v !== "object") return;
+        if (v.b64 !== undefined && v.dtype) {
+          var out = decode(v);
+          if (out.then) pending.push(out.then(function (d) { o[k] = d; }));
+          else o[k] = out;
+        } else walk(v);
+      });
+    })(obj);
+    return Promise.all(pending).then(function () { return obj; });
   }
   function row(arr, i) {  // the i-th block along the first axes of a decoded array
     var n = arr.shape[arr.shape.length - 1];
@@ -324,10 +338,12 @@
     panel.textContent = "Loading " + cond.label + " …";
     load(cond, function (d) {
       if (!d) { panel.textContent = "The data file " + cond.data + " did not load."; return; }
-      if (!decoded[d.key]) { decodeAll(d.arrays); decoded[d.key] = true; }
-      if (decodeURIComponent(location.hash.slice(1)) !== hash) return;  // moved on meanwhile
-      PK.renderHead(panel, PK.headFromCondition(d, layer, head, index));
-      panel.scrollTop = 0;
+      decoded[d.key] = decoded[d.key] || decodeAll(d.arrays);
+      decoded[d.key].then(function () {
+        if (decodeURIComponent(location.hash.slice(1)) !== hash) return;  // moved on meanwhile
+        PK.renderHead(panel, PK.headFromCondition(d, layer, head, index));
+        panel.scrollTop = 0;
+      }, function (err) { panel.textContent = "The data of " + cond.label + " could not be decoded: " + err; });
     });
   }
   PK.start = function () {
@@ -339,7 +355,8 @@
     route();
   };
   PK.showHead = function (id, payloadId) {  // a single head from an inline payload (notebooks)
-    var p = decodeAll(JSON.parse(document.getElementById(payloadId).textContent));
-    PK.renderHead(document.getElementById(id), p);
+    decodeAll(JSON.parse(document.getElementById(payloadId).textContent)).then(function (p) {
+      PK.renderHead(document.getElementById(id), p);
+    });
   };
 })();
