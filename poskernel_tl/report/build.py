@@ -94,16 +94,14 @@ def _read(results_dir: Path, out: Path, decoders, progress: bool
     return conds, damaged
 
 
-def _img(path: Path, out: Path, alt: str) -> str:
-    rel = path.relative_to(out).as_posix()
+def _figure(fig, out: Path, name: str, alt: str, pdf: bool = True) -> str:
+    """Save ``fig`` (PNG, and PDF for the numbered figures) and return its HTML."""
+    png, pdf_path = F.save_figure(fig, out / FIG_DIR / name, pdf=pdf)
+    rel = png.relative_to(out).as_posix()
+    links = f'<a href="{S.esc(rel)}">PNG</a>' + (
+        f' · <a href="{S.esc(pdf_path.relative_to(out).as_posix())}">PDF</a>' if pdf_path else "")
     return (f'<img class="pk-file" src="{S.esc(rel)}" alt="{S.esc(alt)}">'
-            f'<p class="pk-note">Files: <a href="{S.esc(rel)}">PNG</a> · '
-            f'<a href="{S.esc(rel[:-4] + ".pdf")}">PDF</a></p>')
-
-
-def _figure(fig, out: Path, name: str, alt: str) -> str:
-    png, _ = F.save_figure(fig, out / FIG_DIR / name)
-    return _img(png, out, alt)
+            f'<p class="pk-note">Files: {links}</p>')
 
 
 def _fig4(conds: list[Condition], out: Path, gate_met) -> tuple[str, str]:
@@ -165,8 +163,8 @@ def _figures(conds: list[Condition], out: Path, gate_met, workers: int) -> tuple
     results = [c.result for c in conds]
     jobs: list[tuple[str, object]] = []
 
-    def add(key: str, make, name: str, alt: str) -> None:
-        jobs.append((key, lambda: _figure(make(), out, name, alt)))
+    def add(key: str, make, name: str, alt: str) -> None:  # PDF for Figures 1–4 only
+        jobs.append((key, lambda: _figure(make(), out, name, alt, pdf=key != "null")))
 
     jobs.append(("4", lambda: _fig4(conds, out, gate_met)))  # the longest first
     for r in results:

@@ -380,12 +380,16 @@ def fig_nulls(r: ConditionResult, nope: np.ndarray | None = None) -> Figure:
     return fig
 
 
-def save_figure(fig: Figure, stem: str | Path, dpi: int = 110) -> tuple[Path, Path]:
-    """Write ``stem.png`` and ``stem.pdf``; returns both paths."""
+def save_figure(fig: Figure, stem: str | Path, dpi: int = 110, pdf: bool = True
+                ) -> tuple[Path, Path | None]:
+    """Write ``stem.png`` and (with ``pdf``) ``stem.pdf``; returns both paths."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    png, pdf = stem.parent / f"{stem.name}.png", stem.parent / f"{stem.name}.pdf"
+    png = stem.parent / f"{stem.name}.png"
     fig.savefig(png, dpi=dpi, facecolor="white")
+    if not pdf:
+        return png, None
+    pdf = stem.parent / f"{stem.name}.pdf"
     engine = fig.get_layout_engine()
     fig.set_layout_engine("none")  # keep the positions just computed: lay out once
     fig.savefig(pdf, facecolor="white")

@@ -97,7 +97,8 @@ def exploratory_sentence(summary: pd.DataFrame, gate_met: bool | None) -> str:
     the test's false-positive rate on the same heads ("" without spectral results)."""
     rope = summary[summary["pe"] == "rope"] if len(summary) else summary
     parts = []
-    sources = (("specB_", "a Track B centered g(Δ)"), ("specA_", "a Track A pooled g(Δ)"))
+    sources = (("specB_", "a Track B g(Δ) (centered Gram; raw where a condition is "
+                          "uncentered)"), ("specA_", "a Track A pooled g(Δ)"))
     for prefix, name in sources:
         n = rope[f"{prefix}n_early"].to_numpy(np.float64) if len(rope) else np.zeros(0)
         share = rope[f"{prefix}aligned_early"].to_numpy(np.float64) if len(rope) else n
