@@ -145,8 +145,8 @@ def weights_identity(model) -> str:
 
 
 def condition_key(cfg: RunConfig, model, seq_file: Path) -> str:
-    run = {k: v for k, v in cfg.to_dict().items() if k not in ("out", "progress", "device",
-                                                                 "overwrite")}
+    run = {k: v for k, v in cfg.to_dict().items()
+           if k not in ("out", "progress", "device", "overwrite", "max_memory")}
     return key_of({"config": run, "spec": model.spec.to_dict(),
                    "weights": weights_identity(model), "sequences": sha256(seq_file),
                    "version": C.VERSION})
@@ -170,7 +170,7 @@ def run_grid(conds: list[Condition], cfg: GridConfig, load=None) -> pd.DataFrame
     out.mkdir(parents=True, exist_ok=True)
     analyses = [get_analysis(name) for name in cfg.analyses]  # unknown names fail first
     load = load or (lambda name: load_model(name, device=cfg.device, dtype=cfg.dtype,
-                                            progress=cfg.progress))
+                                            progress=cfg.progress, attention=cfg.attention))
     rows = []
     with FolderLock(out):
         remove_stale_temporaries(out)
