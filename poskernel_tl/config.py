@@ -151,6 +151,10 @@ class RunConfig(MeasureConfig):
                                           "(recorded in the data file)")
     compatibility_mode: bool = option(False, "TransformerLens' HookedTransformer weight "
                                              "processing (slower; q/k do not change)")
+    attention: Literal["sdpa", "eager"] = option(
+        "sdpa", "sdpa: attention through torch's scaled_dot_product_attention with the same "
+        "hook points (TransformerLens's own code whenever attn_scores/pattern are hooked); "
+        "eager: always TransformerLens's own")
     overwrite: bool = option(False, "rebuild a sequence file that does not match this run")
     progress: bool = option(True, "no progress bars", flag="--quiet")
 
