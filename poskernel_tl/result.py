@@ -25,6 +25,7 @@ from jaxtyping import Int
 
 from poskernel_tl import constants as C
 from poskernel_tl.errors import ResultFileError
+from poskernel_tl.hooks import kv_head_map
 from poskernel_tl.io import save_csv, save_json, save_npz, save_torch
 from poskernel_tl.pe_kernel import PEKernel
 from poskernel_tl.reducers import (
@@ -128,7 +129,7 @@ class ConditionResult:
 
     @property
     def kv_head(self) -> Int[np.ndarray, " head_index"]:
-        return np.arange(self.n_heads) // (self.n_heads // self.spec.n_kv_heads)
+        return np.asarray(kv_head_map(self.n_heads, self.spec.n_kv_heads))
 
     @property
     def thetas(self) -> np.ndarray | None:
