@@ -47,6 +47,8 @@ from transformer_lens.model_bridge.generalized_components.position_embeddings_at
 )
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from poskernel_tl.errors import UserError
+
 # TransformerLens versions whose attention forwards these subclasses were checked against
 VERIFIED_TL_VERSIONS: tuple[str, ...] = ("4.3.0",)
 ATTENTION_CHOICES: tuple[str, ...] = ("sdpa", "eager")
@@ -340,7 +342,7 @@ def uninstall_fast_attention(bridge) -> int:
 def check_attention(attention: str) -> str:
     """``attention`` if it names an attention path, else a ValueError listing them."""
     if attention not in ATTENTION_CHOICES:
-        raise ValueError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
+        raise UserError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
     return attention
 
 
