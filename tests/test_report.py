@@ -55,7 +55,7 @@ def synthetic(model: str = "smollm2-135m", dataset: str = "prose", T: int = 32, 
     gram = np.zeros((L, H, T, T))
     t, s = np.tril_indices(T, -1)
     gram[:, :, t, s] = g[:, :, t - s - 1]
-    extra = {}
+    extra = {"n_centering": 0}  # uncentered: as a run of random tokens records it
     if centered:
         extra = dict(mean_q=f(L, H, T, d).astype(np.float32),
                      mean_k=f(L, Hkv, T, d).astype(np.float32), n_centering=n,
