@@ -89,8 +89,14 @@ def test_imports_point_down():
     assert not up, "upward imports:\n" + "\n".join(up)
 
 
+# imports deferred for their cost, not to dodge a cycle (they point down like the rest):
+# the fast attention classes subclass TransformerLens's, whose import takes ~10 s
+DEFERRED = {("poskernel_tl.loading", "poskernel_tl.hooks.fast_attention")}
+
+
 def test_no_function_local_imports():
-    hidden = [f"{a} line {n}: {b}" for a, b, _, is_local, n in EDGES if is_local]
+    hidden = [f"{a} line {n}: {b}" for a, b, _, is_local, n in EDGES
+              if is_local and (a, b) not in DEFERRED]
     assert not hidden, "imports inside functions:\n" + "\n".join(hidden)
 
 
