@@ -115,7 +115,7 @@ def head_status(r2: float, finite: bool, gate_met: bool | None, force: bool,
     return f"exploratory: {why}" if explore else f"skipped: {why}"
 
 
-def _batchreference_scores(g, th, usage, length, raw_spectrum, demean):
+def _batch_references(g, th, usage, length, raw_spectrum, demean):
     """Per-head reference power [layer, head_index, freq], the literal power of g and the
     literal equal-weight reference, each computed once for the whole condition."""
     if not len(th):
@@ -162,25 +162,26 @@ def spectral_table(
     finite = np.isfinite(g).all(-1)
     mags = spectrum(np.where(finite[..., None], g, 0.0), length, raw_spectrum=raw_spectrum,
                     demean=demean)
-    refs = _batchreference_scores(g, th, use, length, raw_spectrum, demean)
+    refs = _batch_references(g, th, use, length, raw_spectrum, demean)
     heads, peak_rows = [], []
     for layer in range(L):
         for head in range(H):
-            status = head_status(r2[layer, head], bool(finite[layer, head]), gate_met, force,
-                                 explore)
             base = {"model": model, "dataset": dataset, "length": length, "layer": layer,
                     "head": head}
+            status = head_status(r2[layer, head], bool(finite[layer, head]), gate_met, force,
+                                 explore)
             row = {**base, "pe": pe, "source": source, "R2_pooled": r2[layer, head],
                    "gate_met": gate_met, "forced": force, "status": status,
                    "analysed": not status.startswith("skipped"),
                    "preregistered": status == "gated", "raw_spectrum": raw_spectrum}
             if row["analysed"]:
                 res = align_spectrum(mags[layer, head], th, length, raw_spectrum=raw_spectrum,
-                             n_peaks=N_PEAKS, tau_rel=tau_rel, n_null=n_null, seed=seed,
-                             alpha=alpha, precision_bins=PRECISION_BINS)
+                                     n_peaks=N_PEAKS, tau_rel=tau_rel, n_null=n_null,
+                                     seed=seed, alpha=alpha, precision_bins=PRECISION_BINS)
                 if refs is not None:
                     res.update(reference_scores(mags[layer, head] ** 2, refs[0][layer, head],
-                                           refs[1][layer, head], refs[2], length, raw_spectrum))
+                                                refs[1][layer, head], refs[2], length,
+                                                raw_spectrum))
                 row.update({key: res[key] for key in HEAD_COLUMNS if key in res})
                 if s_pe is not None:
                     row.update(pe_spectrum_correlations(
@@ -192,6 +193,10 @@ def spectral_table(
     if magnitudes is not None:
         magnitudes.update(spectrum=np.where(finite[..., None], mags, np.nan),
                           omega=frequency_grid(length))
+    return _tables(heads, peak_rows)
+
+
+def _tables(heads: list[dict], peak_rows: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     table = pd.DataFrame(heads).reindex(columns=HEAD_COLUMNS)
     for col in ("aligned", "criterion_met"):
         table[col] = table[col].astype("boolean")

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from poskernel_tl.reducers import LayerBatch
 from poskernel_tl.reducers.perm_null import PermNullReducer
 from poskernel_tl.registry import REGISTRY
+from poskernel_tl.report import figure_nulls as FN
 from poskernel_tl.report import figures as F
 from poskernel_tl.report import nulls as N
 from poskernel_tl.report import tables as TB
@@ -143,10 +144,10 @@ def test_fig4_gate_label_and_matched_peaks(grid):
 
 def test_fig_nulls_with_and_without_permutation_null(grid, tmp_path):
     r = grid[0]
-    fig = F.fig_nulls(r)
+    fig = FN.fig_nulls(r)
     assert any("not measured" in t.get_text() for t in fig.axes[0].texts)
     r2 = r.replace(r2_perm_null=np.full((8, *r.r2_pooled.shape), 1e-3))
-    fig = F.fig_nulls(r2, nope=grid[4].r2_pooled.ravel())
+    fig = FN.fig_nulls(r2, nope=grid[4].r2_pooled.ravel())
     legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
     assert any("perm pct 100" in t and "NoPE pct" in t for t in legend)
     png, pdf = F.save_figure(fig, tmp_path / "nulls_llama-3.2-1b")

@@ -24,6 +24,7 @@ import numpy as np
 
 from poskernel_tl import constants as C
 from poskernel_tl.report import extras as EX
+from poskernel_tl.report import figure_nulls as FN
 from poskernel_tl.report import figures as F
 from poskernel_tl.report import nulls as N
 from poskernel_tl.report import sections as S
@@ -170,7 +171,7 @@ def _figures(conds: list[Condition], out: Path, gate_met, workers: int) -> tuple
     for r in results:
         nope = N.nope_r2(results, dataset=r.dataset, length=r.length)
         nope = nope if nope.size and r.spec.pe != "none" else None
-        add("null", lambda r=r, nope=nope: F.fig_nulls(r, nope), f"nulls_{r.stem()}",
+        add("null", lambda r=r, nope=nope: FN.fig_nulls(r, nope), f"nulls_{r.stem()}",
             f"nulls, {r.stem()}")
         head_null = N.head_null_table(r)
         if head_null is not None:

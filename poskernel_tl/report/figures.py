@@ -8,7 +8,7 @@
 - :func:`fig3_violins`: per-sequence R² of the top early-layer heads, one panel per
   populated PE × norm cell;
 - :func:`fig4_spectral`: one early rotary head's centered Gram, g(Δ) and |ĝ(ω)|² against θᵢ;
-- :func:`fig_nulls`: each head's R² against its permutation null and the reference nulls.
+- the nulls' figure: :mod:`poskernel_tl.report.figure_nulls`.
 
 :func:`save_figure` writes PNG and PDF.
 """
@@ -234,149 +234,97 @@ def pick_spectral_head(results: Sequence[ConditionResult]) -> tuple[ConditionRes
     return rope[best[3]], best[4], best[5]
 
 
-def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | None, *,
-                  gate_met: bool | None, grams: dict | None = None) -> Figure:
-    """One head: (a) the centered Gram matrix (raw when the condition is uncentered) on
-    its strictly lower triangle, (b) Track B g(Δ) with Track A's on a second axis, (c)
-    |ĝ(ω)|² (the spectrum ``spectral`` analysed; from ``spectral_alignment``) with the
-    model's θᵢ dashed, ±10% bands shaded and the top peaks marked, matched peaks labelled
-    with their relative error. Titled "gate not met" when the spectral gate failed.
-    ``grams``: this head's Gram matrices by name (``gram_centered``, ``gram_raw``), read
-    from ``r`` when not given."""
-    T = r.length
-    fig = Figure(figsize=(15, 4.4), layout="constrained")
-    ax_a, ax_b, ax_c = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1.1, 1.5]})
-    if grams is None:
-        grams = {n: getattr(r, n)[layer, head] for n in ("gram_centered", "gram_raw")
-                 if getattr(r, n) is not None}
+def _fig4_gram(fig: Figure, ax, r: ConditionResult, T: int, grams: dict) -> None:
     which = "centered" if r.centered and "gram_centered" in grams else "raw"
     gram = grams.get(f"gram_{which}")
     if gram is not None:
         m = np.where(np.tril(np.ones((T, T), bool), -1), gram, np.nan)
         lo, hi = np.nanpercentile(m, [1, 99])
-        im = ax_a.imshow(m, cmap="viridis", vmin=lo, vmax=hi, interpolation="nearest")
-        fig.colorbar(im, ax=ax_a, fraction=0.046, label="mean q̃·k̃ᵀ·scale")
-        ax_a.set(xlabel="key position s", ylabel="query position t")
+        im = ax.imshow(m, cmap="viridis", vmin=lo, vmax=hi, interpolation="nearest")
+        fig.colorbar(im, ax=ax, fraction=0.046, label="mean q̃·k̃ᵀ·scale")
+        ax.set(xlabel="key position s", ylabel="query position t")
     else:
-        ax_a.text(0.5, 0.5, f"Gram matrix not kept\n(T = {T} > 256)", ha="center",
-                  va="center", transform=ax_a.transAxes)
-        ax_a.set_axis_off()
-    ax_a.set_title(f"(a) {which} Gram matrix\nstrictly lower triangle s < t", fontsize=9)
+        ax.text(0.5, 0.5, f"Gram matrix not kept\n(T = {T} > 256)", ha="center",
+                va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+    ax.set_title(f"(a) {which} Gram matrix\nstrictly lower triangle s < t", fontsize=9)
+
+
+def _fig4_kernels(ax, r: ConditionResult, layer: int, head: int) -> None:
     g_b, src = r.g_trackB
-    lags = np.arange(1, T)
-    ax_b.plot(lags, g_b[layer, head], color="C3", lw=1.4, label=f"Track B ({src})",
-              zorder=3)
-    ax_b.set(xlabel="lag Δ = t − s", ylabel="g(Δ), Track B", xscale="log")
-    twin = ax_b.twinx()
+    lags = np.arange(1, r.length)
+    ax.plot(lags, g_b[layer, head], color="C3", lw=1.4, label=f"Track B ({src})", zorder=3)
+    ax.set(xlabel="lag Δ = t − s", ylabel="g(Δ), Track B", xscale="log")
+    twin = ax.twinx()
     twin.plot(lags, r.g_pooled[layer, head], color="C0", lw=1.0, ls="--", alpha=0.8,
               label="Track A pooled (right axis)")
     twin.set_ylabel("g(Δ), Track A", color="C0")
-    h1, l1 = ax_b.get_legend_handles_labels()
+    h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = twin.get_legend_handles_labels()
-    ax_b.legend(h1 + h2, l1 + l2, fontsize=7)
-    ax_b.set_title("(b) g(Δ)\nTrack B (analysed) and Track A", fontsize=9)
-    ax_b.grid(alpha=0.3)
-    spectral = spectral or {}
-    if "omega" not in spectral or "spectrum" not in spectral:
-        raise ValueError("fig4_spectral needs the head's saved spectrum (omega, spectrum)")
+    ax.legend(h1 + h2, l1 + l2, fontsize=7)
+    ax.set_title("(b) g(Δ)\nTrack B (analysed) and Track A", fontsize=9)
+    ax.grid(alpha=0.3)
+
+
+def _fig4_spectrum(ax, r: ConditionResult, spectral: dict) -> None:
     omega, power = np.asarray(spectral["omega"]), np.asarray(spectral["spectrum"]) ** 2
     keep = omega > 0
-    ax_c.plot(omega[keep], power[keep], color="C0", lw=1.0, label="|ĝ(ω)|² as analysed")
+    ax.plot(omega[keep], power[keep], color="C0", lw=1.0, label="|ĝ(ω)|² as analysed")
     lo_w, hi_w = omega[keep].min(), np.pi
     thetas = [t for t in np.asarray(r.thetas, float) if lo_w <= t <= hi_w]
     for i, t in enumerate(thetas):
-        ax_c.axvspan(t * (1 - TAU_REL), t * (1 + TAU_REL), color="C1", alpha=0.12, lw=0)
-        ax_c.axvline(t, color="C1", ls="--", lw=0.7,
-                     label=f"θᵢ ±10% ({len(thetas)} of {len(r.thetas)} in range)"
-                     if i == 0 else None)
+        ax.axvspan(t * (1 - TAU_REL), t * (1 + TAU_REL), color="C1", alpha=0.12, lw=0)
+        ax.axvline(t, color="C1", ls="--", lw=0.7, label=f"θᵢ ±10% ({len(thetas)} of "
+                   f"{len(r.thetas)} in range)" if i == 0 else None)
     peaks = np.asarray(spectral.get("peaks", []), float)
     if peaks.size:
         pk_pow = np.interp(peaks, omega, power)
         matched = np.asarray(spectral.get("matched", np.zeros(len(peaks), bool)), bool)
         rel = np.asarray(spectral.get("rel_error", np.full(len(peaks), np.nan)), float)
-        ax_c.plot(peaks[matched], pk_pow[matched], "v", color="C2", ms=7,
-                  label="matched peak")
-        ax_c.plot(peaks[~matched], pk_pow[~matched], "v", mfc="none", mec="k", ms=7,
-                  label="unmatched peak")
+        ax.plot(peaks[matched], pk_pow[matched], "v", color="C2", ms=7, label="matched peak")
+        ax.plot(peaks[~matched], pk_pow[~matched], "v", mfc="none", mec="k", ms=7,
+                label="unmatched peak")
         for k, (w, p, e) in enumerate(zip(peaks[matched], pk_pow[matched], rel[matched])):
-            ax_c.annotate(f"{100 * e:.1f}%", (w, p), textcoords="offset points",
-                          xytext=(0, 8 + 9 * (k % 2)), ha="center", fontsize=7, color="C2")
+            ax.annotate(f"{100 * e:.1f}%", (w, p), textcoords="offset points",
+                        xytext=(0, 8 + 9 * (k % 2)), ha="center", fontsize=7, color="C2")
     top = float(np.nanmax(power[keep])) if np.isfinite(power[keep]).any() else 1.0
     top = top if top > 0 else 1.0
-    ax_c.set(xscale="log", yscale="log", xlabel="ω (rad/token)", ylabel="power",
-             xlim=(lo_w, hi_w), ylim=(top * 1e-7, top * 20))
-    ax_c.grid(alpha=0.3)
-    ax_c.legend(fontsize=7, loc="lower left")
+    ax.set(xscale="log", yscale="log", xlabel="ω (rad/token)", ylabel="power",
+           xlim=(lo_w, hi_w), ylim=(top * 1e-7, top * 20))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
     frac, p = spectral.get("frac_matched", np.nan), spectral.get("p_value", np.nan)
     ptext = f"p = {p:.3g}" if np.isfinite(p) else "no significant peak"
-    ax_c.set_title(f"(c) |ĝ(ω)|²\n{frac:.0%} of top-5 peaks matched "
-                   f"(chance {spectral.get('chance', np.nan):.2f}); {ptext}"
-                   if np.isfinite(frac) else "(c) |ĝ(ω)|²", fontsize=9)
+    ax.set_title(f"(c) |ĝ(ω)|²\n{frac:.0%} of top-5 peaks matched (chance "
+                 f"{spectral.get('chance', np.nan):.2f}); {ptext}"
+                 if np.isfinite(frac) else "(c) |ĝ(ω)|²", fontsize=9)
+
+
+def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | None, *,
+                  gate_met: bool | None, grams: dict | None = None) -> Figure:
+    """One head: (a) the centered Gram matrix (raw when the condition is uncentered) on
+    its strictly lower triangle, (b) Track B g(Δ) with Track A's on a second axis, (c)
+    |ĝ(ω)|² (``spectral``: the saved spectrum ``omega``/``spectrum`` and the head's
+    ``peaks``, ``matched``, ``rel_error``, ``frac_matched``, ``chance``, ``p_value``) with
+    the model's θᵢ dashed, ±10% bands shaded and the top peaks marked, matched peaks
+    labelled with their relative error. Titled "gate not met" when the spectral gate
+    failed. ``grams``: this head's Gram matrices by name (``gram_centered``,
+    ``gram_raw``), read from ``r`` when not given."""
+    spectral = spectral or {}
+    if "omega" not in spectral or "spectrum" not in spectral:
+        raise ValueError("fig4_spectral needs the head's saved spectrum (omega, spectrum)")
+    if grams is None:
+        grams = {n: getattr(r, n)[layer, head] for n in ("gram_centered", "gram_raw")
+                 if getattr(r, n) is not None}
+    fig = Figure(figsize=(15, 4.4), layout="constrained")
+    ax_a, ax_b, ax_c = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1.1, 1.5]})
+    _fig4_gram(fig, ax_a, r, r.length, grams)
+    _fig4_kernels(ax_b, r, layer, head)
+    _fig4_spectrum(ax_c, r, spectral)
     gate = "" if gate_met else "  —  gate not met" if gate_met is False else \
         "  —  no gate applies"
     fig.suptitle(f"{condition_label(r)} · L{layer}H{head} · Track A pooled R² "
                  f"{r.r2_pooled[layer, head]:.3f}{gate}", fontsize=10)
-    return fig
-
-
-# ------------------------------------------------------------------------ the nulls
-def fig_nulls(r: ConditionResult, nope: np.ndarray | None = None) -> Figure:
-    """(a) every head's Track A R² (sorted) against its joint position-permutation null
-    (range over permutations, grey) on a log axis; (b) the distributions: this
-    condition's heads, its permutation null, the NoPE heads (``nope``, if given), the
-    analytic i.i.d. null mean, and the thresholds 0.40 and 0.80 with their percentile in
-    each null."""
-    fig = Figure(figsize=(13, 4.2), layout="constrained")
-    ax_a, ax_b = fig.subplots(1, 2)
-    obs = N.perm_observed(r).ravel()
-    null = N.perm_null_of(r)
-    order = np.argsort(obs)
-    x = np.arange(len(obs))
-    iid = N.analytic_null_mean(r.length, len(r.seq_id))
-    pools = [obs, [iid]] + ([null.ravel()] if null is not None else []) + \
-        ([nope] if nope is not None and len(nope) else [])
-    allv = np.concatenate([np.asarray(p, float).ravel() for p in pools])
-    allv = allv[np.isfinite(allv) & (allv > 0)]
-    floor = max(float(allv.min()) / 2 if allv.size else 1e-6, 1e-9)
-    if null is not None:
-        flat = null.reshape(len(null), -1)[:, order]
-        ax_a.fill_between(x, np.maximum(flat.min(0), floor), np.maximum(flat.max(0), floor),
-                          color="0.6", alpha=0.6, step="mid",
-                          label=f"permutation null (min–max of {len(null)})")
-    else:
-        ax_a.text(0.02, 0.5, "joint permutation null not measured for this condition",
-                  transform=ax_a.transAxes, fontsize=8, color="C3")
-    ax_a.plot(x, np.maximum(obs[order], floor), ".", color="C0", ms=4,
-              label="head R² (same sequences as the null)" if null is not None
-              else "head pooled R²")
-    ax_a.axhline(iid, color="C4", lw=1, label=f"i.i.d. analytic mean {iid:.1e}")
-    styles = dict(zip(N.THRESHOLDS, ("--", ":")))
-    for t in N.THRESHOLDS:
-        ax_a.axhline(t, color="0.3", ls=styles.get(t, "--"), lw=0.9)
-    ax_a.set(yscale="log", xlabel="heads, sorted by R²", ylabel="R²", ylim=(floor, 1.5),
-             title="(a) each head against its permutation null")
-    ax_a.legend(fontsize=7, loc="lower right")
-    bins = np.logspace(np.log10(floor), np.log10(1.0), 50)
-    ax_b.hist(np.maximum(obs, floor), bins=bins, alpha=0.6, color="C0", label="heads")
-    if null is not None:
-        ax_b.hist(np.maximum(null.ravel(), floor), bins=bins, alpha=0.5, color="0.5",
-                  label="permutation null")
-    if nope is not None and len(nope):
-        ax_b.hist(np.maximum(nope, floor), bins=bins, alpha=0.5, color="C3",
-                  label=f"NoPE heads ({len(nope)})")
-    ax_b.axvline(iid, color="C4", lw=1, label="i.i.d. analytic mean")
-    for t in N.THRESHOLDS:
-        parts = [f"i.i.d. pct {100 * N.analytic_null(r.length, len(r.seq_id)).cdf(t):.0f}"]
-        if null is not None:
-            parts.append(f"perm pct {N.percentile_of(t, null.ravel()):.0f}")
-        if nope is not None and len(nope):
-            parts.append(f"NoPE pct {N.percentile_of(t, nope):.0f}")
-        ax_b.axvline(t, color="0.3", ls=styles.get(t, "--"), lw=0.9,
-                     label=f"R² = {t:.2f}: " + ", ".join(parts))
-    ax_b.set(xscale="log", xlabel="R²", ylabel="heads / draws",
-             title="(b) distributions and where 0.40 / 0.80 fall")
-    ax_b.legend(fontsize=7, loc="upper left")
-    fig.suptitle(condition_label(r), fontsize=10)
     return fig
 
 
@@ -398,5 +346,5 @@ def save_figure(fig: Figure, stem: str | Path, dpi: int = 110, pdf: bool = True
 
 
 __all__ = ["CELLS", "cell_of", "condition_label", "fig1_heatmaps", "fig2_depth",
-           "fig3_violins", "fig4_spectral", "fig_nulls", "model_label", "pick_spectral_head",
+           "fig3_violins", "fig4_spectral", "model_label", "pick_spectral_head",
            "save_figure", "top_early_heads"]
