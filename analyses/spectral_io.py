@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from jaxtyping import Float
 
 from poskernel_tl import constants as C
 from poskernel_tl.io import save_csv, save_npz
@@ -47,7 +48,8 @@ def paths(out, model: str, dataset: str, length: int) -> dict[str, Path]:
 
 
 def write_spectral(out, model: str, dataset: str, length: int, sources: dict,
-                   omega: np.ndarray, thetas: np.ndarray | None) -> dict[str, Path]:
+                   omega: Float[np.ndarray, " freq"], thetas: Float[np.ndarray, " pair"] | None
+                   ) -> dict[str, Path]:
     """Write ``sources`` (``{"trackB": (table, peaks, spectra), "trackA": …}``) and the
     spectra file (last)."""
     where = paths(out, model, dataset, length)

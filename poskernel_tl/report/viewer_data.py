@@ -19,6 +19,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from jaxtyping import Float
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral_io import LABELS, SOURCES
@@ -65,7 +66,7 @@ def num(x) -> float | bool | str | None:
     return x if np.isfinite(x) else None
 
 
-def grid(a) -> list:
+def grid(a: Float[np.ndarray, "layer head_index"]) -> list:
     """A [layer, head_index] array as nested lists (None for NaN)."""
     return [[num(v) for v in row] for row in np.asarray(a, np.float64)]
 
@@ -79,7 +80,7 @@ def typed(a: np.ndarray, dtype: str, deflate: bool = False) -> dict:
     return {**out, "z": True} if deflate else out
 
 
-def quantize_logits(logits: np.ndarray) -> dict:
+def quantize_logits(logits: Float[np.ndarray, "layer head_index query_pos key_pos"]) -> dict:
     """[layer, head_index, T, T] logits (finite on the strict lower triangle) as 8-bit
     codes of the strict lower triangle, row by row, with each head's ``lo`` and ``step``."""
     L, H, T, _ = logits.shape
