@@ -65,12 +65,13 @@ class SpectralOptions:
 
 
 def _spectral(inputs: AnalysisInputs, options: SpectralOptions) -> dict[str, pd.DataFrame]:
-    """Spectral alignment of g(Δ) with the positional-encoding frequencies, gated over
-    every rotary condition saved beside this one."""
-    heads, peaks, _ = spectral.run_spectral(
-        inputs.result, None, force=options.force, raw_spectrum=options.raw_spectrum,
+    """Spectral alignment of g(Δ) with the positional-encoding frequencies for both g
+    sources, gated over every rotary condition saved beside this one; the spectral
+    module writes its tables and spectra itself (``spectral_io``), so none is returned."""
+    spectral.run_spectral(
+        inputs.result, inputs.out, force=options.force, raw_spectrum=options.raw_spectrum,
         demean=options.demean, gate_met=folder_gate(inputs.out, inputs.result))
-    return {C.SPECTRAL_CSV: heads, C.SPECTRAL_PEAKS_CSV: peaks}
+    return {}
 
 
 SPECTRAL = AnalysisSpec(

@@ -68,7 +68,12 @@ def save_tables(spec: AnalysisSpec, tables, cfg: RunConfig
 def run_analysis(name: str, cfg: RunConfig, model: LoadedModel | None = None,
                  options=None) -> tuple[pd.DataFrame, Path]:
     """Run analysis ``name`` on ``cfg``'s condition with ``options`` (its options
-    dataclass; default: its defaults). Returns its main table and that table's CSV."""
+    dataclass; default: its defaults). Returns its main table and that table's CSV (an
+    analysis that writes its own files returns no table and its main file is read)."""
     spec = get(name)
     tables = spec.run(analysis_inputs(spec, cfg, model), options)
-    return save_tables(spec, tables, cfg)[spec.suffix]
+    written = save_tables(spec, tables, cfg)
+    if spec.suffix in written:
+        return written[spec.suffix]
+    path = C.result_path(Path(cfg.out), cfg.model, cfg.dataset, cfg.length, spec.suffix)
+    return pd.read_csv(path), path  # an analysis that wrote its own files

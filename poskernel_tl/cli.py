@@ -53,11 +53,8 @@ def _report_parser(sub) -> None:
     p = sub.add_parser("report", help="figures, Table 1, verdicts and report.html for a folder")
     p.add_argument("out", help="the output folder of a run or grid (or a merged grid)")
     p.add_argument("--report-dir", help="where to write (default: OUT/report)")
-    p.add_argument("--n-null", type=int, default=2000,
-                   help="draws of the spectral null per head")
-    p.add_argument("--head-pages", default="all", choices=["all", "first", "none"],
-                   help="a page per head and per layer: for every condition (all), for the "
-                        "first centered one (first), or none")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes drawing the static figures (default: the CPU count)")
 
 
 def _spectral_parser(sub) -> None:
@@ -221,8 +218,7 @@ def cmd_grid(args) -> int:
 
 
 def cmd_report(args) -> int:
-    page = build_report(args.out, args.report_dir, n_null=args.n_null,
-                        head_pages=args.head_pages, progress=True)
+    page = build_report(args.out, args.report_dir, workers=args.workers, progress=True)
     print(f"report: {page}")
     return 0
 
@@ -234,8 +230,7 @@ def cmd_demo(args) -> int:
          "freq-usage"] + (["--n-seqs", str(args.n_seqs)] if args.n_seqs else [])
         + (["--quiet"] if args.quiet else [])))
     if rc == 0:
-        rc = cmd_report(build_parser().parse_args(["report", args.out, "--head-pages",
-                                                   "first"]))
+        rc = cmd_report(build_parser().parse_args(["report", args.out]))
     return rc
 
 
