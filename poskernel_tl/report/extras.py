@@ -14,7 +14,6 @@ the condition does not have) is kept as a note instead of a table. From there:
   that makes the file, as JSON-ready data for the head views (the "Further analyses" rows).
 """
 
-import importlib
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,8 @@ import numpy as np
 import pandas as pd
 
 from poskernel_tl import constants as C
+from poskernel_tl.analyses.base import AnalysisSpec
+from poskernel_tl.analyses.registry import REGISTRY
 from poskernel_tl.report.figures import model_label
 from poskernel_tl.report.html import escape
 
@@ -31,51 +32,13 @@ SECTION_TITLE = "Further analyses: kernel patching, separable baseline, mean fie
 OK, NOT_RUN, UNREADABLE = "ok", "not run", "unreadable"  # a file's status
 
 
-@dataclass(frozen=True)
-class Analysis:
-    name: str  # the CLI name, also the CSV suffix
-    title: str
-    module: str  # under poskernel_tl.analyses
-    plot: str  # figure function of that module: plot(table, title) -> Figure
-    needs: tuple[str, ...]  # columns besides layer and head
-    guide: str  # one sentence on how to read it
-
-
-ANALYSES = (
-    Analysis("kernel-patching", "Kernel patching", "kernel_patching", "plot_kernel_patching",
-             ("dloss_patched", "dloss_ablated", "dloss_ratio"),
-             "Each head's scores are replaced by its pooled kernel g(t − s) and the loss "
-             "change is divided by that of mean-ablating the head: 0 means the kernel is "
-             "all the head contributes, 1 means it does no better than the mean (the ratio "
-             "means something only where ablation costs loss; grey cells in the figure)."),
-    Analysis("separable", "Separable baseline", "separable", "plot_separable",
-             ("R2_toeplitz", "R2_separable", "R2_toeplitz_separable"),
-             "Toeplitz g(t − s) against the row + column structure r(t) + c(s) that a "
-             "causal mask alone can produce: R²(Toeplitz + separable) − R²(separable) is "
-             "what shift invariance adds beyond the mask."),
-    Analysis("mean-field", "Mean field", "mean_field", "plot_mean_field",
-             ("R2_meanfield", "share_meanfield", "share_cross", "share_centered"),
-             "The raw averaged Gram split into the mean field μ_q μ_kᵀ (content-free), "
-             "the centered Gram (content) and a cross term: a large mean-field share with "
-             "a high R²_meanfield says the kernel lives in the mean query and key."),
-)
+# the analyses this section shows: those with per-head rows (spectral has its own)
+ANALYSES: tuple[AnalysisSpec, ...] = tuple(
+    spec for name, spec in REGISTRY.items() if name in ("kernel-patching", "separable",
+                                                        "mean-field"))
 BY_NAME = {a.name: a for a in ANALYSES}
-
-# (column, label) of the head-page rows; an interval is shown where _lo/_hi exist
-HEAD_QUANTITIES = {
-    "kernel-patching": (("dloss_patched", "Δloss, kernel patched (nats)"),
-                        ("dloss_patched_sink", "Δloss, kernel patched, sink kept (nats)"),
-                        ("dloss_ablated", "Δloss, mean-ablated (nats)"),
-                        ("dloss_ratio", "kernel / ablation (normalised loss)"),
-                        ("dloss_ratio_sink", "kernel + sink / ablation")),
-    "separable": (("R2_toeplitz", "R² Toeplitz g(t − s)"),
-                  ("R2_separable", "R² separable r(t) + c(s)"),
-                  ("R2_toeplitz_separable", "R² Toeplitz + separable")),
-    "mean-field": (("R2_meanfield", "R² of the mean field μ_q μ_kᵀ"),
-                   ("share_meanfield", "share: mean field"),
-                   ("share_cross", "share: cross"),
-                   ("share_centered", "share: centered")),
-}
+# (column, label) of the head views' rows; an interval is shown where _lo/_hi exist
+HEAD_QUANTITIES = {a.name: a.head_rows for a in ANALYSES}
 # (column, label) of the per-layer means in the report
 LAYER_MEANS = {
     "kernel-patching": (("dloss_patched", "Δloss kernel"), ("dloss_ablated", "Δloss ablated"),
@@ -113,7 +76,7 @@ class Loaded:
     """One analysis' CSV for one condition: ``table`` when it was read and has the needed
     columns; otherwise ``problem`` says why not ("" when the file does not exist)."""
 
-    analysis: Analysis
+    analysis: AnalysisSpec
     path: Path
     table: pd.DataFrame | None = None
     problem: str = ""
@@ -137,7 +100,7 @@ def _as_bool(s: pd.Series) -> pd.Series:
     return text.isin(("true", "1", "1.0", "yes"))
 
 
-def read_table(analysis: Analysis, path: Path, n_layers: int | None = None,
+def read_table(analysis: AnalysisSpec, path: Path, n_layers: int | None = None,
                n_heads: int | None = None) -> Loaded:
     """Read and check one CSV (see :class:`Loaded`); never raises for a bad file."""
     out = Loaded(analysis, path)
@@ -150,7 +113,7 @@ def read_table(analysis: Analysis, path: Path, n_layers: int | None = None,
         why = err.strerror if isinstance(err, OSError) and err.strerror else err  # no path
         out.problem = f"could not be parsed ({type(err).__name__}: {why})"
         return out
-    needed = ("layer", "head", *analysis.needs)
+    needed = ("layer", "head", *analysis.columns)
     missing = [c for c in needed if c not in df.columns]
     if missing:
         out.problem = (f"missing column{'s' if len(missing) > 1 else ''} "
@@ -194,7 +157,7 @@ def load_condition(results_dir: str | Path, model: str, dataset: str, length: in
     """The three analyses' CSVs of one condition, by CLI name (missing ones included,
     with status "not run")."""
     return {a.name: read_table(a, C.result_path(results_dir, model, dataset, length,
-                                                f"{a.name}.csv"), n_layers, n_heads)
+                                                a.suffix), n_layers, n_heads)
             for a in ANALYSES}
 
 
@@ -211,7 +174,7 @@ def _finite(x) -> float | None:
     return x if np.isfinite(x) else None
 
 
-def _head_notes(a: Analysis, t: pd.DataFrame) -> list[str]:
+def _head_notes(a: AnalysisSpec, t: pd.DataFrame) -> list[str]:
     notes = [""] * len(t)
     if a.name == "kernel-patching" and "ablation_matters" in t.columns:
         notes = ["" if ok else "ablation's interval reaches 0: the ratio means little"
@@ -325,8 +288,7 @@ def _figure(item: Loaded, r) -> tuple[object | None, str]:
         n = f", {int(t['n_seqs'].iloc[0])} sequences" if "n_seqs" in t.columns else ""
         title += f" ({mode} g{n}; grey: ablation not significant)"
     try:
-        plot = getattr(importlib.import_module(f"poskernel_tl.analyses.{a.module}"), a.plot)
-        return plot(t, title), ""
+        return a.figure(t, title), ""
     except Exception as err:  # a table the figure cannot draw: say so, keep the report
         return None, f"{type(err).__name__}: {err}"
 
