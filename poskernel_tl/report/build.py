@@ -23,15 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from poskernel_tl import constants as C
-from poskernel_tl.report import extras as EX
-from poskernel_tl.report import figure_nulls as FN
-from poskernel_tl.report import figures as F
-from poskernel_tl.report import nulls as N
-from poskernel_tl.report import sections as S
-from poskernel_tl.report import tables as TB
-from poskernel_tl.report import verdicts as V
+from poskernel_tl.report import extras, figure_nulls, figures, nulls, sections, tables, verdicts
 from poskernel_tl.report.collect import Condition, Damaged, iter_conditions, slim
 from poskernel_tl.report.html import page_html, report_block, write_page
+from poskernel_tl.report.sections import cond_text, esc, fmt, table_html
 from poskernel_tl.report.tables import dataset_label
 from poskernel_tl.report.tokens import Decoder
 from poskernel_tl.report.viewer import asset_tags, viewer_html, write_assets
@@ -87,7 +82,7 @@ def _read(results_dir: Path, out: Path, decoders, progress: bool
             damaged.append(item)
             continue
         written.add(write_data(out, item).name)
-        top = F.top_early_heads(item.result, 1)
+        top = figures.top_early_heads(item.result, 1)
         conds.append(slim(item, top[0] if top else None))
     for old in (out / DATA_DIR).glob("*.js"):
         if old.name not in written:
@@ -97,11 +92,11 @@ def _read(results_dir: Path, out: Path, decoders, progress: bool
 
 def _figure(fig, out: Path, name: str, alt: str, pdf: bool = True) -> str:
     """Save ``fig`` (PNG, and PDF for the numbered figures) and return its HTML."""
-    png, pdf_path = F.save_figure(fig, out / FIG_DIR / name, pdf=pdf)
+    png, pdf_path = figures.save_figure(fig, out / FIG_DIR / name, pdf=pdf)
     rel = png.relative_to(out).as_posix()
-    links = f'<a href="{S.esc(rel)}">PNG</a>' + (
-        f' · <a href="{S.esc(pdf_path.relative_to(out).as_posix())}">PDF</a>' if pdf_path else "")
-    return (f'<img class="pk-file" src="{S.esc(rel)}" alt="{S.esc(alt)}">'
+    links = f'<a href="{esc(rel)}">PNG</a>' + (
+        f' · <a href="{esc(pdf_path.relative_to(out).as_posix())}">PDF</a>' if pdf_path else "")
+    return (f'<img class="pk-file" src="{esc(rel)}" alt="{esc(alt)}">'
             f'<p class="pk-note">Files: {links}</p>')
 
 
@@ -109,21 +104,21 @@ def _fig4(conds: list[Condition], out: Path, gate_met) -> tuple[str, str]:
     """Figure 4 from the saved Track B spectrum of the chosen head, and its sentence."""
     results = [c.result for c in conds]
     try:
-        r, layer, head = F.pick_spectral_head(results)
+        r, layer, head = figures.pick_spectral_head(results)
     except ValueError as err:
-        return f"<p>Figure 4 not drawn: {S.esc(err)}.</p>", ""
+        return f"<p>Figure 4 not drawn: {esc(err)}.</p>", ""
     c = conds[results.index(r)]
     row = c.spectral.head("trackB", layer, head)
     if row is None or not c.spectral.has("trackB"):
         return ("<p>Figure 4 not drawn: the spectral analysis was not run for "
-                f"{S.esc(S.cond_text(r))} — <code>poskernel spectral DIR</code>.</p>"), ""
+                f"{esc(cond_text(r))} — <code>poskernel spectral DIR</code>.</p>"), ""
     pk = c.spectral.peaks["trackB"]
     pk = pk[(pk["layer"] == layer) & (pk["head"] == head)]
     spec = {"omega": c.spectral.omega, "spectrum": c.spectral.spectra["trackB"][layer, head],
             "peaks": pk["omega"].to_numpy(), "matched": pk["matched"].to_numpy(bool),
             "rel_error": pk["rel_error"].to_numpy(float),
             **{k: float(row[k]) for k in ("frac_matched", "p_value", "chance")}}
-    fig = F.fig4_spectral(r, layer, head, spec, gate_met=gate_met,
+    fig = figures.fig4_spectral(r, layer, head, spec, gate_met=gate_met,
                           grams=c.grams if c.gram_head == (layer, head) else {})
     p = spec["p_value"]
     note = (f"Figure 4 head: {r.model}/{dataset_label(r.dataset)}/T={r.length} L{layer}H{head}"
@@ -169,25 +164,25 @@ def _figures(conds: list[Condition], out: Path, gate_met, workers: int) -> tuple
 
     jobs.append(("4", lambda: _fig4(conds, out, gate_met)))  # the longest first
     for r in results:
-        nope = N.nope_r2(results, dataset=r.dataset, length=r.length)
+        nope = nulls.nope_r2(results, dataset=r.dataset, length=r.length)
         nope = nope if nope.size and r.spec.pe != "none" else None
-        add("null", lambda r=r, nope=nope: FN.fig_nulls(r, nope), f"nulls_{r.stem()}",
+        add("null", lambda r=r, nope=nope: figure_nulls.fig_nulls(r, nope), f"nulls_{r.stem()}",
             f"nulls, {r.stem()}")
-        head_null = N.head_null_table(r)
+        head_null = nulls.head_null_table(r)
         if head_null is not None:
-            TB.write_table(head_null, out / "nulls" / f"{r.stem()}_perm_null")
+            tables.write_table(head_null, out / "nulls" / f"{r.stem()}_perm_null")
     by_model: dict[str, list] = {}
     for r in results:
         by_model.setdefault(r.model, []).append(r)
     for model, rs in by_model.items():
         slug = C.model_slug(model)
-        add("1", lambda rs=rs: F.fig1_heatmaps(rs), f"fig1_{slug}", f"Figure 1, {model}")
-        add("2", lambda rs=rs: F.fig2_depth(rs), f"fig2_{slug}", f"Figure 2, {model}")
+        add("1", lambda rs=rs: figures.fig1_heatmaps(rs), f"fig1_{slug}", f"Figure 1, {model}")
+        add("2", lambda rs=rs: figures.fig2_depth(rs), f"fig2_{slug}", f"Figure 2, {model}")
     by_cond: dict[tuple, list] = {}
     for r in results:
         by_cond.setdefault((r.dataset, r.length), []).append(r)
     for (dataset, length), rs in sorted(by_cond.items()):
-        add("3", lambda rs=rs: F.fig3_violins(rs), f"fig3_{C.dataset_slug(dataset)}_{length}",
+        add("3", lambda rs=rs: figures.fig3_violins(rs), f"fig3_{C.dataset_slug(dataset)}_{length}",
             f"Figure 3, {dataset_label(dataset)}, T={length}")
     figs: dict[str, list[str]] = {k: [] for k in ("1", "2", "3", "4", "null")}
     note4 = ""
@@ -203,7 +198,7 @@ def _index(conds: list[Condition]) -> list[dict]:
     for c in conds:
         r = c.result
         out.append({"key": condition_key(r.model, r.dataset, r.length), "model": r.model,
-                    "label": S.cond_text(r), "dataset_label": dataset_label(r.dataset),
+                    "label": cond_text(r), "dataset_label": dataset_label(r.dataset),
                     "length": int(r.length), "n_layers": r.n_layers, "n_heads": r.n_heads,
                     "group_size": int(r.spec.group_size),
                     "r2": [[None if not np.isfinite(v) else float(v) for v in row]
@@ -246,19 +241,19 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
     if not conds and not damaged:
         raise FileNotFoundError(f"no complete condition under {results_dir}")
     results = [c.result for c in conds]
-    summary = TB.condition_summary(results, {c.key: c.spectral.tables for c in conds})
-    gate = TB.spectral_gate(summary) if len(summary) else (float("nan"), None)
-    verdict = V.evaluate(summary)
-    t1 = TB.table1(summary) if len(summary) else summary
+    summary = tables.condition_summary(results, {c.key: c.spectral.tables for c in conds})
+    gate = tables.spectral_gate(summary) if len(summary) else (float("nan"), None)
+    verdict = verdicts.evaluate(summary)
+    t1 = tables.table1(summary) if len(summary) else summary
     if len(summary):
-        TB.write_table(summary, out / "summary")
-        TB.write_table(t1, out / "table1", TB.table1_display(t1, summary), "Table 1")
-    V.write_verdicts(verdict, out / "verdicts")
-    thresholds = N.threshold_table(results)
-    TB.write_table(thresholds, out / "nulls_thresholds", title="Thresholds within the nulls")
+        tables.write_table(summary, out / "summary")
+        tables.write_table(t1, out / "table1", tables.table1_display(t1, summary), "Table 1")
+    verdicts.write_verdicts(verdict, out / "verdicts")
+    thresholds = nulls.threshold_table(results)
+    tables.write_table(thresholds, out / "nulls_thresholds", title="Thresholds within the nulls")
     workers = min(2, os.cpu_count() or 1) if workers is None else int(workers)
     figs, note4 = _figures(conds, out, gate[1], workers) if conds else ({}, "")
-    further = EX.report_section(results_dir, results,
+    further = extras.report_section(results_dir, results,
                                 lambda fig, name, alt: _figure(fig, out, name, alt),
                                 {c.result.stem(): c.extras for c in conds})
     write_assets(out)
@@ -275,42 +270,42 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
 def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, figs,
           note4, further) -> str:
     results = [c.result for c in conds]
-    perm = [r for r in results if N.perm_null_of(r) is not None]
+    perm = [r for r in results if nulls.perm_null_of(r) is not None]
     perm_lines = "".join(
-        f"<li>{S.esc(r.stem())}: {s['n_above_null_max']}/{s['n_heads']} heads above the "
+        f"<li>{esc(r.stem())}: {s['n_above_null_max']}/{s['n_heads']} heads above the "
         f"largest of their {s['n_perm']} permuted R² (null mean {s['null_mean_overall']:.2g}"
         f", max {s['null_max_overall']:.2g})</li>"
-        for r in perm for s in [N.head_null_summary(r)])
-    nope = N.nope_r2(results)
+        for r in perm for s in [nulls.head_null_summary(r)])
+    nope = nulls.nope_r2(results)
     nope_txt = (f"Empirical NoPE null: {len(nope)} heads, median {np.median(nope):.3f}; "
-                f"0.40 is at its {S.fmt(N.percentile_of(0.40, nope), '{:.0f}')}th and 0.80 at "
-                f"its {S.fmt(N.percentile_of(0.80, nope), '{:.0f}')}th percentile."
+                f"0.40 is at its {fmt(nulls.percentile_of(0.40, nope), '{:.0f}')}th and 0.80 at "
+                f"its {fmt(nulls.percentile_of(0.80, nope), '{:.0f}')}th percentile."
                 if nope.size else "No NoPE model in this folder: the empirical NoPE null "
                 "the protocol asks for cannot be formed; the analytic and permutation nulls "
                 "stand in.")
-    listed = "".join(f"<li>{S.esc(S.cond_text(r))} — {len(r.seq_id)} evaluation sequences, "
+    listed = "".join(f"<li>{esc(cond_text(r))} — {len(r.seq_id)} evaluation sequences, "
                      f"{'centered' if r.centered else 'uncentered'} Track B, "
-                     f"{S.esc(r.provenance.get('weights', 'weights not recorded'))}</li>"
+                     f"{esc(r.provenance.get('weights', 'weights not recorded'))}</li>"
                      for r in results)
     g = lambda key: "".join(figs.get(key, []))  # noqa: E731
-    sections = [
-        "<h1>Positional-kernel report</h1>", S.damaged_html(damaged), S.PROTOCOL_HTML,
-        f'<p class="pk-note">Conditions read from <code>{S.esc(results_dir.name)}</code>: '
+    blocks = [
+        "<h1>Positional-kernel report</h1>", sections.damaged_html(damaged), sections.PROTOCOL_HTML,
+        f'<p class="pk-note">Conditions read from <code>{esc(results_dir.name)}</code>: '
         f"{len(results)}.</p><ul>{listed}</ul>",
-        "<h2>Results</h2><ul>" + "".join(S.answers(
-            summary, verdict, gate, note4.strip(), S.calibration(results))) + "</ul>"
+        "<h2>Results</h2><ul>" + "".join(sections.answers(
+            summary, verdict, gate, note4.strip(), sections.calibration(results))) + "</ul>"
         if len(summary) else "",
-        "<h2>Pre-registration verdicts</h2>" + S.verdict_html(verdict) +
+        "<h2>Pre-registration verdicts</h2>" + sections.verdict_html(verdict) +
         '<p class="pk-note">Files: <a href="verdicts.csv">CSV</a> · '
         '<a href="verdicts.md">Markdown</a>. The thresholds are uncalibrated (the '
         "protocol's calibration note); see the nulls below.</p>",
-        "<h2>Table 1</h2>" + (S.table_html(TB.table1_display(t1, summary)) if len(t1) else "")
+        "<h2>Table 1</h2>" + (table_html(tables.table1_display(t1, summary)) if len(t1) else "")
         + '<p class="pk-note">Files: <a href="table1.csv">CSV</a> · <a href="table1.md">'
         'Markdown</a> · <a href="summary.csv">all summary numbers</a></p>',
         "<h2>Figure 1 — Track A pooled R² per head</h2>"
         '<p class="pk-note">Choose a condition and click a head to open its view; each '
         "head's view has its own address (e.g. <code>"
-        + S.esc(head_href(results[0].model, results[0].dataset, results[0].length, 0, 0)
+        + esc(head_href(results[0].model, results[0].dataset, results[0].length, 0, 0)
                 if results else "report.html#model/dataset_T/L0H0")
         + "</code>).</p>" + viewer_html(_index(conds)) + g("1"),
         "<h2>Figure 2 — mean R² per layer</h2>" + g("2"),
@@ -321,15 +316,15 @@ def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, f
         "positions permuted together, every logit kept, offsets destroyed.</p>"
         + (f"<ul>{perm_lines}</ul>" if perm_lines else
            "<p>Permutation null not measured in these runs.</p>")
-        + f"<p>{S.esc(nope_txt)}</p>" + S.table_html(thresholds.assign(
+        + f"<p>{esc(nope_txt)}</p>" + table_html(thresholds.assign(
             dataset=[dataset_label(d) for d in thresholds["dataset"]])) + g("null"),
-        "<h2>Early positions and the sink column</h2>" + S.boundary_html(summary, results)
+        "<h2>Early positions and the sink column</h2>" + sections.boundary_html(summary, results)
         if len(summary) else "",
         further,
-        "<h2>Limitations</h2><ul>" + "".join(f"<li>{S.esc(t)}</li>"
-                                             for t in S.limitations(results)) + "</ul>",
+        "<h2>Limitations</h2><ul>" + "".join(f"<li>{esc(t)}</li>"
+                                             for t in sections.limitations(results)) + "</ul>",
     ]
-    return "\n".join(s for s in sections if s)
+    return "\n".join(s for s in blocks if s)
 
 
 __all__ = ["REPORT_DIR", "ReportIncomplete", "build_report", "head_href"]

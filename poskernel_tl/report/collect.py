@@ -18,7 +18,7 @@ import torch
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral_io import SavedSpectral, read_spectral
-from poskernel_tl.report import extras as EX
+from poskernel_tl.report import extras
 from poskernel_tl.report.tokens import Decoder, token_decoder
 from poskernel_tl.result import ConditionResult
 
@@ -42,7 +42,7 @@ class Condition:
 
     result: ConditionResult
     spectral: SavedSpectral
-    extras: dict[str, EX.Loaded]
+    extras: dict[str, extras.Loaded]
     logits_seq: int | None = None
     tokens: list[str] | None = None
     grams: dict[str, np.ndarray] = field(default_factory=dict)
@@ -116,9 +116,9 @@ def read_condition(results_dir: str | Path, key: Key, decoders: Callable
     except Exception as err:  # any failure to read one condition leaves it out, named
         return _damaged(err, key)
     spectral = read_spectral(results_dir, r.model, r.dataset, r.length, r.n_layers, r.n_heads)
-    extras = EX.load_condition(results_dir, r.model, r.dataset, r.length, r.n_layers,
+    further = extras.load_condition(results_dir, r.model, r.dataset, r.length, r.n_layers,
                                r.n_heads)
-    cond = Condition(r, spectral, extras)
+    cond = Condition(r, spectral, further)
     if r.logits:
         cond.logits_seq = int(sorted(r.logits)[0])
         cond.tokens = sequence_tokens(results_dir, r, cond.logits_seq, decoders(r))

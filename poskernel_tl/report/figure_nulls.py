@@ -4,7 +4,7 @@ the reference nulls (:func:`fig_nulls`)."""
 import numpy as np
 from matplotlib.figure import Figure
 
-from poskernel_tl.report import nulls as N
+from poskernel_tl.report import nulls
 from poskernel_tl.report.figures import condition_label
 from poskernel_tl.result import ConditionResult
 
@@ -17,11 +17,11 @@ def fig_nulls(r: ConditionResult, nope: np.ndarray | None = None) -> Figure:
     each null."""
     fig = Figure(figsize=(13, 4.2), layout="constrained")
     ax_a, ax_b = fig.subplots(1, 2)
-    obs = N.perm_observed(r).ravel()
-    null = N.perm_null_of(r)
+    obs = nulls.perm_observed(r).ravel()
+    null = nulls.perm_null_of(r)
     order = np.argsort(obs)
     x = np.arange(len(obs))
-    iid = N.analytic_null_mean(r.length, len(r.seq_id))
+    iid = nulls.analytic_null_mean(r.length, len(r.seq_id))
     pools = [obs, [iid]] + ([null.ravel()] if null is not None else []) + \
         ([nope] if nope is not None and len(nope) else [])
     allv = np.concatenate([np.asarray(p, float).ravel() for p in pools])
@@ -39,8 +39,8 @@ def fig_nulls(r: ConditionResult, nope: np.ndarray | None = None) -> Figure:
               label="head R² (same sequences as the null)" if null is not None
               else "head pooled R²")
     ax_a.axhline(iid, color="C4", lw=1, label=f"i.i.d. analytic mean {iid:.1e}")
-    styles = dict(zip(N.THRESHOLDS, ("--", ":")))
-    for t in N.THRESHOLDS:
+    styles = dict(zip(nulls.THRESHOLDS, ("--", ":")))
+    for t in nulls.THRESHOLDS:
         ax_a.axhline(t, color="0.3", ls=styles.get(t, "--"), lw=0.9)
     ax_a.set(yscale="log", xlabel="heads, sorted by R²", ylabel="R²", ylim=(floor, 1.5),
              title="(a) each head against its permutation null")
@@ -54,12 +54,12 @@ def fig_nulls(r: ConditionResult, nope: np.ndarray | None = None) -> Figure:
         ax_b.hist(np.maximum(nope, floor), bins=bins, alpha=0.5, color="C3",
                   label=f"NoPE heads ({len(nope)})")
     ax_b.axvline(iid, color="C4", lw=1, label="i.i.d. analytic mean")
-    for t in N.THRESHOLDS:
-        parts = [f"i.i.d. pct {100 * N.analytic_null(r.length, len(r.seq_id)).cdf(t):.0f}"]
+    for t in nulls.THRESHOLDS:
+        parts = [f"i.i.d. pct {100 * nulls.analytic_null(r.length, len(r.seq_id)).cdf(t):.0f}"]
         if null is not None:
-            parts.append(f"perm pct {N.percentile_of(t, null.ravel()):.0f}")
+            parts.append(f"perm pct {nulls.percentile_of(t, null.ravel()):.0f}")
         if nope is not None and len(nope):
-            parts.append(f"NoPE pct {N.percentile_of(t, nope):.0f}")
+            parts.append(f"NoPE pct {nulls.percentile_of(t, nope):.0f}")
         ax_b.axvline(t, color="0.3", ls=styles.get(t, "--"), lw=0.9,
                      label=f"R² = {t:.2f}: " + ", ".join(parts))
     ax_b.set(xscale="log", xlabel="R²", ylabel="heads / draws",

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
-from poskernel_tl.report import nulls as N
+from poskernel_tl.report import nulls
 from poskernel_tl.report.tables import EARLY_LAYERS, dataset_label, depth_slope
 from poskernel_tl.result import ConditionResult
 
@@ -201,7 +201,7 @@ def fig3_violins(results: Sequence[ConditionResult], n_top: int = 5) -> Figure:
                 labels.append(f"{short}{extra}\nL{layer}H{h}")
                 pos.append(x)
                 x += 1
-        for t in N.THRESHOLDS:
+        for t in nulls.THRESHOLDS:
             ax.axhline(t, color="0.4", ls="--", lw=0.8)
         ax.set_xticks(pos, labels, fontsize=7, rotation=90 if len(pos) > 3 else 0)
         ax.set_xlim(-0.7, max(x, 1) - 0.3)

@@ -8,10 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from poskernel_tl.report import figures as F
-from poskernel_tl.report import nulls as N
-from poskernel_tl.report import tables as TB
-from poskernel_tl.report import verdicts as V
+from poskernel_tl.report import figures, nulls, tables, verdicts
 from poskernel_tl.report.collect import Damaged
 from poskernel_tl.report.html import escape
 from poskernel_tl.report.tables import dataset_label
@@ -40,7 +37,7 @@ def esc(text: object) -> str:
 
 
 def cond_text(r: ConditionResult) -> str:
-    return f"{F.model_label(r)} · {dataset_label(r.dataset)} · T={r.length}"
+    return f"{figures.model_label(r)} · {dataset_label(r.dataset)} · T={r.length}"
 
 
 def fmt(x, spec: str = "{:.3f}") -> str:
@@ -77,14 +74,14 @@ def damaged_html(damaged: Sequence[Damaged]) -> str:
 
 
 def verdict_html(v: pd.DataFrame) -> str:
-    cls = {V.MET: "pk-v-met", V.PARTIAL: "pk-v-partial", V.FAILED: "pk-v-failed",
-           V.NA: "pk-v-na"}
+    cls = {verdicts.MET: "pk-v-met", verdicts.PARTIAL: "pk-v-partial",
+           verdicts.FAILED: "pk-v-failed", verdicts.NA: "pk-v-na"}
     rows = ["<tr><th>criterion</th><th>track</th><th>threshold</th><th>verdict</th>"
             "<th>value</th><th>reading</th><th>numbers / reason</th></tr>"]
     for row in v.to_dict("records"):
         val = row["value"]
         val = "–" if not isinstance(val, float | int) or not np.isfinite(val) else f"{val:.3g}"
-        detail = row["reason"] if row["verdict"] == V.NA else row["numbers"]
+        detail = row["reason"] if row["verdict"] == verdicts.NA else row["numbers"]
         rows.append(f"<tr><td>{esc(row['criterion'])}</td><td>{esc(row['track'])}</td>"
                     f"<td>{esc(row['threshold'])}</td><td class=\"{cls[row['verdict']]}\">"
                     f"{esc(row['verdict'])}</td><td>{esc(val)}</td>"
@@ -125,7 +122,7 @@ def answers(summary: pd.DataFrame, v: pd.DataFrame, gate: tuple, fig4: str,
 
     def say(cid: str) -> str:
         row = by[cid]
-        if row["verdict"] == V.NA:
+        if row["verdict"] == verdicts.NA:
             return f"<b>not computable</b>: {esc(row['reason'])}."
         return (f"<b>{esc(row['verdict'])}</b>: {esc(row['reading'])}. "
                 f"<span class=\"pk-note\">{esc(row['numbers'])}.</span>")
@@ -170,11 +167,11 @@ def calibration(results: Sequence[ConditionResult]) -> str:
     for r in results:
         if r.spec.pe != "rope":
             continue
-        e = float(np.nanmean(TB.early(r.r2_pooled)))
-        iid = N.analytic_null_mean(r.length, len(r.seq_id))
+        e = float(np.nanmean(tables.early(r.r2_pooled)))
+        iid = nulls.analytic_null_mean(r.length, len(r.seq_id))
         text = (f"Calibration, {r.model}/{dataset_label(r.dataset)}/T={r.length}: early-layer "
                 f"mean {e:.3f} vs an i.i.d. null mean of {iid:.1e}")
-        s = N.head_null_summary(r)
+        s = nulls.head_null_summary(r)
         if s:
             text += (f" and a permutation null whose largest draw over all heads is "
                      f"{s['null_max_overall']:.3g}; {s['n_above_null_max']}/{s['n_heads']} "
@@ -219,20 +216,20 @@ def limitations(results: Sequence[ConditionResult]) -> list[str]:
            "Tokenizer confound: with more than one model, cross-model differences on natural "
            "text would mix PE scheme with tokenization; only one model is in this folder."]
     for r in {r.model: r for r in results if r.spec.loader == "gguf"}.values():
-        out.append(f"{F.model_label(r)}: the embedded checkpoint is quantized; its weights "
+        out.append(f"{figures.model_label(r)}: the embedded checkpoint is quantized; its weights "
                    "were dequantized to float for the forward pass, so numbers may differ "
                    "slightly from the original float weights.")
     out.append("Empty cells of the protocol's PE × norm grid: NoPE + LayerNorm (no public "
                "pretrained decoder-only model; the public NoPE models use RMSNorm-style "
                "norms) and absolute PE + RMSNorm (no mainstream model combines them).")
-    present = {F.cell_of(r)[1] for r in results}
-    missing = [name for _, name in F.CELLS if name not in present]
+    present = {figures.cell_of(r)[1] for r in results}
+    missing = [name for _, name in figures.CELLS if name not in present]
     if missing:
         out.append("Cells with no model in this folder: " + ", ".join(missing) +
                    "; criteria that need them are marked not computable.")
     out.append("Causal masking restricts every fit to the strictly lower triangle: the "
                "experiment tests one-sided shift-invariance (Δ > 0) only.")
-    n_perm = sorted({len(p) for p in (N.perm_null_of(r) for r in results) if p is not None})
+    n_perm = sorted({len(p) for p in (nulls.perm_null_of(r) for r in results) if p is not None})
     out.append(f"The joint permutation null uses {', '.join(map(str, n_perm))} permutations "
                "of the first evaluation sequences only: a head's percentile in it moves in "
                "steps of 100/n_perm." if n_perm else

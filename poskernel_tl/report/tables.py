@@ -17,11 +17,9 @@ import pandas as pd
 from jaxtyping import Float
 
 from poskernel_tl.io import atomic_write, save_csv
+from poskernel_tl.protocol import EARLY_LAYERS, GATE_THRESHOLD, LATE_FROM
 from poskernel_tl.result import ConditionResult
 
-EARLY_LAYERS = (0, 1)
-LATE_FROM = 4
-GATE_THRESHOLD = 0.60
 NATURAL_EXCLUDE = ("random",)  # datasets that are not natural text
 
 Key = tuple[str, str, int]

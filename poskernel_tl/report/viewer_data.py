@@ -23,7 +23,7 @@ from jaxtyping import Float
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral_io import LABELS, SOURCES
-from poskernel_tl.report import extras as EX
+from poskernel_tl.report import extras
 from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.figures import model_label
 from poskernel_tl.report.html import json_for_script
@@ -161,7 +161,7 @@ def condition_payload(cond: Condition) -> dict:
                "seq": None if seq is None else grid(r.r2_per_seq[seq])},
         "g_b_source": b_source, "logits_seq": cond.logits_seq, "tokens": cond.tokens,
         "spectral": {source: _spectral(cond, source) for source in SOURCES},
-        "extras": EX.viewer_tables(cond.extras, r.model, r.dataset, r.length, r.n_layers,
+        "extras": extras.viewer_tables(cond.extras, r.model, r.dataset, r.length, r.n_layers,
                                    r.n_heads),
         "arrays": _arrays(cond),
     }
