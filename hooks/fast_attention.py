@@ -236,8 +236,6 @@ class FastPositionEmbeddingsAttentionBridge(PositionEmbeddingsAttentionBridge):
             return "no (cos, sin) position embeddings"
         if any(x.shape[-1] != self.original_component.head_dim for x in embeddings):
             return "partial or half-width rotary"
-        if any(x.dtype != hidden_states.dtype for x in embeddings):
-            return "cos/sin dtype differs from the activations"
         return None
 
     def _fast_forward(self, hidden_states: Float[Tensor, "batch pos d_model"],
@@ -251,7 +249,11 @@ class FastPositionEmbeddingsAttentionBridge(PositionEmbeddingsAttentionBridge):
         v = self.v(hidden_states)
         q, k, v = (x.view(heads).transpose(1, 2) for x in (q, k, v))
         cos, sin = self._apply_position_embedding_hooks(kwargs["position_embeddings"])
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        # rotary in cos/sin's dtype, cast back (as OLMo's own attention does when its
+        # cos/sin stay float32 under a half-precision forward; a no-op when they agree)
+        dtype = q.dtype
+        q, k = apply_rotary_pos_emb(q.to(cos.dtype), k.to(cos.dtype), cos, sin)
+        q, k = q.to(dtype), k.to(dtype)
         if hasattr(self, "hook_rot_q"):
             q = self.hook_rot_q(q)
         if hasattr(self, "hook_rot_k"):
