@@ -12,6 +12,11 @@ activation cache is built.
 ``on_layer(layer)`` receives a :class:`CapturedLayer` per layer and forward pass, carrying
 the ``context`` of the :meth:`Capture.forward` call that produced it (e.g. which
 sequences the batch holds), so a callback needs no state of its own.
+
+With ``stop=True`` a forward pass ends as soon as the last of ``layers`` has been
+delivered: the capture hook raises :class:`StopForward`, which :meth:`Capture.forward`
+catches (and then returns None). Nothing after that layer's q/k runs — its attention,
+the later layers, the unembedding — which is all a measurement of q and k needs.
 """
 
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +44,11 @@ class CapturedLayer:
     context: Any
 
 
+class StopForward(Exception):
+    """Raised by the capture hook of the last layer wanted (``capture_qk(stop=True)``) to
+    end the forward pass there; caught by :meth:`Capture.forward`."""
+
+
 class Capture:
     """Handle returned by :func:`capture_qk`; run forward passes through it."""
 
@@ -47,10 +57,13 @@ class Capture:
         self.context: Any = None
 
     def forward(self, tokens: torch.Tensor, context: Any = None):
-        """``bridge(tokens)`` with ``context`` handed to every callback of this pass."""
+        """``bridge(tokens)`` with ``context`` handed to every callback of this pass (None
+        when the capture stopped the pass after its last layer)."""
         self.context = context
         try:
             return self.bridge(tokens)
+        except StopForward:
+            return None
         finally:
             self.context = None
 
@@ -62,13 +75,15 @@ def capture_qk(
     *,
     scores: bool = False,
     layers: Sequence[int] | None = None,
+    stop: bool = False,
 ) -> Iterator[Capture]:
     """Within the block, every :meth:`Capture.forward` calls ``on_layer`` once per layer
-    with the tensors that enter Q·Kᵀ (keys are not expanded for GQA), and with
-    ``hook_attn_scores`` too when ``scores=True`` (the bridge computes them anyway when
-    it runs attention eagerly)."""
-    if layers is None:
-        layers = range(bridge.cfg.n_layers)
+    of ``layers`` (default: all) with the tensors that enter Q·Kᵀ (keys are not expanded
+    for GQA), and with ``hook_attn_scores`` too when ``scores=True`` (the bridge computes
+    them anyway when it runs attention eagerly). ``stop``: end each pass right after the
+    last of ``layers`` is delivered (see the module docstring)."""
+    layers = list(range(bridge.cfg.n_layers) if layers is None else layers)
+    last = max(layers) if stop and layers else None
     capture = Capture(bridge)
     hooks = []
     for layer in layers:
@@ -78,6 +93,8 @@ def capture_qk(
         def emit(layer: int = layer, pending: dict = pending) -> None:
             on_layer(CapturedLayer(layer, pending.pop("q"), pending.pop("k"),
                                    pending.pop("scores", None), capture.context))
+            if layer == last:
+                raise StopForward
 
         def make(slot: str, pending: dict = pending, emit=emit):
             def hook(x: Tensor, hook) -> None:

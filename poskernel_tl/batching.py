@@ -1,27 +1,61 @@
-"""``batch_size="auto"``: as many sequences per forward as fit in the free memory.
+"""Memory: the batch size, and a plan that fits a measurement into a memory budget.
 
-The estimate counts what grows with the batch: per layer, a few [head, T, T] float32
-score tensors (the hooked scores, the softmax, Hugging Face's eager attention weights and
-our own q·kᵀ buffer and masks) and the MLP and residual activations; and what does not:
-the Track B Gram accumulator ([layer, head, T, T] float32) and Track A's per-sequence
-lag sums. Half the free memory is budgeted (allocator fragmentation, the hooks' copies).
-The estimate errs high on purpose; a wrong guess costs one retry, since
-:func:`poskernel_tl.measure.forward_pass` halves the batch on out-of-memory and restarts.
+:func:`plan_measure` estimates, before anything runs, the peak memory of each phase of
+:func:`poskernel_tl.measure.measure` besides the loaded model — the centering pass, the
+evaluation pass(es) and the final fits — from the tensors each phase holds:
+
+- what grows with the batch (:func:`per_sequence_bytes`): the forward's activations, the
+  T×T score tensors where they are formed at all (TransformerLens's eager attention, the
+  ``hook``/``qk`` score paths; not the sdpa path with Track A from lag sums, which needs
+  O(T·d_head) per head), and Track A's float64 work on q/k;
+- what does not: the centering means, Track A's per-sequence lag sums, the optional
+  reducers, and Track B's accumulator, ≈ T²/2 float32 per head and layer in blocks of
+  query rows (:func:`gram_row_blocks`), or T² where the full matrices are kept.
+
+The budget is ``--max-memory`` (default: :data:`AUTO_FRACTION` of the memory available
+now). When Track B's accumulator for every layer does not fit next to the rest, the plan
+splits the layers into blocks, one evaluation pass each, the forward stopped after the
+block's last layer; what does not fit even one layer at a time is refused
+(:class:`~poskernel_tl.errors.PlanError`, naming the flag). The estimate errs high on
+purpose; on a GPU an out-of-memory error still halves the batch and restarts the pass.
 """
 
+import math
 import os
+import re
+from dataclasses import dataclass
 
 import torch
 
-from poskernel_tl.errors import UserError
+from poskernel_tl.errors import PlanError, UserError
 from poskernel_tl.loading import LoadedModel
 
-# [head, T, T] float32 tensors alive at once per sequence during one layer's attention
+# [head, T, T] float32 tensors alive at once per sequence where scores are materialised
 SCORE_COPIES = 8
+# float64 [head, T, d_head]-sized buffers of Track A's lag-sum work per sequence (FFT of
+# q and k padded to 2T, their complex spectra, the chunked moments)
+LAG_COPIES = 12
+# Track A's result holds about this many [n_eval, layer, head, T] float64 arrays at once
+TRACK_A_RESULT_COPIES = 9
 # the caps: on CPU larger batches only raise peak memory (the matmuls already use every
 # core at batch 4); on a GPU beyond 64 sequences the forward is long saturated
 CAP = {"cpu": 4, "cuda": 64}
-BUDGET = 0.5
+BUDGET = 0.5  # of the free memory, for resolve_batch_size (analyses)
+AUTO_FRACTION = 0.8  # --max-memory auto: this share of the memory available now
+MARGIN, SLACK = 1.1, 256 << 20  # estimate × MARGIN + SLACK: allocator and temporaries
+GRAM_ROWS = 128  # query rows per block of the Track B accumulator
+FACTOR_RANK_MAX = 256  # Track B keeps factors only up to n_eval·d_head of this
+GiB = 1 << 30
+
+
+def gram_row_blocks(length: int, full: bool, rows: int = GRAM_ROWS
+                    ) -> list[tuple[int, int, int]]:
+    """How the Track B accumulator of one layer is laid out: ``(r0, r1, keys)`` per block
+    of query rows [r0, r1), holding keys [0, keys): ``keys = r1`` (the strictly lower
+    triangle plus the diagonal blocks, ≈ T²/2 + T·rows/2 entries) or, ``full``, every key
+    (T²: the whole matrix, for saving it)."""
+    return [(r0, min(r0 + rows, length), length if full else min(r0 + rows, length))
+            for r0 in range(0, length, rows)]
 
 
 def free_memory(device: torch.device) -> int:
@@ -41,33 +75,224 @@ def free_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def per_sequence_bytes(model: LoadedModel, length: int) -> int:
-    """Estimated peak bytes one more sequence in the batch costs."""
-    cfg = model.bridge.cfg
-    heads, T = model.spec.n_heads, length
-    d_model = int(getattr(cfg, "d_model", 0) or model.spec.n_heads * model.spec.d_head)
+def parse_memory(text: str | int | float) -> int | None:
+    """``--max-memory``: None for ``auto``, else bytes from ``12G``, ``800M``, ``1.5GiB``
+    or a bare number of GiB."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(text)
+    if not isinstance(text, str):
+        raise UserError(f"--max-memory {text!r}: a size such as 12G or 800M, or auto")
+    if text.strip().lower() == "auto":
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if m is None or float(m.group(1)) <= 0:
+        raise UserError(f"--max-memory {text}: a positive size such as 12G or 800M, or auto")
+    unit = {"k": 1 << 10, "m": 1 << 20, "g": GiB, "t": 1 << 40, "": GiB}[m.group(2)]
+    return int(float(m.group(1)) * unit)
+
+
+def gib(n: int | float) -> str:
+    """Bytes for a message: GiB with one decimal, or MiB below 1 GiB."""
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / (1 << 20):.0f} MiB"
+
+
+def per_sequence_bytes(model: LoadedModel, length: int, materialised: bool | None = None
+                       ) -> int:
+    """Estimated peak bytes one more sequence in the batch costs. ``materialised``: T×T
+    scores are formed (default: unless the bridge runs the sdpa attention path)."""
+    cfg, s, T = model.bridge.cfg, model.spec, length
+    d_model = int(getattr(cfg, "d_model", 0) or s.n_heads * s.d_head)
     d_mlp = int(getattr(cfg, "d_mlp", 0) or 4 * d_model)
-    scores = SCORE_COPIES * heads * T * T * 4
+    if materialised is None:
+        materialised = getattr(model, "attention", "eager") != "sdpa"
+    scores = SCORE_COPIES * s.n_heads * T * T * 4 if materialised else 0
     activations = T * (8 * d_model + 3 * d_mlp) * 4
-    return scores + activations
+    lag_work = LAG_COPIES * s.n_heads * T * s.d_head * 8
+    return scores + activations + lag_work
 
 
-def fixed_bytes(model: LoadedModel, length: int, n_seqs: int) -> int:
-    """Reducer state that does not grow with the batch."""
+def gram_factors(model: LoadedModel, length: int, n_eval: int, full: bool) -> bool:
+    """Whether Track B keeps the evaluation sequences' q̃, k̃ rather than an accumulator:
+    where they take less memory than its ≈ T²/2 per head and their fit (O(T·(n·d)²)) stays
+    cheap, i.e. few sequences at long T, and no full matrix is to be returned."""
+    s = model.spec
+    rank = n_eval * s.d_head
+    kept = (s.n_heads + s.n_kv_heads) * rank
+    return not full and rank <= FACTOR_RANK_MAX and kept < s.n_heads * length // 2
+
+
+def gram_layer_bytes(model: LoadedModel, length: int, full: bool, n_eval: int = 0) -> int:
+    """Track B's state for one layer: the float32 accumulator in row blocks, or the
+    factors (:func:`gram_factors`), and the float64 evaluation sums of q and k."""
     s, T = model.spec, length
-    gram = s.n_layers * s.n_heads * T * T * 4
+    sums = (s.n_heads + s.n_kv_heads) * T * s.d_head * 8
+    if gram_factors(model, T, n_eval, full):
+        return (s.n_heads + s.n_kv_heads) * n_eval * T * s.d_head * 4 + sums
+    acc = sum((r1 - r0) * keys for r0, r1, keys in gram_row_blocks(T, full))
+    return s.n_heads * acc * 4 + sums
+
+
+def gram_fit_bytes(model: LoadedModel, length: int, full: bool, n_eval: int) -> int:
+    """Temporaries of Track B's fit of one layer (the float64 row block and its products,
+    or the running moments of the factors; the corrections' lag sums)."""
+    s, T = model.spec, length
+    r, m = max(n_eval * s.d_head, 2 * s.d_head), 4 * s.d_head
+    chunks = -(-T // 64)
+    moments = s.n_kv_heads * chunks * (2 * r * r + 2 * r * m) * 8
+    lags = 2 * (s.n_heads + s.n_kv_heads) * 2 * s.d_head * 2 * T * 8
+    if gram_factors(model, T, n_eval, full):
+        return 3 * s.n_heads * T * r * 8 + moments + lags
+    rows = min(GRAM_ROWS, T)
+    return s.n_heads * (T * m + 2 * rows * (rows + T)) * 8 + lags
+
+
+def means_bytes(model: LoadedModel, length: int) -> int:
+    """One set of per-position float64 means of q and k over every layer."""
+    s = model.spec
+    return s.n_layers * (s.n_heads + s.n_kv_heads) * length * s.d_head * 8
+
+
+def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False) -> int:
+    """Reducer state that does not grow with the batch: Track A's per-sequence sums of
+    ``n_seqs`` sequences and Track B for every layer."""
+    s, T = model.spec, length
     track_a = 3 * n_seqs * s.n_layers * s.n_heads * T * 8
-    return gram + track_a
+    return track_a + s.n_layers * gram_layer_bytes(model, T, full, n_seqs)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a measurement holds besides the model: the inputs of :func:`plan_measure`."""
+
+    length: int
+    n_eval: int
+    n_centering: int
+    materialised: bool = False  # T×T scores formed in the forward or by Track A
+    keep_gram: bool = False  # Track B keeps every key, to return the full matrices
+    n_logits: int = 0  # evaluation sequences whose full logits are kept
+    whiten: bool = False
+    null_draws: int = 0
+
+
+def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int
+                ) -> dict[str, int]:
+    """Estimated bytes held in each phase of a measurement with Track B accumulated for
+    ``block_layers`` layers at a time."""
+    s, T = model.spec, w.length
+    M = means_bytes(model, T)
+    cen = 2 * M if w.n_centering else 0  # the centering means and the random half's
+    U = w.n_eval * s.n_layers * s.n_heads * T * 8  # one per-sequence Track A array
+    per = batch * per_sequence_bytes(model, T, w.materialised)
+    extra = (w.n_logits * s.n_layers * s.n_heads * T * T * 4
+             + (s.n_layers * s.n_heads * T * T * 8 if w.whiten else 0)
+             + 2 * (w.null_draws + 1) * s.n_layers * s.n_heads * T * 8)
+    kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
+    gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval)
+    fit = gram_fit_bytes(model, T, w.keep_gram, w.n_eval) + kept // s.n_layers
+    held = cen + 2 * U + extra + M  # besides Track B, through the evaluation passes
+    return {"centering pass": 2 * cen + per, "evaluation pass": held + gram + per,
+            "Track B fit": held + gram + fit + kept,
+            "Track A fit": cen + TRACK_A_RESULT_COPIES * U + extra + M + kept}
+
+
+def estimate_peak(model: LoadedModel, w: Workload, batch: int, block_layers: int) -> int:
+    """The largest phase of :func:`phase_bytes`, with the margin for the allocator."""
+    return int(max(phase_bytes(model, w, batch, block_layers).values()) * MARGIN + SLACK)
+
+
+def layer_blocks(n_layers: int, n_blocks: int) -> tuple[tuple[int, int], ...]:
+    """``n_blocks`` consecutive blocks [l0, l1) of nearly equal size covering the layers."""
+    cuts = [round(i * n_layers / n_blocks) for i in range(n_blocks + 1)]
+    return tuple(zip(cuts[:-1], cuts[1:]))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a measurement runs: sequences per forward and Track B's blocks of layers (one
+    evaluation pass each; the last block rides along with the pass that feeds every
+    other reducer, the others run a forward stopped after their last layer)."""
+
+    batch_size: int
+    layer_blocks: tuple[tuple[int, int], ...]
+    budget: int
+    peak: int
+    flag: str = "auto"  # --max-memory as given
+
+    @property
+    def blocked(self) -> bool:
+        return len(self.layer_blocks) > 1
+
+    @property
+    def extra_forwards(self) -> float:
+        """Forwards of the evaluation sequences the blocks add (a pass up to layer l
+        of L costs about l/L of one)."""
+        n_layers = self.layer_blocks[-1][1]
+        return sum(l1 for _, l1 in self.layer_blocks[:-1]) / n_layers
+
+    def note(self) -> str | None:
+        """One line saying how Track B is split and what it costs (None: not split)."""
+        if not self.blocked:
+            return None
+        spans = ", ".join(f"{a}–{b - 1}" if b - a > 1 else f"{a}" for a, b in self.layer_blocks)
+        stops = ", ".join(str(b - 1) for _, b in self.layer_blocks[:-1])
+        more = len(self.layer_blocks) - 1
+        return (f"Track B in {len(self.layer_blocks)} blocks of layers ({spans}) to fit "
+                f"--max-memory {self.flag} ({gib(self.budget)}; estimated peak "
+                f"{gib(self.peak)}): {more} more evaluation pass{'es' if more > 1 else ''} "
+                f"stopped after layer {stops}, ≈ {self.extra_forwards:.2f} forwards of the "
+                "evaluation sequences more")
+
+
+def plan_measure(model: LoadedModel, w: Workload, batch_size: int | str = "auto",
+                 max_memory: str | int | float = "auto") -> Plan:
+    """The plan that fits ``w`` into ``max_memory`` (auto: :data:`AUTO_FRACTION` of the
+    memory available now): Track B in as few blocks of layers as fit (each costs part of
+    a forward), then the largest batch (``"auto"``) up to the device's cap. Raises
+    :class:`PlanError` naming the flag when it fits not even one layer at a time."""
+    batch_size = check_batch_size(batch_size)
+    limit = parse_memory(max_memory)
+    budget = int(AUTO_FRACTION * free_memory(model.device)) if limit is None else limit
+    L = model.spec.n_layers
+    cap = min(CAP.get(model.device.type, 4), max(1, w.n_eval, w.n_centering))
+    batches = range(cap, 0, -1) if batch_size == "auto" else [batch_size]
+    for n_blocks in range(1, L + 1):
+        size = math.ceil(L / n_blocks)
+        if n_blocks > 1 and math.ceil(L / (n_blocks - 1)) == size:
+            continue  # no smaller blocks than with one block fewer
+        for b in batches:
+            peak = estimate_peak(model, w, b, size)
+            if peak <= budget:
+                return Plan(b, layer_blocks(L, n_blocks), budget, peak, str(max_memory))
+    raise refusal(model, w, batches[-1] if batch_size == "auto" else batch_size, budget,
+                  limit is None)
+
+
+def refusal(model: LoadedModel, w: Workload, batch: int, budget: int, auto: bool
+            ) -> PlanError:
+    """The one-line error of a run that fits not even one layer of Track B at a time."""
+    need = estimate_peak(model, w, batch, 1)
+    what = (f"T={w.length}, {w.n_eval} evaluation and {w.n_centering} centering sequences, "
+            f"batch {batch}")
+    if batch > 1 and estimate_peak(model, w, 1, 1) <= budget:
+        return PlanError(f"--batch-size {batch}: needs ≈ {gib(need)} ({what}) with Track B "
+                         f"one layer per pass, over the budget of {gib(budget)}; lower "
+                         "--batch-size or raise --max-memory")
+    where = (f"{int(AUTO_FRACTION * 100)}% of the memory available now" if auto
+             else "as given")
+    return PlanError(f"--max-memory: this run needs ≈ {gib(need)} ({what}) even with Track B "
+                     f"one layer per pass, over the budget of {gib(budget)} ({where}); raise "
+                     "--max-memory or lower --length/--n-seqs")
 
 
 def auto_batch_size(model: LoadedModel, length: int, n_seqs: int,
                     free: int | None = None) -> int:
-    """The batch size ``"auto"`` stands for, between 1 and the device's cap (and never
-    more than ``n_seqs``). ``free``: bytes available (default: measured now)."""
+    """The batch size ``"auto"`` stands for in the analyses, between 1 and the device's
+    cap (and never more than ``n_seqs``): what fits in half the free memory with T×T
+    scores formed. ``free``: bytes available (default: measured now)."""
     device = model.device
     free = free_memory(device) if free is None else free
     spare = BUDGET * free - fixed_bytes(model, length, n_seqs)
-    fits = int(spare // per_sequence_bytes(model, length))
+    fits = int(spare // per_sequence_bytes(model, length, materialised=True))
     return max(1, min(fits, CAP.get(device.type, 4), max(1, n_seqs)))
 
 

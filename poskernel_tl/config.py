@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from poskernel_tl.batching import check_batch_size
+from poskernel_tl.batching import check_batch_size, parse_memory
 from poskernel_tl.datasets import check_dataset, saves_logits_by_default
 from poskernel_tl.errors import UserError
 from poskernel_tl.loading import resolve_device
@@ -118,10 +118,16 @@ class MeasureConfig:
         "whichever the model computes anyway (auto)")
     null_perms: int = option(4, "position permutations of the Track A null (0: none)")
     null_seqs: int = option(8, "evaluation sequences the null is drawn from")
+    max_memory: str = option(
+        "auto", "memory the run may use besides the model, e.g. 12G or 800M (a bare "
+        "number is GiB); auto: 80 percent of what is available at the start. Planned "
+        "before the run: Track B runs in blocks of layers (one more partial forward "
+        "each) where it does not fit, and a run that cannot fit is refused")
 
     def validate(self) -> None:
         check_choices(self)
         check_batch_size(self.batch_size)
+        parse_memory(self.max_memory)
         if self.null_perms < 0 or self.null_seqs < 1:
             raise UserError(f"--null-perms {self.null_perms} / --null-seqs {self.null_seqs}:"
                             " need >= 0 permutations and >= 1 sequence")

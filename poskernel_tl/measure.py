@@ -5,6 +5,13 @@ runs the evaluation sequences once and feeds Track A, the Track B Gram accumulat
 the rotary frequency-usage reducer (and, on request, the whitened Gram and a few full
 logit matrices) from the same hooked tensors. Nothing is written to disk.
 
+Every forward stops once the last layer's q/k are captured (nothing reads the model's
+output). The run is planned against a memory budget before it starts
+(:func:`poskernel_tl.batching.plan_measure`): where Track B's accumulator for every layer
+does not fit, pass 2 carries it for the last block of layers only and one more pass per
+other block accumulates Track B alone, its forward stopped after the block's last layer.
+The numbers are the same either way.
+
 Track A forms its per-lag sums and sums of squares from the post-rotary q and k without
 the T×T logits (:mod:`poskernel_tl.reducers.lag_sums`); ``scores="hook"`` (read
 ``hook_attn_scores``) and ``scores="qk"`` (form q·kᵀ) keep the materialised reference
@@ -21,7 +28,7 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 
 from poskernel_tl import constants as C
-from poskernel_tl.batching import resolve_batch_size
+from poskernel_tl.batching import Plan, Workload, gram_factors, plan_measure
 from poskernel_tl.config import MeasureConfig
 from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
@@ -32,6 +39,7 @@ from poskernel_tl.reducers import (
     FreqUsage,
     FreqUsageReducer,
     GramReducer,
+    GramResult,
     LayerBatch,
     LogitSaver,
     Moments,
@@ -42,9 +50,11 @@ from poskernel_tl.reducers import (
     WhitenedGramReducer,
     Workspace,
 )
+from poskernel_tl.reducers.gram import concat_layers
 from poskernel_tl.result import ConditionResult
 
 ScoresPath = str  # "auto" | "hook" | "qk"
+Tokens = Int[torch.Tensor, "batch pos"]
 
 
 def as_tokens(model: LoadedModel, data) -> Int[torch.Tensor, "batch pos"] | None:
@@ -95,9 +105,11 @@ def _is_oom(err: BaseException) -> bool:
 
 def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers: Callable[[], list],
                  batch_size: int, desc: str, progress: bool = True, hook_scores: bool = False,
-                 after_batch: Callable[[list], None] | None = None) -> list:
+                 after_batch: Callable[[list], None] | None = None, *,
+                 layers: Sequence[int] | None = None) -> list:
     """Run ``ids`` through the model in batches, feeding fresh reducers from
-    ``make_reducers()``. On out-of-memory the pass restarts with half the batch size."""
+    ``make_reducers()`` the q/k of ``layers`` (default: all); each forward stops after the
+    last of them. On out-of-memory the pass restarts with half the batch size."""
     device, scale = model.device, model.logit_scale
     while True:
         reducers = make_reducers()
@@ -111,8 +123,8 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers: Callable[
                 r.update(batch)
 
         try:
-            with torch.no_grad(), capture_qk(model.bridge, on_layer,
-                                             scores=hook_scores) as capture:
+            with torch.no_grad(), capture_qk(model.bridge, on_layer, scores=hook_scores,
+                                             layers=layers, stop=True) as capture:
                 bar = tqdm(range(0, len(ids), batch_size), desc=desc, disable=not progress,
                            unit="batch")
                 for start in bar:
@@ -154,18 +166,18 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     ev_ids, cen_ids = checked_tokens(model, tokens, centering_tokens)
     T, dev = ev_ids.shape[1], model.device
     hook_scores = choose_scores_path(model, opts.scores)
-    batch_size = resolve_batch_size(opts.batch_size, model, T, len(ev_ids))
-    seq_id = np.arange(len(ev_ids)) if seq_id is None else np.asarray(seq_id, dtype=np.int64)
-    centering = centering_pass(model, cen_ids, batch_size, opts, progress)
-    if opts.whiten and centering is None:
+    if opts.whiten and cen_ids is None:
         raise UserError("--whiten needs centering sequences")
+    seq_id = np.arange(len(ev_ids)) if seq_id is None else np.asarray(seq_id, dtype=np.int64)
     wanted = {i: int(seq_id[i]) for i in logits_for if i < len(ev_ids)}
-    reds = forward_pass(model, ev_ids,
-                        lambda: eval_reducers(model, len(ev_ids), T, centering, wanted, opts),
-                        batch_size, "evaluation pass", progress, hook_scores,
-                        after_batch=lambda reds: reds[0].check_finite())
     keep_gram = T <= C.GRAM_SAVE_MAX_T if keep_gram is None else keep_gram
-    parts, notes = result_parts(model, reds, centering, keep_gram, T)
+    plan = plan_run(model, opts, ev_ids, cen_ids, keep_gram, len(wanted))
+    batch_size = plan.batch_size
+    centering = centering_pass(model, cen_ids, batch_size, opts, progress)
+    reds, track_b = evaluation_passes(model, ev_ids, centering, wanted, opts, plan,
+                                      keep_gram, hook_scores, progress)
+    parts, notes = result_parts(model, reds, track_b, centering, T)
+    notes = [plan.note()] + notes if plan.blocked else notes
     provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
                   "scores_from": {"hook": "hook_attn_scores", "qk": "q·kᵀ"}.get(
                       opts.scores, "lag sums of q and k"),
@@ -179,8 +191,6 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
         config=dict(config or {}, **dict(opts.measure_kwargs(), batch_size=batch_size)),
         provenance=provenance)
 
-
-Tokens = Int[torch.Tensor, "batch pos"]
 
 
 def checked_tokens(model: LoadedModel, tokens, centering_tokens
@@ -215,14 +225,41 @@ def centering_pass(model: LoadedModel, cen_ids, batch_size: int, opts: MeasureCo
     return mom.result()
 
 
+def plan_run(model: LoadedModel, opts: MeasureConfig, ev_ids: Tokens, cen_ids: Tokens | None,
+             keep_gram: bool, n_logits: int) -> Plan:
+    """The batch size and Track B's blocks of layers that fit ``--max-memory`` (a
+    :class:`~poskernel_tl.errors.PlanError` before any work where nothing fits); a split
+    is announced in one line."""
+    materialised = opts.scores != "auto" or getattr(model, "attention", "eager") != "sdpa"
+    work = Workload(ev_ids.shape[1], len(ev_ids), 0 if cen_ids is None else len(cen_ids),
+                    materialised, keep_gram, n_logits, opts.whiten, opts.null_perms)
+    plan = plan_measure(model, work, opts.batch_size, opts.max_memory)
+    if plan.blocked:
+        print(plan.note())
+    return plan
+
+
+def gram_reducer(model: LoadedModel, T: int, n: int, centering: Moments | None,
+                 layers: Sequence[int], full: bool) -> GramReducer:
+    """Track B's reducer for ``layers`` of a pass over ``n`` sequences (``full``: every
+    key, to keep the matrices; the sequences' factors where they are the smaller state)."""
+    s = model.spec
+    return GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, T, s.d_head, model.logit_scale,
+                       model.device, reference=centering, layers=layers, full=full,
+                       factors=gram_factors(model, T, n, full))
+
+
 def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
-                  wanted: dict[int, int], opts: MeasureConfig) -> list:
-    """Pass 2's reducers: Track A first, Track B second, then the optional ones."""
+                  wanted: dict[int, int], opts: MeasureConfig,
+                  gram_layers: Sequence[int] | None = None, full: bool = False) -> list:
+    """Pass 2's reducers: Track A first, Track B (for ``gram_layers``, default all)
+    second, then the optional ones."""
     s, dev = model.spec, model.device
     L, H, Hkv = s.n_layers, s.n_heads, s.n_kv_heads
     source = "scores" if opts.scores in ("hook", "qk") else "lags"
+    layers = range(L) if gram_layers is None else gram_layers
     reds = [TrackAReducer(n, L, H, T, dev, seed=opts.seed, source=source),
-            GramReducer(L, H, Hkv, T, s.d_head, model.logit_scale, dev, reference=centering)]
+            gram_reducer(model, T, n, centering, layers, full)]
     if model.rotary_pairs is not None:
         reds.append(FreqUsageReducer(L, H, Hkv, *model.rotary_pairs, device=dev))
     if wanted:
@@ -236,12 +273,40 @@ def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
     return reds
 
 
-def result_parts(model: LoadedModel, reds: list, centering: Moments | None, keep_gram: bool,
-                 T: int) -> tuple[dict, list[str]]:
-    """The result's parts from the evaluation pass's reducers, and notes."""
+def evaluation_passes(model: LoadedModel, ev_ids: Tokens, centering: Moments | None,
+                      wanted: dict[int, int], opts: MeasureConfig, plan: Plan,
+                      keep_gram: bool, hook_scores: bool, progress: bool
+                      ) -> tuple[list, GramResult]:
+    """Pass 2 (every reducer; Track B for the plan's last block of layers), then one pass
+    per other block (Track B alone, each forward stopped after the block's last layer),
+    each block's accumulator fitted and freed before the next is built. Returns pass 2's
+    reducers (Track B's slot emptied) and Track B's result over every layer."""
+    n, T = ev_ids.shape
+    *others, last = plan.layer_blocks
+    reds = forward_pass(model, ev_ids,
+                        lambda: eval_reducers(model, n, T, centering, wanted, opts,
+                                              range(*last), keep_gram),
+                        plan.batch_size, "evaluation pass", progress, hook_scores,
+                        after_batch=lambda reds: reds[0].check_finite())
+    fits = {last: reds[1].result(centering, keep_matrices=keep_gram)}
+    reds[1] = None
+    for block in others:
+        (gram,) = forward_pass(
+            model, ev_ids, lambda block=block: [gram_reducer(model, T, n, centering,
+                                                             range(*block), keep_gram)],
+            plan.batch_size, f"Track B, layers {block[0]}-{block[1] - 1}", progress,
+            layers=range(*block))
+        fits[block] = gram.result(centering, keep_matrices=keep_gram)
+        del gram
+    return reds, concat_layers([fits[b] for b in plan.layer_blocks])
+
+
+def result_parts(model: LoadedModel, reds: list, track_b: GramResult,
+                 centering: Moments | None, T: int) -> tuple[dict, list[str]]:
+    """The result's parts from the evaluation pass's reducers and Track B's result, and
+    notes."""
     track_a, notes = reds[0], []
-    parts = {"track_a": track_a.result(),
-             "track_b": reds[1].result(centering, keep_matrices=keep_gram),
+    parts = {"track_a": track_a.result(), "track_b": track_b,
              "centering": CenteringMeans.from_moments(centering)}
     if centering is None:
         parts["track_b"] = dataclasses.replace(parts["track_b"], gram_centered=None)

@@ -1,28 +1,42 @@
-"""Benchmark: what a whole measurement costs against the floor a user would otherwise pay.
+"""Benchmark: what a measurement costs against the forward pass a user would pay anyway.
 
-Prints, for the embedded default model on one set of tokens and this machine:
-  P1  seconds per sequence of `pk.measure` (centering pass + evaluation pass, all
-      reducers, the permutation null included) divided by seconds per sequence of
-      Hugging Face's own default forward (sdpa attention) on the same tokens — the
-      floor; also against HF eager attention and the bare TransformerBridge forward
-      (which runs attention eagerly so its hooks can fire), for reference
-      (targets: ≤ 1.10 at T = 256, ≤ 1.30 at T = 1024)
-  P2  speed of our Track A statistics vs a naive numpy loop over diagonals
-  P3  peak RSS of the run, and the reducers' state at N = 200 computed from their
-      tensor sizes (target: ≤ 4 GiB at T = 1024, N = 200)
+For the embedded default model (SmolLM2-135M) on random tokens and this machine, per
+length T it prints seconds per sequence of
 
-Marginal cost per sequence: forwards are timed on n sequences; pk.measure on 2n minus on
-n, so its fixed costs (the final fits, the permutation null over its first sequences)
-cancel. Every timing is a median over --repeats runs after one warm-up (a shared CPU
-drifts by ±15%).
+  HF sdpa       Hugging Face's own default forward (sdpa attention): the floor
+  HF eager      the same model with eager attention
+  bridge eager  the TransformerBridge forward on TransformerLens's own (eager) attention
+  bridge sdpa   the bridge on poskernel_tl's fast path (sdpa, the same hooks)
+  A only        the evaluation pass of `pk.measure` without Track B: Track A, frequency
+                usage and the permutation null (every sequence evaluated)
+  A + B         the whole `pk.measure` (half centering, half evaluation sequences)
 
-Usage: python scripts/bench_tracks.py [--lengths 256 1024] [--n-seqs 8] [--repeats 2]
+with each one's ratio to the floor, and the peak RSS of a process that loads the model
+and runs `pk.measure` (A + B) on 2n sequences, next to the plan's estimate
+(:func:`poskernel_tl.batching.plan_measure`). The measurement's forwards stop once the
+last layer's q/k are captured (nothing reads the output); the forwards timed here run
+whole. Targets: A + B ≤ 1.05× the floor at T = 256, ≤ 1.20× at 1024 (peak RSS ≤ 4 GiB at
+N = 200), ≤ 1.30× at 4096 (≤ 12 GiB); at 8192 A only ≤ 1.20× (≤ 20 GiB).
+
+Marginal cost per sequence: `pk.measure` and the A-only pass are timed on 2n sequences
+minus n, so their fixed costs (the final fits, allocating the reducers, and the
+permutation null, drawn from the same first min(8, n/2) evaluation sequences in both
+runs) cancel; forwards are timed on their own count. Each length runs
+in a child process of its own (its peak RSS is that length's). A shared CPU drifts by
+±15%: timings are medians over --repeats runs (after one warm-up up to T = 1024).
+
+Usage: python scripts/bench_tracks.py [--lengths 256 1024 4096 8192] [--repeats 1]
+       [--n-seqs 256:8 1024:8 4096:4 8192:4] [--fwd-seqs 256:8 1024:4 4096:2 8192:1]
+       [--rss-seqs 1024:200]
 """
 
 import argparse
+import json
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -31,25 +45,26 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import poskernel_tl as pk  # noqa: E402
+from poskernel_tl import batching  # noqa: E402
 from poskernel_tl.loading import _from_gguf  # noqa: E402
-from poskernel_tl.reducers import GramReducer, PermNullReducer, TrackAReducer  # noqa: E402
+from poskernel_tl.measure import forward_pass  # noqa: E402
+from poskernel_tl.reducers import FreqUsageReducer, PermNullReducer, TrackAReducer  # noqa: E402
+from poskernel_tl.registry import resolve  # noqa: E402
 from poskernel_tl.toeplitz import shift_invariance_r2  # noqa: E402
 
+MODEL = "smollm2-135m"
+COLUMNS = ("HF sdpa", "HF eager", "bridge eager", "bridge sdpa", "A only", "A + B")
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
+
+def timed(fn, repeats: int, warm: bool) -> float:
+    if warm:
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def forward_all(model, ids, batch_size):
-    with torch.no_grad():
-        for s in range(0, len(ids), batch_size):
-            model(ids[s:s + batch_size])
 
 
 def naive_r2(A: np.ndarray) -> float:
@@ -63,68 +78,152 @@ def naive_r2(A: np.ndarray) -> float:
     return 1 - (r ** 2).sum() / ((v - v.mean()) ** 2).sum()
 
 
-def reducer_bytes(model, n, T) -> int:
-    s = model.spec
-    reds = [TrackAReducer(n // 2, s.n_layers, s.n_heads, T),
-            GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, T, s.d_head, 1.0),
-            PermNullReducer(s.n_layers, s.n_heads, T)]
-    total = 0
-    for r in reds:
-        for v in list(vars(r).values()) + list(vars(getattr(r, "sums", r)).values()):
-            if torch.is_tensor(v):
-                total += v.numel() * v.element_size()
-    return total
+def peak_rss() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (Linux: KiB)
 
 
-def bench_length(model, hf_sdpa, hf_eager, T: int, args) -> None:
-    n = args.n_seqs
-    ids = torch.randint(100, model.bridge.cfg.d_vocab - 100, (n, T))
-    t_sdpa = timed(lambda: forward_all(hf_sdpa, ids, args.batch_size), args.repeats)
-    t_eager = timed(lambda: forward_all(hf_eager, ids, args.batch_size), args.repeats)
-    t_bridge = timed(lambda: forward_all(model.bridge, ids, args.batch_size), args.repeats)
-    # marginal cost: a run on 2n sequences minus a run on n (fixed costs — the final
-    # fits, the permutation null capped at its first sequences — cancel)
-    ids2 = torch.randint(100, model.bridge.cfg.d_vocab - 100, (2 * n, T))
-    run = lambda x: pk.measure(model, x[len(x) // 2:], x[: len(x) // 2],
-                               batch_size=args.batch_size, progress=False)
-    t_small = timed(lambda: run(ids), args.repeats)
-    t_run = timed(lambda: run(ids2), args.repeats) - t_small
-    print(f"\nT={T}, {n} sequences ({n // 2} centering + {n // 2} evaluation), "
-          "seconds per sequence:")
-    print(f"  HF forward, sdpa (the floor) {t_sdpa / n:8.3f}")
-    print(f"  HF forward, eager            {t_eager / n:8.3f}  ({t_eager / t_sdpa:.2f}x floor)")
-    print(f"  bridge forward, no hooks     {t_bridge / n:8.3f}  ({t_bridge / t_sdpa:.2f}x floor)")
-    print(f"  pk.measure, whole run on {n}: {t_small / n:8.3f}  (with its fixed costs)")
-    print(f"  pk.measure, marginal         {t_run / n:8.3f}  P1 = {t_run / t_sdpa:.2f}x floor, "
-          f"{t_run / t_bridge:.2f}x bridge")
-    print(f"  P3 reducer state at N=200: {reducer_bytes(model, 200, T) / 2**30:.2f} GiB")
+def tokens(model, n: int, T: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(100, model.bridge.cfg.d_vocab - 100, (n, T), generator=g)
+
+
+def forward_all(model, ids, batch_size: int) -> None:
+    with torch.no_grad():
+        for s in range(0, len(ids), batch_size):
+            model(ids[s:s + batch_size])
+
+
+def track_a_only(model, ids, batch_size: int, null_seqs: int) -> None:
+    """The evaluation pass of pk.measure without Track B, and its fits."""
+    s, T, dev = model.spec, ids.shape[1], model.device
+    make = lambda: [TrackAReducer(len(ids), s.n_layers, s.n_heads, T, dev),
+                    FreqUsageReducer(s.n_layers, s.n_heads, s.n_kv_heads,
+                                     *model.rotary_pairs, device=dev),
+                    PermNullReducer(s.n_layers, s.n_heads, T, n_perm=4, max_seqs=null_seqs,
+                                    device=dev, include_identity=False)]
+    for r in forward_pass(model, ids, make, batch_size, "A only", progress=False):
+        r.result()
+
+
+def measure_run(model, ids, batch_size: int | str, null_seqs: int = 8) -> None:
+    half = len(ids) // 2
+    pk.measure(model, ids[half:], ids[:half], batch_size=batch_size, progress=False,
+               null_seqs=null_seqs)
+
+
+def one_length(T: int, n: int, n_fwd: int, args) -> dict:
+    """Everything for one length, in this (child) process: pk.measure first, so that the
+    peak RSS it leaves is the measurement's own, then the forwards."""
+    out = {"T": T, "n": n, "n_fwd": n_fwd}
+    warm = T <= 1024
+    model = pk.load_model(MODEL, device="cpu", attention="sdpa", progress=False)
+    na = max(1, n // 2)
+    ids_a = tokens(model, 2 * na, T, 1)
+    # the null (4 draws) on the same first sequences in both runs: a fixed cost
+    t1 = timed(lambda: track_a_only(model, ids_a[:na], args.batch_size, min(8, na)),
+               args.repeats, warm)
+    t2 = timed(lambda: track_a_only(model, ids_a, args.batch_size, min(8, na)),
+               args.repeats, warm)
+    out["A only"] = (t2 - t1) / na
+    ids = tokens(model, 2 * n, T, 2)
+    null = min(8, n // 2)
+    t1 = timed(lambda: measure_run(model, ids[:n], args.batch_size, null), args.repeats, warm)
+    t2 = timed(lambda: measure_run(model, ids, args.batch_size, null), args.repeats, warm)
+    out["A + B"], out["measure whole 2n"] = (t2 - t1) / n, t2 / (2 * n)
+    out["rss"] = peak_rss()
+    w = batching.Workload(T, n, n, False, T <= 256, 0, False, 4)
+    out["plan"] = batching.estimate_peak(model, w, min(args.batch_size, n), model.spec.n_layers)
+    ids = tokens(model, n_fwd, T, 3)
+    out["bridge sdpa"] = timed(lambda: forward_all(model.bridge, ids, args.batch_size),
+                               args.repeats, warm) / n_fwd
+    model = None  # free it before the next model loads
+    hf, _ = _from_gguf(resolve(MODEL), torch.float32, False)
+    for impl in ("sdpa", "eager"):
+        hf.set_attn_implementation(impl)
+        out[f"HF {impl}"] = timed(lambda: forward_all(hf, ids, args.batch_size),
+                                  args.repeats, warm) / n_fwd
+    hf = None
+    eager = pk.load_model(MODEL, device="cpu", attention="eager", progress=False)
+    out["bridge eager"] = timed(lambda: forward_all(eager.bridge, ids, args.batch_size),
+                                args.repeats, warm) / n_fwd
+    return out
+
+
+def rss_run(T: int, N: int, args) -> dict:
+    """Peak RSS (and wall time) of loading the model and one pk.measure on N sequences."""
+    model = pk.load_model(MODEL, device="cpu", attention="sdpa", progress=False)
+    t0 = time.perf_counter()
+    measure_run(model, tokens(model, N, T, 4), "auto")
+    return {"T": T, "N": N, "seconds": time.perf_counter() - t0, "rss": peak_rss()}
+
+
+def child(argv: list[str]) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), *argv]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+    if done.returncode or not lines:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"child {' '.join(argv)} failed with exit {done.returncode}")
+    return json.loads(lines[-1])
+
+
+def per_length(pairs: list[str], T: int, default: int) -> int:
+    found = dict(p.split(":") for p in pairs)
+    return int(found.get(str(T), default))
+
+
+def print_table(rows: list[dict], rss: list[dict]) -> None:
+    print("\nseconds per sequence (× HF sdpa, the floor); peak RSS of load + pk.measure "
+          "on 2n sequences (the plan's estimate of the measurement alone)")
+    print(f"{'T':>5} {'n':>3} " + " ".join(f"{c:>15}" for c in COLUMNS) + f" {'peak RSS':>17}")
+    for r in rows:
+        floor = r["HF sdpa"]
+        cells = [f"{r[c]:7.3f} ({r[c] / floor:4.2f}×)" for c in COLUMNS]
+        print(f"{r['T']:>5} {r['n']:>3} " + " ".join(f"{c:>15}" for c in cells)
+              + f" {r['rss']:6.2f} GiB ({r['plan'] / 2**30:4.1f})")
+    for r in rss:
+        print(f"peak RSS of load + pk.measure at T={r['T']}, N={r['N']}: {r['rss']:.2f} GiB "
+              f"({r['seconds']:.0f} s, {r['seconds'] / r['N']:.3f} s per sequence with the "
+              "fixed costs)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", nargs="+", type=int, default=[256, 1024])
-    ap.add_argument("--n-seqs", type=int, default=8, help="sequences per timing (half "
-                    "centering, half evaluation)")
+    ap.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 4096, 8192])
+    ap.add_argument("--n-seqs", nargs="+", default=["256:8", "1024:8", "4096:4", "8192:4"],
+                    help="T:n, sequences of pk.measure (2n for the marginal; even, >= 4)")
+    ap.add_argument("--fwd-seqs", nargs="+", default=["256:8", "1024:4", "4096:2", "8192:1"],
+                    help="T:n, sequences per forward timing")
+    ap.add_argument("--rss-seqs", nargs="*", default=["1024:200"],
+                    help="T:N, one more child: peak RSS of pk.measure on N sequences")
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--rss", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.manual_seed(0)
-    model = pk.load_model("smollm2-135m", device="cpu")
-    hf_sdpa, _ = _from_gguf(model.spec, torch.float32)
-    hf_sdpa.set_attn_implementation("sdpa")
-    hf_eager, _ = _from_gguf(model.spec, torch.float32)
-    hf_eager.set_attn_implementation("eager")
-    print(f"torch threads: {torch.get_num_threads()}; model: smollm2-135m "
-          f"({model.weights_note}); batch size {args.batch_size}")
+    if args.one:
+        n, n_fwd = per_length(args.n_seqs, args.one, 4), per_length(args.fwd_seqs, args.one, 1)
+        print(json.dumps(one_length(args.one, n, n_fwd, args)))
+        return
+    if args.rss:
+        print(json.dumps(rss_run(*args.rss, args)))
+        return
+    print(f"torch threads: {torch.get_num_threads()}; model: {MODEL}; batch size "
+          f"{args.batch_size}; {args.repeats} repeat(s)", flush=True)
+    rows = []
     for T in args.lengths:
-        bench_length(model, hf_sdpa, hf_eager, T, args)
+        rows.append(child(["--one", str(T), "--n-seqs", *args.n_seqs, "--fwd-seqs",
+                           *args.fwd_seqs, "--batch-size", str(args.batch_size),
+                           "--repeats", str(args.repeats)]))
+        print(json.dumps(rows[-1]), flush=True)
+    rss = [child(["--rss", *pair.split(":")]) for pair in args.rss_seqs]
+    print_table(rows, rss)
     A = np.random.default_rng(0).standard_normal((256, 256))
-    t_naive = timed(lambda: naive_r2(A), 3)
-    t_ours = timed(lambda: shift_invariance_r2(torch.from_numpy(A)), 3)
-    print(f"\nP2 (T=256, one matrix): naive numpy loop {t_naive * 1e3:.1f} ms, ours "
-          f"{t_ours * 1e3:.1f} ms: {t_naive / t_ours:.1f}x")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"P3 peak RSS of this process: {peak:.2f} GiB (three models loaded)")
+    t_naive = timed(lambda: naive_r2(A), 3, True)
+    t_ours = timed(lambda: shift_invariance_r2(torch.from_numpy(A)), 3, True)
+    print(f"\none 256×256 Toeplitz fit: naive numpy loop {t_naive * 1e3:.1f} ms, ours "
+          f"{t_ours * 1e3:.1f} ms: {t_naive / t_ours:.1f}×")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,38 @@
 """Track B, second pass: the averaged Gram matrix over the evaluation set (Phase 4).
 
-The accumulator holds Σ_x (q_x − m_q)(k_x − m_k)ᵀ·scale in float32, [layer, head, T, T],
-where m is a fixed reference: the centering means when there are any, otherwise the
-first batch's per-position means. One in-place batched matmul per layer and batch adds
-a whole batch (the batch axis folded into the contraction), and because the reference
-has removed the large mean term there is no cancellation to lose precision to. Every
-Gram the fit needs then follows exactly, in float64, from the evaluation means q̄, k̄:
+The reducer keeps Σ_x q̃_x k̃_xᵀ with q̃ = (q − m_q)·scale, k̃ = k − m_k about a fixed
+reference m (the centering means when there are any, otherwise the first batch's
+per-position means), the mean removed in float64 before the products are formed in
+float32, so the large mean term never enters them and there is no cancellation to lose
+precision to. It is kept either
 
-    mean_x (q − a)(k − b)ᵀ = C_m + (m_q − a)(k̄ − m_k)ᵀ + (q̄ − m_q)(m_k − b)ᵀ
-                             + (m_q − a)(m_k − b)ᵀ,
+- as a float32 accumulator in blocks of query rows (:func:`~poskernel_tl.batching.
+  gram_row_blocks`): rows [r0, r1) with keys [0, r1), i.e. only the strictly lower
+  triangle the fit reads plus the diagonal blocks (≈ T²/2 per head), or every key where
+  the full matrices are to be returned (T ≤ 256 by default). One in-place batched matmul
+  per row block, layer and batch adds a whole batch (the batch axis folded into the
+  contraction); or
+- as the evaluation sequences' q̃, k̃ themselves (``factors=True``), n·T·d_head per head
+  instead of T²/2: the smaller state for few sequences at long T
+  (:func:`~poskernel_tl.batching.gram_factors`).
 
-with C_m the accumulator's mean: the raw Gram (a = b = 0), the centered Gram
-(a, b = the centering means) and the half-centering check (a, b = means of a random
-half of the centering set). The fit of g(Δ) is the Track A fit applied to Ḡ.
+Every Gram the fit needs then follows exactly from the evaluation means q̄, k̄:
+
+    mean_x (q − a)(k − b)ᵀ = C_m + (m_q − a)(k̄ − b)ᵀ + (q̄ − m_q)(m_k − b)ᵀ,
+
+with C_m the mean product about m (the expansion's (m_q − a)(k̄ − m_k)ᵀ and
+(m_q − a)(m_k − b)ᵀ merged into the first term): the raw Gram (a = b = 0), the centered
+Gram (a, b = the centering means, which are the reference: no correction at all) and the
+half-centering check (a, b = means of a random half of the centering set). The fit of
+g(Δ) is the Track A fit applied to Ḡ, from per-lag sums and a sum of squares that
+:mod:`poskernel_tl.reducers.gram_fit` forms without any float64 T×T matrix.
+
+A reducer may cover only some layers (``layers``): a run that does not fit its memory
+budget accumulates Track B in blocks of layers, one evaluation pass each
+(:func:`poskernel_tl.measure.measure`); :func:`concat_layers` joins their results.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,11 +40,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.batching import gram_row_blocks
+from poskernel_tl.constants import GRAM_SAVE_MAX_T
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.moments import Moments, MomentsReducer
+from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, variant_fit
+from poskernel_tl.reducers.moments import Moments
 from poskernel_tl.schema import Part, column, stored
-from poskernel_tl.toeplitz import shift_invariance_r2
 
 
 @dataclass
@@ -66,89 +86,197 @@ class GramResult(Part):
         return part
 
 
+Means = tuple[Float[Tensor, "head_index pos d_head"] | None,
+              Float[Tensor, "kv_head_index pos d_head"] | None]
+FIELDS = ("r2_gram_raw", "g_gram_raw", "r2_gram", "g_gram", "r2_gram_half")
+
+
+def concat_layers(parts: Sequence[GramResult]) -> GramResult:
+    """One result from the results of reducers covering consecutive blocks of layers, in
+    layer order (the evaluation means, too)."""
+    if len(parts) == 1:
+        return parts[0]
+    cat = lambda name: (None if getattr(parts[0], name) is None
+                        else np.concatenate([getattr(p, name) for p in parts]))
+    evs = [p.eval_moments for p in parts]
+    ev = None if any(e is None for e in evs) else Moments(
+        torch.cat([e.mean_q for e in evs]), torch.cat([e.mean_k for e in evs]), None, None,
+        evs[0].n, 0)
+    return GramResult(**{name: cat(name) for name in FIELDS},
+                      gram_raw=cat("gram_raw"), gram_centered=cat("gram_centered"),
+                      centered=parts[0].centered, eval_moments=ev)
+
+
 class GramReducer:
+    """Track B for ``layers`` (default: all ``n_layers``). ``full``: keep every key of every
+    row, so that :meth:`result` can return the whole matrices (default: T ≤ 256, where
+    they are saved), else only the lower triangle's row blocks. ``factors``: keep the
+    evaluation sequences' q̃, k̃ instead of any accumulator (smaller when n·d_head is
+    well below T/2; the fit then costs O(T·(n·d_head)²))."""
+
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, length: int,
                  d_head: int, scale: float, device: torch.device | str = "cpu",
-                 reference: Moments | None = None):
-        self.scale, self.group = scale, n_heads // n_kv_heads
-        self.acc = torch.zeros(n_layers, n_heads, length, length, dtype=torch.float32,
-                               device=device)
-        self.sums = MomentsReducer(0, n_layers, n_heads, n_kv_heads, length, d_head, device,
-                                   half_seed=None)
-        self.ref_q: list[Tensor | None] = [None] * n_layers
-        self.ref_k: list[Tensor | None] = [None] * n_layers
+                 reference: Moments | None = None, *, layers: Sequence[int] | None = None,
+                 full: bool | None = None, factors: bool = False):
+        self.scale, self.group, self.T = scale, n_heads // n_kv_heads, length
+        self.layers = list(range(n_layers)) if layers is None else list(layers)
+        self.slot = {L: i for i, L in enumerate(self.layers)}
+        self.full = length <= GRAM_SAVE_MAX_T and not factors if full is None else full
+        if factors and self.full:
+            raise ValueError("GramReducer: factors=True keeps no matrix (full=False)")
+        self.factors, self.blocks = factors, gram_row_blocks(length, self.full)
+        f64 = dict(dtype=torch.float64, device=device)
+        self.acc = [[] if factors else
+                    [torch.zeros(n_heads, r1 - r0, keys, dtype=torch.float32, device=device)
+                     for r0, r1, keys in self.blocks] for _ in self.layers]
+        self.kept: list[list[tuple[Tensor, Tensor]]] = [[] for _ in self.layers]
+        nl = len(self.layers)
+        self.q_sum = torch.zeros(nl, n_heads, length, d_head, **f64)  # evaluation sums
+        self.k_sum = torch.zeros(nl, n_kv_heads, length, d_head, **f64)
+        self.count = [0] * nl
+        # the reference, float64 [pos, head, d] (views of the centering means)
+        self.ref_q: list[Tensor | None] = [None] * nl
+        self.ref_k: list[Tensor | None] = [None] * nl
         if reference is not None:
-            for L in range(n_layers):
-                self.ref_q[L] = reference.mean_q[L].transpose(0, 1).float()  # [pos, head, d]
-                self.ref_k[L] = reference.mean_k[L].transpose(0, 1).float()
+            for i, L in enumerate(self.layers):
+                self.ref_q[i] = reference.mean_q[L].transpose(0, 1)
+                self.ref_k[i] = reference.mean_k[L].transpose(0, 1)
 
     def update(self, batch: LayerBatch) -> None:
-        L = batch.layer
-        self.sums.update(batch)
-        q, k = batch.q.float(), batch.k.float()
-        if self.ref_q[L] is None:  # no centering set: the first batch is the reference
-            self.ref_q[L], self.ref_k[L] = q.mean(0), k.mean(0)
+        i = self.slot.get(batch.layer)
+        if i is None:  # a layer another reducer's block covers
+            return
+        qd, kd = batch.q.double(), batch.k.double()
+        self.q_sum[i] += qd.sum(0).transpose(0, 1)
+        self.k_sum[i] += kd.sum(0).transpose(0, 1)
+        self.count[i] += qd.shape[0]
+        if self.ref_q[i] is None:  # no centering set: the first batch is the reference
+            self.ref_q[i], self.ref_k[i] = qd.mean(0), kd.mean(0)
+        # q̃ = (q − m_q)·scale, k̃ = k − m_k: the mean removed in float64, then float32
+        q = (qd - self.ref_q[i]).mul_(self.scale).float()
+        k = (kd - self.ref_k[i]).float()
+        if self.factors:
+            self.kept[i].append((q, k))
+            return
         b, T, H, d = q.shape
-        kv = k.shape[2]
-        # [kv, group·T, b·d] @ [kv, b·d, T] accumulates Σ_x q̃_x k̃_xᵀ for every query head
-        qc = ((q - self.ref_q[L]) * self.scale).permute(2, 1, 0, 3)  # [H, T, b, d]
-        qc = qc.reshape(kv, self.group * T, b * d)
-        kc = (k - self.ref_k[L]).permute(2, 0, 3, 1).reshape(kv, b * d, T)
-        self.acc[L].view(kv, self.group * T, T).baddbmm_(qc, kc)
+        kv, g = k.shape[2], self.group
+        # per row block [kv, group·rows, b·d] @ [kv, b·d, keys] adds Σ_x q̃_x k̃_xᵀ for
+        # every query head of the block's rows (row j·rows + i: head kv·group + j, row i)
+        qc = q.permute(2, 1, 0, 3)  # [H, T, b, d]
+        kc = k.permute(2, 0, 3, 1).reshape(kv, b * d, T)
+        for (r0, r1, keys), acc in zip(self.blocks, self.acc[i]):
+            rows = qc[:, r0:r1].reshape(kv, g * (r1 - r0), b * d)
+            acc.view(kv, g * (r1 - r0), keys).baddbmm_(rows, kc[:, :, :keys])
 
-    def _heads(self, x: Tensor) -> Tensor:
-        """[kv_head_index, ...] → [head_index, ...] (each query head's key/value head)."""
-        return x.repeat_interleave(self.group, dim=0)
+    def eval_moments(self) -> Moments:
+        """The evaluation means of q and k of this reducer's layers (float64)."""
+        n = torch.tensor(self.count, dtype=torch.float64, device=self.q_sum.device)
+        if (n == 0).any():
+            raise ValueError("GramReducer.result: some layer saw no sequences")
+        shape = (-1, 1, 1, 1)
+        return Moments(self.q_sum / n.view(shape), self.k_sum / n.view(shape), None, None,
+                       int(n[0]), 0)
 
-    def gram(self, layer: int, mean_q: Tensor | None, mean_k: Tensor | None,
-             ev: Moments) -> Float[Tensor, "head_index query_pos key_pos"]:
-        """mean_x (q − a)(k − b)ᵀ·scale in float64, a/b = ``mean_q``/``mean_k`` (zero when
-        None) in [head(kv), pos, d] layout."""
-        n = ev.n
-        m_q = self.ref_q[layer].transpose(0, 1).double()  # [H, T, d]
-        m_k = self._heads(self.ref_k[layer].transpose(0, 1).double())
-        a = torch.zeros_like(m_q) if mean_q is None else mean_q.double()
-        b_ = torch.zeros_like(m_k) if mean_k is None else self._heads(mean_k.double())
-        q_bar, k_bar = ev.mean_q[layer], self._heads(ev.mean_k[layer])
-        outer = lambda x, y: torch.einsum("htd,hsd->hts", x, y)
-        correction = (outer(m_q - a, k_bar - m_k) + outer(q_bar - m_q, m_k - b_)
-                      + outer(m_q - a, m_k - b_))
-        return self.acc[layer].double() / n + self.scale * correction
+    def fit_layer(self, i: int, variants: dict[str, Means], ev: Moments, keep: bool
+                  ) -> dict[str, tuple[Tensor, Tensor, Tensor | None]]:
+        """Per variant (name → the centering a, b; None: zero): R², g and (``keep``) the
+        float32 matrix of mean_x (q − a)(k − b)ᵀ·scale of layer slot ``i``."""
+        m_q, m_k = self.ref_q[i].transpose(0, 1), self.ref_k[i].transpose(0, 1)  # [·, T, d]
+        q_bar, k_bar = ev.mean_q[i], ev.mean_k[i]
+        xs: list[Tensor] = []  # the distinct vectors B_low is applied to
+
+        def slot(t: Tensor) -> int:
+            found = [j for j, x in enumerate(xs) if x is t or torch.equal(x, t)]
+            if not found:
+                xs.append(t)
+            return found[0] if found else len(xs) - 1
+
+        terms = {}
+        for name, (a, b) in variants.items():
+            a = torch.zeros_like(m_q) if a is None else a.double()
+            b_slot = None if b is None else slot(b.double())
+            b = torch.zeros_like(m_k) if b is None else b.double()
+            # (m_q − a)(k̄ − b)ᵀ + (q̄ − m_q)(m_k − b)ᵀ, each term left out where it is
+            # exactly zero (the centering that is the reference needs no correction)
+            terms[name] = [(u, v, slot(plus), b_slot) for u, v, plus, zero in (
+                (m_q - a, k_bar - b, k_bar, torch.equal(m_q, a)),
+                (q_bar - m_q, m_k - b, m_k, torch.equal(m_k, b))) if not zero]
+        d = m_q.shape[-1]
+        x = torch.cat(xs, -1) if xs else m_k.new_zeros(m_k.shape[0], self.T, d)
+        uv = {name: (torch.cat([u for u, *_ in t], -1), torch.cat([v for _, v, *_ in t], -1))
+              for name, t in terms.items() if t}
+        mats = {v: torch.empty(m_q.shape[0], self.T, self.T, dtype=torch.float32,
+                               device=m_q.device) for v in ("raw", "centered")
+                if keep and v in variants}
+        pieces = self.pieces(i, x, self.keeper(mats, uv))
+        part = lambda j: pieces.y[..., j * d:(j + 1) * d]
+        out = {}
+        for name, t in terms.items():
+            w = [part(p) - part(m) if m is not None else part(p) for *_, p, m in t]
+            u, v = uv.get(name, (None, None))
+            fit = variant_fit(pieces, u, v, torch.cat(w, -1) if w else None, self.scale)
+            out[name] = (*fit, mats.get(name))
+        return out
+
+    def keeper(self, mats: dict[str, Tensor], uv: dict):
+        """The callback of :func:`dense_pieces` that writes the kept matrices' rows."""
+        if not mats:
+            return None
+
+        def keep(r0: int, r1: int, block: Tensor) -> None:
+            for name, mat in mats.items():
+                if name not in uv:  # no correction: the block itself
+                    mat[:, r0:r1] = block
+                    continue
+                u, v = uv[name]
+                vh = v.repeat_interleave(self.group, dim=0)[:, :block.shape[-1]]
+                mat[:, r0:r1] = torch.baddbmm(block, u[:, r0:r1], vh.transpose(1, 2),
+                                              alpha=self.scale)
+        return keep
+
+    def pieces(self, i: int, x: Tensor, keep) -> Pieces:
+        if self.factors:
+            q = torch.cat([q for q, _ in self.kept[i]])
+            return factor_pieces(q, torch.cat([k for _, k in self.kept[i]]), x)
+        return dense_pieces(self.acc[i], self.blocks, self.count[i], x, keep)
 
     def result(self, centering: Moments | None = None, keep_matrices: bool = False
                ) -> GramResult:
         """R²/g of the raw Gram and, given the centering means, of the centered Gram (all
-        centering sequences, and the random half)."""
-        ev = self.sums.result()
-        n_layers, n_heads, T, _ = self.acc.shape
-        nan = np.full((n_layers, n_heads), np.nan)
-        out = {"r2_gram_raw": [], "g_gram_raw": [], "r2_gram": [], "g_gram": [],
-               "r2_gram_half": []}
-        mats: dict[str, list] = {"gram_raw": [], "gram_centered": []}
-        for L in range(n_layers):
-            raw = self.gram(L, None, None, ev)
-            r2, g = shift_invariance_r2(raw)
-            out["r2_gram_raw"].append(r2.cpu().numpy())
-            out["g_gram_raw"].append(g.cpu().numpy())
-            if keep_matrices:
-                mats["gram_raw"].append(raw.float().cpu().numpy())
-            if centering is None:
-                continue
-            cen = self.gram(L, centering.mean_q[L], centering.mean_k[L], ev)
-            r2c, gc = shift_invariance_r2(cen)
-            out["r2_gram"].append(r2c.cpu().numpy())
-            out["g_gram"].append(gc.cpu().numpy())
-            if centering.mean_q_half is not None:
-                half = self.gram(L, centering.mean_q_half[L], centering.mean_k_half[L], ev)
-                out["r2_gram_half"].append(shift_invariance_r2(half)[0].cpu().numpy())
-            if keep_matrices:
-                mats["gram_centered"].append(cen.float().cpu().numpy())
+        centering sequences, and the random half), for this reducer's layers."""
+        if keep_matrices and not self.full:
+            raise ValueError("keep_matrices: this GramReducer was built with full=False "
+                             "and holds only the lower triangle")
+        ev = self.eval_moments()
+        out: dict[str, list] = {name: [] for name in (*FIELDS, "gram_raw", "gram_centered")}
+        names = {"raw": ("r2_gram_raw", "g_gram_raw", "gram_raw"),
+                 "centered": ("r2_gram", "g_gram", "gram_centered"),
+                 "half": ("r2_gram_half", None, None)}
+        for i, L in enumerate(self.layers):
+            variants: dict[str, Means] = {"raw": (None, None)}
+            if centering is not None:
+                variants["centered"] = (centering.mean_q[L], centering.mean_k[L])
+                if centering.mean_q_half is not None:
+                    variants["half"] = (centering.mean_q_half[L], centering.mean_k_half[L])
+            for v, (r2, g, mat) in self.fit_layer(i, variants, ev, keep_matrices).items():
+                r2_key, g_key, mat_key = names[v]
+                out[r2_key].append(r2.cpu().numpy())
+                if g_key:
+                    out[g_key].append(g.cpu().numpy())
+                if mat is not None:
+                    out[mat_key].append(mat.cpu().numpy())
+        return self._assemble(out, centering is not None, ev)
+
+    def _assemble(self, out: dict[str, list], centered: bool, ev: Moments) -> GramResult:
+        nl, H, T = len(self.layers), self.q_sum.shape[1], self.T
+        nan, g_nan = np.full((nl, H), np.nan), np.full((nl, H, T - 1), np.nan)
         stack = lambda key, fallback: np.stack(out[key]) if out[key] else fallback
-        g_nan = np.full((n_layers, n_heads, T - 1), np.nan)
         return GramResult(
             r2_gram_raw=stack("r2_gram_raw", nan), g_gram_raw=stack("g_gram_raw", g_nan),
             r2_gram=stack("r2_gram", nan), g_gram=stack("g_gram", g_nan),
             r2_gram_half=stack("r2_gram_half", nan),
-            gram_raw=np.stack(mats["gram_raw"]) if mats["gram_raw"] else None,
-            gram_centered=np.stack(mats["gram_centered"]) if mats["gram_centered"] else None,
-            centered=centering is not None, eval_moments=ev)
+            gram_raw=stack("gram_raw", None), gram_centered=stack("gram_centered", None),
+            centered=centered, eval_moments=ev)
+
+
+__all__ = ["GramReducer", "GramResult", "concat_layers"]

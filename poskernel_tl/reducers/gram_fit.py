@@ -1,0 +1,155 @@
+"""Track B's fit from sufficient statistics: no float64 T×T matrix, no float64 copy of the
+accumulator beyond one block of rows.
+
+Every Gram Track B fits is G = B + scale·U·Vᵀ: B the mean of the products about the
+reference (the accumulator, or the kept products' factors), U (per query head) and V (per
+key/value head) the rank-2·d_head correction to a given centering (see
+:mod:`poskernel_tl.reducers.gram`). The fit of g(Δ) on the strictly lower triangle needs
+the per-lag sums and the sum of squares (:mod:`poskernel_tl.toeplitz`), and both split:
+
+    S1_G(Δ) = S1_B(Δ) + scale·S1_UVᵀ(Δ),
+    Σ G²    = Σ B² + 2·scale·Σ_t U_t·(B_low V)_t + scale²·Σ (U·Vᵀ)²,
+
+over the strictly lower triangle (B_low: B with the entries s ≥ t zeroed). The U·Vᵀ terms
+are the identities Track A uses for q·kᵀ (:mod:`poskernel_tl.reducers.lag_sums`: an FFT
+cross-correlation, a running key moment). B_low·V is linear in V = [k̄ − b, m_k − b], so
+``Y = B_low·X`` with X the distinct vectors among k̄, m_k and the centerings b serves
+every variant. B's own pieces (S1_B, Σ B², Y) come
+
+- from the accumulator (:func:`dense_pieces`), one block of query rows at a time: the
+  block in float64, its sub-diagonals read as strided lines, one matmul for Y;
+- from the factors q̃, k̃ of the evaluation sequences when those are kept instead
+  (:func:`factor_pieces`): B = Q·Kᵀ with Q, K the per-sequence factors side by side, so
+  S1_B and Σ B² are again the lag-sum identities and Y a chunked running product
+  (:func:`lower_apply`), O(T·(n·d)²) instead of O(T²).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lag_sums, lower_sum_squares
+from poskernel_tl.toeplitz import lag_counts, r2_from_sums
+
+ACC = torch.float64
+SEQ_CHUNK = 4  # sequences per FFT call in factor_pieces (bounds its float64 buffers)
+
+
+@dataclass
+class Pieces:
+    """S1(Δ) and Σ² of B's strictly lower triangle per query head, and Y = B_low·X."""
+
+    s1: Float[Tensor, "head_index lag"]
+    sq: Float[Tensor, " head_index"]
+    y: Float[Tensor, "head_index pos rank"]
+
+
+def lower_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], r0: int,
+                     length: int) -> tuple[Float[Tensor, "head_index lag"],
+                                           Float[Tensor, " head_index"]]:
+    """Per-lag sums S1(Δ), Δ = 1..T−1, and Σ G² of the query rows [r0, r0 + rows) of a
+    matrix held in ``buf[:, :, rows:]`` (keys from 0; entries on and above the diagonal
+    already zeroed) behind ``rows`` zero columns. The sub-diagonal Δ of the block is the
+    strided line buf[i, rows + r0 + i − Δ], read straight from the buffer (the zero
+    columns stand in for keys s < 0)."""
+    H, rows, W = buf.shape
+    r1 = r0 + rows
+    sq = torch.linalg.vector_norm(buf[:, :, rows:], dim=(-2, -1)).square()
+    # line e = r1 − 1 − Δ starts at column e + 1 of row 0 and steps one row and one column
+    lines = buf.as_strided((H, r1 - 1, rows), (buf.stride(0), 1, W + 1),
+                           buf.storage_offset() + 1)
+    s1 = buf.new_zeros(H, length - 1)
+    s1[:, :r1 - 1] = lines.sum(-1).flip(-1)
+    return s1, sq
+
+
+def dense_pieces(acc: list[Tensor],
+                 blocks: list[tuple[int, int, int]], n: int,
+                 x: Float[Tensor, "kv_head_index pos rank"], keep=None) -> Pieces:
+    """B = acc / n from the accumulator's row blocks ``(r0, r1, keys)``. ``keep(r0, r1,
+    block)``, if given, sees each float64 block whole (before its upper part is zeroed)."""
+    H, T = acc[0].shape[0], blocks[-1][1]
+    kv, m = x.shape[0], x.shape[-1]
+    rows_max = max(r1 - r0 for r0, r1, _ in blocks)
+    flat = x.new_empty(H * rows_max * (rows_max + T))
+    s1, sq = x.new_zeros(H, T - 1), x.new_zeros(H)
+    y = x.new_zeros(H, T, m)
+    for (r0, r1, keys), a in zip(blocks, acc):
+        rows = r1 - r0
+        buf = flat[:H * rows * (rows + keys)].view(H, rows, rows + keys)
+        buf[:, :, :rows].zero_()
+        G = buf[:, :, rows:]
+        G.copy_(a).div_(n)
+        if keep is not None:
+            keep(r0, r1, G)
+        upper = torch.ones(rows, keys - r0, dtype=torch.bool, device=G.device).triu()
+        G[:, :, r0:].masked_fill_(upper, 0.0)
+        b1, b2 = lower_block_sums(buf, r0, T)
+        s1 += b1
+        sq += b2
+        prod = torch.matmul(G.reshape(kv, H // kv * rows, keys), x[:, :keys])
+        y[:, r0:r1] = prod.view(H, rows, m)
+    return Pieces(s1, sq, y)
+
+
+def lower_apply(q: Float[Tensor, "pos head_index rank"],
+                k: Float[Tensor, "pos kv_head_index rank"],
+                x: Float[Tensor, "pos kv_head_index width"], chunk: int = DEFAULT_CHUNK
+                ) -> Float[Tensor, "head_index pos width"]:
+    """Y[h, t] = Σ_{s<t} (q_t·k_s)·x_s (query head h reads key/value head h // group), in
+    float64, in chunks of positions: the chunk's own strictly lower C × C products, plus
+    q_t against the running Σ k_s x_sᵀ of the chunks before."""
+    T, H, r = q.shape
+    kv, w = k.shape[1], x.shape[-1]
+    g, C = H // kv, max(1, min(chunk, T))
+    nc = -(-T // C)
+    pad = lambda t: F.pad(t.to(ACC), (0, 0, 0, 0, 0, nc * C - T))
+    qc = pad(q).view(nc, C, kv, g, r).permute(2, 0, 3, 1, 4).reshape(kv, nc, g * C, r)
+    kc = pad(k).view(nc, C, kv, r).permute(2, 0, 1, 3)  # [kv, chunk, C, r]
+    xc = pad(x).view(nc, C, kv, w).permute(2, 0, 1, 3)
+    inner = torch.matmul(qc, kc.transpose(-1, -2)).view(kv, nc, g, C, C)
+    inner.mul_(torch.ones(C, C, dtype=ACC, device=q.device).tril(-1))
+    out = torch.matmul(inner.view(kv, nc, g * C, C), xc)
+    moment = torch.matmul(kc.transpose(-1, -2), xc)  # [kv, chunk, r, w]
+    prior = torch.zeros_like(moment)
+    torch.cumsum(moment[:, :-1], dim=1, out=prior[:, 1:])
+    out.add_(torch.matmul(qc, prior))
+    out = out.view(kv, nc, g, C, w).permute(0, 2, 1, 3, 4).reshape(H, nc * C, w)
+    return out[:, :T]
+
+
+def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
+                  k: Float[Tensor, "batch pos kv_head_index d_head"],
+                  x: Float[Tensor, "kv_head_index pos rank"]) -> Pieces:
+    """B = mean_x q̃_x·k̃_xᵀ from the factors (``q`` already carries the scale)."""
+    n, T, H, d = q.shape
+    s1 = sum(lag_sums(q[i:i + SEQ_CHUNK], k[i:i + SEQ_CHUNK], 1.0).sum(0)
+             for i in range(0, n, SEQ_CHUNK)) / n
+    side = lambda t: t.permute(1, 2, 0, 3).reshape(1, T, t.shape[2], n * d)  # [1, T, ·, n·d]
+    qs, ks = side(q.to(ACC)) / n, side(k.to(ACC))
+    sq = lower_sum_squares(qs, ks, 1.0)[0]
+    y = lower_apply(qs[0], ks[0], x.transpose(0, 1))
+    return Pieces(s1, sq, y)
+
+
+def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
+                v: Float[Tensor, "kv_head_index pos rank"] | None,
+                w: Float[Tensor, "head_index pos rank"] | None, scale: float
+                ) -> tuple[Float[Tensor, " head_index"], Float[Tensor, "head_index lag"]]:
+    """R² and g of G = B + scale·U·Vᵀ, given W = B_low·V (from ``pieces.y``); U, V, W
+    None: G = B."""
+    s1, sq = pieces.s1, pieces.sq
+    if u is not None:
+        ut, vt = u.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, T, heads, rank]
+        s1 = s1 + scale * lag_sums(ut, vt, 1.0)[0]
+        cross = (u * w).sum(dim=(1, 2))
+        sq = sq + 2 * scale * cross + scale * scale * lower_sum_squares(ut, vt, 1.0)[0]
+    T = s1.shape[-1] + 1
+    return r2_from_sums(s1, sq, lag_counts(T, device=s1.device))
+
+
+__all__ = ["Pieces", "dense_pieces", "factor_pieces", "lower_apply", "lower_block_sums",
+           "variant_fit"]

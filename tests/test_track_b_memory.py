@@ -1,0 +1,217 @@
+"""Track B within a memory budget: the lower-triangle accumulator in row blocks, Track B in
+blocks of layers (one evaluation pass each, the forward stopped after the block's last
+layer), the plan made before the run and its refusals."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import VOCAB, tiny_loaded
+
+import poskernel_tl as pk
+from poskernel_tl import batching
+from poskernel_tl.config import MeasureConfig, RunConfig
+from poskernel_tl.errors import PlanError, UserError
+from poskernel_tl.hooks import capture_qk, qk_hook_names
+from poskernel_tl.reducers import GramReducer, LayerBatch, MomentsReducer
+from poskernel_tl.reducers.gram import concat_layers
+from poskernel_tl.registry import resolve
+from poskernel_tl.toeplitz import shift_invariance_r2
+
+H, HKV, D = 4, 2, 8
+SCALE = 1 / math.sqrt(D)
+TRACK_B = ("r2_gram_raw", "g_gram_raw", "r2_gram", "g_gram", "r2_gram_half")
+
+
+def _qk(rng, n, T, layers=1):
+    pos = torch.randn(T, 1, D, generator=rng, dtype=torch.float64)
+    q = torch.randn(layers, n, T, H, D, generator=rng, dtype=torch.float64) + 3 * pos + 5
+    k = torch.randn(layers, n, T, HKV, D, generator=rng, dtype=torch.float64) + 3 * pos - 2
+    return q.float(), k.float()
+
+
+def _feed(red, q, k, batch=3):
+    for L in range(q.shape[0]):
+        for s in range(0, q.shape[1], batch):
+            idx = torch.arange(s, min(q.shape[1], s + batch))
+            red.update(LayerBatch(L, q[L, idx], k[L, idx], idx, SCALE,
+                                  rows=tuple(idx.tolist())))
+
+
+def _centering(rng, T, layers=1):
+    cq, ck = _qk(rng, 6, T, layers)
+    mom = MomentsReducer(6, layers, H, HKV, T, D, half_seed=1)
+    _feed(mom, cq, ck)
+    return mom.result()
+
+
+@pytest.mark.parametrize("n", [3, 7])
+def test_every_layout_equals_the_full_accumulator_and_float64(rng, n):
+    """T = 300: three row blocks, the last one partial. The lower-triangle accumulator
+    and the kept factors give every Track B number of the full layout and of a float64
+    computation of the Gram matrices."""
+    T = 300
+    q, k = _qk(rng, n, T)
+    means = _centering(rng, T)
+    runs = {}
+    for layout in ("full", "lower", "factors"):
+        red = GramReducer(1, H, HKV, T, D, SCALE, reference=means, full=layout == "full",
+                          factors=layout == "factors")
+        _feed(red, q, k)
+        runs[layout] = red.result(means, keep_matrices=layout == "full")
+    for layout in ("lower", "factors"):
+        for name in TRACK_B:
+            np.testing.assert_allclose(getattr(runs[layout], name), getattr(runs["full"], name),
+                                       rtol=1e-6, atol=1e-6, err_msg=f"{layout} {name}")
+    qd, kd = q[0].double(), k[0].double().repeat_interleave(H // HKV, dim=2)
+    mq = means.mean_q[0].transpose(0, 1)[None]
+    mk = means.mean_k[0].transpose(0, 1)[None].repeat_interleave(H // HKV, dim=2)
+    raw = torch.einsum("bthd,bshd->hts", qd, kd) / len(qd) * SCALE
+    cen = torch.einsum("bthd,bshd->hts", qd - mq, kd - mk) / len(qd) * SCALE
+    for layout, run in runs.items():
+        for mat, r2, g in ((raw, "r2_gram_raw", "g_gram_raw"), (cen, "r2_gram", "g_gram")):
+            want_r2, want_g = shift_invariance_r2(mat)
+            assert np.abs(getattr(run, r2)[0] - want_r2.numpy()).max() < 1e-6, (layout, r2)
+            assert np.abs(getattr(run, g)[0] - want_g.numpy()).max() < 1e-4, (layout, g)
+    assert np.abs(runs["full"].gram_raw[0] - raw.numpy()).max() < 1e-3
+    assert np.abs(runs["full"].gram_centered[0] - cen.numpy()).max() < 1e-4
+    lower = GramReducer(1, H, HKV, T, D, SCALE, full=False)
+    stored = sum(a.numel() for a in lower.acc[0])
+    assert stored == H * sum((r1 - r0) * r1 for r0, r1, _ in batching.gram_row_blocks(T, False))
+    big = sum((r1 - r0) * keys for r0, r1, keys in batching.gram_row_blocks(4096, False))
+    assert big < 0.52 * 4096 ** 2  # T²/2 and the diagonal blocks, not T²
+    with pytest.raises(ValueError, match="full=False"):
+        lower.result(keep_matrices=True)
+
+
+def test_factors_are_chosen_for_few_sequences_at_long_t(smol_sized):
+    assert batching.gram_factors(smol_sized, 8192, 2, False)
+    assert batching.gram_factors(smol_sized, 4096, 4, False)
+    assert not batching.gram_factors(smol_sized, 4096, 4, True)  # matrices to keep
+    assert not batching.gram_factors(smol_sized, 1024, 100, False)
+    assert not batching.gram_factors(smol_sized, 256, 2, False)  # T²/2 is smaller
+
+
+def test_blocks_of_layers_join_into_the_all_layer_result(rng):
+    T, L = 70, 3
+    q, k = _qk(rng, 5, T, L)
+    means = _centering(rng, T, L)
+    whole = GramReducer(L, H, HKV, T, D, SCALE, reference=means)
+    _feed(whole, q, k)
+    parts = []
+    for layers in ([0, 1], [2]):
+        red = GramReducer(L, H, HKV, T, D, SCALE, reference=means, layers=layers)
+        _feed(red, q, k)  # every layer is offered; each reducer keeps its own
+        parts.append(red.result(means, keep_matrices=True))
+    a, b = whole.result(means, keep_matrices=True), concat_layers(parts)
+    for name in (*TRACK_B, "gram_raw", "gram_centered"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    torch.testing.assert_close(a.eval_moments.mean_q, b.eval_moments.mean_q)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_tokenizer):
+    return tiny_loaded("llama", tiny_tokenizer)
+
+
+def _tokens(n, T, seed):
+    return torch.randint(3, VOCAB, (n, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("keep_gram", [True, False])
+def test_blocked_run_equals_the_unblocked_one(llama, capsys, keep_gram):
+    """A budget that holds Track B for one layer at a time: two evaluation passes, the
+    same numbers (and the same saved matrices), and one line saying so."""
+    ev, cen = _tokens(8, 100, 1), _tokens(8, 100, 2)
+    one = pk.measure(llama, ev, cen, batch_size=4, progress=False, keep_gram=keep_gram)
+    work = batching.Workload(100, 8, 8, llama.attention != "sdpa", keep_gram, 0, False, 4)
+    fits_one_layer = batching.estimate_peak(llama, work, 4, 1)
+    assert batching.estimate_peak(llama, work, 4, 2) > fits_one_layer
+    capsys.readouterr()
+    split = pk.measure(llama, ev, cen, batch_size=4, progress=False, keep_gram=keep_gram,
+                       max_memory=f"{math.ceil(fits_one_layer / 1024)}K")
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and printed[0].startswith("Track B in 2 blocks of layers")
+    assert "1 more evaluation pass stopped after layer 0" in printed[0]
+    assert split.provenance["notes"][0] == printed[0]
+    names = (*TRACK_B, "r2_pooled", "r2_per_seq") + (("gram_raw", "gram_centered")
+                                                     if keep_gram else ())
+    for name in names:
+        np.testing.assert_allclose(getattr(split, name), getattr(one, name), rtol=1e-12,
+                                   atol=1e-12, err_msg=name)
+    assert (one.gram_raw is None) == (not keep_gram)
+
+
+def test_forward_stops_after_the_last_layer_wanted(llama):
+    seen, later = [], []
+    ids = _tokens(2, 20, 3)
+    q1_name, _ = qk_hook_names(llama.bridge, 1)
+    with torch.no_grad(), llama.bridge.hooks(fwd_hooks=[(q1_name,
+                                                         lambda x, hook: later.append(1))]):
+        with capture_qk(llama.bridge, lambda c: seen.append((c.layer, c.q.clone())),
+                        layers=[0], stop=True) as cap:
+            assert cap.forward(ids) is None  # stopped: no logits
+    assert [layer for layer, _ in seen] == [0] and later == []
+    full = []
+    with torch.no_grad(), capture_qk(llama.bridge, lambda c: full.append(c.q.clone())) as cap:
+        assert cap.forward(ids) is not None
+        assert cap.forward(ids) is not None  # and the bridge still runs whole passes
+    torch.testing.assert_close(seen[0][1], full[0])
+
+
+@pytest.fixture(scope="module")
+def smol_sized(llama):
+    """The tiny bridge with SmolLM2-135M's geometry: plans at the lengths that matter."""
+    return dataclasses.replace(llama, spec=resolve("smollm2-135m"), attention="sdpa")
+
+
+def test_plans_at_smollm2_lengths(smol_sized):
+    w = lambda T, n: batching.Workload(T, n // 2, n // 2)
+    p = batching.plan_measure(smol_sized, w(1024, 200), "auto", "4G")
+    assert not p.blocked and p.note() is None and p.batch_size == 4
+    p = batching.plan_measure(smol_sized, w(8192, 4), "auto", "14G")
+    assert not p.blocked  # two evaluation sequences: Track B keeps their factors
+    p = batching.plan_measure(smol_sized, w(4096, 40), "auto", "6G")
+    assert p.blocked and p.peak <= p.budget == 6 * 2**30
+    flat = [layer for a, b in p.layer_blocks for layer in range(a, b)]
+    assert flat == list(range(30))
+    assert f"Track B in {len(p.layer_blocks)} blocks of layers (0–" in p.note()
+    assert p.extra_forwards == pytest.approx(sum(b for _, b in p.layer_blocks[:-1]) / 30)
+    more = batching.plan_measure(smol_sized, w(4096, 40), "auto", "9G")
+    assert len(more.layer_blocks) < len(p.layer_blocks)
+
+
+@pytest.mark.parametrize("max_memory, batch, flag", [("2G", "auto", "--max-memory"),
+                                                     ("10G", 64, "--batch-size")])
+def test_what_cannot_fit_is_refused_in_one_line(smol_sized, max_memory, batch, flag):
+    with pytest.raises(PlanError) as err:
+        batching.plan_measure(smol_sized, batching.Workload(8192, 20, 20), batch, max_memory)
+    message = str(err.value)
+    assert message.startswith(flag) and "\n" not in message and "--max-memory" in message
+    assert isinstance(err.value, UserError)
+
+
+def test_measure_refuses_before_any_work(llama):
+    with pytest.raises(PlanError, match="--max-memory"):
+        pk.measure(llama, _tokens(4, 64, 1), progress=False, max_memory="1M")
+
+
+@pytest.mark.parametrize("text, expected", [("auto", None), ("12G", 12 * 2**30),
+                                            ("800M", 800 * 2**20), ("1.5GiB", 3 * 2**29),
+                                            ("2", 2 * 2**30), (3, 3 * 2**30)])
+def test_memory_sizes(text, expected):
+    assert batching.parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1G", "0", "12X"])
+def test_bad_memory_sizes_name_the_flag(bad):
+    with pytest.raises(UserError, match="--max-memory"):
+        batching.parse_memory(bad)
+
+
+def test_the_flag_is_a_measure_option_checked_before_any_work():
+    assert MeasureConfig().max_memory == "auto" and "max_memory" in RunConfig().to_dict()
+    with pytest.raises(UserError, match="--max-memory lots"):
+        MeasureConfig(max_memory="lots").validate()
