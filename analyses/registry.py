@@ -69,7 +69,8 @@ def _spectral(inputs: AnalysisInputs, options: SpectralOptions) -> dict[str, pd.
     sources, gated over every rotary condition saved beside this one; the spectral
     module writes its tables and spectra itself (``spectral_io``), so none is returned."""
     spectral.run_spectral(
-        inputs.result, inputs.out, force=options.force, raw_spectrum=options.raw_spectrum,
+        inputs.result, Path(inputs.out) if inputs.out is not None else None,
+        force=options.force, raw_spectrum=options.raw_spectrum,
         demean=options.demean, gate_met=folder_gate(inputs.out, inputs.result))
     return {}
 
