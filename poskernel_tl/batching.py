@@ -239,8 +239,8 @@ class Plan:
         return (f"Track B in {len(self.layer_blocks)} blocks of layers ({spans}) to fit "
                 f"--max-memory {self.flag} ({gib(self.budget)}; estimated peak "
                 f"{gib(self.peak)}): {more} more evaluation pass{'es' if more > 1 else ''} "
-                f"stopped after layer {stops}, ≈ {self.extra_forwards:.2f} forwards of the "
-                "evaluation sequences more")
+                f"stopped after layer{'s' if more > 1 else ''} {stops}, ≈ "
+                f"{self.extra_forwards:.2f} forwards of the evaluation sequences more")
 
 
 def plan_measure(model: LoadedModel, w: Workload, batch_size: int | str = "auto",

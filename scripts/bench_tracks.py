@@ -18,14 +18,19 @@ last layer's q/k are captured (nothing reads the output); the forwards timed her
 whole. Targets: A + B ≤ 1.05× the floor at T = 256, ≤ 1.20× at 1024 (peak RSS ≤ 4 GiB at
 N = 200), ≤ 1.30× at 4096 (≤ 12 GiB); at 8192 A only ≤ 1.20× (≤ 20 GiB).
 
+Time is the process's CPU time (all its threads), with --threads torch threads (default
+1): on a machine shared with other work, wall-clock time measures the neighbours as much
+as the code, CPU time far less; with one thread CPU seconds are the seconds an idle core
+takes. Wall-clock seconds are printed too (the JSON lines).
+
 Marginal cost per sequence: `pk.measure` and the A-only pass are timed on 2n sequences
 minus n, so their fixed costs (the final fits, allocating the reducers, and the
 permutation null, drawn from the same first min(8, n/2) evaluation sequences in both
 runs) cancel; forwards are timed on their own count. Each length runs
-in a child process of its own (its peak RSS is that length's). A shared CPU drifts by
-±15%: timings are medians over --repeats runs (after one warm-up up to T = 1024).
+in a child process of its own (its peak RSS is that length's). Timings are medians over
+--repeats runs (after one warm-up up to T = 1024).
 
-Usage: python scripts/bench_tracks.py [--lengths 256 1024 4096 8192] [--repeats 1]
+Usage: python scripts/bench_tracks.py [--lengths 256 1024 4096 8192] [--repeats 1] [--threads 1]
        [--n-seqs 256:8 1024:8 4096:4 8192:4] [--fwd-seqs 256:8 1024:4 4096:2 8192:1]
        [--rss-seqs 1024:200]
 """
@@ -56,15 +61,21 @@ MODEL = "smollm2-135m"
 COLUMNS = ("HF sdpa", "HF eager", "bridge eager", "bridge sdpa", "A only", "A + B")
 
 
-def timed(fn, repeats: int, warm: bool) -> float:
+WALL: dict[str, float] = {}  # wall-clock seconds of the last timed() call, by label
+
+
+def timed(fn, repeats: int, warm: bool, label: str = "") -> float:
+    """Median CPU seconds of ``fn()`` over ``repeats`` runs (wall seconds kept in WALL)."""
     if warm:
         fn()
-    times = []
+    cpu, wall = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        c0, w0 = time.process_time(), time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - w0)
+    WALL[label] = statistics.median(wall)
+    return statistics.median(cpu)
 
 
 def naive_r2(A: np.ndarray) -> float:
@@ -113,48 +124,45 @@ def measure_run(model, ids, batch_size: int | str, null_seqs: int = 8) -> None:
 
 def one_length(T: int, n: int, n_fwd: int, args) -> dict:
     """Everything for one length, in this (child) process: pk.measure first, so that the
-    peak RSS it leaves is the measurement's own, then the forwards."""
-    out = {"T": T, "n": n, "n_fwd": n_fwd}
-    warm = T <= 1024
+    peak RSS it leaves is the measurement's own, then the forwards. Seconds per sequence
+    (CPU), and the wall-clock ones under "wall"."""
+    out, warm, reps = {"T": T, "n": n, "n_fwd": n_fwd}, T <= 1024, args.repeats
     model = pk.load_model(MODEL, device="cpu", attention="sdpa", progress=False)
     na = max(1, n // 2)
     ids_a = tokens(model, 2 * na, T, 1)
     # the null (4 draws) on the same first sequences in both runs: a fixed cost
-    t1 = timed(lambda: track_a_only(model, ids_a[:na], args.batch_size, min(8, na)),
-               args.repeats, warm)
-    t2 = timed(lambda: track_a_only(model, ids_a, args.batch_size, min(8, na)),
-               args.repeats, warm)
-    out["A only"] = (t2 - t1) / na
+    runs = {k: timed(lambda k=k: track_a_only(model, ids_a[:k], args.batch_size, min(8, na)),
+                     reps, warm, f"A{k}") for k in (na, 2 * na)}
+    out["A only"] = (runs[2 * na] - runs[na]) / na
     ids = tokens(model, 2 * n, T, 2)
-    null = min(8, n // 2)
-    t1 = timed(lambda: measure_run(model, ids[:n], args.batch_size, null), args.repeats, warm)
-    t2 = timed(lambda: measure_run(model, ids, args.batch_size, null), args.repeats, warm)
-    out["A + B"], out["measure whole 2n"] = (t2 - t1) / n, t2 / (2 * n)
+    runs = {k: timed(lambda k=k: measure_run(model, ids[:k], args.batch_size, min(8, n // 2)),
+                     reps, warm, f"AB{k}") for k in (n, 2 * n)}
+    out["A + B"], out["measure whole 2n"] = (runs[2 * n] - runs[n]) / n, runs[2 * n] / (2 * n)
     out["rss"] = peak_rss()
     w = batching.Workload(T, n, n, False, T <= 256, 0, False, 4)
     out["plan"] = batching.estimate_peak(model, w, min(args.batch_size, n), model.spec.n_layers)
     ids = tokens(model, n_fwd, T, 3)
     out["bridge sdpa"] = timed(lambda: forward_all(model.bridge, ids, args.batch_size),
-                               args.repeats, warm) / n_fwd
+                               reps, warm, "bridge sdpa") / n_fwd
     model = None  # free it before the next model loads
     hf, _ = _from_gguf(resolve(MODEL), torch.float32, False)
     for impl in ("sdpa", "eager"):
         hf.set_attn_implementation(impl)
-        out[f"HF {impl}"] = timed(lambda: forward_all(hf, ids, args.batch_size),
-                                  args.repeats, warm) / n_fwd
+        out[f"HF {impl}"] = timed(lambda: forward_all(hf, ids, args.batch_size), reps, warm,
+                                  f"HF {impl}") / n_fwd
     hf = None
     eager = pk.load_model(MODEL, device="cpu", attention="eager", progress=False)
     out["bridge eager"] = timed(lambda: forward_all(eager.bridge, ids, args.batch_size),
-                                args.repeats, warm) / n_fwd
+                                reps, warm, "bridge eager") / n_fwd
+    out["wall"] = dict(WALL)
     return out
 
 
 def rss_run(T: int, N: int, args) -> dict:
-    """Peak RSS (and wall time) of loading the model and one pk.measure on N sequences."""
+    """Peak RSS (and CPU time) of loading the model and one pk.measure on N sequences."""
     model = pk.load_model(MODEL, device="cpu", attention="sdpa", progress=False)
-    t0 = time.perf_counter()
-    measure_run(model, tokens(model, N, T, 4), "auto")
-    return {"T": T, "N": N, "seconds": time.perf_counter() - t0, "rss": peak_rss()}
+    seconds = timed(lambda: measure_run(model, tokens(model, N, T, 4), "auto"), 1, False, "run")
+    return {"T": T, "N": N, "seconds": seconds, "wall": WALL["run"], "rss": peak_rss()}
 
 
 def child(argv: list[str]) -> dict:
@@ -173,8 +181,8 @@ def per_length(pairs: list[str], T: int, default: int) -> int:
 
 
 def print_table(rows: list[dict], rss: list[dict]) -> None:
-    print("\nseconds per sequence (× HF sdpa, the floor); peak RSS of load + pk.measure "
-          "on 2n sequences (the plan's estimate of the measurement alone)")
+    print("\nCPU seconds per sequence (× HF sdpa, the floor); peak RSS of load + pk.measure "
+          "on 2n sequences (the plan's estimate of the measurement alone, GiB)")
     print(f"{'T':>5} {'n':>3} " + " ".join(f"{c:>15}" for c in COLUMNS) + f" {'peak RSS':>17}")
     for r in rows:
         floor = r["HF sdpa"]
@@ -183,8 +191,8 @@ def print_table(rows: list[dict], rss: list[dict]) -> None:
               + f" {r['rss']:6.2f} GiB ({r['plan'] / 2**30:4.1f})")
     for r in rss:
         print(f"peak RSS of load + pk.measure at T={r['T']}, N={r['N']}: {r['rss']:.2f} GiB "
-              f"({r['seconds']:.0f} s, {r['seconds'] / r['N']:.3f} s per sequence with the "
-              "fixed costs)")
+              f"({r['seconds']:.0f} CPU s, {r['seconds'] / r['N']:.3f} per sequence with the "
+              f"fixed costs; {r['wall']:.0f} s wall)")
 
 
 def main() -> None:
@@ -198,10 +206,12 @@ def main() -> None:
                     help="T:N, one more child: peak RSS of pk.measure on N sequences")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rss", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
     if args.one:
         n, n_fwd = per_length(args.n_seqs, args.one, 4), per_length(args.fwd_seqs, args.one, 1)
         print(json.dumps(one_length(args.one, n, n_fwd, args)))
@@ -209,15 +219,16 @@ def main() -> None:
     if args.rss:
         print(json.dumps(rss_run(*args.rss, args)))
         return
-    print(f"torch threads: {torch.get_num_threads()}; model: {MODEL}; batch size "
-          f"{args.batch_size}; {args.repeats} repeat(s)", flush=True)
+    print(f"torch threads: {args.threads}; model: {MODEL}; batch size {args.batch_size}; "
+          f"{args.repeats} repeat(s)", flush=True)
     rows = []
     for T in args.lengths:
         rows.append(child(["--one", str(T), "--n-seqs", *args.n_seqs, "--fwd-seqs",
                            *args.fwd_seqs, "--batch-size", str(args.batch_size),
-                           "--repeats", str(args.repeats)]))
+                           "--repeats", str(args.repeats), "--threads", str(args.threads)]))
         print(json.dumps(rows[-1]), flush=True)
-    rss = [child(["--rss", *pair.split(":")]) for pair in args.rss_seqs]
+    rss = [child(["--rss", *pair.split(":"), "--threads", str(args.threads)])
+           for pair in args.rss_seqs]
     print_table(rows, rss)
     A = np.random.default_rng(0).standard_normal((256, 256))
     t_naive = timed(lambda: naive_r2(A), 3, True)
