@@ -27,11 +27,12 @@ Marginal cost per sequence: `pk.measure` and the A-only pass are timed on 2n seq
 minus n, so their fixed costs (the final fits, allocating the reducers, and the
 permutation null, drawn from the same first min(8, n/2) evaluation sequences in both
 runs) cancel; forwards are timed on their own count. Each length runs
-in a child process of its own (its peak RSS is that length's). Timings are medians over
---repeats runs (after one warm-up up to T = 1024).
+in a child process of its own (its peak RSS is that length's). Timings are the least of
+--repeats runs (per length; after one warm-up up to T = 1024).
 
-Usage: python scripts/bench_tracks.py [--lengths 256 1024 4096 8192] [--repeats 1] [--threads 1]
-       [--n-seqs 256:8 1024:8 4096:4 8192:4] [--fwd-seqs 256:8 1024:4 4096:2 8192:1]
+Usage: python scripts/bench_tracks.py [--lengths 256 1024 4096 8192] [--threads 1]
+       [--repeats 256:3 1024:3 4096:1 8192:1]
+       [--n-seqs 256:16 1024:8 4096:4 8192:4] [--fwd-seqs 256:8 1024:4 4096:2 8192:1]
        [--rss-seqs 1024:200]
 """
 
@@ -39,7 +40,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -65,7 +65,8 @@ WALL: dict[str, float] = {}  # wall-clock seconds of the last timed() call, by l
 
 
 def timed(fn, repeats: int, warm: bool, label: str = "") -> float:
-    """Median CPU seconds of ``fn()`` over ``repeats`` runs (wall seconds kept in WALL)."""
+    """The least CPU seconds of ``fn()`` over ``repeats`` runs (a neighbour only ever slows
+    a run down; wall seconds kept in WALL)."""
     if warm:
         fn()
     cpu, wall = [], []
@@ -74,8 +75,8 @@ def timed(fn, repeats: int, warm: bool, label: str = "") -> float:
         fn()
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - w0)
-    WALL[label] = statistics.median(wall)
-    return statistics.median(cpu)
+    WALL[label] = min(wall)
+    return min(cpu)
 
 
 def naive_r2(A: np.ndarray) -> float:
@@ -126,7 +127,8 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
     """Everything for one length, in this (child) process: pk.measure first, so that the
     peak RSS it leaves is the measurement's own, then the forwards. Seconds per sequence
     (CPU), and the wall-clock ones under "wall"."""
-    out, warm, reps = {"T": T, "n": n, "n_fwd": n_fwd}, T <= 1024, args.repeats
+    out, warm = {"T": T, "n": n, "n_fwd": n_fwd}, T <= 1024
+    reps = per_length(args.repeats, T, 1)
     model = pk.load_model(MODEL, device="cpu", attention="sdpa", progress=False)
     na = max(1, n // 2)
     ids_a = tokens(model, 2 * na, T, 1)
@@ -198,14 +200,15 @@ def print_table(rows: list[dict], rss: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 4096, 8192])
-    ap.add_argument("--n-seqs", nargs="+", default=["256:8", "1024:8", "4096:4", "8192:4"],
+    ap.add_argument("--n-seqs", nargs="+", default=["256:16", "1024:8", "4096:4", "8192:4"],
                     help="T:n, sequences of pk.measure (2n for the marginal; even, >= 4)")
     ap.add_argument("--fwd-seqs", nargs="+", default=["256:8", "1024:4", "4096:2", "8192:1"],
                     help="T:n, sequences per forward timing")
     ap.add_argument("--rss-seqs", nargs="*", default=["1024:200"],
                     help="T:N, one more child: peak RSS of pk.measure on N sequences")
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", nargs="+", default=["256:3", "1024:3", "4096:1", "8192:1"],
+                    help="T:r, timings per length (the least counts)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rss", nargs=2, type=int, help=argparse.SUPPRESS)
@@ -220,12 +223,12 @@ def main() -> None:
         print(json.dumps(rss_run(*args.rss, args)))
         return
     print(f"torch threads: {args.threads}; model: {MODEL}; batch size {args.batch_size}; "
-          f"{args.repeats} repeat(s)", flush=True)
+          f"repeats {' '.join(args.repeats)}", flush=True)
     rows = []
     for T in args.lengths:
         rows.append(child(["--one", str(T), "--n-seqs", *args.n_seqs, "--fwd-seqs",
                            *args.fwd_seqs, "--batch-size", str(args.batch_size),
-                           "--repeats", str(args.repeats), "--threads", str(args.threads)]))
+                           "--repeats", *args.repeats, "--threads", str(args.threads)]))
         print(json.dumps(rows[-1]), flush=True)
     rss = [child(["--rss", *pair.split(":"), "--threads", str(args.threads)])
            for pair in args.rss_seqs]
