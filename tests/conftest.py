@@ -72,3 +72,15 @@ def smollm2(device):
 @pytest.fixture
 def rng() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def minilm(device):
+    """The embedded MiniLM-L6 encoder booted as a bridge (a few seconds, once per
+    session); skipped if the wheel is absent."""
+    from poskernel_tl.loading import ModelUnavailableError, load_model
+
+    try:
+        return load_model("minilm-l6", device=device)
+    except ModelUnavailableError as err:
+        pytest.skip(str(err))

@@ -2,6 +2,8 @@
 
 import torch
 from transformers import (
+    BertConfig,
+    BertForMaskedLM,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -21,6 +23,12 @@ def _build(arch: str):
     if arch == "gpt2":
         cfg = GPT2Config(vocab_size=VOCAB, n_positions=N_CTX, n_embd=64, n_layer=2, n_head=4)
         return GPT2LMHeadModel, cfg
+    if arch == "bert":  # bidirectional encoder, learned absolute positions, post-LN
+        cfg = BertConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4,
+                         max_position_embeddings=N_CTX, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)
+        return BertForMaskedLM, cfg
     if arch == "olmo":  # non-parametric LayerNorm, full rotary (like OLMo-1B)
         cfg = OlmoConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4,
@@ -38,6 +46,8 @@ SPECS = {
                       None, N_CTX),
     "olmo": ModelSpec("tiny-olmo", None, "rope", "layernorm", 2, 4, 4, 16, 10000.0, N_CTX),
     "llama": ModelSpec("tiny-llama", None, "rope", "rmsnorm", 2, 4, 2, 16, 10000.0, N_CTX),
+    "bert": ModelSpec("tiny-bert", None, "learned-absolute", "layernorm", 2, 4, 4, 16,
+                      None, N_CTX, causal=False),
     "nope": ModelSpec("tiny-nope", None, "none", "rmsnorm", 2, 4, 2, 16, None, N_CTX,
                       loader="hub-nope"),
 }
