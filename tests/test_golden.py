@@ -84,9 +84,12 @@ def test_arrays_equal_the_reference(fresh):
 def test_cfg_keeps_the_reference_keys(fresh):
     old = json.loads((GOLDEN_DIR / "results" / f"{STEM}_cfg.json").read_text())
     new = json.loads((fresh / "results" / f"{STEM}_cfg.json").read_text())
-    for key in ("model", "dataset", "length", "spec", "centered", "n_eval", "n_centering",
+    for key in ("model", "dataset", "length", "centered", "n_eval", "n_centering",
                 "logits_saved"):
         assert new[key] == old[key], key
+    # the spec gains fields with defaults (``causal``): old keys keep their values
+    assert {k: new["spec"][k] for k in old["spec"]} == old["spec"]
+    assert new["spec"]["causal"] is True
     assert set(old["config"]) <= set(new["config"])
 
 
