@@ -23,8 +23,28 @@ def qk_hook_names(bridge, layer: int) -> tuple[str, str]:
 
 
 def scores_hook_name(layer: int) -> str:
-    """Pre-softmax, causally masked scores ``[batch head_index query_pos key_pos]``."""
+    """``hook_attn_scores`` ``[batch head_index query_pos key_pos]``: the pre-softmax,
+    masked scores q·kᵀ·scale wherever TransformerLens computes attention itself (GPT-2,
+    the rotary models, the fast path), but not on every bridge: see
+    :func:`scores_hook_is_logits`."""
     return SCORES.format(layer=layer)
+
+
+def scores_hook_is_logits(bridge, layer: int = 0) -> bool:
+    """Whether ``hook_attn_scores`` at ``layer`` carries the pre-softmax logits.
+
+    False where the bridge's attention component is TransformerLens 4.3's base
+    ``AttentionBridge``, whose forward hands the whole attention to the Hugging Face
+    module (BERT, so ``minilm-l6``): it then fires ``hook_attn_scores`` afterwards on the
+    attention *weights* HF returns, i.e. the post-softmax pattern
+    softmax(q·kᵀ/√d_head + padding mask), the same tensor as ``hook_pattern`` (rows sum
+    to 1; on MiniLM it differs from q·kᵀ/√d_head by up to ≈ 30). ``hook_q``/``hook_k``
+    are right there too ([batch pos head_index d_head], equal to HF's query/key
+    projections), so form the logits from them instead.
+    """
+    attn = bridge.blocks[layer].attn
+    owner = next(c for c in type(attn).__mro__ if "forward" in vars(c))
+    return owner.__name__ != "AttentionBridge"
 
 
 def kv_head_map(n_heads: int, n_kv_heads: int) -> list[int]:

@@ -95,8 +95,10 @@ def cmd_models(args) -> int:
     cols = ("name", "hub_id", "pe", "norm", "n_layers", "n_heads", "n_kv_heads", "d_head",
             "rope_base", "loader")
     rows = [[str(getattr(s, c) if getattr(s, c) is not None else "-") for c in cols]
-            for s in MODELS.values()]
-    rows.append(["hf:<repo id>", "any TransformerLens-supported causal LM"] + [""] * 8)
+            + ["causal" if s.causal else "bidirectional"] for s in MODELS.values()]
+    rows.append(["hf:<repo id>", "any TransformerLens-supported causal LM or BERT encoder"]
+                + [""] * 9)
+    cols += ("attention",)
     widths = [max(len(r[i]) for r in rows + [list(cols)]) for i in range(len(cols))]
     for r in [list(cols)] + rows:
         print("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())

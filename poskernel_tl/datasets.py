@@ -8,7 +8,9 @@ Offline sources (exist on every machine):
   document per file, sorted by relative path. ``site-packages``/``dist-packages`` and the
   test suites (``test``, ``tests``, ``idle_test`` folders) are left out, so the corpus is
   library code, not test data; it depends on the interpreter version (recorded).
-- ``random``: no text at all; the sequence builder draws token ids directly.
+- ``random``: no text at all; the sequence builder draws token ids directly, uniformly
+  from :func:`random_token_ids` (the vocabulary without special tokens and reserved
+  placeholders such as BERT's ``[unused7]``), framed like text (e.g. ``[CLS]`` … ``[SEP]``).
 - ``text:PATH``: a UTF-8 file (one document) or a folder (every ``*.txt``, ``*.md`` and
   ``*.py`` file below it, hidden folders skipped, sorted by relative path, one document
   each; empty files skipped). A file whose lines include WikiText top-level headings
@@ -33,6 +35,8 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+
 from poskernel_tl.errors import DataError
 
 OFFLINE_DATASETS = ("prose", "stdlib-code", "random")
@@ -51,8 +55,8 @@ TEXT_SUFFIXES = (".txt", ".md", ".py")
 STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
 _WIKITEXT_TITLE = re.compile(r"^ = (?!=)(.*\S) = $")
 _OFFLINE_HINT = "offline alternatives: prose, stdlib-code, random, text:PATH"
-
-
+# reserved, never-used vocabulary slots: BERT's "[unused12]", "<unused3>" elsewhere
+_PLACEHOLDER = re.compile(r"^(\[unused\d+\]|<unused\d+>)$")
 
 
 def known_datasets() -> str:
@@ -90,7 +94,8 @@ def describe_source(dataset: str, seed: int = 0) -> str:
     if dataset == "stdlib-code":
         return f"standard-library .py files of {py} (tests excluded), sorted by path"
     if dataset == "random":
-        return f"token ids uniform over the non-special vocabulary, torch seed {seed}"
+        return (f"token ids uniform over the vocabulary without special and placeholder "
+                f"tokens, torch seed {seed}")
     if dataset == "wikipedia":
         return (f"{WIKIPEDIA_REPO} {WIKIPEDIA_CONFIG}, streamed, shuffled "
                 f"(seed {seed}, buffer {SHUFFLE_BUFFER})")
@@ -117,6 +122,32 @@ def iter_documents(dataset: str, seed: int = 0) -> Iterator[tuple[str, str]]:
     if dataset in HUB_DATASETS:
         return _hub(dataset, seed)
     return _text_path(dataset[len(TEXT_PREFIX):])
+
+
+# ------------------------------------------------------- the random source's vocabulary
+def special_token_ids(tokenizer) -> set[int]:
+    """``all_special_ids`` plus every added token flagged special (e.g. SmolLM2's
+    ``<file_sep>``, ``<jupyter_code>``, which ``all_special_ids`` does not list)."""
+    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", []) or []}
+    for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(i))
+    return ids
+
+
+def placeholder_token_ids(tokenizer) -> set[int]:
+    """Reserved vocabulary slots that no text tokenizes to and that are not flagged
+    special, e.g. BERT's ``[unused0]``..``[unused993]``."""
+    return {int(i) for tok, i in tokenizer.get_vocab().items() if _PLACEHOLDER.match(tok)}
+
+
+def random_token_ids(tokenizer) -> torch.Tensor:
+    """The ids the ``random`` dataset draws from: the vocabulary without special tokens
+    (:func:`special_token_ids`, so no ``[PAD]``/``[UNK]``/``[CLS]``/``[SEP]``/``[MASK]``
+    or BOS/EOS) and without placeholders (:func:`placeholder_token_ids`)."""
+    excluded = special_token_ids(tokenizer) | placeholder_token_ids(tokenizer)
+    return torch.tensor([i for i in range(len(tokenizer)) if i not in excluded],
+                        dtype=torch.long)
 
 
 # ------------------------------------------------------------------ offline sources

@@ -142,16 +142,40 @@ def offline_hint(hub_id: str) -> str:
 
 
 def _from_hub(hub_id: str, dtype: torch.dtype | str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """A hub id or checkpoint folder: an encoder (``model_type`` in :data:`ENCODER_TYPES`,
+    read from its config first) as a masked LM, anything else as a causal LM."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
+        config = AutoConfig.from_pretrained(hub_id)
         tokenizer = AutoTokenizer.from_pretrained(hub_id)
+        if getattr(config, "model_type", None) in ENCODER_TYPES:
+            return _masked_lm(hub_id, dtype), tokenizer
         model = AutoModelForCausalLM.from_pretrained(
             hub_id, dtype=dtype, attn_implementation="eager"
         )
     except OSError as err:
         raise ModelUnavailableError(offline_hint(hub_id)) from err
     return model, tokenizer
+
+
+def _masked_lm(source: str | Path, dtype: torch.dtype | str) -> nn.Module:
+    """An encoder checkpoint as its masked-LM class (the class TransformerLens's BERT
+    bridge wraps). A bare encoder checkpoint (``BertModel``, e.g. sentence-transformers)
+    has no masked-LM head: that head stays randomly initialised, and nothing here reads
+    the model's output. ``config.architectures`` names the class actually built."""
+    from transformers import AutoModelForMaskedLM
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the missing head's "newly initialized" warning
+    try:
+        model = AutoModelForMaskedLM.from_pretrained(source, dtype=dtype,
+                                                     attn_implementation="eager")
+    finally:
+        hf_logging.set_verbosity(level)
+    model.config.architectures = [type(model).__name__]
+    return model
 
 
 def _package_dir(package: str, what: str, pip: str) -> Path:
@@ -175,26 +199,15 @@ def embedded_bert_dir() -> Path:
 
 
 def _from_embedded_bert(dtype: torch.dtype | str):
-    """all-MiniLM-L6-v2 (a ``BertModel`` checkpoint) as ``BertForMaskedLM``, the class
-    TransformerLens's BERT bridge wraps; its masked-LM head is not in the checkpoint and
-    stays randomly initialised (nothing here reads the model's output)."""
-    from transformers import AutoTokenizer, BertForMaskedLM
-    from transformers.utils import logging as hf_logging
+    """all-MiniLM-L6-v2 (a ``BertModel`` checkpoint) as ``BertForMaskedLM``
+    (:func:`_masked_lm`: its masked-LM head is not in the checkpoint)."""
+    from transformers import AutoTokenizer
 
     folder = embedded_bert_dir()
     if not (folder / "model.safetensors").is_file():
         raise ModelUnavailableError(f"model.safetensors is missing from {folder}; "
                                     f"reinstall with: {MINILM_PIP}")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the MLM head's "newly initialized" warning
-    try:
-        model = BertForMaskedLM.from_pretrained(folder, dtype=dtype,
-                                                attn_implementation="eager")
-    finally:
-        hf_logging.set_verbosity(level)
-    model.config.architectures = ["BertForMaskedLM"]
-    return model, tokenizer
+    return _masked_lm(folder, dtype), AutoTokenizer.from_pretrained(folder)
 
 
 @contextlib.contextmanager

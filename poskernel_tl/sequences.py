@@ -1,8 +1,17 @@
 """The sequence builder: one function for every source and model.
 
-``build_sequences`` tokenizes a dataset with a model's own tokenizer (no BOS, no
-padding), cuts non-overlapping windows of exactly T tokens of natural content, samples
-N of them from a seed and returns the dict saved as ``data/{model}_{dataset}_{T}_seqs.pt``.
+``build_sequences`` tokenizes a dataset with a model's own tokenizer (no padding), cuts
+non-overlapping windows of natural content, samples N of them from a seed and returns
+the dict saved as ``data/{model}_{dataset}_{T}_seqs.pt``.
+
+Special tokens are decided in one place, :func:`sequence_frame`, from the tokenizer: a
+decoder's tokenizer (no classification/separator token) gets none, so every one of the
+T tokens is text and no BOS is added (windows start mid-document, as a decoder reads
+text after its context fills up). An encoder's tokenizer (BERT's WordPiece: it has
+``[CLS]`` and ``[SEP]``) frames every sequence the way the encoder was trained to read
+it: position 0 is ``[CLS]``, positions 1..T−2 are T−2 text tokens, position T−1 is
+``[SEP]``. Random-token sequences get the same frame. The fits include both special
+positions; Track A's no-sink variant, which drops key column 0, drops ``[CLS]``.
 
 Sampling: ``numpy.random.default_rng(seed).choice(n_candidates, N, replace=False)``. The
 first N/2 draws form the centering set and the last N/2 the evaluation set; inside each
@@ -18,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from jaxtyping import Int
 
 from poskernel_tl import constants, protocol
 from poskernel_tl.datasets import (
@@ -26,21 +36,14 @@ from poskernel_tl.datasets import (
     check_dataset_name,
     describe_source,
     iter_documents,
+    random_token_ids,
+    special_token_ids,
 )
 from poskernel_tl.io import save_torch
 
-__all__ = [
-    "FORMAT_VERSION",
-    "TooFewWindowsError",
-    "DataError",
-    "build_sequences",
-    "centering_mask",
-    "ensure_sequences",
-    "eval_mask",
-    "load_sequences",
-    "save_sequences",
-    "special_token_ids",
-]
+__all__ = ["FORMAT_VERSION", "TooFewWindowsError", "DataError", "build_sequences",
+           "centering_mask", "ensure_sequences", "eval_mask", "load_sequences",
+           "random_token_ids", "save_sequences", "sequence_frame", "special_token_ids"]
 
 FORMAT_VERSION = 1
 
@@ -74,14 +77,39 @@ def _check_args(dataset: str, length: int, n_seqs: int, n_ctx: int | None,
     check_dataset_name(dataset)
 
 
-def special_token_ids(tokenizer) -> set[int]:
-    """``all_special_ids`` plus every added token flagged special (e.g. SmolLM2's
-    ``<file_sep>``, ``<jupyter_code>``, which ``all_special_ids`` does not list)."""
-    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", []) or []}
-    for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
-        if getattr(tok, "special", False):
-            ids.add(int(i))
-    return ids
+def sequence_frame(tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(prefix, suffix): the special token ids every sequence starts and ends with.
+
+    ``((cls,), (sep,))`` for a tokenizer with both a ``[CLS]`` and a ``[SEP]`` token (an
+    encoder's, e.g. BERT's WordPiece, whose model only ever read input framed that way);
+    ``((), ())`` otherwise: a decoder's sequences are all text, without BOS."""
+    cls = getattr(tokenizer, "cls_token_id", None)
+    sep = getattr(tokenizer, "sep_token_id", None)
+    if cls is None or sep is None:
+        return (), ()
+    return (int(cls),), (int(sep),)
+
+
+def _framed(body: Int[np.ndarray, "batch text_pos"],
+            frame: tuple[tuple[int, ...], tuple[int, ...]]) -> Int[np.ndarray, "batch pos"]:
+    """The text windows with the frame's prefix and suffix columns added."""
+    prefix, suffix = (np.broadcast_to(np.asarray(part, dtype=np.int64), (len(body), len(part)))
+                      for part in frame)
+    return np.concatenate([prefix, body, suffix], axis=1)
+
+
+def _frame_record(frame: tuple[tuple[int, ...], tuple[int, ...]]) -> dict:
+    """The frame as saved in a sequences file: ``{"prefix": [ids], "suffix": [ids]}``."""
+    return {"prefix": list(frame[0]), "suffix": list(frame[1])}
+
+
+def _check_frame(seqs: dict, tokenizer, path: Path) -> None:
+    """DataError unless ``seqs`` was framed as ``tokenizer`` frames now (a file without a
+    ``frame`` record predates framing: it has none)."""
+    have = seqs.get("frame", _frame_record(((), ())))
+    want = _frame_record(sequence_frame(tokenizer))
+    if have != want:
+        raise DataError(f"{path} was built with special tokens {have}, not {want}")
 
 
 def tokenizer_name(tokenizer) -> str:
@@ -111,14 +139,27 @@ def _tokenized_documents(tokenizer, dataset: str, seed: int):
 
 def collect_windows(tokenizer, dataset: str, length: int, seed: int = 0, *,
                     allow_cross_doc: bool = False, max_windows: int | None = None):
-    """All candidate windows of ``length`` tokens, in corpus order.
+    """All candidate windows of ``length`` tokens, in corpus order, each framed by
+    :func:`sequence_frame` (so an encoder's window is ``[CLS]``, ``length`` − 2 text
+    tokens, ``[SEP]``).
 
     Returns ``(tokens, doc_ids, offsets)``: an int64 array [n, length], and per window
-    the id of the document it starts in and its token offset there. Without
-    ``allow_cross_doc`` windows are non-overlapping and inside one document; with it,
-    documents are concatenated (separated by the eos token if the tokenizer has one) and
-    windows tile the stream. Scanning stops once ``max_windows`` windows exist.
+    the id of the document its text starts in and the token offset of its first text
+    token there. Without ``allow_cross_doc`` the text pieces are non-overlapping and
+    inside one document; with it, documents are concatenated (separated by the eos token
+    if the tokenizer has one) and the text pieces tile the stream. Scanning stops once
+    ``max_windows`` windows exist.
     """
+    frame = sequence_frame(tokenizer)
+    tokens, doc_ids, offsets = _text_windows(tokenizer, dataset,
+                                             length - sum(map(len, frame)), seed,
+                                             allow_cross_doc, max_windows)
+    return _framed(tokens, frame), doc_ids, offsets
+
+
+def _text_windows(tokenizer, dataset: str, length: int, seed: int, allow_cross_doc: bool,
+                  max_windows: int | None):
+    """:func:`collect_windows` before framing: windows of ``length`` text tokens."""
     sep = getattr(tokenizer, "eos_token_id", None)
     sep_arr = np.asarray([] if sep is None else [int(sep)], dtype=np.int64)
     windows: list[np.ndarray] = []
@@ -168,22 +209,25 @@ def build_sequences(tokenizer, dataset: str, length: int, n_seqs: int = 200, see
                     *, model_name: str, n_ctx: int | None = None,
                     allow_cross_doc: bool = False) -> dict:
     """Build the ``_seqs.pt`` dict for (model, dataset, length); see the module docstring.
+    ``frame`` records the special tokens around the text (:func:`sequence_frame`).
 
     Raises DataError for bad arguments, unusable sources, or a corpus that cannot supply
     ``n_seqs`` windows (the message says how many it can).
     """
     _check_args(dataset, length, n_seqs, n_ctx, model_name)
+    frame = sequence_frame(tokenizer)
     base = {"model": model_name, "dataset": dataset, "length": int(length), "seed": int(seed),
             "source": describe_source(dataset, seed), "tokenizer": tokenizer_name(tokenizer),
-            "vocab_size": len(tokenizer), "format_version": FORMAT_VERSION}
+            "vocab_size": len(tokenizer), "format_version": FORMAT_VERSION,
+            "frame": _frame_record(frame)}
     if dataset == "random":
-        special = special_token_ids(tokenizer)
-        allowed = torch.tensor([i for i in range(len(tokenizer)) if i not in special],
-                               dtype=torch.long)
+        allowed = random_token_ids(tokenizer)
         if len(allowed) == 0:
             raise DataError(f"tokenizer {base['tokenizer']!r} has no non-special tokens")
         gen = torch.Generator().manual_seed(int(seed))
-        input_ids = allowed[torch.randint(len(allowed), (n_seqs, length), generator=gen)]
+        body = length - sum(map(len, frame))
+        drawn = allowed[torch.randint(len(allowed), (n_seqs, body), generator=gen)]
+        input_ids = torch.from_numpy(_framed(drawn.numpy(), frame))
         return {"input_ids": input_ids, "split": _split_labels(n_seqs, True),
                 "seq_id": torch.arange(n_seqs), **base, "doc_ids": ["random"] * n_seqs,
                 "offsets": torch.full((n_seqs,), -1, dtype=torch.long), "cross_doc": False,
@@ -305,6 +349,7 @@ def ensure_sequences(out_dir: Path, tokenizer, dataset: str, length: int, n_seqs
     if path.exists():
         try:
             seqs = load_sequences(path, expect=expect)
+            _check_frame(seqs, tokenizer, path)
         except DataError as err:
             if not overwrite:
                 raise DataError(f"{err}; delete the file or rerun with --overwrite to rebuild it") \
