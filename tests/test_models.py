@@ -1,17 +1,23 @@
 """Bridge parity, hook-name → shape table, Q·Kᵀ vs hook_attn_scores, NoPE converter."""
 
+import functools
+
 import pytest
 import torch
 from tiny_models import VOCAB, tiny_hf_model, tiny_loaded
 
 from poskernel_tl.hooks import capture_qk, kv_head_map, logit_scale, qk_hook_names
+from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.reducers.base import LayerBatch
 
 LOGPROB_TOL = 1e-5  # bridge (compatibility mode) vs HF eager log-probabilities, float32
 SCORES_TOL = 1e-5  # our q·kᵀ·scale vs the model's own hook_attn_scores, lower triangle
 NOPE_TOL = 1e-6  # NoPE logits under different position-id spacing
 ROPE_MIN_CHANGE = 1e-3  # the RoPE control must move at least this much
-ARCHS = ["gpt2", "olmo", "llama", "nope"]
+QK_TOL = 1e-6  # bridge hook_q/hook_k vs HF's query/key projections, float32
+PATTERN_TOL = 1e-6  # BERT's hook_attn_scores vs softmax(q·kᵀ·scale)
+ARCHS = ["gpt2", "olmo", "llama", "nope"]  # hook_attn_scores holds the logits
+ALL_ARCHS = ARCHS + ["bert"]  # bert: hook_attn_scores holds the softmax pattern
 
 
 def _ids(T=12, batch=2, seed=0):
@@ -30,7 +36,7 @@ def _capture(model, ids):
     return out, got, scores
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_bridge_logprobs_match_hf(arch, tiny_tokenizer):
     """Against a separately built HF model with the same weights: booting a bridge
     rewires the HF model it wraps, so that one is no independent reference."""
@@ -49,10 +55,11 @@ EXPECTED_HOOKS = {  # arch -> (q hook, k hook, kv heads)
     "olmo": ("hook_rot_q", "hook_rot_k", 4),
     "llama": ("hook_rot_q", "hook_rot_k", 2),
     "nope": ("hook_rot_q", "hook_rot_k", 2),
+    "bert": ("hook_q", "hook_k", 4),
 }
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_hook_name_shape_table(arch, tiny_tokenizer):
     model = tiny_loaded(arch, tiny_tokenizer)
     q_hook, k_hook, n_kv = EXPECTED_HOOKS[arch]
@@ -80,6 +87,57 @@ def test_qk_product_equals_attn_scores(arch, tiny_tokenizer):
         ours = LayerBatch(layer, q, k, torch.arange(2), scale).scores
         diff = (ours - scores[layer])[..., tri].abs().max().item()
         assert diff < SCORES_TOL, f"{arch} layer {layer}: max diff {diff:.3g}"
+
+
+def hf_bert_qk(hf_model, ids) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the query and key projections of an HF BERT (``BertModel`` or
+    ``BertForMaskedLM``) as [batch pos head_index d_head]."""
+    got, handles = {}, []
+    for i, layer in enumerate(getattr(hf_model, "bert", hf_model).encoder.layer):
+        sa = layer.attention.self
+
+        def save(module, inputs, out, i=i, slot=0, heads=sa.num_attention_heads):
+            got.setdefault(i, [None, None])[slot] = out.unflatten(-1, (heads, -1))
+        handles += [sa.query.register_forward_hook(functools.partial(save, slot=0)),
+                    sa.key.register_forward_hook(functools.partial(save, slot=1))]
+    try:
+        with torch.no_grad():
+            hf_model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return {i: tuple(qk) for i, qk in got.items()}
+
+
+def test_bert_q_k_equal_hf_projections(tiny_tokenizer):
+    model = tiny_loaded("bert", tiny_tokenizer)
+    ids = _ids()
+    _, got, _ = _capture(model, ids)
+    ref = hf_bert_qk(tiny_hf_model("bert"), ids)
+    assert sorted(got) == sorted(ref) == [0, 1]
+    for layer, (q, k) in got.items():
+        for name, ours, theirs in (("q", q, ref[layer][0]), ("k", k, ref[layer][1])):
+            diff = (ours - theirs).abs().max().item()
+            assert diff < QK_TOL, f"layer {layer} {name}: max diff {diff:.3g}"
+
+
+def test_bert_attn_scores_hook_is_the_softmax_pattern(tiny_tokenizer):
+    """On BERT the bridge hands attention to HF and fires hook_attn_scores on the weights
+    HF returns: the post-softmax pattern, not q·kᵀ·scale (which q and k give)."""
+    model = tiny_loaded("bert", tiny_tokenizer)
+    _, got, scores = _capture(model, _ids(T=12))
+    scale = logit_scale(model.hf_model, model.spec.d_head)
+    assert not scores_hook_is_logits(model.bridge) and model.spec.causal is False
+    for layer, (q, k) in got.items():
+        logits = LayerBatch(layer, q, k, torch.arange(2), scale).scores
+        diff = (logits.softmax(-1) - scores[layer]).abs().max().item()
+        assert diff < PATTERN_TOL, f"layer {layer}: max diff {diff:.3g} from the pattern"
+        assert (logits - scores[layer]).abs().max().item() > 0.1  # not the logits
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_scores_hook_is_logits_where_the_bridge_computes_attention(arch, tiny_tokenizer):
+    assert scores_hook_is_logits(tiny_loaded(arch, tiny_tokenizer).bridge)
 
 
 def test_nope_rotary_is_identity(tiny_tokenizer):
