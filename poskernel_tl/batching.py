@@ -12,6 +12,11 @@ evaluation pass(es) and the final fits — from the tensors each phase holds:
   reducers, and Track B's accumulator, ≈ T²/2 float32 per head and layer in blocks of
   query rows (:func:`gram_row_blocks`), or T² where the full matrices are kept.
 
+A bidirectional model (``model.spec.causal`` false) fits both triangles: Track B's
+accumulator holds every key (T² per head), its fit carries the upper triangle's pieces
+too, and Track A keeps the upper triangle's per-sequence sums and computes them with a
+second set of lag-sum buffers; every estimate below counts that.
+
 The budget is ``--max-memory`` (default: :data:`AUTO_FRACTION` of the memory available
 now). When Track B's accumulator for every layer does not fit next to the rest, the plan
 splits the layers into blocks, one evaluation pass each, the forward stopped after the
@@ -107,18 +112,25 @@ def per_sequence_bytes(model: LoadedModel, length: int, materialised: bool | Non
         materialised = getattr(model, "attention", "eager") != "sdpa"
     scores = SCORE_COPIES * s.n_heads * T * T * 4 if materialised else 0
     activations = T * (8 * d_model + 3 * d_mlp) * 4
-    lag_work = LAG_COPIES * s.n_heads * T * s.d_head * 8
+    lag_work = LAG_COPIES * s.n_heads * T * s.d_head * 8 * sides(model)
     return scores + activations + lag_work
+
+
+def sides(model: LoadedModel) -> int:
+    """Triangles every fit reads: 1 for a causal model, 2 for a bidirectional one."""
+    return 1 if getattr(model.spec, "causal", True) else 2
 
 
 def gram_factors(model: LoadedModel, length: int, n_eval: int, full: bool) -> bool:
     """Whether Track B keeps the evaluation sequences' q̃, k̃ rather than an accumulator:
     where they take less memory than its ≈ T²/2 per head and their fit (O(T·(n·d)²)) stays
-    cheap, i.e. few sequences at long T, and no full matrix is to be returned."""
+    cheap, i.e. few sequences at long T, and no full matrix is to be returned (a
+    bidirectional model's accumulator holds T² per head: the bar is twice as high)."""
     s = model.spec
     rank = n_eval * s.d_head
     kept = (s.n_heads + s.n_kv_heads) * rank
-    return not full and rank <= FACTOR_RANK_MAX and kept < s.n_heads * length // 2
+    return not full and rank <= FACTOR_RANK_MAX and \
+        kept < s.n_heads * length * sides(model) // 2
 
 
 def gram_layer_bytes(model: LoadedModel, length: int, full: bool, n_eval: int = 0) -> int:
@@ -128,22 +140,25 @@ def gram_layer_bytes(model: LoadedModel, length: int, full: bool, n_eval: int = 
     sums = (s.n_heads + s.n_kv_heads) * T * s.d_head * 8
     if gram_factors(model, T, n_eval, full):
         return (s.n_heads + s.n_kv_heads) * n_eval * T * s.d_head * 4 + sums
-    acc = sum((r1 - r0) * keys for r0, r1, keys in gram_row_blocks(T, full))
+    every_key = full or sides(model) == 2
+    acc = sum((r1 - r0) * keys for r0, r1, keys in gram_row_blocks(T, every_key))
     return s.n_heads * acc * 4 + sums
 
 
 def gram_fit_bytes(model: LoadedModel, length: int, full: bool, n_eval: int) -> int:
     """Temporaries of Track B's fit of one layer (the float64 row block and its products,
-    or the running moments of the factors; the corrections' lag sums)."""
-    s, T = model.spec, length
+    or the running moments of the factors; the corrections' lag sums), for each side the
+    fit reads."""
+    s, T, n_sides = model.spec, length, sides(model)
     r, m = max(n_eval * s.d_head, 2 * s.d_head), 4 * s.d_head
     chunks = -(-T // 64)
     moments = s.n_kv_heads * chunks * (2 * r * r + 2 * r * m) * 8
-    lags = 2 * (s.n_heads + s.n_kv_heads) * 2 * s.d_head * 2 * T * 8
+    lags = 2 * (s.n_heads + s.n_kv_heads) * 2 * s.d_head * 2 * T * 8 * n_sides
     if gram_factors(model, T, n_eval, full):
-        return 3 * s.n_heads * T * r * 8 + moments + lags
+        return 3 * s.n_heads * T * r * 8 * n_sides + moments + lags
     rows = min(GRAM_ROWS, T)
-    return s.n_heads * (T * m + 2 * rows * (rows + T)) * 8 + lags
+    pad = rows if n_sides == 2 else 0  # the upper side's zero columns
+    return s.n_heads * (T * m * n_sides + 2 * rows * (rows + T + pad)) * 8 + lags
 
 
 def means_bytes(model: LoadedModel, length: int) -> int:
@@ -156,7 +171,7 @@ def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False
     """Reducer state that does not grow with the batch: Track A's per-sequence sums of
     ``n_seqs`` sequences and Track B for every layer."""
     s, T = model.spec, length
-    track_a = 3 * n_seqs * s.n_layers * s.n_heads * T * 8
+    track_a = (1 + 2 * sides(model)) * n_seqs * s.n_layers * s.n_heads * T * 8
     return track_a + s.n_layers * gram_layer_bytes(model, T, full, n_seqs)
 
 
@@ -181,11 +196,12 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int
     s, T = model.spec, w.length
     M = means_bytes(model, T)
     cen = 2 * M if w.n_centering else 0  # the centering means and the random half's
-    U = w.n_eval * s.n_layers * s.n_heads * T * 8  # one per-sequence Track A array
+    # one per-sequence Track A array, counted once per side a fit reads
+    U = w.n_eval * s.n_layers * s.n_heads * T * 8 * sides(model)
     per = batch * per_sequence_bytes(model, T, w.materialised)
     extra = (w.n_logits * s.n_layers * s.n_heads * T * T * 4
              + (s.n_layers * s.n_heads * T * T * 8 if w.whiten else 0)
-             + 2 * (w.null_draws + 1) * s.n_layers * s.n_heads * T * 8)
+             + 2 * (w.null_draws + 1) * s.n_layers * s.n_heads * T * 8 * sides(model))
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
     gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval)
     fit = gram_fit_bytes(model, T, w.keep_gram, w.n_eval) + kept // s.n_layers

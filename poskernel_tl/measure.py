@@ -16,6 +16,14 @@ Track A forms its per-lag sums and sums of squares from the post-rotary q and k 
 the T×T logits (:mod:`poskernel_tl.reducers.lag_sums`); ``scores="hook"`` (read
 ``hook_attn_scores``) and ``scores="qk"`` (form q·kᵀ) keep the materialised reference
 path. Both give the same numbers.
+
+A bidirectional model (``model.spec.causal`` false: no causal mask) is fitted on both
+triangles — Track A, Track B, the permutation null and the whitened Gram — with one g per
+signed lag; the other side's g and the diagonal's mean come in the ``*_back`` and
+``*_self`` fields (see :mod:`poskernel_tl.reducers.track_a`). Provenance records
+``"mask": "causal"`` or ``"none"``. ``scores="hook"`` is refused there (what an encoder
+bridge's ``hook_attn_scores`` holds need not be scale·q·kᵀ), and so is grouped-query
+attention (the upper triangle's sums swap q and k).
 """
 
 import dataclasses
@@ -33,7 +41,7 @@ from poskernel_tl.config import MeasureConfig
 from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.loading import LoadedModel, dtype_name
-from poskernel_tl.pe_kernel import PEKernel, head_projected_pe_kernel
+from poskernel_tl.pe_kernel import NoPositionTableError, PEKernel, head_projected_pe_kernel
 from poskernel_tl.reducers import (
     CenteringMeans,
     FreqUsage,
@@ -96,7 +104,22 @@ def choose_scores_path(model: LoadedModel, scores: ScoresPath) -> bool:
         raise UserError(f"--scores {scores}: choose auto, hook or qk")
     if scores == "hook" and scores_hook_name(0) not in model.bridge.hook_dict:
         raise UserError("this bridge has no hook_attn_scores; use --scores qk")
+    if scores == "hook" and not model.spec.causal:
+        raise UserError(f"--scores hook: {model.spec.name} is bidirectional and its bridge's "
+                        "hook_attn_scores is not scale·q·kᵀ; use --scores qk or auto")
     return scores == "hook"
+
+
+def check_mask(model: LoadedModel) -> str:
+    """``"causal"``, or ``"none"`` for a bidirectional model (which must have one key
+    head per query head: its upper-triangle fits swap q and k)."""
+    s = model.spec
+    if s.causal:
+        return "causal"
+    if s.n_kv_heads != s.n_heads:
+        raise UserError(f"{s.name}: bidirectional with grouped-query attention ({s.n_heads} "
+                        f"query, {s.n_kv_heads} key/value heads) is not supported")
+    return "none"
 
 
 def _is_oom(err: BaseException) -> bool:
@@ -166,6 +189,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     ev_ids, cen_ids = checked_tokens(model, tokens, centering_tokens)
     T, dev = ev_ids.shape[1], model.device
     hook_scores = choose_scores_path(model, opts.scores)
+    mask = check_mask(model)
     if opts.whiten and cen_ids is None:
         raise UserError("--whiten needs centering sequences")
     seq_id = np.arange(len(ev_ids)) if seq_id is None else np.asarray(seq_id, dtype=np.int64)
@@ -181,6 +205,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
                   "scores_from": {"hook": "hook_attn_scores", "qk": "q·kᵀ"}.get(
                       opts.scores, "lag sums of q and k"),
+                  "mask": mask,
                   "n_eval": len(ev_ids), "n_centering": 0 if cen_ids is None else len(cen_ids),
                   "device": str(dev), "dtype": dtype_name(model.dtype),
                   "attention": getattr(model, "attention", "eager"),
@@ -246,7 +271,7 @@ def gram_reducer(model: LoadedModel, T: int, n: int, centering: Moments | None,
     s = model.spec
     return GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, T, s.d_head, model.logit_scale,
                        model.device, reference=centering, layers=layers, full=full,
-                       factors=gram_factors(model, T, n, full))
+                       factors=gram_factors(model, T, n, full), causal=s.causal)
 
 
 def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
@@ -258,18 +283,18 @@ def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
     L, H, Hkv = s.n_layers, s.n_heads, s.n_kv_heads
     source = "scores" if opts.scores in ("hook", "qk") else "lags"
     layers = range(L) if gram_layers is None else gram_layers
-    reds = [TrackAReducer(n, L, H, T, dev, seed=opts.seed, source=source),
+    reds = [TrackAReducer(n, L, H, T, dev, seed=opts.seed, source=source, causal=s.causal),
             gram_reducer(model, T, n, centering, layers, full)]
     if model.rotary_pairs is not None:
         reds.append(FreqUsageReducer(L, H, Hkv, *model.rotary_pairs, device=dev))
     if wanted:
         reds.append(LogitSaver(wanted, L))
     if opts.whiten:
-        reds.append(WhitenedGramReducer(centering, model.logit_scale))
+        reds.append(WhitenedGramReducer(centering, model.logit_scale, causal=s.causal))
     if opts.null_perms > 0:
         reds.append(PermNullReducer(L, H, T, n_perm=opts.null_perms, max_seqs=opts.null_seqs,
                                     seed=opts.seed, device=dev, include_identity=False,
-                                    source=source))
+                                    source=source, causal=s.causal))
     return reds
 
 
@@ -324,7 +349,10 @@ def result_parts(model: LoadedModel, reds: list, track_b: GramResult,
             # c_attn weights that S_PE reads stale: skip it rather than report a wrong one
             notes.append("S_PE not computed: the bridge runs in compatibility mode")
         else:
-            parts["pe_kernel"] = PEKernel(head_projected_pe_kernel(model.hf_model, T))
+            try:
+                parts["pe_kernel"] = PEKernel(head_projected_pe_kernel(model.hf_model, T))
+            except NoPositionTableError as err:  # learned positions not in GPT-2's layout
+                notes.append(f"S_PE not computed: {err}")
     return parts, notes
 
 

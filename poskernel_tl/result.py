@@ -39,6 +39,7 @@ from poskernel_tl.reducers import (
 )
 from poskernel_tl.registry import ModelSpec
 from poskernel_tl.schema import Part, SavedFiles
+from poskernel_tl.toeplitz import two_sided
 
 PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, WhitenedGramResult,
                                  FreqUsage, PermNull, SavedLogits, PEKernel)
@@ -61,6 +62,14 @@ class ConditionResult:
     ``r2_gram``/``g_gram`` (centered Track B) are NaN when no centering sequences were
     given (random tokens); the Track B table then reports the raw fit under ``R2_gram``
     with ``centered`` false.
+
+    A bidirectional model (``spec.causal`` false) is fitted on both triangles; its result
+    also holds the parallel ``*_back`` arrays (Δ = −1..−(T−1), index j ↔ Δ = −(j+1):
+    ``g_per_seq_back``, ``g_pooled_back``, ``g_gram_back``, ``g_gram_raw_back``) and the
+    diagonal means (Δ = 0: ``g_per_seq_self``, ``g_pooled_self``, ``g_gram_self``,
+    ``g_gram_raw_self``), saved in ``g.npz`` beside the others, and the tables' asymmetry
+    columns (``asym_A``, ``asym_A_per_seq``, ``asym_gram``, ``asym_gram_raw``). For a causal
+    model they are None and absent. :meth:`g_two_sided` joins the two sides.
     """
 
     def __init__(self, model: str, dataset: str, length: int, spec: ModelSpec,
@@ -159,6 +168,25 @@ class ConditionResult:
         or the raw Gram where the condition is not centered."""
         return (self.g_gram, "gram_centered") if self.centered else (self.g_gram_raw,
                                                                      "gram_raw")
+
+    @property
+    def causal(self) -> bool:
+        """False for a bidirectional model (fits over both triangles)."""
+        return bool(getattr(self.spec, "causal", True))
+
+    def g_two_sided(self, source: str = "trackA") -> np.ndarray | None:
+        """g over signed lags Δ = −(T−1)..T−1 [layer, head_index, 2T−1] with the diagonal's
+        mean at Δ = 0 (:func:`~poskernel_tl.toeplitz.two_sided`) for ``trackA`` (pooled)
+        or ``trackB`` (the g of :attr:`g_trackB`); None for a causal model."""
+        if source not in ("trackA", "trackB"):
+            raise ValueError(f"source={source!r}: choose trackA or trackB")
+        if source == "trackA":
+            parts = (self.g_pooled, self.g_pooled_back, self.g_pooled_self)
+        elif self.centered:
+            parts = (self.g_gram, self.g_gram_back, self.g_gram_self)
+        else:
+            parts = (self.g_gram_raw, self.g_gram_raw_back, self.g_gram_raw_self)
+        return None if parts[1] is None else two_sided(*parts)
 
     @property
     def track_a(self) -> TrackAResult:

@@ -10,10 +10,22 @@ shift-invariant fit is g(Δ) = mean of the Δ-th sub-diagonal, and
 with S1(Δ) the sum and n(Δ) the count of sub-diagonal Δ, N = Σ n(Δ). Sums add across
 sequences, so pooled fits, subsets and subsets of query rows all come from the same
 three numbers per lag: count, sum, and the total sum of squares.
+
+**Both triangles** (bidirectional encoders, no causal mask). The entries above the
+diagonal are the lags Δ = −1..−(T−1) (key after query). The upper triangle of A is the
+lower triangle of Aᵀ, so every identity above applies to Aᵀ unchanged; a two-sided fit
+concatenates the two sides' per-lag sums and counts (one g per signed lag, R² over every
+off-diagonal entry: :func:`r2_two_sided`). Arrays keep Δ = 1..T−1 on the ``lag`` axis; the
+other side sits in a parallel ``*_back`` array (index j ↔ Δ = −(j+1)), the diagonal
+(Δ = 0, never fitted) in ``*_self``. :func:`two_sided` joins them along signed lags
+Δ = −(T−1)..T−1, and :func:`sym_antisym` splits a two-sided g into its symmetric and
+antisymmetric parts.
 """
 
 import warnings
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
@@ -101,6 +113,90 @@ def shift_invariance_r2(
     return r2_from_sums(s1, sq, lag_counts(T, device=scores.device))
 
 
+# ------------------------------------------------------------- both triangles
+def upper_lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,
+                     device=None) -> Float[Tensor, " lag"]:
+    """n(Δ) for Δ = −1..−(T−1) (index j ↔ Δ = −(j+1)): how many query rows t in
+    [row_lo, row_hi) have a key at t + j + 1 (the upper triangle)."""
+    row_hi = T if row_hi is None else min(row_hi, T)
+    last = T - torch.arange(1, T, device=device, dtype=torch.float64)  # rows t < T − m
+    return torch.clamp(torch.clamp(last, max=row_hi) - row_lo, min=0)
+
+
+Sums = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"], Float[Tensor, " lag"]]
+
+
+def r2_two_sided(front: Sums, back: Sums | None
+                 ) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"],
+                            Float[Tensor, "*batch lag"] | None]:
+    """R², g(Δ) for Δ = 1..T−1 and g(−Δ) (None without ``back``) from ``(S1, Σ A², n)``
+    of each side: one g per signed lag, R² over the entries of both sides together."""
+    s1, sq, counts = front
+    if back is None:
+        return (*r2_from_sums(s1, sq, counts), None)
+    s1_b, sq_b, counts_b = back
+    counts = torch.cat([counts.to(s1.device), counts_b.to(s1.device)])
+    r2, g = r2_from_sums(torch.cat([s1.double(), s1_b.double()], -1),
+                         sq.double() + sq_b.double(), counts)
+    n = s1.shape[-1]
+    return r2, g[..., :n], g[..., n:]
+
+
+def shift_invariance_r2_two_sided(
+    scores: Float[Tensor, "*batch query_pos key_pos"],
+) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"], Float[Tensor, "*batch lag"],
+           Float[Tensor, "*batch"]]:
+    """:func:`shift_invariance_r2` over every off-diagonal entry (bidirectional models):
+    ``(r2, g, g_back, g_self)`` with ``g[..., Δ−1]`` the mean of sub-diagonal Δ,
+    ``g_back[..., Δ−1]`` that of super-diagonal Δ (lag −Δ), ``g_self`` the diagonal's mean
+    (Δ = 0, not fitted)."""
+    T = scores.shape[-1]
+    if scores.shape[-2] != T or T < 3:
+        raise UserError(f"need square score matrices with T >= 3, got {tuple(scores.shape)}")
+    counts = lag_counts(T, device=scores.device)
+    r2, g, g_back = r2_two_sided((*lag_sums(scores), counts),
+                                 (*lag_sums(scores.transpose(-1, -2)), counts))
+    return r2, g, g_back, scores.diagonal(0, -2, -1).double().mean(-1)
+
+
+def two_sided(forward: Float[np.ndarray, "*batch lag"], back: Float[np.ndarray, "*batch lag"],
+              self_: Float[np.ndarray, "*batch"] | None = None
+              ) -> Float[np.ndarray, "*batch signed_lag"]:
+    """g over signed lags Δ = −(T−1)..0..T−1 (index Δ + T − 1), from ``forward``
+    (Δ = 1..T−1), ``back`` (index j ↔ Δ = −(j+1)) and ``self_`` (Δ = 0; NaN when None)."""
+    forward, back = np.asarray(forward, np.float64), np.asarray(back, np.float64)
+    if forward.shape != back.shape:
+        raise UserError(f"two_sided: forward {forward.shape} and back {back.shape} differ")
+    mid = np.full(forward.shape[:-1], np.nan) if self_ is None else \
+        np.broadcast_to(np.asarray(self_, np.float64), forward.shape[:-1])
+    return np.concatenate([back[..., ::-1], mid[..., None], forward], -1)
+
+
+def sym_antisym(g: Float[np.ndarray, "*batch signed_lag"]
+                ) -> tuple[Float[np.ndarray, "*batch signed_lag"],
+                           Float[np.ndarray, "*batch signed_lag"], Float[np.ndarray, "*batch"]]:
+    """``(sym, anti, asym)`` of a two-sided g (:func:`two_sided` order): sym(Δ) =
+    (g(Δ) + g(−Δ))/2, anti(Δ) = (g(Δ) − g(−Δ))/2 (0 at Δ = 0), and the asymmetry score
+    Σ anti² / Σ (g − ḡ)² over Δ ≠ 0: the share of g's variance about its mean that is
+    antisymmetric (the two parts are orthogonal there, so it lies in [0, 1]: 0 for a
+    symmetric g, 1 for an antisymmetric one; NaN for a constant g). Δ = 0, the diagonal
+    where a token meets itself, is left out of the score."""
+    g = np.asarray(g, np.float64)
+    n = g.shape[-1]
+    if n % 2 == 0 or n < 3:
+        raise UserError(f"sym_antisym: a two-sided g has an odd length >= 3, got {n}")
+    flip = g[..., ::-1]
+    sym, anti = (g + flip) / 2, (g - flip) / 2
+    anti[..., n // 2] = 0.0
+    off = np.delete(g, n // 2, axis=-1)
+    var = ((off - off.mean(-1, keepdims=True)) ** 2).sum(-1)
+    share = (np.delete(anti, n // 2, axis=-1) ** 2).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        asym = np.where(var > 1e-24 * np.maximum((off ** 2).sum(-1), 1e-300),
+                        share / np.where(var > 0, var, 1.0), np.nan)
+    return sym, anti, asym
+
+
 # ---------------------------------------------------------- the streaming fast path
 def lower_mean_from_qk(
     q: Float[Tensor, "batch pos head_index d_head"],
@@ -185,12 +281,14 @@ def lower_lag_stats(
     small_blocks: list[tuple[int, int]],
     work: Tensor | None = None,
     key_block: tuple[int, int] | None = None,
+    key_blocks: Sequence[tuple[int, int]] = (),
 ) -> tuple[tuple[Tensor, Tensor], list[tuple[Tensor, Tensor]]]:
     """Per-lag sums S1(Δ) and sums of squares of the strictly lower triangle, for the
     whole triangle, for a few small blocks of query rows [lo, hi), and optionally for the
     block of keys s < key_hi in query rows t ≥ row_lo (``key_block = (key_hi, row_lo)``,
-    appended last), in a handful of passes over ``scores`` (left untouched; entries on
-    and above the diagonal may hold anything, masked fills included).
+    appended after the row blocks, then one block per ``key_blocks`` entry alike), in a
+    handful of passes over ``scores`` (left untouched, and may be a transposed view;
+    entries on and above the diagonal may hold anything, masked fills included).
 
     Sums are formed on A − shift (choose the shift near the mean, e.g.
     :func:`lower_mean_from_qk`, so sums of squares do not cancel), within one lag or
@@ -213,6 +311,6 @@ def lower_lag_stats(
     sq_shift = torch.linalg.vector_norm(top, dim=-1).double().pow(2).sum(-1)
     total = _unshift(s1_shift, sq_shift, lag_counts(T), c)
     blocks = [_row_block_stats(top, c, lo, hi) for lo, hi in small_blocks]
-    if key_block is not None:
-        blocks.append(_key_block_stats(top, c, *key_block))
+    for block in ([key_block] if key_block is not None else []) + list(key_blocks):
+        blocks.append(_key_block_stats(top, c, *block))
     return total, blocks

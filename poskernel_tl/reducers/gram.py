@@ -27,6 +27,14 @@ half-centering check (a, b = means of a random half of the centering set). The f
 g(Δ) is the Track A fit applied to Ḡ, from per-lag sums and a sum of squares that
 :mod:`poskernel_tl.reducers.gram_fit` forms without any float64 T×T matrix.
 
+A bidirectional model (``causal=False``) has logits on both sides of the diagonal, and its
+Gram fits read both triangles (one g per signed lag, R² over every off-diagonal entry): the
+accumulator then holds every key of every row (T² per head), and the fit adds the upper
+triangle's pieces (:mod:`poskernel_tl.reducers.gram_fit`). ``g_gram``/``g_gram_raw`` keep
+Δ = 1..T−1; ``g_gram_back``/``g_gram_raw_back`` hold Δ = −1..−(T−1) (index j ↔ Δ = −(j+1))
+and ``g_gram_self``/``g_gram_raw_self`` the diagonal's mean (Δ = 0, not fitted); all None
+for a causal model.
+
 A reducer may cover only some layers (``layers``): a run that does not fit its memory
 budget accumulates Track B in blocks of layers, one evaluation pass each
 (:func:`poskernel_tl.measure.measure`); :func:`concat_layers` joins their results.
@@ -46,7 +54,9 @@ from poskernel_tl.errors import ResultFileError
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, variant_fit
 from poskernel_tl.reducers.moments import Moments
+from poskernel_tl.reducers.two_sided import check_two_sided
 from poskernel_tl.schema import Part, column, stored
+from poskernel_tl.toeplitz import sym_antisym, two_sided
 
 
 @dataclass
@@ -68,27 +78,54 @@ class GramResult(Part):
         "gram_centered.pt", default=None)
     centered: bool = column("trackB", "centered", default=False)
     eval_moments: Moments | None = None  # the evaluation means (not saved)
+    # bidirectional models only (None for causal ones): Δ = −1..−(T−1) and Δ = 0
+    g_gram_raw_back: Float[np.ndarray, "layer head_index lag"] | None = stored(
+        "g.npz", "gram_raw_back", finite=True, default=None)
+    g_gram_back: Float[np.ndarray, "layer head_index lag"] | None = stored(
+        "g.npz", "gram_centered_back", default=None)
+    g_gram_raw_self: Float[np.ndarray, "layer head_index"] | None = stored(
+        "g.npz", "gram_raw_self", default=None)
+    g_gram_self: Float[np.ndarray, "layer head_index"] | None = stored(
+        "g.npz", "gram_centered_self", default=None)
 
     def columns(self, table: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
+        """The saved columns; ``R2_gram`` first; for a bidirectional model the asymmetry
+        of g (``asym_gram``: of the fit ``R2_gram`` shows; ``asym_gram_raw``)."""
         cols = super().columns(table, dims)
         if table == "trackB":
             shown = self.r2_gram if self.centered else self.r2_gram_raw
             cols = {"R2_gram": np.asarray(shown).ravel(), **cols}
+            if self.g_gram_raw_back is not None:
+                raw = self.asymmetry(centered=False)
+                cols["asym_gram"] = (self.asymmetry() if self.centered else raw).ravel()
+                cols["asym_gram_raw"] = raw.ravel()
         return cols
+
+    def asymmetry(self, centered: bool = True) -> Float[np.ndarray, "layer head_index"]:
+        """Per head, the share of the two-sided g's variance that is antisymmetric
+        (:func:`~poskernel_tl.toeplitz.sym_antisym`) for the centered (NaN where not
+        centered) or raw Gram; NaN for a causal result."""
+        g, back = (self.g_gram, self.g_gram_back) if centered else \
+            (self.g_gram_raw, self.g_gram_raw_back)
+        if back is None:
+            return np.full(self.r2_gram_raw.shape, np.nan)
+        return sym_antisym(two_sided(g, back))[2]
 
     @classmethod
     def load(cls, saved, dims: dict[str, int], **given):
         raw = saved.table_column("trackB", "R2_gram", dims, ("layer", "head_index"))
         r2 = raw if given.get("centered") else np.full(raw.shape, np.nan)
         part = super().load(saved, dims, r2_gram=r2, **given)
-        if part.centered and not np.isfinite(part.g_gram).all():
-            raise ResultFileError(f"{saved.path_of('g.npz')}: gram_centered holds NaN/inf")
+        for key, g in (("gram_centered", part.g_gram), ("gram_centered_back", part.g_gram_back)):
+            if part.centered and g is not None and not np.isfinite(g).all():
+                raise ResultFileError(f"{saved.path_of('g.npz')}: {key} holds NaN/inf")
         return part
 
 
 Means = tuple[Float[Tensor, "head_index pos d_head"] | None,
               Float[Tensor, "kv_head_index pos d_head"] | None]
 FIELDS = ("r2_gram_raw", "g_gram_raw", "r2_gram", "g_gram", "r2_gram_half")
+SIDES = ("g_gram_raw_back", "g_gram_back", "g_gram_raw_self", "g_gram_self")
 
 
 def concat_layers(parts: Sequence[GramResult]) -> GramResult:
@@ -102,7 +139,7 @@ def concat_layers(parts: Sequence[GramResult]) -> GramResult:
     ev = None if any(e is None for e in evs) else Moments(
         torch.cat([e.mean_q for e in evs]), torch.cat([e.mean_k for e in evs]), None, None,
         evs[0].n, 0)
-    return GramResult(**{name: cat(name) for name in FIELDS},
+    return GramResult(**{name: cat(name) for name in FIELDS + SIDES},
                       gram_raw=cat("gram_raw"), gram_centered=cat("gram_centered"),
                       centered=parts[0].centered, eval_moments=ev)
 
@@ -112,19 +149,24 @@ class GramReducer:
     row, so that :meth:`result` can return the whole matrices (default: T ≤ 256, where
     they are saved), else only the lower triangle's row blocks. ``factors``: keep the
     evaluation sequences' q̃, k̃ instead of any accumulator (smaller when n·d_head is
-    well below T/2; the fit then costs O(T·(n·d_head)²))."""
+    well below T/2; the fit then costs O(T·(n·d_head)²)). ``causal=False``: fit both
+    triangles (every key of every row is accumulated; see the module docstring)."""
 
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, length: int,
                  d_head: int, scale: float, device: torch.device | str = "cpu",
                  reference: Moments | None = None, *, layers: Sequence[int] | None = None,
-                 full: bool | None = None, factors: bool = False):
+                 full: bool | None = None, factors: bool = False, causal: bool = True):
+        if not causal:
+            check_two_sided(n_heads, n_kv_heads)
         self.scale, self.group, self.T = scale, n_heads // n_kv_heads, length
+        self.causal = causal
         self.layers = list(range(n_layers)) if layers is None else list(layers)
         self.slot = {L: i for i, L in enumerate(self.layers)}
         self.full = length <= GRAM_SAVE_MAX_T and not factors if full is None else full
         if factors and self.full:
             raise ValueError("GramReducer: factors=True keeps no matrix (full=False)")
-        self.factors, self.blocks = factors, gram_row_blocks(length, self.full)
+        self.factors = factors
+        self.blocks = gram_row_blocks(length, self.full or not causal)
         f64 = dict(dtype=torch.float64, device=device)
         self.acc = [[] if factors else
                     [torch.zeros(n_heads, r1 - r0, keys, dtype=torch.float32, device=device)
@@ -178,9 +220,10 @@ class GramReducer:
                        int(n[0]), 0)
 
     def fit_layer(self, i: int, variants: dict[str, Means], ev: Moments, keep: bool
-                  ) -> dict[str, tuple[Tensor, Tensor, Tensor | None]]:
-        """Per variant (name → the centering a, b; None: zero): R², g and (``keep``) the
-        float32 matrix of mean_x (q − a)(k − b)ᵀ·scale of layer slot ``i``."""
+                  ) -> dict[str, tuple]:
+        """Per variant (name → the centering a, b; None: zero): R², g, g_back and g_self
+        (None for a causal fit) and (``keep``) the float32 matrix of
+        mean_x (q − a)(k − b)ᵀ·scale of layer slot ``i``."""
         m_q, m_k = self.ref_q[i].transpose(0, 1), self.ref_k[i].transpose(0, 1)  # [·, T, d]
         q_bar, k_bar = ev.mean_q[i], ev.mean_k[i]
         xs: list[Tensor] = []  # the distinct vectors B_low is applied to
@@ -209,12 +252,11 @@ class GramReducer:
                                device=m_q.device) for v in ("raw", "centered")
                 if keep and v in variants}
         pieces = self.pieces(i, x, self.keeper(mats, uv))
-        part = lambda j: pieces.y[..., j * d:(j + 1) * d]
         out = {}
         for name, t in terms.items():
-            w = [part(p) - part(m) if m is not None else part(p) for *_, p, m in t]
             u, v = uv.get(name, (None, None))
-            fit = variant_fit(pieces, u, v, torch.cat(w, -1) if w else None, self.scale)
+            fit = variant_fit(pieces, u, v, applied(pieces.y, t, d), self.scale,
+                              applied(pieces.y_up, t, d))
             out[name] = (*fit, mats.get(name))
         return out
 
@@ -237,8 +279,10 @@ class GramReducer:
     def pieces(self, i: int, x: Tensor, keep) -> Pieces:
         if self.factors:
             q = torch.cat([q for q, _ in self.kept[i]])
-            return factor_pieces(q, torch.cat([k for _, k in self.kept[i]]), x)
-        return dense_pieces(self.acc[i], self.blocks, self.count[i], x, keep)
+            return factor_pieces(q, torch.cat([k for _, k in self.kept[i]]), x,
+                                 upper=not self.causal)
+        return dense_pieces(self.acc[i], self.blocks, self.count[i], x, keep,
+                            upper=not self.causal)
 
     def result(self, centering: Moments | None = None, keep_matrices: bool = False
                ) -> GramResult:
@@ -248,35 +292,51 @@ class GramReducer:
             raise ValueError("keep_matrices: this GramReducer was built with full=False "
                              "and holds only the lower triangle")
         ev = self.eval_moments()
-        out: dict[str, list] = {name: [] for name in (*FIELDS, "gram_raw", "gram_centered")}
-        names = {"raw": ("r2_gram_raw", "g_gram_raw", "gram_raw"),
-                 "centered": ("r2_gram", "g_gram", "gram_centered"),
-                 "half": ("r2_gram_half", None, None)}
+        out: dict[str, list] = {name: [] for name in (*FIELDS, *SIDES, "gram_raw",
+                                                      "gram_centered")}
+        names = {"raw": ("r2_gram_raw", "g_gram_raw", "g_gram_raw_back", "g_gram_raw_self",
+                         "gram_raw"),
+                 "centered": ("r2_gram", "g_gram", "g_gram_back", "g_gram_self",
+                              "gram_centered"),
+                 "half": ("r2_gram_half", None, None, None, None)}
         for i, L in enumerate(self.layers):
             variants: dict[str, Means] = {"raw": (None, None)}
             if centering is not None:
                 variants["centered"] = (centering.mean_q[L], centering.mean_k[L])
                 if centering.mean_q_half is not None:
                     variants["half"] = (centering.mean_q_half[L], centering.mean_k_half[L])
-            for v, (r2, g, mat) in self.fit_layer(i, variants, ev, keep_matrices).items():
-                r2_key, g_key, mat_key = names[v]
-                out[r2_key].append(r2.cpu().numpy())
-                if g_key:
-                    out[g_key].append(g.cpu().numpy())
-                if mat is not None:
-                    out[mat_key].append(mat.cpu().numpy())
+            for v, values in self.fit_layer(i, variants, ev, keep_matrices).items():
+                for key, value in zip(names[v], values):
+                    if key is not None and value is not None:
+                        out[key].append(value.cpu().numpy())
         return self._assemble(out, centering is not None, ev)
 
     def _assemble(self, out: dict[str, list], centered: bool, ev: Moments) -> GramResult:
         nl, H, T = len(self.layers), self.q_sum.shape[1], self.T
         nan, g_nan = np.full((nl, H), np.nan), np.full((nl, H, T - 1), np.nan)
         stack = lambda key, fallback: np.stack(out[key]) if out[key] else fallback
+        sides = {} if self.causal else dict(
+            g_gram_raw_back=stack("g_gram_raw_back", None),
+            g_gram_back=stack("g_gram_back", g_nan),
+            g_gram_raw_self=stack("g_gram_raw_self", None),
+            g_gram_self=stack("g_gram_self", nan))
         return GramResult(
             r2_gram_raw=stack("r2_gram_raw", nan), g_gram_raw=stack("g_gram_raw", g_nan),
             r2_gram=stack("r2_gram", nan), g_gram=stack("g_gram", g_nan),
             r2_gram_half=stack("r2_gram_half", nan),
             gram_raw=stack("gram_raw", None), gram_centered=stack("gram_centered", None),
-            centered=centered, eval_moments=ev)
+            centered=centered, eval_moments=ev, **sides)
+
+
+def applied(y: Tensor | None, terms: list, d: int) -> Tensor | None:
+    """W = B_side·V of a variant's correction terms, from Y = B_side·X (one ``d``-wide
+    slot per distinct vector of X; each term ``(u, v, plus, minus)`` with v = X[plus] −
+    X[minus]); None without terms or without Y."""
+    if y is None or not terms:
+        return None
+    part = lambda j: y[..., j * d:(j + 1) * d]
+    return torch.cat([part(p) - part(m) if m is not None else part(p)
+                      for *_, p, m in terms], -1)
 
 
 __all__ = ["GramReducer", "GramResult", "concat_layers"]

@@ -22,9 +22,16 @@ every variant. B's own pieces (S1_B, Σ B², Y) come
   (:func:`factor_pieces`): B = Q·Kᵀ with Q, K the per-sequence factors side by side, so
   S1_B and Σ B² are again the lag-sum identities and Y a chunked running product
   (:func:`lower_apply`), O(T·(n·d)²) instead of O(T²).
+
+Bidirectional models (``upper=True``) fit both triangles: the upper triangle of G is the
+lower one of Gᵀ = Bᵀ + scale·V·Uᵀ, so its pieces are the same with the roles swapped —
+S1 and Σ² of B's strictly upper triangle (super-diagonals read as strided lines of the
+accumulator's rows, which then hold every key; or the lag-sum identities of the factors
+with q̃ and k̃ swapped), Y_up = B_up·X (from the factors: :func:`lower_apply` on positions
+reversed), the U·Vᵀ terms with U and V swapped, and B's diagonal for the mean at Δ = 0.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +39,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lag_sums, lower_sum_squares
-from poskernel_tl.toeplitz import lag_counts, r2_from_sums
+from poskernel_tl.toeplitz import lag_counts, r2_two_sided
 
 ACC = torch.float64
 SEQ_CHUNK = 4  # sequences per FFT call in factor_pieces (bounds its float64 buffers)
@@ -40,11 +47,17 @@ SEQ_CHUNK = 4  # sequences per FFT call in factor_pieces (bounds its float64 buf
 
 @dataclass
 class Pieces:
-    """S1(Δ) and Σ² of B's strictly lower triangle per query head, and Y = B_low·X."""
+    """S1(Δ) and Σ² of B's strictly lower triangle per query head, and Y = B_low·X; for a
+    two-sided fit also those of the strictly upper triangle (index j ↔ Δ = −(j+1)),
+    Y_up = B_up·X and B's diagonal (None otherwise)."""
 
     s1: Float[Tensor, "head_index lag"]
     sq: Float[Tensor, " head_index"]
     y: Float[Tensor, "head_index pos rank"]
+    s1_up: Float[Tensor, "head_index lag"] | None = field(default=None)
+    sq_up: Float[Tensor, " head_index"] | None = field(default=None)
+    y_up: Float[Tensor, "head_index pos rank"] | None = field(default=None)
+    diag: Float[Tensor, "head_index pos"] | None = field(default=None)
 
 
 def lower_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], r0: int,
@@ -59,40 +72,87 @@ def lower_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], r0: i
     r1 = r0 + rows
     sq = torch.linalg.vector_norm(buf[:, :, rows:], dim=(-2, -1)).square()
     # line e = r1 − 1 − Δ starts at column e + 1 of row 0 and steps one row and one column
-    lines = buf.as_strided((H, r1 - 1, rows), (buf.stride(0), 1, W + 1),
+    lines = buf.as_strided((H, r1 - 1, rows), (buf.stride(0), 1, buf.stride(1) + 1),
                            buf.storage_offset() + 1)
     s1 = buf.new_zeros(H, length - 1)
     s1[:, :r1 - 1] = lines.sum(-1).flip(-1)
     return s1, sq
 
 
+def upper_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], r0: int,
+                     length: int) -> tuple[Float[Tensor, "head_index lag"],
+                                           Float[Tensor, " head_index"]]:
+    """Per-lag sums (index j ↔ Δ = −(j+1)) and Σ G² of the query rows [r0, r0 + rows) of a
+    matrix held in ``buf[:, :, rows:rows + T]`` (every key; entries on and below the
+    diagonal already zeroed), between ``rows`` zero columns on either side. The
+    super-diagonal m is the strided line buf[i, rows + r0 + i + m] (the trailing zero
+    columns stand in for keys s ≥ T)."""
+    H, rows, _ = buf.shape
+    sq = torch.linalg.vector_norm(buf[:, :, rows:], dim=(-2, -1)).square()
+    s1 = buf.new_zeros(H, length - 1)
+    n_lines = length - 1 - r0
+    if n_lines > 0:
+        lines = buf.as_strided((H, n_lines, rows), (buf.stride(0), 1, buf.stride(1) + 1),
+                               buf.storage_offset() + rows + r0 + 1)
+        s1[:, :n_lines] = lines.sum(-1)
+    return s1, sq
+
+
+def _side(G: Tensor, x: Tensor, out: Pieces, r0: int, sums: tuple[Tensor, Tensor],
+          upper: bool) -> None:
+    """Add one row block's sums and B_side·X (``G``: the block, one side zeroed) to
+    ``out``."""
+    H, rows, keys = G.shape
+    kv, m = x.shape[0], x.shape[-1]
+    prod = torch.matmul(G.reshape(kv, H // kv * rows, keys), x[:, :keys]).view(H, rows, m)
+    if upper:
+        out.s1_up += sums[0]
+        out.sq_up += sums[1]
+        out.y_up[:, r0:r0 + rows] = prod
+    else:
+        out.s1 += sums[0]
+        out.sq += sums[1]
+        out.y[:, r0:r0 + rows] = prod
+
+
 def dense_pieces(acc: list[Tensor],
                  blocks: list[tuple[int, int, int]], n: int,
-                 x: Float[Tensor, "kv_head_index pos rank"], keep=None) -> Pieces:
+                 x: Float[Tensor, "kv_head_index pos rank"], keep=None,
+                 upper: bool = False) -> Pieces:
     """B = acc / n from the accumulator's row blocks ``(r0, r1, keys)``. ``keep(r0, r1,
-    block)``, if given, sees each float64 block whole (before its upper part is zeroed)."""
+    block)``, if given, sees each float64 block whole (before its upper part is zeroed).
+    ``upper``: the upper triangle's pieces too (the blocks must hold every key)."""
     H, T = acc[0].shape[0], blocks[-1][1]
-    kv, m = x.shape[0], x.shape[-1]
+    m = x.shape[-1]
     rows_max = max(r1 - r0 for r0, r1, _ in blocks)
-    flat = x.new_empty(H * rows_max * (rows_max + T))
-    s1, sq = x.new_zeros(H, T - 1), x.new_zeros(H)
-    y = x.new_zeros(H, T, m)
+    flat = x.new_empty(H * rows_max * (rows_max + T + (rows_max if upper else 0)))
+    out = Pieces(x.new_zeros(H, T - 1), x.new_zeros(H), x.new_zeros(H, T, m))
+    if upper:
+        out.s1_up, out.sq_up = x.new_zeros(H, T - 1), x.new_zeros(H)
+        out.y_up, out.diag = x.new_zeros(H, T, m), x.new_zeros(H, T)
     for (r0, r1, keys), a in zip(blocks, acc):
         rows = r1 - r0
-        buf = flat[:H * rows * (rows + keys)].view(H, rows, rows + keys)
+        if upper and keys != T:
+            raise ValueError(f"dense_pieces(upper=True): block [{r0}, {r1}) holds {keys} "
+                             f"of {T} keys")
+        width = rows + keys + (rows if upper else 0)
+        buf = flat[:H * rows * width].view(H, rows, width)
         buf[:, :, :rows].zero_()
-        G = buf[:, :, rows:]
+        buf[:, :, rows + keys:].zero_()
+        G = buf[:, :, rows:rows + keys]
         G.copy_(a).div_(n)
         if keep is not None:
             keep(r0, r1, G)
-        upper = torch.ones(rows, keys - r0, dtype=torch.bool, device=G.device).triu()
-        G[:, :, r0:].masked_fill_(upper, 0.0)
-        b1, b2 = lower_block_sums(buf, r0, T)
-        s1 += b1
-        sq += b2
-        prod = torch.matmul(G.reshape(kv, H // kv * rows, keys), x[:, :keys])
-        y[:, r0:r1] = prod.view(H, rows, m)
-    return Pieces(s1, sq, y)
+        if upper:
+            out.diag[:, r0:r1] = G.diagonal(r0, 1, 2)
+        G[:, :, r0:].masked_fill_(torch.ones(rows, keys - r0, dtype=torch.bool,
+                                             device=G.device).triu(), 0.0)
+        _side(G, x, out, r0, lower_block_sums(buf, r0, T), upper=False)
+        if upper:  # the block again, its lower part and diagonal zeroed
+            G.copy_(a).div_(n).masked_fill_(torch.ones(rows, T, dtype=torch.bool,
+                                                       device=G.device).tril(r0), 0.0)
+            _side(G, x, out, r0, upper_block_sums(buf, r0, T), upper=True)
+    return out
 
 
 def lower_apply(q: Float[Tensor, "pos head_index rank"],
@@ -123,33 +183,54 @@ def lower_apply(q: Float[Tensor, "pos head_index rank"],
 
 def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
                   k: Float[Tensor, "batch pos kv_head_index d_head"],
-                  x: Float[Tensor, "kv_head_index pos rank"]) -> Pieces:
-    """B = mean_x q̃_x·k̃_xᵀ from the factors (``q`` already carries the scale)."""
+                  x: Float[Tensor, "kv_head_index pos rank"], upper: bool = False) -> Pieces:
+    """B = mean_x q̃_x·k̃_xᵀ from the factors (``q`` already carries the scale). ``upper``:
+    the upper triangle's pieces too (Bᵀ's lower ones, one key head per query head)."""
     n, T, H, d = q.shape
-    s1 = sum(lag_sums(q[i:i + SEQ_CHUNK], k[i:i + SEQ_CHUNK], 1.0).sum(0)
-             for i in range(0, n, SEQ_CHUNK)) / n
+    chunks = range(0, n, SEQ_CHUNK)
+    s1 = sum(lag_sums(q[i:i + SEQ_CHUNK], k[i:i + SEQ_CHUNK], 1.0).sum(0) for i in chunks) / n
     side = lambda t: t.permute(1, 2, 0, 3).reshape(1, T, t.shape[2], n * d)  # [1, T, ·, n·d]
     qs, ks = side(q.to(ACC)) / n, side(k.to(ACC))
-    sq = lower_sum_squares(qs, ks, 1.0)[0]
-    y = lower_apply(qs[0], ks[0], x.transpose(0, 1))
-    return Pieces(s1, sq, y)
+    xs = x.transpose(0, 1)
+    out = Pieces(s1, lower_sum_squares(qs, ks, 1.0)[0], lower_apply(qs[0], ks[0], xs))
+    if upper:
+        out.s1_up = sum(lag_sums(k[i:i + SEQ_CHUNK], q[i:i + SEQ_CHUNK], 1.0).sum(0)
+                        for i in chunks) / n
+        out.sq_up = lower_sum_squares(ks, qs, 1.0)[0]
+        # Y_up[t] = Σ_{s>t} B[t, s]·x_s: the lower product with positions reversed
+        out.y_up = lower_apply(qs[0].flip(0), ks[0].flip(0), xs.flip(0)).flip(1)
+        out.diag = (qs[0] * ks[0]).sum(-1).transpose(0, 1)
+    return out
 
 
 def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
                 v: Float[Tensor, "kv_head_index pos rank"] | None,
-                w: Float[Tensor, "head_index pos rank"] | None, scale: float
-                ) -> tuple[Float[Tensor, " head_index"], Float[Tensor, "head_index lag"]]:
-    """R² and g of G = B + scale·U·Vᵀ, given W = B_low·V (from ``pieces.y``); U, V, W
-    None: G = B."""
+                w: Float[Tensor, "head_index pos rank"] | None, scale: float,
+                w_up: Float[Tensor, "head_index pos rank"] | None = None
+                ) -> tuple[Float[Tensor, " head_index"], Float[Tensor, "head_index lag"],
+                           Float[Tensor, "head_index lag"] | None,
+                           Float[Tensor, " head_index"] | None]:
+    """R², g, and for two-sided pieces g_back and the diagonal's mean g_self (else None),
+    of G = B + scale·U·Vᵀ, given W = B_low·V and W_up = B_up·V (from ``pieces.y``,
+    ``pieces.y_up``); U, V, W None: G = B."""
     s1, sq = pieces.s1, pieces.sq
+    s1_up, sq_up, diag = pieces.s1_up, pieces.sq_up, pieces.diag
     if u is not None:
         ut, vt = u.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, T, heads, rank]
         s1 = s1 + scale * lag_sums(ut, vt, 1.0)[0]
         cross = (u * w).sum(dim=(1, 2))
         sq = sq + 2 * scale * cross + scale * scale * lower_sum_squares(ut, vt, 1.0)[0]
+        if s1_up is not None:  # Gᵀ = Bᵀ + scale·V·Uᵀ
+            s1_up = s1_up + scale * lag_sums(vt, ut, 1.0)[0]
+            sq_up = sq_up + 2 * scale * (u * w_up).sum(dim=(1, 2)) + \
+                scale * scale * lower_sum_squares(vt, ut, 1.0)[0]
+            diag = diag + scale * (u * v).sum(-1)
     T = s1.shape[-1] + 1
-    return r2_from_sums(s1, sq, lag_counts(T, device=s1.device))
+    counts = lag_counts(T, device=s1.device)
+    back = None if s1_up is None else (s1_up, sq_up, counts)
+    r2, g, g_back = r2_two_sided((s1, sq, counts), back)
+    return r2, g, g_back, None if diag is None else diag.mean(-1)
 
 
 __all__ = ["Pieces", "dense_pieces", "factor_pieces", "lower_apply", "lower_block_sums",
-           "variant_fit"]
+           "upper_block_sums", "variant_fit"]

@@ -143,8 +143,8 @@ def key_strip(q: Float[Tensor, "batch pos head_index d_head"],
     return torch.matmul(qf, kk).view(b, H, T, key_hi)
 
 
-def _skew_keys(strip: Float[Tensor, "batch head_index query_pos key_pos"]
-               ) -> Float[Tensor, "batch head_index key_pos lag"]:
+def skew_keys(strip: Float[Tensor, "batch head_index query_pos key_pos"]
+              ) -> Float[Tensor, "batch head_index key_pos lag"]:
     """out[..., s, Δ−1] = A[s + Δ, s] (0 where s + Δ ≥ T), Δ = 1..T−1: the strictly lower
     entries of the strip by key and lag. One zero-padded copy, then a strided view: row s
     of the padded [key, T + K] buffer read from column s + 1."""
@@ -166,9 +166,9 @@ def strip_lag_stats(strip: Float[Tensor, "batch head_index query_pos key_pos"],
     all of them, and those with query row t in [lo, hi) for each of ``row_blocks``, which
     must lie in rows < K (read from the K × K top of the strip, never the long part)."""
     b, H, T, K = strip.shape
-    sk = _skew_keys(strip)
+    sk = skew_keys(strip)
     total = (sk.sum(-2), torch.linalg.vector_norm(sk, dim=(-2, -1)).square())
-    top = _skew_keys(strip[:, :, :K])  # [b, H, K, K−1]: rows t < K
+    top = skew_keys(strip[:, :, :K])  # [b, H, K, K−1]: rows t < K
     rows = torch.arange(K, device=strip.device)[:, None] + \
         torch.arange(1, K, device=strip.device)[None]  # t = s + Δ
     blocks = []
@@ -231,4 +231,4 @@ def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
 
 
 __all__ = ["LowerStats", "key_strip", "lag_sums", "lower_stats", "lower_sum_squares",
-           "strip_lag_stats", "track_a_stats"]
+           "skew_keys", "strip_lag_stats", "track_a_stats"]

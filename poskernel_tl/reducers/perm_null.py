@@ -24,6 +24,11 @@ To bound the cost (each draw is one more pass over q/k, or one more q·kᵀ with
 pass enter. The unpermuted fit of those same sequences is kept as ``r2_same_seqs``, so a
 head's pooled R² can be compared with its null on exactly the data the null was drawn from.
 
+For a bidirectional model (``causal=False``) the null fits every off-diagonal entry of
+A' (both triangles, one g per signed lag), as Track A then fits the real logits: the upper
+triangle is the lower one of A'ᵀ = scale · k'·q'ᵀ, so the same identities apply with q'
+and k' swapped.
+
 Reads the post-rotary ``hook_rot_q``/``hook_rot_k`` (``hook_q``/``hook_k`` without rotary)
 through :class:`~poskernel_tl.reducers.base.LayerBatch`; GQA keys are broadcast, not copied.
 """
@@ -38,8 +43,9 @@ from torch import Tensor
 
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
+from poskernel_tl.reducers.two_sided import check_two_sided
 from poskernel_tl.schema import Part, stored
-from poskernel_tl.toeplitz import lag_counts, lower_lag_stats, lower_mean_from_qk, r2_from_sums
+from poskernel_tl.toeplitz import lag_counts, lower_lag_stats, lower_mean_from_qk, r2_two_sided
 
 
 @dataclass
@@ -89,7 +95,8 @@ class PermNullReducer:
     def __init__(self, n_layers: int, n_heads: int, length: int, *, n_perm: int = 8,
                  max_seqs: int = 16, seed: int = 0, device: torch.device | str = "cpu",
                  include_identity: bool = True,
-                 source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK):
+                 source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK,
+                 causal: bool = True):
         if source not in ("lags", "scores"):
             raise ValueError(f"source={source!r}: choose 'lags' or 'scores'")
         if n_perm < 1 or max_seqs < 1:
@@ -110,6 +117,10 @@ class PermNullReducer:
         n_draws = len(self.perms)
         self.s1 = torch.zeros(n_draws, n_layers, n_heads, T - 1, **f64)
         self.sq = torch.zeros(n_draws, n_layers, n_heads, **f64)
+        # bidirectional: the upper triangle of each permuted product too
+        self.causal = causal
+        self.s1_back = None if causal else torch.zeros_like(self.s1)
+        self.sq_back = None if causal else torch.zeros_like(self.sq)
         self.n_seen = [0] * n_layers  # host counts: no device sync
 
     def update(self, batch: LayerBatch) -> None:
@@ -124,13 +135,14 @@ class PermNullReducer:
                 idx = torch.as_tensor(keep, device=q.device)
                 q, k = q.index_select(0, idx), k.index_select(0, idx)
         L = batch.layer
+        if not self.causal:
+            check_two_sided(q.shape[2], k.shape[2])
         if self.source == "lags":
             for p in range(len(self.perms)):
                 pi = self.perms[p]
-                s1, sq = lower_stats(q.index_select(1, pi), k.index_select(1, pi),
-                                     batch.scale, self.chunk)
-                self.s1[p, L] += s1.sum(0)
-                self.sq[p, L] += sq.sum(0)
+                qp, kp = q.index_select(1, pi), k.index_select(1, pi)
+                self._add(p, L, lower_stats(qp, kp, batch.scale, self.chunk),
+                          None if self.causal else lower_stats(kp, qp, batch.scale, self.chunk))
         else:
             self._update_from_scores(q.float(), k.float(), batch)
         self.n_seen[L] += len(keep)
@@ -145,9 +157,21 @@ class PermNullReducer:
             qp, kp = q.index_select(1, pi), k.index_select(1, pi)
             shift = lower_mean_from_qk(qp, kp, batch.scale)
             A = qk_scores(qp, kp, batch.scale, batch.workspace, "perm_null_scores")
-            (s1, sq), _ = lower_lag_stats(A, shift, [], work)
-            self.s1[p, L] += s1.sum(0)
-            self.sq[p, L] += sq.sum(0)
+            lower, _ = lower_lag_stats(A, shift, [], work)
+            upper = None
+            if not self.causal:  # the lower triangle of A'ᵀ
+                upper, _ = lower_lag_stats(A.transpose(-1, -2),
+                                           lower_mean_from_qk(kp, qp, batch.scale), [], work)
+            self._add(p, L, lower, upper)
+
+    def _add(self, p: int, L: int, lower: tuple[Tensor, Tensor],
+             upper: tuple[Tensor, Tensor] | None) -> None:
+        """Add one batch's (S1, Σ A²) of draw ``p`` (and of its upper triangle)."""
+        self.s1[p, L] += lower[0].sum(0)
+        self.sq[p, L] += lower[1].sum(0)
+        if upper is not None:
+            self.s1_back[p, L] += upper[0].sum(0)
+            self.sq_back[p, L] += upper[1].sum(0)
 
     def result(self) -> PermNull:
         n = self.n_seen
@@ -156,7 +180,8 @@ class PermNullReducer:
         if n[0] == 0:
             raise RuntimeError("no sequences were fed to the permutation null")
         counts = lag_counts(self.T, device=self.s1.device) * n[0]
-        r2, _ = r2_from_sums(self.s1, self.sq, counts)
+        back = None if self.causal else (self.s1_back, self.sq_back, counts)
+        r2, *_ = r2_two_sided((self.s1, self.sq, counts), back)
         r2 = r2.detach().cpu().numpy()
         first = 1 if self.include_identity else 0
         return PermNull(r2_null=r2[first:], r2_same_seqs=r2[0] if first else None,

@@ -12,6 +12,14 @@ Two sources of the same sums: ``source="lags"`` (default) forms them from q/k wi
 T×T logits (:mod:`poskernel_tl.reducers.lag_sums`: FFT cross-correlation, running key
 moment, the strip of keys s < 50) and never reads ``batch.scores``; ``source="scores"``
 sweeps the materialised logits ``batch.scores`` (``hook_attn_scores`` or q·kᵀ).
+
+``causal=False`` (bidirectional encoders) fits every off-diagonal entry instead: the upper
+triangle's sums (:mod:`poskernel_tl.reducers.two_sided`) join the lower triangle's in
+every fit, one g per signed lag. The lag arrays keep Δ = 1..T−1; the other side is in
+``g_per_seq_back``/``g_pooled_back`` (index j ↔ Δ = −(j+1)) and the diagonal's mean
+(Δ = 0, not fitted) in ``g_per_seq_self``/``g_pooled_self``. Every variant is two-sided:
+no-sink leaves out key column 0 (lower triangle only: the upper one never holds key 0),
+query rows 1–20 and ≥ 50 and the interior A[50:, 50:] take both triangles of their rows.
 """
 
 from dataclasses import dataclass
@@ -26,13 +34,22 @@ from poskernel_tl.errors import NonFiniteError
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, track_a_stats
+from poskernel_tl.reducers.two_sided import (
+    UpperSums,
+    check_two_sided,
+    upper_stats,
+    upper_stats_from_scores,
+)
 from poskernel_tl.schema import TABLE_ROWS, Part, column, stored
 from poskernel_tl.toeplitz import (
+    Sums,
     key_block_counts,
     lag_counts,
     lower_lag_stats,
     lower_mean_from_qk,
-    r2_from_sums,
+    r2_two_sided,
+    sym_antisym,
+    two_sided,
 )
 
 
@@ -60,6 +77,15 @@ class TrackAResult(Part):
     r2_pooled_interior_keys: Float[np.ndarray, "layer head_index"] = column(
         "trackA", "R2_pooled_interior_keys")
     r2_split: Float[np.ndarray, "split layer head_index"] = stored("g.npz", "r2_split")
+    # bidirectional models only (None for causal ones): Δ = −1..−(T−1) and Δ = 0
+    g_per_seq_back: Float[np.ndarray, "n_seqs layer head_index lag"] | None = stored(
+        "g.npz", "trackA_per_seq_back", default=None)  # float32
+    g_pooled_back: Float[np.ndarray, "layer head_index lag"] | None = stored(
+        "g.npz", "trackA_pooled_back", finite=True, default=None)
+    g_per_seq_self: Float[np.ndarray, "n_seqs layer head_index"] | None = stored(
+        "g.npz", "trackA_per_seq_self", default=None)
+    g_pooled_self: Float[np.ndarray, "layer head_index"] | None = stored(
+        "g.npz", "trackA_pooled_self", default=None)
 
     @property
     def r2_split_mean(self) -> Float[np.ndarray, "layer head_index"]:
@@ -82,13 +108,25 @@ class TrackAResult(Part):
                 if n > 1 else np.nan
             cols["R2_split_mean"] = each(self.r2_split_mean)
             cols["R2_split_std"] = each(self.r2_split_std)
+            if self.g_pooled_back is not None:  # bidirectional: asymmetry of g
+                cols["asym_A"] = each(self.asymmetry())
+                cols["asym_A_per_seq"] = sym_antisym(two_sided(
+                    self.g_per_seq, self.g_per_seq_back))[2].ravel()
         return cols
+
+    def asymmetry(self) -> Float[np.ndarray, "layer head_index"]:
+        """Per head, the share of the pooled two-sided g's variance that is antisymmetric
+        (:func:`~poskernel_tl.toeplitz.sym_antisym`); NaN for a causal result."""
+        if self.g_pooled_back is None:
+            return np.full(self.r2_pooled.shape, np.nan)
+        return sym_antisym(two_sided(self.g_pooled, self.g_pooled_back))[2]
 
 
 class TrackAReducer:
     def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int,
                  device: torch.device | str = "cpu", seed: int = 0,
-                 source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK):
+                 source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK,
+                 causal: bool = True):
         if source not in ("lags", "scores"):
             raise ValueError(f"source={source!r}: choose 'lags' or 'scores'")
         T = length
@@ -108,6 +146,8 @@ class TrackAReducer:
         self.nonfinite = torch.zeros(n_seqs, n_layers, n_heads, dtype=torch.int64,
                                      device=device)
         self.seen = torch.zeros(n_seqs, dtype=torch.bool, device=device)
+        # bidirectional: the upper triangle's sums too
+        self.upper = None if causal else UpperSums(n_seqs, n_layers, n_heads, T, device)
 
     def update(self, batch: LayerBatch) -> None:
         L, idx = batch.layer, batch.index
@@ -126,6 +166,9 @@ class TrackAReducer:
         st = track_a_stats(batch.q, batch.k, batch.scale, self.chunk)
         self._store(batch.layer, batch.index, (st.s1, st.sq), st.sink, st.early, st.middle,
                     st.corner)
+        if self.upper is not None:
+            self.upper.store(batch.layer, batch.index,
+                             upper_stats(batch.q, batch.k, batch.scale, self.chunk))
 
     def _store(self, L: int, idx: Tensor, whole: tuple[Tensor, Tensor], col0: Tensor,
                early: tuple[Tensor, Tensor], middle: tuple[Tensor, Tensor],
@@ -158,6 +201,10 @@ class TrackAReducer:
         # key s = 0 (the attention sink) for query rows t = 1..T-1, i.e. lag Δ = t
         self._store(L, idx, (s1, sq), A[:, :, 1:, 0].double(), (e1, esq), (m1, msq),
                     (r1, rsq))
+        if self.upper is not None:
+            check_two_sided(batch.q.shape[2], batch.k.shape[2])
+            self.upper.store(L, idx, upper_stats_from_scores(A, batch.q, batch.k, batch.scale,
+                                                             work))
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteError` naming the first bad (sequence, layer, head).
@@ -173,16 +220,23 @@ class TrackAReducer:
     # ----------------------------------------------------------------- results
 
     @staticmethod
-    def _block_r2(s1: Tensor, sq: Tensor, counts: Tensor, n: int) -> Tensor:
-        """Pooled R² of a block of entries; NaN when T is too short to have it."""
+    def _block_r2(front: Sums, back: Sums | None, n: int) -> Tensor:
+        """Pooled R² of a block of entries over ``n`` sequences (both sides' sums, n(Δ) of
+        one sequence); NaN when T is too short to have it."""
+        counts = front[2] if back is None else torch.cat([front[2], back[2]])
         if (counts > 0).sum() < 2 or counts.sum() < 3:
-            return torch.full(sq.shape, float("nan"), dtype=torch.float64)
-        return r2_from_sums(s1, sq, counts * n)[0]
+            return torch.full(front[1].shape, float("nan"), dtype=torch.float64)
+        times = lambda x: None if x is None else (x[0], x[1], x[2] * n)
+        return r2_two_sided(times(front), times(back))[0]
 
-    def pooled(self, rows: Tensor | None = None, sink: bool = True):
-        """Pooled R² and g over the sequences ``rows`` (default: all seen)."""
+    def _selection(self, rows: Tensor | None) -> tuple[Tensor, float]:
         sel = self.seen if rows is None else rows
-        n = float(sel.sum()) if sel.dtype == torch.bool else float(len(sel))
+        return sel, float(sel.sum()) if sel.dtype == torch.bool else float(len(sel))
+
+    def pooled_fit(self, rows: Tensor | None = None, sink: bool = True):
+        """Pooled R², g and (bidirectional; else None) g_back over the sequences ``rows``
+        (default: all seen)."""
+        sel, n = self._selection(rows)
         s1 = self.s1[sel].sum(0)
         sq = self.sq[sel].sum(0)
         counts = lag_counts(self.T, device=s1.device)
@@ -190,24 +244,38 @@ class TrackAReducer:
             s1 = s1 - self.sink[sel].sum(0)
             sq = sq - self.sink_sq[sel].sum(0)
             counts = counts - 1
-        return r2_from_sums(s1, sq, counts * n)
+        back = None if self.upper is None else self.upper.pooled_sums(sel, n)
+        return r2_two_sided((s1, sq, counts * n), back)
+
+    def pooled(self, rows: Tensor | None = None, sink: bool = True):
+        """Pooled R² and g (Δ = 1..T−1) over the sequences ``rows`` (default: all seen);
+        two-sided R² for a bidirectional reducer (:meth:`pooled_fit` has its g_back)."""
+        return self.pooled_fit(rows, sink)[:2]
+
+    def _row_fits(self, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Pooled R² of query rows [1, 21), rows ≥ 50 and the interior A[50:, 50:]."""
+        T, up = self.T, self.upper
+        dev = self.s1.device
+        early = (self.early_s1, self.early_sq, lag_counts(T, *EARLY_ROWS, device=dev))
+        late_counts = lag_counts(T, INTERIOR_FROM, device=dev)
+        late = (self.late_s1, self.late_sq, late_counts)
+        inner = (self.late_s1 - self.rect_s1, self.late_sq - self.rect_sq,
+                 late_counts - key_block_counts(T, INTERIOR_FROM, INTERIOR_FROM, device=dev))
+        late_back = None if up is None else up.late_sums()
+        return (self._block_r2(early, None if up is None else up.early_sums(), n),
+                self._block_r2(late, late_back, n), self._block_r2(inner, late_back, n))
 
     def result(self) -> TrackAResult:
-        seen = self.seen
-        T, dev = self.T, self.s1.device
+        seen, T, up = self.seen, self.T, self.upper
+        dev = self.s1.device
         counts = lag_counts(T, device=dev)
-        r2_seq, g_seq = r2_from_sums(self.s1[seen], self.sq[seen], counts)
-        r2_seq_ns, _ = r2_from_sums(self.s1[seen] - self.sink[seen],
-                                 self.sq[seen] - self.sink_sq[seen], counts - 1)
-        r2_pool, g_pool = self.pooled()
+        back = None if up is None else up.per_seq_sums(seen)
+        r2_seq, g_seq, g_seq_back = r2_two_sided((self.s1[seen], self.sq[seen], counts), back)
+        r2_seq_ns, *_ = r2_two_sided((self.s1[seen] - self.sink[seen],
+                                      self.sq[seen] - self.sink_sq[seen], counts - 1), back)
+        r2_pool, g_pool, g_pool_back = self.pooled_fit()
         r2_pool_ns, _ = self.pooled(sink=False)
-        n = int(seen.sum())
-        r2_early = self._block_r2(self.early_s1, self.early_sq, lag_counts(T, *EARLY_ROWS), n)
-        late_counts = lag_counts(T, INTERIOR_FROM)
-        r2_late = self._block_r2(self.late_s1, self.late_sq, late_counts, n)
-        r2_inner = self._block_r2(
-            self.late_s1 - self.rect_s1, self.late_sq - self.rect_sq,
-            late_counts - key_block_counts(T, INTERIOR_FROM, INTERIOR_FROM), n)
+        r2_early, r2_late, r2_inner = self._row_fits(int(seen.sum()))
         rng = np.random.default_rng(self.seed)
         seen_idx = torch.nonzero(seen).flatten().cpu().numpy()
         k = max(1, int(round(SPLIT_FRACTION * len(seen_idx))))
@@ -216,10 +284,16 @@ class TrackAReducer:
             rows = torch.as_tensor(np.sort(rng.choice(seen_idx, size=k, replace=False)),
                                    device=dev)
             splits.append(self.pooled(rows)[0])
-        cpu = lambda t: t.detach().cpu().numpy()
+        cpu = lambda t: None if t is None else t.detach().cpu().numpy()
+        sides = {}
+        if up is not None:
+            g_self, g_pool_self = up.self_means(seen)
+            sides = dict(g_per_seq_back=cpu(g_seq_back).astype(np.float32),
+                         g_pooled_back=cpu(g_pool_back), g_per_seq_self=cpu(g_self),
+                         g_pooled_self=cpu(g_pool_self))
         return TrackAResult(
             seq_index=seen_idx, r2_per_seq=cpu(r2_seq), r2_per_seq_nosink=cpu(r2_seq_ns),
             g_per_seq=cpu(g_seq).astype(np.float32), r2_pooled=cpu(r2_pool),
             r2_pooled_nosink=cpu(r2_pool_ns), g_pooled=cpu(g_pool),
             r2_pooled_early=cpu(r2_early), r2_pooled_interior=cpu(r2_late),
-            r2_pooled_interior_keys=cpu(r2_inner), r2_split=cpu(torch.stack(splits)))
+            r2_pooled_interior_keys=cpu(r2_inner), r2_split=cpu(torch.stack(splits)), **sides)

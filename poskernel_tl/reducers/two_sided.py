@@ -1,0 +1,166 @@
+"""Track A's sums of the upper triangle (bidirectional models: no causal mask).
+
+The entries above the diagonal of A = scale·q·kᵀ, A[t, s] with s > t (lag Δ = t − s =
+−1..−(T−1), key after query), are the strictly lower triangle of Aᵀ = scale·k·qᵀ, so the
+identities of :mod:`poskernel_tl.reducers.lag_sums` give their sums with q and k swapped:
+per-lag sums by FFT cross-correlation of k against q, the sum of squares by the running
+moment of the queries, and the strip Aᵀ[:, :50] = A[:50, :]ᵀ (every key of query rows
+t < 50) by one explicit product. Index j of a ``lag`` axis here is Δ = −(j+1).
+
+How Track A's variants read the upper triangle:
+
+- whole, per-sequence, pooled, 80/20 splits: the whole upper triangle;
+- no-sink (key column 0 left out): the upper triangle holds no key 0, so it enters whole;
+- query rows 1–20: strip rows [1, 21); query rows ≥ 50: whole − strip rows [0, 50);
+- the interior A[50:, 50:]: its upper part is exactly that of query rows ≥ 50 (s > t ≥ 50).
+
+The diagonal A[t, t] (Δ = 0) is kept apart as its sum, never fitted. Swapping q and k
+needs one key head per query head: grouped-query attention with a bidirectional model is
+refused (:func:`check_two_sided`). ``source="scores"`` reads the same sums from the
+materialised logits (the reference path): the upper triangle is the lower one of the
+transposed view, swept by :func:`poskernel_tl.toeplitz.lower_lag_stats`.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from poskernel_tl.errors import UserError
+from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM
+from poskernel_tl.reducers.lag_sums import (
+    DEFAULT_CHUNK,
+    key_strip,
+    lag_sums,
+    lower_sum_squares,
+    skew_keys,
+)
+from poskernel_tl.toeplitz import (
+    Sums,
+    lower_lag_stats,
+    lower_mean_from_qk,
+    upper_lag_counts,
+)
+
+Block = tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
+
+
+@dataclass
+class UpperStats:
+    """Per (sequence, head), float64: (S1, Σ A²) of the whole upper triangle, of its query
+    rows [1, 21) (``early``) and of its query rows ≥ 50 (``late``), index j ↔ Δ = −(j+1);
+    ``diag`` = Σ_t A[t, t]."""
+
+    whole: Block
+    early: Block
+    late: Block
+    diag: Float[Tensor, "batch head_index"]
+
+
+def check_two_sided(n_heads: int, n_kv_heads: int) -> None:
+    """A bidirectional fit swaps q and k, which needs one key head per query head."""
+    if n_heads != n_kv_heads:
+        raise UserError(f"a bidirectional model with grouped-query attention ({n_heads} "
+                        f"query, {n_kv_heads} key/value heads) is not supported")
+
+
+def diagonal_sum(q: Float[Tensor, "batch pos head_index d_head"],
+                 k: Float[Tensor, "batch pos head_index d_head"], scale: float
+                 ) -> Float[Tensor, "batch head_index"]:
+    """Σ_t scale·q_t·k_t in float64 (the diagonal of A, Δ = 0)."""
+    return (q.double() * k.double()).sum(dim=(1, 3)) * scale
+
+
+def _rows(sk: Tensor, lo: int, hi: int) -> Block:
+    """(S1, Σ²) of rows [lo, hi) of a skewed strip [b, head, row, lag]."""
+    part = sk[:, :, lo:hi]
+    return part.sum(-2), torch.linalg.vector_norm(part, dim=(-2, -1)).square()
+
+
+def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
+                k: Float[Tensor, "batch pos head_index d_head"], scale: float,
+                chunk: int = DEFAULT_CHUNK) -> UpperStats:
+    """Every upper-triangle sum Track A keeps, from q/k (see the module docstring)."""
+    b, T, H, _ = q.shape
+    check_two_sided(H, k.shape[2])
+    whole = (lag_sums(k, q, scale), lower_sum_squares(k, q, scale, chunk))
+    K = min(INTERIOR_FROM, T)
+    # strip of Aᵀ: entry (s, t) = A[t, s] for query rows t < K; skewed: (t, j) = A[t, t+j+1]
+    sk = skew_keys(key_strip(k, q, scale, K))
+    head = _rows(sk, 0, K)
+    late = (whole[0] - head[0], whole[1] - head[1])
+    return UpperStats(whole, _rows(sk, *EARLY_ROWS), late, diagonal_sum(q, k, scale))
+
+
+def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos key_pos"],
+                            q: Float[Tensor, "batch pos head_index d_head"],
+                            k: Float[Tensor, "batch pos head_index d_head"], scale: float,
+                            work: Tensor | None = None) -> UpperStats:
+    """:func:`upper_stats` from the materialised logits (every entry valid): rows of A are
+    keys of Aᵀ, so rows < hi are the key block (hi, 0) of the transposed view."""
+    check_two_sided(q.shape[2], k.shape[2])
+    T = scores.shape[-1]
+    shift = lower_mean_from_qk(k, q, scale)  # the mean of the upper triangle
+    lo, hi = EARLY_ROWS
+    whole, (first, below_hi, head) = lower_lag_stats(
+        scores.transpose(-1, -2), shift, [], work,
+        key_blocks=[(lo, 0), (min(hi, T), 0), (min(INTERIOR_FROM, T), 0)])
+    early = (below_hi[0] - first[0], below_hi[1] - first[1])
+    late = (whole[0] - head[0], whole[1] - head[1])
+    diag = scores.diagonal(0, -2, -1).double().sum(-1)
+    return UpperStats(whole, early, late, diag)
+
+
+class UpperSums:
+    """Track A's running upper-triangle state (on the reducer's device, float64): per
+    sequence the whole triangle and the diagonal sum, summed over sequences query rows
+    [1, 21) and rows ≥ 50. Each ``*_sums`` method returns ``(S1, Σ A², n(Δ))`` for
+    :func:`poskernel_tl.toeplitz.r2_two_sided`."""
+
+    def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int, device):
+        f64 = dict(dtype=torch.float64, device=device)
+        T = self.T = length
+        self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
+        self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.diag = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.early_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
+        self.early_sq = torch.zeros(n_layers, n_heads, **f64)
+        self.late_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
+        self.late_sq = torch.zeros(n_layers, n_heads, **f64)
+
+    def store(self, L: int, idx: Tensor, st: UpperStats) -> None:
+        self.s1[idx, L], self.sq[idx, L] = st.whole
+        self.diag[idx, L] = st.diag
+        self.early_s1[L] += st.early[0].sum(0)
+        self.early_sq[L] += st.early[1].sum(0)
+        self.late_s1[L] += st.late[0].sum(0)
+        self.late_sq[L] += st.late[1].sum(0)
+
+    def per_seq_sums(self, sel: Tensor) -> Sums:
+        return self.s1[sel], self.sq[sel], upper_lag_counts(self.T, device=self.s1.device)
+
+    def pooled_sums(self, sel: Tensor, n: float) -> Sums:
+        counts = upper_lag_counts(self.T, device=self.s1.device) * n
+        return self.s1[sel].sum(0), self.sq[sel].sum(0), counts
+
+    def early_sums(self) -> Sums:
+        """Query rows [1, 21), summed over sequences (n(Δ) of one sequence)."""
+        counts = upper_lag_counts(self.T, *EARLY_ROWS, device=self.s1.device)
+        return self.early_s1, self.early_sq, counts
+
+    def late_sums(self) -> Sums:
+        """Query rows ≥ 50, summed over sequences (n(Δ) of one sequence); also the
+        interior A[50:, 50:] (its keys all lie past 50)."""
+        counts = upper_lag_counts(self.T, INTERIOR_FROM, device=self.s1.device)
+        return self.late_s1, self.late_sq, counts
+
+    def self_means(self, sel: Tensor) -> tuple[Float[Tensor, "n_seqs layer head_index"],
+                                                Float[Tensor, "layer head_index"]]:
+        """The diagonal's mean (Δ = 0) per sequence and pooled over ``sel``."""
+        per_seq = self.diag[sel] / self.T
+        return per_seq, per_seq.mean(0)
+
+
+__all__ = ["UpperStats", "UpperSums", "check_two_sided", "diagonal_sum", "upper_stats",
+           "upper_stats_from_scores"]
