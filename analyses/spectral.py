@@ -23,6 +23,12 @@ where the rotary frequencies are dense. By default therefore:
    5× the most the window's side lobes of the rest of the spectrum can put there. Smooth
    kernels leave none. Only significant peaks enter the alignment statistic.
 
+**Bidirectional models** (no causal mask) have g on both sides of the diagonal; every g is
+then analysed over its signed lags Δ = −(T−1)..T−1 (the forward g, Δ = 1..T−1, and the
+``*_back`` g, Δ = −1..−(T−1), joined with Δ = 0 bridged by the mean of g(±1)), tapered by a
+Hann window over that whole span, so spectra have 4T + 1 points on a grid of bins 2π/2T;
+table columns keep ``length`` = T. Causal models are analysed exactly as before.
+
 ``raw_spectrum=True`` keeps the literal procedure for comparison; a flat kernel then meets the
 pre-registered "≥ 50% of top-5 peaks matched".
 
@@ -76,7 +82,10 @@ from poskernel_tl.analyses.spectral_processing import (  # noqa: F401  (re-expor
     pick_peaks,
     prepare,
     reference_kernel,
+    signed_lags,
+    span,
     spectrum,
+    two_sided_for_spectrum,
 )
 from poskernel_tl.protocol import EARLY_LAYERS, GATE_THRESHOLD, HEAD_THRESHOLD
 
@@ -115,18 +124,36 @@ def head_status(r2: float, finite: bool, gate_met: bool | None, force: bool,
     return f"exploratory: {why}" if explore else f"skipped: {why}"
 
 
-def _batch_references(g, th, usage, length, raw_spectrum, demean):
+def _batch_references(g, th, usage, length, raw_spectrum, demean, two_sided=False):
     """Per-head reference power [layer, head_index, freq], the literal power of g and the
-    literal equal-weight reference, each computed once for the whole condition."""
+    literal equal-weight reference, each computed once for the whole condition (over the
+    lags g is given at: :func:`signed_lags`)."""
     if not len(th):
         return None
     L, H = g.shape[:2]
-    basis = np.cos(np.outer(np.arange(1, length, dtype=np.float64), th))  # [lag, pair]
+    n = span(length, two_sided)
+    basis = np.cos(np.outer(signed_lags(length, two_sided), th))  # [lag, pair]
     use = np.ones((L, H, len(th))) if usage is None else np.asarray(usage, np.float64)
-    ref = spectrum(use @ basis.T, length, raw_spectrum=raw_spectrum, demean=demean) ** 2
-    raw = spectrum(np.nan_to_num(g), length, raw_spectrum=True) ** 2
-    literal = spectrum(basis.sum(1), length, raw_spectrum=True) ** 2
+    ref = spectrum(use @ basis.T, n, raw_spectrum=raw_spectrum, demean=demean) ** 2
+    raw = spectrum(np.nan_to_num(g), n, raw_spectrum=True) ** 2
+    literal = spectrum(basis.sum(1), n, raw_spectrum=True) ** 2
     return ref, raw, literal
+
+
+def _head_scores(res: dict, mags, refs, s_pe, g_sources, layer: int, head: int, n: int,
+                 raw_spectrum: bool) -> dict:
+    """One analysed head's table columns: its alignment ``res`` (updated with the
+    reference scores when there are references) and the S_PE correlations."""
+    if refs is not None:
+        res.update(reference_scores(mags[layer, head] ** 2, refs[0][layer, head],
+                                    refs[1][layer, head], refs[2], n, raw_spectrum))
+    row = {key: res[key] for key in HEAD_COLUMNS if key in res and key != "length"}
+    if s_pe is not None:
+        row.update(pe_spectrum_correlations(
+            s_pe[layer, head], {k: np.asarray(v)[layer, head]
+                                for k, v in (g_sources or {}).items()},
+            n, raw_spectrum=raw_spectrum))
+    return row
 
 
 def _peak_rows(base: dict, res: dict) -> list[dict]:
@@ -145,7 +172,7 @@ def spectral_table(
     g_sources: dict[str, np.ndarray] | None = None, model: str = "", dataset: str = "",
     pe: str = "", source: str = "", n_null: int = N_NULL, seed: int = 0,
     alpha: float = ALPHA, tau_rel: float = TAU_REL, explore: bool = True,
-    magnitudes: dict | None = None,
+    magnitudes: dict | None = None, two_sided: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One condition, one g source: (heads table, one row per layer × head; peaks table, one
     row per peak). ``gate_met`` is the caller's gate (True/False; None = no gate applies);
@@ -154,15 +181,20 @@ def spectral_table(
     analysed head also gets :func:`pe_spectrum_correlations` against ``g_sources``. Every head
     is analysed on its own (per-head null, same seed). ``magnitudes``, when given a dict,
     receives ``"spectrum"`` (the processed |ĝ| [layer, head_index, freq], NaN for non-finite
-    g) and ``"omega"``."""
+    g) and ``"omega"``. ``two_sided``: g (and ``g_sources``, ``s_pe``) run over signed lags
+    Δ = −(T−1)..T−1 (a bidirectional model; ``length`` stays T), processed over their whole
+    span; an ``s_pe`` of another length is left out."""
     g = np.asarray(g, np.float64)
     r2 = np.asarray(r2_pooled, np.float64)
     L, H = g.shape[:2]
+    n = span(length, two_sided)
     th, use = usable_thetas(thetas, usage)
     finite = np.isfinite(g).all(-1)
-    mags = spectrum(np.where(finite[..., None], g, 0.0), length, raw_spectrum=raw_spectrum,
+    mags = spectrum(np.where(finite[..., None], g, 0.0), n, raw_spectrum=raw_spectrum,
                     demean=demean)
-    refs = _batch_references(g, th, use, length, raw_spectrum, demean)
+    refs = _batch_references(g, th, use, length, raw_spectrum, demean, two_sided)
+    if s_pe is not None and np.shape(s_pe)[-1] != n - 1:
+        s_pe = None
     heads, peak_rows = [], []
     for layer in range(L):
         for head in range(H):
@@ -175,24 +207,16 @@ def spectral_table(
                    "analysed": not status.startswith("skipped"),
                    "preregistered": status == "gated", "raw_spectrum": raw_spectrum}
             if row["analysed"]:
-                res = align_spectrum(mags[layer, head], th, length, raw_spectrum=raw_spectrum,
+                res = align_spectrum(mags[layer, head], th, n, raw_spectrum=raw_spectrum,
                                      n_peaks=N_PEAKS, tau_rel=tau_rel, n_null=n_null,
                                      seed=seed, alpha=alpha, precision_bins=PRECISION_BINS)
-                if refs is not None:
-                    res.update(reference_scores(mags[layer, head] ** 2, refs[0][layer, head],
-                                                refs[1][layer, head], refs[2], length,
-                                                raw_spectrum))
-                row.update({key: res[key] for key in HEAD_COLUMNS if key in res})
-                if s_pe is not None:
-                    row.update(pe_spectrum_correlations(
-                        s_pe[layer, head], {k: np.asarray(v)[layer, head]
-                                            for k, v in (g_sources or {}).items()},
-                        length, raw_spectrum=raw_spectrum))
+                row.update(_head_scores(res, mags, refs, s_pe, g_sources, layer, head, n,
+                                        raw_spectrum))
                 peak_rows += _peak_rows(base, res)
             heads.append(row)
     if magnitudes is not None:
         magnitudes.update(spectrum=np.where(finite[..., None], mags, np.nan),
-                          omega=frequency_grid(length))
+                          omega=frequency_grid(n))
     return _tables(heads, peak_rows)
 
 
@@ -209,15 +233,21 @@ def condition_inputs(result) -> dict:
     """What the spectral stage reads from a :class:`~poskernel_tl.result.ConditionResult`:
     Track B's g (centered, or raw where uncentered) and its name, Track A's pooled g, the
     GPT-2 g sources, pooled R², S_PE and the frequency usage |q|·|k| per rotary pair in θ
-    order."""
+    order. For a bidirectional model every g is two-sided (``two_sided`` true: signed lags
+    Δ = −(T−1)..T−1, Δ = 0 bridged by :func:`two_sided_for_spectrum`)."""
+    two = not getattr(result.spec, "causal", True)
+    side = lambda fwd, back: two_sided_for_spectrum(fwd, back) if two else fwd
     g, source = result.g_trackB
-    sources = {"trackA_pooled": result.g_pooled, "gram_raw": result.g_gram_raw,
-               "gram_centered": result.g_gram}
+    g_back = result.g_gram_back if result.centered else result.g_gram_raw_back
+    sources = {"trackA_pooled": side(result.g_pooled, result.g_pooled_back),
+               "gram_raw": side(result.g_gram_raw, result.g_gram_raw_back),
+               "gram_centered": side(result.g_gram, result.g_gram_back)}
     usage = result.usage
     if usage is not None and (result.thetas is None or len(result.thetas) != usage.shape[-1]):
         usage = None
-    return {"spec": result.spec, "g": np.asarray(g, np.float64), "source": source,
-            "g_trackA": np.asarray(result.g_pooled, np.float64), "g_sources": sources,
+    return {"spec": result.spec, "g": np.asarray(side(g, g_back), np.float64),
+            "source": source, "two_sided": two, "g_sources": sources,
+            "g_trackA": np.asarray(side(result.g_pooled, result.g_pooled_back), np.float64),
             "r2": result.r2_pooled, "s_pe": result.s_pe, "usage": usage}
 
 
@@ -270,7 +300,7 @@ def run_spectral(result, out: Path | None = None, *, force: bool = False,
         gate_met = bool(gate > GATE_THRESHOLD)
     common = dict(usage=cond["usage"], force=force, raw_spectrum=raw_spectrum, demean=demean,
                   model=result.model, dataset=result.dataset, pe=spec.pe, n_null=n_null,
-                  seed=seed, explore=explore)
+                  seed=seed, explore=explore, two_sided=cond["two_sided"])
     mags_b, mags_a = {}, {}
     table, peaks = spectral_table(
         cond["g"], r2, spec.rotary_frequencies(), length, gate_met=gate_met,
@@ -302,22 +332,22 @@ def plot_head_spectrum(result, layer: int, head: int, raw_spectrum: bool = False
     from matplotlib.figure import Figure
 
     cond = condition_inputs(result)
-    model, dataset, length = result.model, result.dataset, result.length
+    model, dataset, length, two = result.model, result.dataset, result.length, cond["two_sided"]
     thetas = cond["spec"].rotary_frequencies()
     usage = None if cond["usage"] is None else cond["usage"][layer, head]
     res = spectral_alignment(cond["g"][layer, head], thetas, length=length, usage=usage,
-                             raw_spectrum=raw_spectrum, n_null=200)
+                             raw_spectrum=raw_spectrum, n_null=200, two_sided=two)
     omega, power = res["omega"], res["spectrum"] ** 2 / max(res["spectrum"].max() ** 2, 1e-300)
     fig = Figure(figsize=(7, 3.2))
     ax = fig.subplots()
     ax.plot(omega, power, lw=1, label=f"|ĝ|² ({cond['source']})")
     ref, label = None, "S_PE"
     if thetas is not None:
-        ref, label = reference_kernel(thetas, length, usage), "Σ w_i cos(θ_i Δ)"
-    elif cond["s_pe"] is not None:
+        ref, label = reference_kernel(thetas, length, usage, two), "Σ w_i cos(θ_i Δ)"
+    elif cond["s_pe"] is not None and cond["s_pe"].shape[-1] == span(length, two) - 1:
         ref = cond["s_pe"][layer, head]
     if ref is not None:
-        ref = spectrum(ref, length, raw_spectrum=raw_spectrum) ** 2
+        ref = spectrum(ref, span(length, two), raw_spectrum=raw_spectrum) ** 2
         ax.plot(omega, ref / max(ref.max(), 1e-300), lw=1, alpha=0.7, label=f"reference {label}")
     top = res["peak_magnitude"] ** 2 / max(res["spectrum"].max() ** 2, 1e-300)
     sig = res["significant"]

@@ -25,6 +25,7 @@ from poskernel_tl.analyses.spectral_processing import (
     pearson,
     pick_peaks,
     reference_kernel,
+    span,
     spectrum,
 )
 
@@ -101,11 +102,14 @@ def spectral_alignment(
     raw_spectrum: bool = False, demean: bool = False, n_peaks: int = N_PEAKS,
     tau_rel: float = TAU_REL, n_null: int = N_NULL, seed: int = 0, alpha: float = ALPHA,
     precision_bins: float = PRECISION_BINS, references: bool = True,
-    keep_spectrum: bool = True,
+    keep_spectrum: bool = True, two_sided: bool = False,
 ) -> dict:
     """Spectral analysis of one head's g(Δ) (lag Δ = 1..T−1, so T = len(g) + 1 by default)
     against rotary frequencies ``thetas`` (radians/token; None or empty for models without
     rotary PE). ``usage`` weights the reference kernel, one value per θ_i, same order.
+    ``two_sided``: g runs over Δ = −(T−1)..T−1 (a bidirectional model; T = (len(g) + 1)/2
+    by default) and is processed over that whole span
+    (:func:`~poskernel_tl.analyses.spectral_processing.span`).
 
     Keys: ``peaks`` (ω of the top peaks, largest first), ``peak_magnitude``,
     ``significant``, ``n_peaks_found``, ``n_significant``; per peak ``matched``,
@@ -118,22 +122,26 @@ def spectral_alignment(
     processed |ĝ|). ``references=False`` skips the reference scores (NaN),
     ``keep_spectrum=False`` the arrays."""
     g = np.asarray(g, np.float64)
-    length = len(g) + 1 if length is None else int(length)
+    length = (len(g) + 1) // (2 if two_sided else 1) if length is None else int(length)
+    n = span(length, two_sided)
     if not np.isfinite(g).all():
         raise ValueError("g contains non-finite values")
     th, use = usable_thetas(thetas, usage)
-    mag = spectrum(g, length, raw_spectrum=raw_spectrum, demean=demean)
-    out = align_spectrum(mag, th, length, raw_spectrum=raw_spectrum, n_peaks=n_peaks,
+    mag = spectrum(g, n, raw_spectrum=raw_spectrum, demean=demean)
+    out = align_spectrum(mag, th, n, raw_spectrum=raw_spectrum, n_peaks=n_peaks,
                          tau_rel=tau_rel, n_null=n_null, seed=seed, alpha=alpha,
                          precision_bins=precision_bins)
+    if two_sided:  # settings: the condition's T (the spectra span 2T)
+        out.update(length=length, two_sided=True)
     if len(th) and references:
-        ref = spectrum(reference_kernel(th, length, use), length, raw_spectrum=raw_spectrum,
-                       demean=demean) ** 2
-        literal = spectrum(reference_kernel(th, length), length, raw_spectrum=True) ** 2
-        out.update(reference_scores(mag ** 2, ref, spectrum(g, length, raw_spectrum=True) ** 2,
-                               literal, length, raw_spectrum))
+        ref = spectrum(reference_kernel(th, length, use, two_sided), n,
+                       raw_spectrum=raw_spectrum, demean=demean) ** 2
+        literal = spectrum(reference_kernel(th, length, two_sided=two_sided), n,
+                           raw_spectrum=True) ** 2
+        out.update(reference_scores(mag ** 2, ref, spectrum(g, n, raw_spectrum=True) ** 2,
+                                    literal, n, raw_spectrum))
     if keep_spectrum:
-        out["omega"], out["spectrum"] = frequency_grid(length), mag
+        out["omega"], out["spectrum"] = frequency_grid(n), mag
     return out
 
 

@@ -8,7 +8,9 @@ Under ``DIR/results/`` (``{stem}`` = ``{model}_{dataset}_{T}``):
   (exploratory), same columns;
 - ``{stem}_spectral_spectra.npz``: ``omega`` [freq], ``trackB`` and ``trackA`` [layer,
   head_index, freq] (|ĝ| as analysed, float32, NaN where g was not finite) and ``thetas``
-  (empty without rotary PE). Written last: its presence marks a complete analysis.
+  (empty without rotary PE). Written last: its presence marks a complete analysis. For a
+  bidirectional model g is two-sided and the spectra have 4T + 1 frequencies (``omega``
+  says which grid), else 2T + 1.
 
 :func:`read_spectral` reads them back and checks them; it never raises for a missing or
 damaged file: it says which source is missing and what is wrong with which file.
@@ -143,7 +145,7 @@ def _read_spectra(saved: SavedSpectral, path: Path, L: int, H: int, length: int)
             saved.problems.append((path.name, "missing (the analysis did not finish: rerun "
                                               "poskernel spectral)"))
         return
-    n_freq = 2 * length + 1
+    grids = (2 * length + 1, 4 * length + 1)  # g over Δ = 1..T−1, or two-sided
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -151,9 +153,11 @@ def _read_spectra(saved: SavedSpectral, path: Path, L: int, H: int, length: int)
         saved.problems.append((path.name, f"unreadable ({type(err).__name__})"))
         return
     omega = arrays.get("omega")
-    if omega is None or omega.shape != (n_freq,):
-        saved.problems.append((path.name, f"omega missing or not of length {n_freq}"))
+    if omega is None or omega.ndim != 1 or len(omega) not in grids:
+        saved.problems.append((path.name, f"omega missing or not of length {grids[0]} "
+                                          f"(or {grids[1]}: two-sided g)"))
         return
+    n_freq = len(omega)
     saved.omega = omega
     for source in list(saved.tables):
         mags = arrays.get(source)

@@ -6,6 +6,13 @@ g(Δ), Δ = 1..T−1, is zero-padded to N_fft = 4T, ĝ(ω_m) = FFT[m], ω_m = 2�
 the weighted least-squares quadratic in Δ is subtracted and the residual tapered by a
 one-sided Hann window; ``raw_spectrum=True`` keeps the literal procedure (mean kept unless
 ``demean``, no taper, peaks on the grid).
+
+**Two-sided g** (bidirectional models): g over signed lags Δ = −(T−1)..T−1 (2T − 1 values,
+:func:`two_sided_for_spectrum`) is processed by the same functions with ``length`` =
+:func:`span` = 2T: index j ↔ Δ = j + 1 − T, so the taper sin²(π(Δ + T)/2T) = cos²(πΔ/2T) is
+the Hann window over the whole two-sided span, the quadratic trend is in Δ/T, N_fft = 8T
+and the grid, the peak spacing and ω_min are in bins of 2π/2T (|ĝ| does not depend on
+where Δ = 0 sits). Spectra of a two-sided g have 4T + 1 points.
 """
 
 from functools import lru_cache
@@ -21,6 +28,29 @@ DETREND_DEGREE = 2
 OMEGA_MIN_BINS = 4.0
 PROMINENCE_REL = 0.05
 LOG_POWER_FLOOR = 1e-6
+
+
+def span(length: int, two_sided: bool = False) -> int:
+    """The ``length`` the processing functions take for a condition of T = ``length``:
+    T for g(Δ), Δ = 1..T−1; 2T for a two-sided g (2T − 1 signed lags)."""
+    return 2 * length if two_sided else length
+
+
+def signed_lags(length: int, two_sided: bool = False) -> Float[np.ndarray, " lag"]:
+    """The lags g is given at: 1..T−1, or −(T−1)..T−1 for a two-sided g."""
+    lo = -(length - 1) if two_sided else 1
+    return np.arange(lo, length, dtype=np.float64)
+
+
+def two_sided_for_spectrum(forward: Float[np.ndarray, "*batch lag"],
+                           back: Float[np.ndarray, "*batch lag"]
+                           ) -> Float[np.ndarray, "*batch signed_lag"]:
+    """g over Δ = −(T−1)..T−1 from ``forward`` (Δ = 1..T−1) and ``back`` (index j ↔
+    Δ = −(j+1)), Δ = 0 set to the mean of g(1) and g(−1): the diagonal, where a token meets
+    itself, is no shift-invariant value and its spike would spread over every frequency."""
+    forward, back = np.asarray(forward, np.float64), np.asarray(back, np.float64)
+    mid = 0.5 * (forward[..., 0] + back[..., 0])
+    return np.concatenate([back[..., ::-1], mid[..., None], forward], -1)
 
 
 def n_fft_for(length: int) -> int:
@@ -113,12 +143,13 @@ def pick_peaks(
 
 def reference_kernel(
     thetas: Float[np.ndarray, " pair"], length: int,
-    usage: Float[np.ndarray, " pair"] | None = None,
+    usage: Float[np.ndarray, " pair"] | None = None, two_sided: bool = False,
 ) -> Float[np.ndarray, " lag"]:
-    """Σ_i w_i cos(θ_i Δ) for Δ = 1..T−1; w = ``usage`` (equal weights when None)."""
+    """Σ_i w_i cos(θ_i Δ) for Δ = 1..T−1 (``two_sided``: Δ = −(T−1)..T−1); w = ``usage``
+    (equal weights when None)."""
     thetas = np.asarray(thetas, np.float64)
     w = np.ones(len(thetas)) if usage is None else np.asarray(usage, np.float64)
-    return np.cos(np.outer(np.arange(1, length, dtype=np.float64), thetas)) @ w
+    return np.cos(np.outer(signed_lags(length, two_sided), thetas)) @ w
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float:
@@ -149,4 +180,5 @@ def log_power_r(p: np.ndarray, q: np.ndarray, length: int, keep: np.ndarray, *,
 
 __all__ = ["DETREND_DEGREE", "LOG_POWER_FLOOR", "N_PEAKS", "OMEGA_MIN_BINS", "PROMINENCE_REL",
            "frequency_grid", "lag_window", "log_power", "log_power_r", "n_fft_for", "pearson",
-           "pick_peaks", "prepare", "reference_kernel", "spectrum"]
+           "pick_peaks", "prepare", "reference_kernel", "signed_lags", "span", "spectrum",
+           "two_sided_for_spectrum"]

@@ -14,21 +14,22 @@ def kernel_spectrum(
     g: Float[np.ndarray, " lag"],
     thetas: Float[np.ndarray, " pair"] | None = None,
     *,
-    usage: Float[np.ndarray, " pair"] | None = None,
+    usage: Float[np.ndarray, " pair"] | None = None, two_sided: bool = False,
 ) -> tuple[Float[np.ndarray, " freq"], Float[np.ndarray, " freq"], dict | None, str]:
-    """``(omega, power, alignment, note)`` for one g(Δ), Δ = 1..T−1.
+    """``(omega, power, alignment, note)`` for one g(Δ), Δ = 1..T−1 (``two_sided``: over
+    Δ = −(T−1)..T−1, a bidirectional model's g).
 
     The power spectrum is the spectral analysis' own (``analyses.spectral.spectrum``,
-    squared: detrended, tapered, zero-padded to 4T); ``alignment`` is
+    squared: detrended, tapered, zero-padded to 4T, or 8T two-sided); ``alignment`` is
     ``spectral_alignment(g, thetas, usage=usage)`` for rotary models (``thetas`` given),
     else None; ``note`` is kept empty (for callers that show one)."""
     g = np.asarray(g, dtype=np.float64)
-    T = len(g) + 1
-    omega = np.asarray(spectral.frequency_grid(T), dtype=np.float64)
-    power = np.asarray(spectral.spectrum(g, T), dtype=np.float64) ** 2
+    n = len(g) + 1  # the span: T, or 2T for a two-sided g
+    omega = np.asarray(spectral.frequency_grid(n), dtype=np.float64)
+    power = np.asarray(spectral.spectrum(g, n), dtype=np.float64) ** 2
     alignment = None
     if thetas is not None and len(thetas):
-        alignment = spectral.spectral_alignment(g, thetas, length=T, usage=usage)
+        alignment = spectral.spectral_alignment(g, thetas, usage=usage, two_sided=two_sided)
     return omega, power, alignment, ""
 
 
