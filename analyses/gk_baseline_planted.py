@@ -1,7 +1,9 @@
-"""Planted ground truth for the G_k baseline (:mod:`poskernel_tl.analyses.gk_baseline`):
-tiny GPT-2 models whose ``wpe`` is a sinusoidal table, one of them with a known layer-0
-position→position term (:func:`sinusoidal_gpt2` with ``planted=True``,
-:func:`planted_pos_pos_kernel`)."""
+"""Planted ground truth for the G_k baseline (:mod:`poskernel_tl.analyses.gk_baseline`) and
+S_PE (:mod:`poskernel_tl.pe_kernel`): tiny GPT-2 and BERT models whose position table is
+sinusoidal, with a known layer-0 position→position term when planted
+(:func:`sinusoidal_gpt2`, :func:`sinusoidal_bert` with ``planted=True``,
+:func:`planted_pos_pos_kernel`; a BERT's kernel has both signs of Δ, and its odd heads
+make the two differ)."""
 
 import math
 
@@ -9,7 +11,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
 
 def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0
@@ -39,11 +41,12 @@ def planted_head_frequencies(n_heads: int, d_model: int) -> list[list[int]]:
 PLANTED_AMPLITUDES = ((0.2, 1.0), (1.0, 0.1), (1.0, 1.0), (1.0, 0.5))
 
 
-def _plant_tables(model: GPT2LMHeadModel, base: float, gen: torch.Generator) -> None:
-    """Token embeddings in the first half of the features (zero mean, |e|² = d_model/4),
-    the planted sin/cos positions in the second half (:func:`sinusoidal_gpt2`)."""
-    n_positions, d_model = model.transformer.wpe.weight.shape
-    vocab_size, half = model.transformer.wte.weight.shape[0], d_model // 2
+def _planted_tables(n_positions: int, vocab_size: int, d_model: int, base: float,
+                    gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """(token table, position table), float32: token embeddings in the first half of the
+    features (zero mean, |e|² = d_model/4), the planted sin/cos positions in the second
+    half (:func:`sinusoidal_gpt2`)."""
+    half = d_model // 2
     w = planted_frequencies(d_model, base)
     t = torch.arange(n_positions, dtype=torch.float64)[:, None]
     s, c = torch.sin(t * w), torch.cos(t * w)
@@ -54,19 +57,18 @@ def _plant_tables(model: GPT2LMHeadModel, base: float, gen: torch.Generator) -> 
     e = e / e.norm(dim=-1, keepdim=True) * math.sqrt(half / 2)  # |e|² = |p|² = half/2
     wte = torch.zeros(vocab_size, d_model, dtype=torch.float64)
     wte[:, :half] = e
-    model.transformer.wte.weight.copy_(wte.float())
-    model.transformer.wpe.weight.copy_(pe.float())
+    return wte.float(), pe.float()
 
 
-def _plant_qk(block, n_head: int, d_model: int, gen: torch.Generator) -> None:
-    """Block 0: identity ln_1, no q/k bias, head h reading random content and the sin/cos
-    pairs of its planted frequencies (:func:`sinusoidal_gpt2`)."""
+def _planted_qk(n_head: int, d_model: int, gen: torch.Generator, odd_heads=()
+                ) -> Float[Tensor, "d_model qk"]:
+    """The planted q/k maps in ``x @ W`` layout [d_model, 2·d_model] (q columns, then k
+    columns): head h reads random content (amplitude c_h) in its first d_head/2 columns
+    and the sin/cos pairs of its planted frequencies (amplitude a_h) in the rest; the keys
+    of ``odd_heads`` read (cos, −sin) instead of (sin, cos), so that their q·k is
+    a_h²·sin(ω(t − s)) rather than a_h²·cos(ω(t − s))."""
     half, d = d_model // 2, d_model // n_head
-    block.ln_1.weight.fill_(1.0)
-    block.ln_1.bias.zero_()
-    W = block.attn.c_attn.weight  # Conv1D [d_model, 3 d_model]
-    W[:, :2 * d_model] = 0.0
-    block.attn.c_attn.bias[:2 * d_model] = 0.0
+    W = torch.zeros(d_model, 2 * d_model)
     freqs = planted_head_frequencies(n_head, d_model)
     for h in range(n_head):
         amp_c, amp_p = PLANTED_AMPLITUDES[h % len(PLANTED_AMPLITUDES)]
@@ -74,10 +76,25 @@ def _plant_qk(block, n_head: int, d_model: int, gen: torch.Generator) -> None:
             cols = slice(off + h * d, off + h * d + d // 2)
             W[:half, cols] = amp_c * torch.randn(half, d // 2, generator=gen) / math.sqrt(
                 half)
+            rows = (1, 2) if off and h in odd_heads else (0, 1)  # (cos, −sin) or (sin, cos)
             for i, j in enumerate(freqs[h]):
                 col = off + h * d + d // 2 + 2 * i
-                W[half + 4 * j, col] = amp_p  # the sin feature of ω_j
-                W[half + 4 * j + 1, col + 1] = amp_p  # its cos feature
+                W[half + 4 * j + rows[0], col] = amp_p
+                W[half + 4 * j + rows[1], col + 1] = amp_p
+    return W
+
+
+def _plant_gpt2(model: GPT2LMHeadModel, base: float, gen: torch.Generator) -> None:
+    """The planted tables, an identity ``ln_1`` and the planted q/k (no bias) in block 0."""
+    cfg = model.config
+    wte, wpe = _planted_tables(cfg.n_positions, cfg.vocab_size, cfg.n_embd, base, gen)
+    model.transformer.wte.weight.copy_(wte)
+    model.transformer.wpe.weight.copy_(wpe)
+    block = model.transformer.h[0]
+    block.ln_1.weight.fill_(1.0)
+    block.ln_1.bias.zero_()
+    block.attn.c_attn.weight[:, :2 * cfg.n_embd] = _planted_qk(cfg.n_head, cfg.n_embd, gen)
+    block.attn.c_attn.bias[:2 * cfg.n_embd] = 0.0
 
 
 def sinusoidal_gpt2(*, vocab_size: int = 300, n_positions: int = 128, d_model: int = 64,
@@ -108,27 +125,88 @@ def sinusoidal_gpt2(*, vocab_size: int = 300, n_positions: int = 128, d_model: i
         if not planted:
             model.transformer.wpe.weight.copy_(sinusoidal_table(n_positions, d_model, base))
             return model
-        gen = torch.Generator().manual_seed(seed)
-        _plant_tables(model, base, gen)
-        _plant_qk(model.transformer.h[0], n_head, d_model, gen)
+        _plant_gpt2(model, base, torch.Generator().manual_seed(seed))
     return model
 
 
-def planted_pos_pos_kernel(model: GPT2LMHeadModel, length: int
-                           ) -> Float[np.ndarray, "head_index lag"]:
-    """The planted model's exact layer-0 position→position term by lag Δ = 1..length−1:
-    scale·a_h²/σ²·Σ_j cos(ω_j Δ), σ² = 1/2 + ε (see :func:`sinusoidal_gpt2`)."""
+def _plant_bert(model: BertForMaskedLM, base: float, gen: torch.Generator,
+                odd_heads) -> None:
+    """The planted tables behind an identity embeddings LayerNorm (token types zero) and
+    the planted q/k (no bias) in block 0 (:func:`sinusoidal_bert`)."""
+    cfg, emb = model.config, model.bert.embeddings
+    D = cfg.hidden_size
+    wte, wpe = _planted_tables(cfg.max_position_embeddings, cfg.vocab_size, D, base, gen)
+    emb.word_embeddings.weight.copy_(wte)
+    emb.position_embeddings.weight.copy_(wpe)
+    emb.token_type_embeddings.weight.zero_()
+    emb.LayerNorm.weight.fill_(1.0)
+    emb.LayerNorm.bias.zero_()
+    W = _planted_qk(cfg.num_attention_heads, D, gen, odd_heads)
+    attn = model.bert.encoder.layer[0].attention.self
+    attn.query.weight.copy_(W[:, :D].T)
+    attn.key.weight.copy_(W[:, D:].T)
+    attn.query.bias.zero_()
+    attn.key.bias.zero_()
+
+
+def sinusoidal_bert(*, vocab_size: int = 300, n_positions: int = 128, d_model: int = 64,
+                    n_layer: int = 2, n_head: int = 4, base: float = 10000.0, seed: int = 0,
+                    planted: bool = False, odd_heads: tuple[int, ...] = (2,)
+                    ) -> BertForMaskedLM:
+    """A tiny random BERT (post-LN encoder, eager attention, no dropout) whose position
+    table is sinusoidal.
+
+    ``planted=True`` plants :func:`sinusoidal_gpt2`'s structure in the embeddings (the
+    same token and position tables, token-type embeddings zero, an identity embeddings
+    LayerNorm) and in block 0's query/key maps (no bias), except that the heads in
+    ``odd_heads`` read their keys' position features as (cos, −sin): their layer-0
+    position→position term is scale·a_h²/σ²·Σ_j sin(ω_j Δ), odd in Δ, the others'
+    scale·a_h²/σ²·Σ_j cos(ω_j Δ) (:func:`planted_pos_pos_kernel`), with σ² = 1/2 + ε for
+    every token.
+    """
+    if d_model % (8 * n_head) and planted:
+        raise ValueError("planted=True needs d_model divisible by 8·n_head")
+    cfg = BertConfig(vocab_size=vocab_size, hidden_size=d_model, intermediate_size=2 * d_model,
+                     num_hidden_layers=n_layer, num_attention_heads=n_head,
+                     max_position_embeddings=n_positions, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(cfg).eval()
+    model.config.architectures = ["BertForMaskedLM"]
+    model.config.planted_base = base
+    model.config.planted_odd_heads = list(odd_heads) if planted else []
+    with torch.no_grad():
+        if not planted:
+            model.bert.embeddings.position_embeddings.weight.copy_(
+                sinusoidal_table(n_positions, d_model, base))
+            return model
+        _plant_bert(model, base, torch.Generator().manual_seed(seed), odd_heads)
+    return model
+
+
+def planted_pos_pos_kernel(model: GPT2LMHeadModel | BertForMaskedLM, length: int,
+                           back: bool = False) -> Float[np.ndarray, "head_index lag"]:
+    """The planted model's exact layer-0 position→position term by lag Δ = 1..length−1
+    (``back``: Δ = −1..−(length−1)): scale·a_h²/σ²·Σ_j f_h(ω_j Δ), σ² = 1/2 + ε, f_h = cos,
+    or sin for a BERT's odd heads (see :func:`sinusoidal_gpt2`, :func:`sinusoidal_bert`)."""
     cfg = model.config
-    var = 0.5 + model.transformer.h[0].ln_1.eps
-    w = planted_frequencies(cfg.n_embd, getattr(cfg, "planted_base", 10000.0)).numpy()
-    lags = np.arange(1, length)
-    scale = 1.0 / math.sqrt(cfg.n_embd // cfg.n_head)
+    bert = cfg.model_type == "bert"
+    d_model, n_head = (cfg.hidden_size, cfg.num_attention_heads) if bert else (cfg.n_embd,
+                                                                              cfg.n_head)
+    ln = model.bert.embeddings.LayerNorm if bert else model.transformer.h[0].ln_1
+    var = 0.5 + ln.eps
+    w = planted_frequencies(d_model, getattr(cfg, "planted_base", 10000.0)).numpy()
+    lags = np.arange(1, length) * (-1 if back else 1)
+    scale = 1.0 / math.sqrt(d_model // n_head)
+    odd = getattr(cfg, "planted_odd_heads", [])
     out = []
-    for h, fs in enumerate(planted_head_frequencies(cfg.n_head, cfg.n_embd)):
+    for h, fs in enumerate(planted_head_frequencies(n_head, d_model)):
         amp = PLANTED_AMPLITUDES[h % len(PLANTED_AMPLITUDES)][1]
-        out.append(scale * amp ** 2 / var * np.cos(np.outer(lags, w[fs])).sum(-1))
+        f = np.sin if h in odd else np.cos
+        out.append(scale * amp ** 2 / var * f(np.outer(lags, w[fs])).sum(-1))
     return np.stack(out)
 
 
 __all__ = ["PLANTED_AMPLITUDES", "planted_frequencies", "planted_head_frequencies",
-           "planted_pos_pos_kernel", "sinusoidal_gpt2", "sinusoidal_table"]
+           "planted_pos_pos_kernel", "sinusoidal_bert", "sinusoidal_gpt2", "sinusoidal_table"]
