@@ -11,7 +11,12 @@ from poskernel_tl.analyses import gk_baseline as G
 from poskernel_tl.analyses import gk_baseline_planted as GP
 from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.loading import LoadedModel, boot_bridge, describe
-from poskernel_tl.pe_kernel import head_projected_pe_kernel
+from poskernel_tl.pe_kernel import (
+    head_projected_pe_kernel,
+    head_projected_pe_kernels,
+    position_ln_stats,
+)
+from poskernel_tl.sequences import build_sequences
 
 T = 40
 SPLIT_TOL = 1e-5
@@ -173,3 +178,137 @@ def test_gk_table_is_tidy(planted_result):
     assert isinstance(table, pd.DataFrame)
     assert list(table[["layer", "head"]].itertuples(index=False, name=None)) == [
         (layer, h) for layer in range(2) for h in range(4)]
+
+
+# --------------------------------------------------------------------- BERT (post-LN)
+@pytest.fixture(scope="module")
+def bert(tiny_tokenizer) -> LoadedModel:
+    """The tiny BERT with non-trivial LayerNorms, q/k biases and token-type row."""
+    hf = tiny_hf_model("bert")
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        ln = hf.bert.embeddings.LayerNorm
+        ln.weight.copy_(0.5 + torch.rand(ln.weight.shape, generator=gen))
+        ln.bias.normal_(0, 0.3, generator=gen)
+        sa = hf.bert.encoder.layer[0].attention.self
+        sa.query.bias.normal_(0, 0.3, generator=gen)
+        sa.key.bias.normal_(0, 0.3, generator=gen)
+        hf.bert.embeddings.token_type_embeddings.weight.normal_(0, 0.5, generator=gen)
+    return LoadedModel(boot_bridge(hf, tiny_tokenizer), tiny_tokenizer,
+                       describe(hf, SPECS["bert"]), hf)
+
+
+@pytest.fixture(scope="module")
+def planted_bert(tiny_tokenizer) -> LoadedModel:
+    hf = GP.sinusoidal_bert(planted=True, seed=0, odd_heads=(2,))
+    return LoadedModel.from_bridge(boot_bridge(hf, tiny_tokenizer), tiny_tokenizer)
+
+
+def layer0_qk_scores(model: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
+    """q·kᵀ/√d_head of layer 0 from the bridge's hook_q/hook_k (every entry)."""
+    names = ("blocks.0.attn.hook_q", "blocks.0.attn.hook_k")
+    with torch.no_grad():
+        _, cache = model.bridge.run_with_cache(ids, names_filter=lambda n: n in names)
+    q, k = (cache[n].double() for n in names)
+    return torch.einsum("bthd,bshd->bhts", q, k) / q.shape[-1] ** 0.5
+
+
+def naive_two_sided_r2(A: np.ndarray) -> np.ndarray:
+    """R² [head] of one g per signed lag Δ ≠ 0 over every off-diagonal entry of A
+    [seq, head, T, T], by grouping entries lag by lag."""
+    n, H, T, _ = A.shape
+    t, s = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    out = np.zeros(H)
+    for h in range(H):
+        vals = A[:, h]
+        off = vals[:, t != s]
+        fitted = np.zeros_like(vals)
+        for lag in range(-(T - 1), T):
+            if lag:
+                sel = (t - s) == lag
+                fitted[:, sel] = vals[:, sel].mean()
+        res = (vals - fitted)[:, t != s]
+        out[h] = 1 - (res ** 2).sum() / ((off - off.mean()) ** 2).sum()
+    return out
+
+
+def test_bert_terms_sum_to_qk_scores_on_both_triangles(bert, tokens):
+    terms = G.split_layer0_scores(G.block_parts(bert, 0), tokens[:3])
+    err = (terms.sum(0) - layer0_qk_scores(bert, tokens[:3])).abs().max().item()
+    assert err < SPLIT_TOL, f"split vs q·kᵀ: max diff {err:.2e}"
+    assert (terms.abs().amax((1, 2, 3, 4)) > 1e-4).all()
+    with pytest.raises(ValueError, match="layer 0 only"):
+        G.block_parts(bert, 1)
+
+
+def test_bert_reducer_fits_both_triangles(bert, tokens):
+    res = G.gk_baseline(bert, tokens, batch_size=4, progress=False)
+    assert res.ln_stats == "data" and res.spe_back.shape == res.spe.shape == (2, 4, T - 1)
+    assert res.split_max_abs_err.max() < SPLIT_TOL
+    np.testing.assert_allclose(res.share.sum(0), 1.0, atol=1e-12)
+    np.testing.assert_allclose(res.cov_share.sum(0), 1.0, atol=1e-4)
+    ref = naive_two_sided_r2(layer0_qk_scores(bert, tokens).numpy())
+    np.testing.assert_allclose(res.r2_scores[0], ref, atol=1e-6)  # float32 scores
+    # S_PE on the data's statistics, both signs, is pe_kernel's with the measured factor
+    spe = head_projected_pe_kernels(bert.hf_model, T, ln_scale=position_ln_stats(
+        bert.hf_model, tokens))
+    np.testing.assert_allclose(res.spe, spe[0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.spe_back, spe[1], rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="ln_stats"):
+        G.gk_baseline(bert, tokens, progress=False, ln_stats="mean")
+
+
+@pytest.mark.parametrize("ln_stats,gain", [("data", 1.0), ("own", 0.5)])
+def test_bert_planted_two_sided_kernel(planted_bert, tokens, ln_stats, gain):
+    """The planted BERT: the real pos→pos term is the planted kernel on both sides (odd
+    for head 2), S_PE is it on the data's statistics (gain 1) and twice it on p's own
+    (σ_p² = 1/4 against σ² = 1/2: gain 1/2)."""
+    res = G.gk_baseline(planted_bert, tokens, batch_size=3, progress=False, ln_stats=ln_stats)
+    assert res.split_max_abs_err.max() < SPLIT_TOL
+    np.testing.assert_allclose(res.r2_pos_pos, 1.0, atol=1e-9)
+    np.testing.assert_allclose(res.pos_pos_gk_gain, gain, rtol=1e-5)
+    hf = planted_bert.hf_model
+    expect = GP.planted_pos_pos_kernel(hf, T), GP.planted_pos_pos_kernel(hf, T, back=True)
+    np.testing.assert_allclose(res.spe[0] * gain, expect[0], atol=1e-6)
+    np.testing.assert_allclose(res.spe_back[0] * gain, expect[1], atol=1e-6)
+    np.testing.assert_allclose(res.spe_back[0, 2], -res.spe[0, 2], atol=1e-6)
+    for term in ("tok_pos", "pos_tok", "key_bias", "query_bias"):
+        assert res.share[G.TERMS.index(term)].max() < 1e-12, term
+    assert (res.r2_minus_pos_pos < 0.05).all()
+    table = G.gk_table(res)
+    assert table["two_sided"].all() and (table["ln_stats"] == ln_stats).all()
+    np.testing.assert_allclose(table["spe_back_lag1"], res.spe_back[..., 0].ravel())
+
+
+def test_bert_projected_gram_both_signs(planted_bert, tokens):
+    scale = G.position_scale(planted_bert, tokens)
+    spe, spe_back = G.projected_pe_kernels(planted_bert, T, scale)
+    for layer in (0, 1):
+        for k in (1, 5, T - 1):
+            for sign, ref in ((1, spe), (-1, spe_back)):
+                pg = G.projected_gram(planted_bert, sign * k, T, layer=layer, ln_scale=scale)
+                trace = torch.diagonal(pg, dim1=-2, dim2=-1).sum(-1).numpy()
+                np.testing.assert_allclose(trace, ref[layer, :, k - 1].numpy(), rtol=1e-9,
+                                           atol=1e-12)
+
+
+def test_analyze_options_reach_the_table(planted_bert, tokens):
+    table = G.SPEC.run(AnalysisInputs(planted_bert, None, tokens, batch_size=3,
+                                      progress=False), G.GkOptions(ln_stats="own"))
+    assert (table["ln_stats"] == "own").all()
+    np.testing.assert_allclose(table.loc[table.layer == 0, "pos_pos_gk_gain"], 0.5, rtol=1e-5)
+
+
+@pytest.mark.minilm
+def test_minilm_gk_baseline_real_weights(minilm):
+    """MiniLM-L6: the split of layer 0 holds on real text, both triangles, and S_PE on the
+    data's statistics tracks the real pos→pos term (gain near 1)."""
+    ids = build_sequences(minilm.tokenizer, "prose", 64, 4, model_name="minilm-l6",
+                          n_ctx=512)["input_ids"]
+    res = G.gk_baseline(minilm, ids, batch_size=2, progress=False)
+    assert res.ln_stats == "data" and res.spe_back.shape == (6, 12, 63)
+    assert res.split_max_abs_err.max() < 1e-3
+    np.testing.assert_allclose(res.share.sum(0), 1.0, atol=1e-9)
+    np.testing.assert_allclose(res.cov_share.sum(0), 1.0, atol=1e-3)
+    assert np.isfinite(res.r2_scores).all() and np.isfinite(res.gk_explained).all()
+    assert np.all(np.abs(res.pos_pos_gk_gain - 1.0) < 0.2), res.pos_pos_gk_gain
