@@ -140,19 +140,30 @@ def _batch_references(g, th, usage, length, raw_spectrum, demean, two_sided=Fals
     return ref, raw, literal
 
 
-def _head_scores(res: dict, mags, refs, s_pe, g_sources, layer: int, head: int, n: int,
+def _pe_inputs(s_pe, g_sources, length: int, two_sided: bool):
+    """(S_PE, the g sources, their span) as :func:`pe_spectrum_correlations` compares them:
+    a one-sided S_PE of a two-sided condition against the sources' Δ = 1..T−1 halves."""
+    s_pe = np.asarray(s_pe, np.float64)
+    sources = {k: np.asarray(v, np.float64) for k, v in (g_sources or {}).items()}
+    if two_sided and s_pe.shape[-1] == length - 1:
+        return s_pe, {k: v[..., length:] for k, v in sources.items()}, length
+    return s_pe, sources, span(length, two_sided)
+
+
+def _head_scores(res: dict, mags, refs, pe, layer: int, head: int, n: int,
                  raw_spectrum: bool) -> dict:
     """One analysed head's table columns: its alignment ``res`` (updated with the
-    reference scores when there are references) and the S_PE correlations."""
+    reference scores when there are references) and the S_PE correlations (``pe`` from
+    :func:`_pe_inputs`)."""
     if refs is not None:
         res.update(reference_scores(mags[layer, head] ** 2, refs[0][layer, head],
                                     refs[1][layer, head], refs[2], n, raw_spectrum))
     row = {key: res[key] for key in HEAD_COLUMNS if key in res and key != "length"}
-    if s_pe is not None:
+    if pe is not None:
+        s_pe, sources, pe_span = pe
         row.update(pe_spectrum_correlations(
-            s_pe[layer, head], {k: np.asarray(v)[layer, head]
-                                for k, v in (g_sources or {}).items()},
-            n, raw_spectrum=raw_spectrum))
+            s_pe[layer, head], {k: v[layer, head] for k, v in sources.items()},
+            pe_span, raw_spectrum=raw_spectrum))
     return row
 
 
@@ -168,7 +179,7 @@ def spectral_table(
     thetas: Float[np.ndarray, " pair"] | None, length: int, *,
     usage: Float[np.ndarray, "layer head_index pair"] | None = None,
     gate_met: bool | None = None, force: bool = False, raw_spectrum: bool = False,
-    demean: bool = False, s_pe: Float[np.ndarray, "layer head_index lag"] | None = None,
+    demean: bool = False, s_pe: Float[np.ndarray, "layer head_index pe_lag"] | None = None,
     g_sources: dict[str, np.ndarray] | None = None, model: str = "", dataset: str = "",
     pe: str = "", source: str = "", n_null: int = N_NULL, seed: int = 0,
     alpha: float = ALPHA, tau_rel: float = TAU_REL, explore: bool = True,
@@ -181,9 +192,10 @@ def spectral_table(
     analysed head also gets :func:`pe_spectrum_correlations` against ``g_sources``. Every head
     is analysed on its own (per-head null, same seed). ``magnitudes``, when given a dict,
     receives ``"spectrum"`` (the processed |ĝ| [layer, head_index, freq], NaN for non-finite
-    g) and ``"omega"``. ``two_sided``: g (and ``g_sources``, ``s_pe``) run over signed lags
+    g) and ``"omega"``. ``two_sided``: g and ``g_sources`` run over signed lags
     Δ = −(T−1)..T−1 (a bidirectional model; ``length`` stays T), processed over their whole
-    span; an ``s_pe`` of another length is left out."""
+    span; so does ``s_pe`` where it is two-sided, and an ``s_pe`` over Δ = 1..T−1 only is
+    compared with the sources' Δ = 1..T−1 halves."""
     g = np.asarray(g, np.float64)
     r2 = np.asarray(r2_pooled, np.float64)
     L, H = g.shape[:2]
@@ -193,8 +205,7 @@ def spectral_table(
     mags = spectrum(np.where(finite[..., None], g, 0.0), n, raw_spectrum=raw_spectrum,
                     demean=demean)
     refs = _batch_references(g, th, use, length, raw_spectrum, demean, two_sided)
-    if s_pe is not None and np.shape(s_pe)[-1] != n - 1:
-        s_pe = None
+    pe = None if s_pe is None else _pe_inputs(s_pe, g_sources, length, two_sided)
     heads, peak_rows = [], []
     for layer in range(L):
         for head in range(H):
@@ -210,8 +221,7 @@ def spectral_table(
                 res = align_spectrum(mags[layer, head], th, n, raw_spectrum=raw_spectrum,
                                      n_peaks=N_PEAKS, tau_rel=tau_rel, n_null=n_null,
                                      seed=seed, alpha=alpha, precision_bins=PRECISION_BINS)
-                row.update(_head_scores(res, mags, refs, s_pe, g_sources, layer, head, n,
-                                        raw_spectrum))
+                row.update(_head_scores(res, mags, refs, pe, layer, head, n, raw_spectrum))
                 peak_rows += _peak_rows(base, res)
             heads.append(row)
     if magnitudes is not None:
@@ -245,10 +255,13 @@ def condition_inputs(result) -> dict:
     usage = result.usage
     if usage is not None and (result.thetas is None or len(result.thetas) != usage.shape[-1]):
         usage = None
+    s_pe, s_pe_back = result.s_pe, result.s_pe_back
+    if two and s_pe is not None and s_pe_back is not None:
+        s_pe = two_sided_for_spectrum(s_pe, s_pe_back)
     return {"spec": result.spec, "g": np.asarray(side(g, g_back), np.float64),
             "source": source, "two_sided": two, "g_sources": sources,
             "g_trackA": np.asarray(side(result.g_pooled, result.g_pooled_back), np.float64),
-            "r2": result.r2_pooled, "s_pe": result.s_pe, "usage": usage}
+            "r2": result.r2_pooled, "s_pe": s_pe, "usage": usage}
 
 
 def grid_gate(results) -> bool | None:
@@ -344,10 +357,13 @@ def plot_head_spectrum(result, layer: int, head: int, raw_spectrum: bool = False
     ref, label = None, "S_PE"
     if thetas is not None:
         ref, label = reference_kernel(thetas, length, usage, two), "Σ w_i cos(θ_i Δ)"
-    elif cond["s_pe"] is not None and cond["s_pe"].shape[-1] == span(length, two) - 1:
+    elif cond["s_pe"] is not None:
         ref = cond["s_pe"][layer, head]
-    if ref is not None:
-        ref = spectrum(ref, span(length, two), raw_spectrum=raw_spectrum) ** 2
+    if ref is not None:  # a one-sided S_PE of a two-sided g: its own span
+        ref = spectrum(ref, span(length, two and len(ref) > length - 1),
+                       raw_spectrum=raw_spectrum) ** 2
+        if len(ref) != len(omega):
+            ref = np.interp(omega, frequency_grid(length), ref)
         ax.plot(omega, ref / max(ref.max(), 1e-300), lw=1, alpha=0.7, label=f"reference {label}")
     top = res["peak_magnitude"] ** 2 / max(res["spectrum"].max() ** 2, 1e-300)
     sig = res["significant"]

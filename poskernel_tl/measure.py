@@ -41,7 +41,12 @@ from poskernel_tl.config import MeasureConfig
 from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.loading import LoadedModel, dtype_name
-from poskernel_tl.pe_kernel import NoPositionTableError, PEKernel, head_projected_pe_kernel
+from poskernel_tl.pe_kernel import (
+    NoPositionTableError,
+    PEKernel,
+    head_projected_pe_kernel,
+    head_projected_pe_kernels,
+)
 from poskernel_tl.reducers import (
     CenteringMeans,
     FreqUsage,
@@ -63,6 +68,7 @@ from poskernel_tl.result import ConditionResult
 
 ScoresPath = str  # "auto" | "hook" | "qk"
 Tokens = Int[torch.Tensor, "batch pos"]
+CenteringTokens = Int[torch.Tensor, "n_centering pos"]  # another count, the same length
 
 
 def as_tokens(model: LoadedModel, data) -> Int[torch.Tensor, "batch pos"] | None:
@@ -219,7 +225,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
 
 
 def checked_tokens(model: LoadedModel, tokens, centering_tokens
-                   ) -> tuple[Tokens, Tokens | None]:
+                   ) -> tuple[Tokens, CenteringTokens | None]:
     """The evaluation and centering token ids, checked (no centering: None)."""
     ev_ids, cen_ids = as_tokens(model, tokens), as_tokens(model, centering_tokens)
     check_tokens(model, ev_ids, "evaluation tokens")
@@ -250,7 +256,8 @@ def centering_pass(model: LoadedModel, cen_ids, batch_size: int, opts: MeasureCo
     return mom.result()
 
 
-def plan_run(model: LoadedModel, opts: MeasureConfig, ev_ids: Tokens, cen_ids: Tokens | None,
+def plan_run(model: LoadedModel, opts: MeasureConfig, ev_ids: Tokens,
+             cen_ids: CenteringTokens | None,
              keep_gram: bool, n_logits: int) -> Plan:
     """The batch size and Track B's blocks of layers that fit ``--max-memory`` (a
     :class:`~poskernel_tl.errors.PlanError` before any work where nothing fits); a split
@@ -350,10 +357,18 @@ def result_parts(model: LoadedModel, reds: list, track_b: GramResult,
             notes.append("S_PE not computed: the bridge runs in compatibility mode")
         else:
             try:
-                parts["pe_kernel"] = PEKernel(head_projected_pe_kernel(model.hf_model, T))
-            except NoPositionTableError as err:  # learned positions not in GPT-2's layout
+                parts["pe_kernel"] = pe_kernel_part(model, T)
+            except NoPositionTableError as err:  # learned positions in no known layout
                 notes.append(f"S_PE not computed: {err}")
     return parts, notes
+
+
+def pe_kernel_part(model: LoadedModel, T: int) -> PEKernel:
+    """S_PE of every head; both signs of Δ and Δ = 0 for a bidirectional model."""
+    if model.spec.causal:
+        return PEKernel(head_projected_pe_kernel(model.hf_model, T))
+    fwd, back, diag = head_projected_pe_kernels(model.hf_model, T)
+    return PEKernel(fwd, s_pe_back=back, s_pe_self=diag)
 
 
 def versions() -> dict:

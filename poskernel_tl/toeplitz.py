@@ -160,7 +160,7 @@ def shift_invariance_r2_two_sided(
 
 
 def two_sided(forward: Float[np.ndarray, "*batch lag"], back: Float[np.ndarray, "*batch lag"],
-              self_: Float[np.ndarray, "*batch"] | None = None
+              self_: Float[np.ndarray, "*batch"] | float | None = None
               ) -> Float[np.ndarray, "*batch signed_lag"]:
     """g over signed lags Δ = −(T−1)..0..T−1 (index Δ + T − 1), from ``forward``
     (Δ = 1..T−1), ``back`` (index j ↔ Δ = −(j+1)) and ``self_`` (Δ = 0; NaN when None)."""

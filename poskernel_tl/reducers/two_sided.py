@@ -79,9 +79,10 @@ def _rows(sk: Tensor, lo: int, hi: int) -> Block:
 
 
 def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
-                k: Float[Tensor, "batch pos head_index d_head"], scale: float,
+                k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
                 chunk: int = DEFAULT_CHUNK) -> UpperStats:
-    """Every upper-triangle sum Track A keeps, from q/k (see the module docstring)."""
+    """Every upper-triangle sum Track A keeps, from q/k (see the module docstring); one
+    key head per query head (else a UserError)."""
     b, T, H, _ = q.shape
     check_two_sided(H, k.shape[2])
     whole = (lag_sums(k, q, scale), lower_sum_squares(k, q, scale, chunk))
@@ -95,7 +96,7 @@ def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
 
 def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos key_pos"],
                             q: Float[Tensor, "batch pos head_index d_head"],
-                            k: Float[Tensor, "batch pos head_index d_head"], scale: float,
+                            k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
                             work: Tensor | None = None) -> UpperStats:
     """:func:`upper_stats` from the materialised logits (every entry valid): rows of A are
     keys of Aᵀ, so rows < hi are the key block (hi, 0) of the transposed view."""
