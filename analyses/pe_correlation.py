@@ -1,0 +1,137 @@
+"""S_PE against the measured g(Δ): per head, the head-projected positional kernel
+(:mod:`poskernel_tl.pe_kernel`) against Track A's pooled g, the raw Gram's g and the
+centered Gram's g, over both signs of Δ for a bidirectional model.
+
+Two numbers per g source:
+
+* ``r_pe_<source>``: Pearson's r between the power spectra, processed as
+  :func:`poskernel_tl.analyses.spectral_align.pe_spectrum_correlations` does (detrended,
+  tapered, compared above 2π/n), the number the spectral table reports for GPT-2;
+* ``corr_pe_<source>``: Pearson's r between S_PE(Δ) and g(Δ) themselves, over the same
+  lags.
+
+For a causal model both run over Δ = 1..T−1 (``r_pe_*`` is then exactly the spectral
+table's). For a bidirectional one (``s_pe_back`` given, and the source's g on the other
+side too) they run over the two-sided array Δ = −(T−1)..T−1 (:func:`signed_lags`: the
+``_back`` arrays reversed, then Δ = 0, then the forward ones), the spectrum taken of that
+whole array; Δ = 0 is included when both S_PE(0) and the source's g(0) are given and left
+out otherwise. Where the g of the other side is missing (a result saved before both
+triangles were fitted) the source falls back to Δ > 0, and ``two_sided`` says so.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from jaxtyping import Float
+
+from poskernel_tl.analyses.base import AnalysisSpec
+from poskernel_tl.analyses.spectral_align import pe_spectrum_correlations
+from poskernel_tl.config import option
+from poskernel_tl.errors import UserError
+
+# g source → the ConditionResult fields of its forward, back and diagonal arrays
+SOURCES = {"trackA_pooled": ("g_pooled", "g_pooled_back", "g_pooled_self"),
+           "gram_raw": ("g_gram_raw", "g_gram_raw_back", "g_gram_raw_self"),
+           "gram_centered": ("g_gram", "g_gram_back", "g_gram_self")}
+
+
+def signed_lags(forward: Float[np.ndarray, "*batch lag"],
+                back: Float[np.ndarray, "*batch lag"] | None = None,
+                self_: Float[np.ndarray, "*batch"] | None = None
+                ) -> Float[np.ndarray, "*batch signed_lag"]:
+    """``forward`` (Δ = 1..T−1) alone, or preceded by ``back`` reversed
+    (Δ = −(T−1)..−1) and, when given, ``self_`` (Δ = 0)."""
+    forward = np.asarray(forward, np.float64)
+    if back is None:
+        return forward
+    back = np.asarray(back, np.float64)
+    if back.shape != forward.shape:
+        raise UserError(f"back {back.shape} and forward {forward.shape} arrays differ")
+    parts = [back[..., ::-1]]
+    if self_ is not None:
+        parts.append(np.broadcast_to(np.asarray(self_, np.float64), forward.shape[:-1])[
+            ..., None])
+    return np.concatenate(parts + [forward], -1)
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    if not (np.isfinite(a).all() and np.isfinite(b).all()) or a.std() == 0 or b.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def pe_correlations(
+    s_pe: Float[np.ndarray, "layer head_index lag"], g_sources: dict[str, np.ndarray], *,
+    s_pe_back: Float[np.ndarray, "layer head_index lag"] | None = None,
+    g_back: dict[str, np.ndarray | None] | None = None,
+    s_pe_self: Float[np.ndarray, "layer head_index"] | None = None,
+    g_self: dict[str, np.ndarray | None] | None = None, raw_spectrum: bool = False,
+) -> dict[str, Float[np.ndarray, "layer head_index"]]:
+    """Per head, ``r_pe_<source>`` and ``corr_pe_<source>`` (module docstring) for each
+    g source [layer, head_index, lag], plus ``two_sided_<source>`` (1.0 where both signs
+    of Δ were used)."""
+    g_back, g_self = g_back or {}, g_self or {}
+    L, H = s_pe.shape[:2]
+    out = {}
+    for name, g in g_sources.items():
+        back = g_back.get(name) if s_pe_back is not None else None
+        both = back is not None
+        use_self = both and s_pe_self is not None and g_self.get(name) is not None
+        ref = signed_lags(s_pe, s_pe_back if both else None, s_pe_self if use_self else None)
+        arr = signed_lags(g, back, g_self.get(name) if use_self else None)
+        if arr.shape != ref.shape:
+            raise UserError(f"g source {name!r} has shape {arr.shape}; S_PE has {ref.shape}")
+        r_spec, r_lag = np.full((L, H), np.nan), np.full((L, H), np.nan)
+        for layer in range(L):
+            for head in range(H):
+                a, b = ref[layer, head], arr[layer, head]
+                r_spec[layer, head] = pe_spectrum_correlations(
+                    a, {name: b}, a.shape[-1] + 1, raw_spectrum=raw_spectrum)[f"r_pe_{name}"]
+                r_lag[layer, head] = _pearson(a, b)
+        out[f"r_pe_{name}"], out[f"corr_pe_{name}"] = r_spec, r_lag
+        out[f"two_sided_{name}"] = np.full((L, H), float(both))
+    return out
+
+
+def pe_correlation_table(result, *, raw_spectrum: bool = False) -> pd.DataFrame:
+    """:func:`pe_correlations` of a :class:`~poskernel_tl.result.ConditionResult` with
+    S_PE (learned absolute positions): one row per (layer, head)."""
+    if getattr(result, "s_pe", None) is None:
+        raise UserError(f"{result.model}: no S_PE in this condition (learned absolute "
+                        "positions only, measured without compatibility mode)")
+    field = lambda name: getattr(result, name, None)
+    corr = pe_correlations(
+        result.s_pe, {k: field(v[0]) for k, v in SOURCES.items()},
+        s_pe_back=field("s_pe_back"), g_back={k: field(v[1]) for k, v in SOURCES.items()},
+        s_pe_self=field("s_pe_self"), g_self={k: field(v[2]) for k, v in SOURCES.items()},
+        raw_spectrum=raw_spectrum)
+    L, H = result.s_pe.shape[:2]
+    layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+    table = pd.DataFrame({"layer": layer.ravel(), "head": head.ravel()})
+    for name, values in corr.items():
+        table[name] = values.ravel().astype(bool) if name.startswith("two_sided") \
+            else values.ravel()
+    return table
+
+
+@dataclass(frozen=True)
+class PECorrelationOptions:
+    raw_spectrum: bool = option(False, "the literal spectra (mean kept, no taper) instead of "
+                                       "the detrended, tapered ones")
+
+
+SPEC = AnalysisSpec(
+    name="pe-correlation", title="S_PE against g(Δ)", options=PECorrelationOptions,
+    compute=lambda inputs, options: pe_correlation_table(
+        inputs.result, raw_spectrum=options.raw_spectrum),
+    needs_model=False, needs_result=True,
+    columns=tuple(f"{kind}_pe_{s}" for s in SOURCES for kind in ("r", "corr")),
+    head_rows=(("corr_pe_trackA_pooled", "r(S_PE, Track A g)"),
+               ("corr_pe_gram_centered", "r(S_PE, centered Gram g)")),
+    guide="For a learned-absolute-PE model, how closely each head's g(Δ) follows its "
+          "head-projected position table S_PE(Δ), over both signs of Δ for an encoder.")
+
+
+__all__ = ["SOURCES", "SPEC", "PECorrelationOptions", "pe_correlation_table",
+           "pe_correlations", "signed_lags"]
