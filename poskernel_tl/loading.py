@@ -261,7 +261,8 @@ def load_tokenizer(name: str):
 
 def boot_bridge(hf_model: nn.Module, tokenizer, device=None, dtype=torch.float32,
                 compatibility_mode: bool = False):
-    """Wrap an already-built HF causal LM in a ``TransformerBridge`` without the hub."""
+    """Wrap an already-built HF model (causal or masked LM) in a ``TransformerBridge``
+    without the hub."""
     from transformer_lens.model_bridge import TransformerBridge
 
     if not getattr(hf_model.config, "architectures", None):
