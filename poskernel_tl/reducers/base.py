@@ -37,9 +37,10 @@ class LayerBatch:
     """Post-rotary q/k of one layer for one batch and the indices of the batch's
     sequences within the pass (``index`` on the model's device, ``rows`` the same on the
     host). ``scores`` (q·kᵀ times the model's logit scale, per
-    sequence and query head, valid on the strictly lower triangle) is taken from
-    ``hook_attn_scores`` when the capture read it, otherwise formed from q/k on first
-    use (GQA keys broadcast, not copied) into a workspace buffer shared by all reducers."""
+    sequence and query head) is taken from ``hook_attn_scores`` when the capture read it
+    (valid on the strictly lower triangle: causal models only), otherwise formed from q/k
+    on first use, every entry valid (GQA keys broadcast, not copied), into a workspace
+    buffer shared by all reducers."""
 
     layer: int
     q: Float[Tensor, "batch pos head_index d_head"]
