@@ -6,17 +6,19 @@ Two numbers per g source:
 
 * ``r_pe_<source>``: Pearson's r between the power spectra, processed as
   :func:`poskernel_tl.analyses.spectral_align.pe_spectrum_correlations` does (detrended,
-  tapered, compared above 2π/n), the number the spectral table reports for GPT-2;
-* ``corr_pe_<source>``: Pearson's r between S_PE(Δ) and g(Δ) themselves, over the same
-  lags.
+  tapered, compared above 2π/span): the number the spectral table reports for an analysed
+  head, here for every head;
+* ``corr_pe_<source>``: Pearson's r between S_PE(Δ) and g(Δ) themselves, over the lags
+  the fits read.
 
-For a causal model both run over Δ = 1..T−1 (``r_pe_*`` is then exactly the spectral
-table's). For a bidirectional one (``s_pe_back`` given, and the source's g on the other
-side too) they run over the two-sided array Δ = −(T−1)..T−1 (:func:`signed_lags`: the
-``_back`` arrays reversed, then Δ = 0, then the forward ones), the spectrum taken of that
-whole array; Δ = 0 is included when both S_PE(0) and the source's g(0) are given and left
-out otherwise. Where the g of the other side is missing (a result saved before both
-triangles were fitted) the source falls back to Δ > 0, and ``two_sided`` says so.
+For a causal model both run over Δ = 1..T−1. For a bidirectional one (``s_pe_back``
+given, and the source's g on the other side too) they run over both signs: the spectra
+over Δ = −(T−1)..T−1 with Δ = 0 bridged by the mean of the values at ±1, as the spectral
+analysis does (:func:`~poskernel_tl.analyses.spectral_processing.two_sided_for_spectrum`;
+the diagonal, where a token meets itself, is no shift-invariant value), the direct r over
+the 2T − 2 lags Δ ≠ 0 (:func:`signed_lags`). Where the g of the other side is missing (a
+result saved before both triangles were fitted) the source falls back to Δ > 0, and
+``two_sided_<source>`` says so.
 """
 
 from dataclasses import dataclass
@@ -27,32 +29,28 @@ from jaxtyping import Float
 
 from poskernel_tl.analyses.base import AnalysisSpec
 from poskernel_tl.analyses.spectral_align import pe_spectrum_correlations
+from poskernel_tl.analyses.spectral_processing import span, two_sided_for_spectrum
 from poskernel_tl.config import option
 from poskernel_tl.errors import UserError
 
-# g source → the ConditionResult fields of its forward, back and diagonal arrays
-SOURCES = {"trackA_pooled": ("g_pooled", "g_pooled_back", "g_pooled_self"),
-           "gram_raw": ("g_gram_raw", "g_gram_raw_back", "g_gram_raw_self"),
-           "gram_centered": ("g_gram", "g_gram_back", "g_gram_self")}
+# g source → the ConditionResult fields of its forward and back arrays
+SOURCES = {"trackA_pooled": ("g_pooled", "g_pooled_back"),
+           "gram_raw": ("g_gram_raw", "g_gram_raw_back"),
+           "gram_centered": ("g_gram", "g_gram_back")}
 
 
 def signed_lags(forward: Float[np.ndarray, "*batch lag"],
-                back: Float[np.ndarray, "*batch lag"] | None = None,
-                self_: Float[np.ndarray, "*batch"] | None = None
+                back: Float[np.ndarray, "*batch lag"] | None = None
                 ) -> Float[np.ndarray, "*batch signed_lag"]:
     """``forward`` (Δ = 1..T−1) alone, or preceded by ``back`` reversed
-    (Δ = −(T−1)..−1) and, when given, ``self_`` (Δ = 0)."""
+    (Δ = −(T−1)..−1): the lags Δ ≠ 0."""
     forward = np.asarray(forward, np.float64)
     if back is None:
         return forward
     back = np.asarray(back, np.float64)
     if back.shape != forward.shape:
         raise UserError(f"back {back.shape} and forward {forward.shape} arrays differ")
-    parts = [back[..., ::-1]]
-    if self_ is not None:
-        parts.append(np.broadcast_to(np.asarray(self_, np.float64), forward.shape[:-1])[
-            ..., None])
-    return np.concatenate(parts + [forward], -1)
+    return np.concatenate([back[..., ::-1], forward], -1)
 
 
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:
@@ -64,31 +62,31 @@ def _pearson(a: np.ndarray, b: np.ndarray) -> float:
 def pe_correlations(
     s_pe: Float[np.ndarray, "layer head_index lag"], g_sources: dict[str, np.ndarray], *,
     s_pe_back: Float[np.ndarray, "layer head_index lag"] | None = None,
-    g_back: dict[str, np.ndarray | None] | None = None,
-    s_pe_self: Float[np.ndarray, "layer head_index"] | None = None,
-    g_self: dict[str, np.ndarray | None] | None = None, raw_spectrum: bool = False,
+    g_back: dict[str, np.ndarray | None] | None = None, raw_spectrum: bool = False,
 ) -> dict[str, Float[np.ndarray, "layer head_index"]]:
     """Per head, ``r_pe_<source>`` and ``corr_pe_<source>`` (module docstring) for each
     g source [layer, head_index, lag], plus ``two_sided_<source>`` (1.0 where both signs
     of Δ were used)."""
-    g_back, g_self = g_back or {}, g_self or {}
-    L, H = s_pe.shape[:2]
+    g_back = g_back or {}
+    L, H, lags = s_pe.shape
     out = {}
     for name, g in g_sources.items():
         back = g_back.get(name) if s_pe_back is not None else None
         both = back is not None
-        use_self = both and s_pe_self is not None and g_self.get(name) is not None
-        ref = signed_lags(s_pe, s_pe_back if both else None, s_pe_self if use_self else None)
-        arr = signed_lags(g, back, g_self.get(name) if use_self else None)
-        if arr.shape != ref.shape:
-            raise UserError(f"g source {name!r} has shape {arr.shape}; S_PE has {ref.shape}")
+        g = np.asarray(g, np.float64)
+        if g.shape != s_pe.shape:
+            raise UserError(f"g source {name!r} has shape {g.shape}; S_PE has {s_pe.shape}")
+        ref, arr = signed_lags(s_pe, s_pe_back if both else None), signed_lags(g, back)
+        spec_ref, spec_arr = (two_sided_for_spectrum(s_pe, s_pe_back),
+                              two_sided_for_spectrum(g, back)) if both else (s_pe, g)
+        n = span(lags + 1, both)
         r_spec, r_lag = np.full((L, H), np.nan), np.full((L, H), np.nan)
         for layer in range(L):
             for head in range(H):
-                a, b = ref[layer, head], arr[layer, head]
                 r_spec[layer, head] = pe_spectrum_correlations(
-                    a, {name: b}, a.shape[-1] + 1, raw_spectrum=raw_spectrum)[f"r_pe_{name}"]
-                r_lag[layer, head] = _pearson(a, b)
+                    spec_ref[layer, head], {name: spec_arr[layer, head]}, n,
+                    raw_spectrum=raw_spectrum)[f"r_pe_{name}"]
+                r_lag[layer, head] = _pearson(ref[layer, head], arr[layer, head])
         out[f"r_pe_{name}"], out[f"corr_pe_{name}"] = r_spec, r_lag
         out[f"two_sided_{name}"] = np.full((L, H), float(both))
     return out
@@ -104,7 +102,6 @@ def pe_correlation_table(result, *, raw_spectrum: bool = False) -> pd.DataFrame:
     corr = pe_correlations(
         result.s_pe, {k: field(v[0]) for k, v in SOURCES.items()},
         s_pe_back=field("s_pe_back"), g_back={k: field(v[1]) for k, v in SOURCES.items()},
-        s_pe_self=field("s_pe_self"), g_self={k: field(v[2]) for k, v in SOURCES.items()},
         raw_spectrum=raw_spectrum)
     L, H = result.s_pe.shape[:2]
     layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")

@@ -8,6 +8,7 @@ import pytest
 
 from poskernel_tl.analyses import pe_correlation as PC
 from poskernel_tl.analyses.spectral_align import pe_spectrum_correlations
+from poskernel_tl.analyses.spectral_processing import two_sided_for_spectrum
 from poskernel_tl.errors import UserError
 
 T = 48
@@ -24,8 +25,6 @@ def test_signed_lags_order():
     fwd, back = np.array([1.0, 2.0, 3.0]), np.array([-1.0, -2.0, -3.0])
     np.testing.assert_array_equal(PC.signed_lags(fwd), fwd)
     np.testing.assert_array_equal(PC.signed_lags(fwd, back), [-3, -2, -1, 1, 2, 3])
-    np.testing.assert_array_equal(PC.signed_lags(fwd, back, np.array(0.5)),
-                                  [-3, -2, -1, 0.5, 1, 2, 3])
     with pytest.raises((UserError, TypeError)):  # jaxtyping's check, where it is on
         PC.signed_lags(fwd, back[:2])
 
@@ -68,28 +67,41 @@ def test_two_sided_sees_the_sign_of_delta():
     assert abs(out["corr_pe_gram_raw"][0, 0]) < 0.2
 
 
-def test_diagonal_and_missing_back():
+def test_two_sided_spectral_r_is_the_spectral_tables():
+    """Two-sided: the spectra of S_PE and g over Δ = −(T−1)..T−1 with Δ = 0 bridged, as
+    the spectral analysis takes them (span 2T)."""
+    rng = np.random.default_rng(2)
+    s_pe, s_back = (rng.standard_normal((1, 2, T - 1)).cumsum(-1) for _ in range(2))
+    g, g_back = s_pe + rng.standard_normal(s_pe.shape), rng.standard_normal(s_pe.shape)
+    out = PC.pe_correlations(s_pe, {"gram_raw": g}, s_pe_back=s_back,
+                             g_back={"gram_raw": g_back})
+    for head in range(2):
+        ref = pe_spectrum_correlations(
+            two_sided_for_spectrum(s_pe, s_back)[0, head],
+            {"gram_raw": two_sided_for_spectrum(g, g_back)[0, head]}, 2 * T)
+        assert out["r_pe_gram_raw"][0, head] == pytest.approx(ref["r_pe_gram_raw"], abs=1e-12)
+        direct = np.corrcoef(np.r_[s_back[0, head, ::-1], s_pe[0, head]],
+                             np.r_[g_back[0, head, ::-1], g[0, head]])[0, 1]
+        assert out["corr_pe_gram_raw"][0, head] == pytest.approx(direct, abs=1e-12)
+
+
+def test_missing_back_and_non_finite_g():
     s_pe, s_back = kernel(0.2), kernel(0.2, sign=-1)
-    g, g_back = {"gram_raw": s_pe.copy()}, {"gram_raw": s_back.copy()}
-    out = PC.pe_correlations(s_pe, g, s_pe_back=s_back, g_back=g_back,
-                             s_pe_self=np.ones((1, 1)), g_self={"gram_raw": np.full((1, 1), -5.0)})
-    assert out["corr_pe_gram_raw"][0, 0] < 0.95  # Δ = 0 included, and it disagrees
-    out = PC.pe_correlations(s_pe, g, s_pe_back=s_back, g_back=g_back,
-                             s_pe_self=np.ones((1, 1)))  # no g(0): Δ = 0 left out
-    np.testing.assert_allclose(out["corr_pe_gram_raw"], 1.0, atol=1e-12)
+    g = {"gram_raw": s_pe.copy()}
     # no g for keys after the query: forward only, and flagged
     out = PC.pe_correlations(s_pe, g, s_pe_back=s_back, g_back={"gram_raw": None})
     assert not out["two_sided_gram_raw"].any()
     np.testing.assert_allclose(out["corr_pe_gram_raw"], 1.0, atol=1e-12)
     nan = PC.pe_correlations(s_pe, {"gram_raw": np.full_like(s_pe, np.nan)})
     assert np.isnan(nan["r_pe_gram_raw"]).all() and np.isnan(nan["corr_pe_gram_raw"]).all()
+    with pytest.raises((UserError, TypeError)):
+        PC.pe_correlations(s_pe, {"gram_raw": s_pe[..., 1:]})
 
 
 def test_table_from_a_result():
     rng = np.random.default_rng(1)
     s_pe, s_back = rng.standard_normal((2, 2, T - 1)), rng.standard_normal((2, 2, T - 1))
-    fields = dict(model="m", s_pe=s_pe, s_pe_back=s_back, s_pe_self=np.zeros((2, 2)),
-                  g_pooled=s_pe, g_pooled_back=s_back, g_pooled_self=np.zeros((2, 2)),
+    fields = dict(model="m", s_pe=s_pe, s_pe_back=s_back, g_pooled=s_pe, g_pooled_back=s_back,
                   g_gram_raw=-s_pe, g_gram_raw_back=-s_back, g_gram=s_pe)
     table = PC.pe_correlation_table(SimpleNamespace(**fields))
     assert list(table[["layer", "head"]].itertuples(index=False, name=None)) == [
