@@ -24,6 +24,7 @@ from poskernel_tl.reducers import (
     MomentsReducer,
     PermNullReducer,
     TrackAReducer,
+    WhitenedGramReducer,
 )
 from poskernel_tl.reducers.moments import random_half
 from poskernel_tl.reducers.perm_null import joint_permutations
@@ -209,6 +210,25 @@ def test_gram_equals_the_naive_two_sided_fit(rng, layout):
             assert abs(g_self[0, h] - np.diag(mat).mean()) < F32 * size
         mat = centred(cqn[half].mean(0)[:, h], ckn[half].mean(0)[:, h])
         assert abs(res.r2_gram_half[0, h] - naive_fit([mat])[0]) < F32
+
+
+def test_whitened_gram_fits_both_triangles(rng):
+    q, k = draw(rng, n=3, length=40, heads=2)
+    cq, ck = draw(rng, n=6, length=40, heads=2)
+    mom = MomentsReducer(6, 1, 2, 2, 40, D, second_moments=True)
+    feed(mom, cq.float(), ck.float())
+    means = mom.result()
+    red = WhitenedGramReducer(means, SCALE, causal=False)
+    feed(red, q.float(), k.float())
+    got = red.result().r2_gram_whitened
+    wq, wk = (w.double().numpy() for w in means.whitening())
+    mq, mk = means.mean_q.double().numpy(), means.mean_k.double().numpy()
+    qn, kn = q.float().double().numpy(), k.float().double().numpy()
+    for h in range(2):
+        mat = np.mean([((qn[x, :, h] - mq[0, h]) @ wq[0, h]) @ ((kn[x, :, h] - mk[0, h])
+                                                               @ wk[0, h]).T * SCALE
+                       for x in range(3)], axis=0)
+        assert abs(got[0, h] - naive_fit([mat])[0]) < F32
 
 
 # ------------------------------------------------------------------ planted ground truth
