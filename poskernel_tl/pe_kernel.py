@@ -286,7 +286,7 @@ def layer_position_vectors(hf_model, T: int, include_bias: bool = False,
 # ----------------------------------------------------------------- the kernels
 def lag_sums_two_sided(q: Float[Tensor, "head_index pos d_head"],
                        k: Float[Tensor, "head_index pos d_head"]
-                       ) -> Float[Tensor, "head_index lag2"]:
+                       ) -> Float[Tensor, "head_index fft_pos"]:
     """c[m] = Σ_t q(t)·k(t−m) at index m mod 2T (m = −(T−1)..T−1): the forward lags at
     1..T−1, the diagonal at 0, key-after-query lag j at 2T−j (padding 2T: no wrap)."""
     T = q.shape[1]
