@@ -23,9 +23,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from poskernel_tl.analyses.spectral_processing import two_sided_for_spectrum
 from poskernel_tl.analyses.spectral_summary import alignment_frames, alignment_line, kernel_spectrum
 from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
+from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.io import sentence
 from poskernel_tl.loading import LoadedModel
 from poskernel_tl.report import (
@@ -36,8 +38,16 @@ from poskernel_tl.report import (
     write_head_page,
 )
 from poskernel_tl.schema import check_shapes
-from poskernel_tl.sequences import token_strings
-from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
+from poskernel_tl.sequences import sequence_frame, token_strings
+from poskernel_tl.toeplitz import (
+    lag_counts,
+    lag_sums,
+    r2_from_sums,
+    r2_two_sided,
+    shift_invariance_r2,
+    shift_invariance_r2_two_sided,
+    two_sided,
+)
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
 MIN_TOKENS = 3
@@ -50,7 +60,10 @@ class HeadView:
     diagonal (the causal mask); the fit uses s < t only: ``g[Δ−1]`` is the mean of
     sub-diagonal Δ, ``r2`` its R² (equal to :func:`poskernel_tl.shift_invariance_r2` of
     the hooked scores), ``r2_nosink`` the same fit without the key column s = 0,
-    ``residual`` A − g(t−s) for s < t (NaN elsewhere). ``spectrum`` is ``(omega, power)``
+    ``residual`` A − g(t−s) for s < t (NaN elsewhere). For a bidirectional model
+    (``g_back`` not None) ``logits`` is the whole matrix, the fit reads every entry off the
+    diagonal, ``g_back[Δ−1]`` is the mean of super-diagonal Δ (lag −Δ, keys after the
+    query), ``g_self`` the diagonal's mean, and the spectrum is that of the two-sided g. ``spectrum`` is ``(omega, power)``
     of g(Δ), ω in rad/token; ``alignment`` the :func:`spectral_alignment` dict for rotary
     models, else None. ``tokens`` are the token strings, one per position."""
 
@@ -72,6 +85,12 @@ class HeadView:
     scores_from: str = "hook_attn_scores"
     pattern_from: str = "hook_pattern"
     notes: list[str] = field(default_factory=list)
+    g_back: Float[np.ndarray, " lag"] | None = None
+    g_self: float | None = None
+
+    @property
+    def two_sided(self) -> bool:
+        return self.g_back is not None
 
     @property
     def n_tokens(self) -> int:
@@ -94,7 +113,8 @@ class HeadView:
             notes.append(alignment_line(self.alignment))
         return HeadPageData(
             title=self.title, tokens=list(self.tokens), pattern=self.pattern,
-            logits=self.logits, g_trackA=self.g, spectrum=self.spectrum, thetas=self.thetas,
+            logits=self.logits, g_trackA=self.g, g_trackA_back=self.g_back,
+            two_sided=self.two_sided, spectrum=self.spectrum, thetas=self.thetas,
             tables=alignment_frames(self.alignment, "this sequence's g(Δ)"),
             r2_values={"R² without the sink column (key 0)": self.r2_nosink},
             notes=notes)
@@ -138,10 +158,14 @@ def check_head(model_name: str, n_layers: int, n_heads: int, layer, head) -> Non
 
 def token_ids(model: LoadedModel, text_or_tokens, max_tokens: int | None = None
               ) -> Int[Tensor, " pos"]:
-    """One sequence of token ids: a string (tokenized without special tokens), a list
-    or 1-D array of ids, or a [1, pos] tensor; cut to ``max_tokens``; 3 ≤ T ≤ context."""
+    """One sequence of token ids: a string (tokenized without special tokens; an
+    encoder's framed ``[CLS]`` … ``[SEP]`` as its sequences are, see
+    :func:`~poskernel_tl.sequences.sequence_frame`), a list or 1-D array of ids, or a
+    [1, pos] tensor; cut to ``max_tokens`` (the frame included); 3 ≤ T ≤ context."""
     x = text_or_tokens
+    prefix, suffix = (), ()
     if isinstance(x, str):
+        prefix, suffix = sequence_frame(model.tokenizer) if model.tokenizer else ((), ())
         if model.tokenizer is None:
             raise UserError("this model has no tokenizer: pass token ids instead of text")
         ids = torch.tensor(model.tokenizer(x, add_special_tokens=False)["input_ids"],
@@ -163,7 +187,10 @@ def token_ids(model: LoadedModel, text_or_tokens, max_tokens: int | None = None
         if not _is_int(max_tokens) or max_tokens < MIN_TOKENS:
             raise UserError(f"max_tokens must be an integer >= {MIN_TOKENS}, got "
                              f"{max_tokens!r}")
-        ids = ids[:max_tokens]
+        ids = ids[:max_tokens - len(prefix) - len(suffix)]
+    if prefix or suffix:
+        ids = torch.cat([torch.tensor(prefix, dtype=torch.long), ids,
+                         torch.tensor(suffix, dtype=torch.long)])
     T, name, n_ctx = len(ids), model.spec.name, model.spec.n_ctx
     if T < MIN_TOKENS:
         raise UserError(f"the text has {T} token(s); inspecting a head needs at least "
@@ -185,8 +212,9 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
     scores hook or ``hook_scores=False``), its pattern (``hook_pattern``, else the
     softmax of A over s ≤ t), and its q [pos d_head] and k [pos d_head] (kv head)."""
     bridge = model.bridge
-    if hook_scores is None:
-        hook_scores = scores_hook_name(layer) in bridge.hook_dict
+    if hook_scores is None:  # a BERT bridge's scores hook holds the pattern: use q·kᵀ
+        hook_scores = scores_hook_name(layer) in bridge.hook_dict and \
+            scores_hook_is_logits(bridge, layer)
     kv = int(model.kv_heads[head])
     got: dict = {}
 
@@ -209,25 +237,54 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
     else:
         A, scores_from = model.logit_scale * (q @ k.T), "q·kᵀ × logit scale (hook q/k)"
     T = A.shape[-1]
-    upper = torch.ones(T, T, dtype=torch.bool, device=A.device).triu(1)
+    causal = model.spec.causal
+    upper = torch.ones(T, T, dtype=torch.bool, device=A.device).triu(1) & causal
     if "pattern" in got:
         pattern, pattern_from = got["pattern"], "hook_pattern"
     else:
         pattern = torch.softmax(A.double().masked_fill(upper, float("-inf")), -1)
-        pattern_from = "softmax of the causal logits"
+        pattern_from = "softmax of the causal logits" if causal else "softmax of the logits"
     return {"scores": A, "pattern": pattern, "q": q, "k": k, "scores_from": scores_from,
             "pattern_from": pattern_from}
 
 
-def fit_without_sink(A: Float[Tensor, "query_pos key_pos"]) -> float:
-    """R² of the shift-invariant fit with the key column s = 0 (the sink) left out."""
+def fit_without_sink(A: Float[Tensor, "query_pos key_pos"], causal: bool = True) -> float:
+    """R² of the shift-invariant fit with the key column s = 0 (the sink; [CLS] in an
+    encoder) left out; ``causal=False``: over both triangles (key 0 is never above the
+    diagonal, so the upper side is fitted whole)."""
     T = A.shape[-1]
     s1, sq = lag_sums(A)
     col0 = A[1:, 0].double()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        r2, _ = r2_from_sums(s1 - col0, sq - (col0 * col0).sum(), lag_counts(T) - 1)
+        front = (s1 - col0, sq - (col0 * col0).sum(), lag_counts(T) - 1)
+        back = None if causal else (*lag_sums(A.transpose(-1, -2)), lag_counts(T))
+        r2, _, _ = r2_two_sided(front, back)
     return float(r2)
+
+
+def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool) -> dict:
+    """The head's fit on one matrix: ``r2``, ``g``, ``g_back``/``g_self`` (None when
+    causal), ``residual`` (A − g(t − s) where the fit reads, NaN elsewhere) and ``logits``
+    (A with NaN above the diagonal when causal)."""
+    T = A.shape[-1]
+    if causal:
+        (r2, g), g_back, g_self = shift_invariance_r2(A), None, None
+        full = g
+    else:
+        r2, g, g_back, g_self = shift_invariance_r2_two_sided(A)
+        full = torch.from_numpy(two_sided(g.cpu().numpy(), g_back.cpu().numpy(),
+                                          float(g_self)))
+    lag = (torch.arange(T)[:, None] - torch.arange(T)[None]).to(A.device)
+    fitted = (lag > 0) if causal else (lag != 0)
+    index = (lag.clamp(min=1) - 1) if causal else (lag + T - 1)
+    residual = torch.where(fitted, A.double() - full.to(A.device)[index],
+                           torch.full_like(A, math.nan, dtype=torch.float64))
+    logits = A.float().masked_fill(lag < 0, math.nan) if causal else A.float()
+    to_np = lambda x: None if x is None else x.cpu().numpy()
+    return {"r2": float(r2), "g": to_np(g), "g_back": to_np(g_back),
+            "g_self": None if g_self is None else float(g_self),
+            "residual": to_np(residual), "logits": to_np(logits)}
 
 
 def _usage(model: LoadedModel, q: Tensor, k: Tensor) -> np.ndarray | None:
@@ -257,30 +314,24 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     layer, head = int(layer), int(head)
     ids = token_ids(model, text_or_tokens, max_tokens)
     t = head_tensors(model, ids, layer, head)
-    A = t["scores"]
-    r2, g = shift_invariance_r2(A)
-    r2_nosink = fit_without_sink(A)
-    T = len(ids)
-    lag = torch.arange(T)[:, None] - torch.arange(T)[None]
-    lower = (lag > 0).to(A.device)
-    g64 = g.to(A.device)
-    residual = torch.where(lower, A.double() - g64[(lag.clamp(min=1) - 1).to(A.device)],
-                           torch.full_like(A, math.nan, dtype=torch.float64))
-    logits = A.float().masked_fill((lag < 0).to(A.device), math.nan)
+    fit = fit_one(t["scores"], spec.causal)
+    r2_nosink = fit_without_sink(t["scores"], spec.causal)
     thetas = spec.rotary_frequencies()
-    g_np = g.cpu().numpy()
     usage = _usage(model, t["q"], t["k"]) if thetas is not None else None
     if usage is not None and len(usage) != len(thetas):
         usage = None
-    omega, power, alignment, note = kernel_spectrum(g_np, thetas, usage=usage)
+    g_spec = fit["g"] if spec.causal else two_sided_for_spectrum(fit["g"], fit["g_back"])
+    omega, power, alignment, note = kernel_spectrum(g_spec, thetas, usage=usage,
+                                                    two_sided=not spec.causal)
     notes = [sentence(model.weights_note)] if spec.loader == "gguf" else []
     if note:
         notes.append(note)
     view = HeadView(
         model_name=spec.name, layer=layer, head=head, kv_head=int(model.kv_heads[head]),
         tokens=token_strings(model.tokenizer, ids.tolist()), token_ids=ids.numpy(),
-        logits=logits.cpu().numpy(), pattern=t["pattern"].float().cpu().numpy(), g=g_np,
-        r2=float(r2), r2_nosink=r2_nosink, residual=residual.cpu().numpy(),
+        logits=fit["logits"], pattern=t["pattern"].float().cpu().numpy(), g=fit["g"],
+        r2=fit["r2"], r2_nosink=r2_nosink, residual=fit["residual"], g_back=fit["g_back"],
+        g_self=fit["g_self"],
         spectrum=(omega, power), alignment=alignment, thetas=thetas,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes)
     T = len(ids)  # the view's arrays against the text's length (cheap: shapes only)

@@ -117,5 +117,10 @@ def test_saved_head_view_renders_in_chromium(tmp_path, inline):
     assert not run.dom.find_all("img", src="x") and not run.dom.find_all("b")
     plots = head.find_all("div", class_="js-plotly-plot")
     assert len(plots) == 7  # 3 matrices, 2 g(Δ), the spectrum, per-sequence R²
+    for plot in plots:  # something drawn: a heatmap image, a line or bars, not bare axes
+        drawn = [n for n in plot.find_all("path") if "js-line" in n.attrs.get("class", "")
+                 and len(n.attrs.get("d", "")) > 20] + plot.find_all("image") + \
+            [n for n in plot.find_all("g") if n.attrs.get("class", "") == "point"]
+        assert drawn, "a plot of the head view has axes but no data"
     cells = [td.text() for td in parse_html(run.dom_text).find_all("td")]
     assert EVIL in cells

@@ -34,7 +34,7 @@ from poskernel_tl.report.html import (
     write_page,
 )
 from poskernel_tl.report.viewer_data import num, typed
-from poskernel_tl.toeplitz import shift_invariance_r2
+from poskernel_tl.toeplitz import shift_invariance_r2, shift_invariance_r2_two_sided
 
 PLOTLY_NAME = "plotly.min.js"
 BUNDLE_NAME = "circuitsvis.js"
@@ -131,6 +131,8 @@ class HeadPageData:
     logits: Float[np.ndarray, "query_pos key_pos"]
     g_trackA: Float[np.ndarray, " lag"] | None = None
     g_trackB: Float[np.ndarray, " lag"] | None = None
+    g_trackA_back: Float[np.ndarray, " lag"] | None = None  # Δ = −1..−(T−1) (encoders)
+    two_sided: bool = False  # no causal mask: the fit reads every off-diagonal entry
     spectrum: tuple[Float[np.ndarray, " freq"], Float[np.ndarray, " freq"]] | None = None
     thetas: Float[np.ndarray, " n_theta"] | None = None
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -153,14 +155,19 @@ class HeadPageData:
             raise ValueError("spectrum omega and power differ in length")
 
 
-def toeplitz_fit(logits: Float[np.ndarray, "query_pos key_pos"]
-                 ) -> tuple[float, Float[np.ndarray, " lag"]]:
-    """(R², g) of the shift-invariant fit of one logit matrix on its strict lower triangle."""
+def toeplitz_fit(logits: Float[np.ndarray, "query_pos key_pos"], two_sided: bool = False
+                 ) -> tuple[float, Float[np.ndarray, " lag"], Float[np.ndarray, " lag"] | None]:
+    """(R², g, g_back) of the shift-invariant fit of one logit matrix on its strict lower
+    triangle (``g_back`` None), or on every off-diagonal entry (``two_sided``: ``g_back``
+    holds Δ = −1..−(T−1))."""
     T = logits.shape[0]
-    lower = np.tril(np.ones((T, T), dtype=bool), k=-1)
-    clean = np.where(lower, np.asarray(logits, np.float64), 0.0)
-    r2, g = shift_invariance_r2(torch.from_numpy(clean))
-    return float(r2), g.numpy()
+    keep = ~np.eye(T, dtype=bool) if two_sided else np.tril(np.ones((T, T), dtype=bool), k=-1)
+    clean = torch.from_numpy(np.where(keep, np.asarray(logits, np.float64), 0.0))
+    if two_sided:
+        r2, g, g_back, _ = shift_invariance_r2_two_sided(clean)
+        return float(r2), g.numpy(), g_back.numpy()
+    r2, g = shift_invariance_r2(clean)
+    return float(r2), g.numpy(), None
 
 
 def _frame_table(title: str, df: pd.DataFrame) -> dict:
@@ -174,14 +181,16 @@ def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
     """The viewer's payload for one head (arrays as base64 typed arrays)."""
     T = len(data.tokens)
     n = min(T, max_tokens)
-    r2, g = toeplitz_fit(data.logits)
-    logits = np.where(np.tril(np.ones((T, T), bool), -1), data.logits, np.nan)[:n, :n]
+    r2, g, g_back = toeplitz_fit(data.logits, data.two_sided)
+    keep = ~np.eye(T, dtype=bool) if data.two_sided else np.tril(np.ones((T, T), bool), -1)
+    logits = np.where(keep, data.logits, np.nan)[:n, :n]
     notes = list(data.notes)
     if n < T:
         notes.append(f"Showing the first {n} of {T} tokens; the fit uses all {T}.")
-    kernels = [{"label": label, "values": typed(v, "f4")} for label, v in
-               (("Track A g(Δ)", data.g_trackA), ("Track B g(Δ)", data.g_trackB))
-               if v is not None]
+    kernels = [{"label": label, "values": typed(v, "f4"),
+                "back": None if back is None else typed(back, "f4")} for label, v, back in
+               (("Track A g(Δ)", data.g_trackA, data.g_trackA_back),
+                ("Track B g(Δ)", data.g_trackB, None)) if v is not None]
     spectra = []
     if data.spectrum is not None:
         spectra.append({"label": "g(Δ)", "status": "ok", "omega": typed(data.spectrum[0], "f8"),
@@ -200,6 +209,8 @@ def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
             {"values": typed(data.per_seq_r2, "f4"), "pooled": None},
             "seq": {"T": n, "logits": typed(logits, "f4"), "pattern": typed(
                 np.asarray(data.pattern)[:n, :n], "f4"), "g": typed(g, "f4"), "r2": r2,
+                "gBack": None if g_back is None else typed(g_back, "f4"),
+                "twoSided": data.two_sided,
                 "tokens": [str(t) for t in data.tokens[:n]], "step": None,
                 "label": f"{T} tokens"}}
 

@@ -80,11 +80,13 @@ def typed(a: np.ndarray, dtype: str, deflate: bool = False) -> dict:
     return {**out, "z": True} if deflate else out
 
 
-def quantize_logits(logits: Float[np.ndarray, "layer head_index query_pos key_pos"]) -> dict:
-    """[layer, head_index, T, T] logits (finite on the strict lower triangle) as 8-bit
-    codes of the strict lower triangle, row by row, with each head's ``lo`` and ``step``."""
+def quantize_logits(logits: Float[np.ndarray, "layer head_index query_pos key_pos"],
+                    causal: bool = True) -> dict:
+    """[layer, head_index, T, T] logits (finite on the strict lower triangle, or off the
+    diagonal for a bidirectional model: ``causal=False``) as 8-bit codes of those entries,
+    row by row, with each head's ``lo`` and ``step``."""
     L, H, T, _ = logits.shape
-    t, s = np.tril_indices(T, -1)
+    t, s = np.tril_indices(T, -1) if causal else np.nonzero(~np.eye(T, dtype=bool))
     x = np.take(np.asarray(logits, np.float32).reshape(L, H, T * T), t * T + s, axis=-1)
     lo, hi = x.min(axis=-1), x.max(axis=-1)
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()):  # a damaged matrix: skip NaN
@@ -126,6 +128,9 @@ def _arrays(cond: Condition) -> dict:
     g_b, _ = r.g_trackB
     out = {"g_a": typed(r.g_pooled, "f4"), "g_b": typed(g_b, "f4"),
            "per_seq": typed(r.r2_per_seq, "f4")}
+    if not r.causal:  # keys after the query, Δ = −1..−(T−1)
+        g_b_back = r.g_gram_back if r.centered else r.g_gram_raw_back
+        out.update(g_a_back=typed(r.g_pooled_back, "f4"), g_b_back=typed(g_b_back, "f4"))
     if cond.spectral.omega is not None:
         out["omega"] = typed(cond.spectral.omega, "f8")
     for source, mags in cond.spectral.spectra.items():
@@ -134,9 +139,11 @@ def _arrays(cond: Condition) -> dict:
         out[f"spec_{source}"] = typed(mags / scale[..., None], "f2")
         out[f"spec_{source}_scale"] = typed(scale, "f4")
     if cond.logits_seq is not None:
-        out.update(quantize_logits(r.logits[cond.logits_seq]))
+        out.update(quantize_logits(r.logits[cond.logits_seq], r.causal))
         i = [int(s) for s in r.seq_id].index(cond.logits_seq)
         out["g_seq"] = typed(r.g_per_seq[i], "f4")
+        if not r.causal:
+            out["g_seq_back"] = typed(r.g_per_seq_back[i], "f4")
     return out
 
 
@@ -152,7 +159,7 @@ def condition_payload(cond: Condition) -> dict:
         "model": r.model, "model_label": model_label(r), "dataset": r.dataset,
         "dataset_label": dataset_label(r.dataset), "length": int(r.length),
         "n_layers": r.n_layers, "n_heads": r.n_heads, "group_size": int(r.spec.group_size),
-        "pe": r.spec.pe, "centered": bool(r.centered), "n_eval": len(r.seq_id),
+        "pe": r.spec.pe, "causal": r.causal, "centered": bool(r.centered), "n_eval": len(r.seq_id),
         "weights": str(r.provenance.get("weights", "")),
         "thetas": None if r.thetas is None else [num(t) for t in r.thetas],
         "r2": {"pooled": grid(r.r2_pooled), "nosink": grid(r.r2_pooled_nosink),

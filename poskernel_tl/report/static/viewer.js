@@ -97,8 +97,8 @@
         num("r2-B", d.centered ? "Track B centered R²" : "Track B R² (uncentered)", d.r2.B[layer][head], 3),
         num("r2-B-raw", "Track B raw R²", d.r2.B_raw[layer][head], 3),
         num("r2-nosink", "Track A pooled R², sink column left out", d.r2.nosink[layer][head], 3)],
-      kernels: [{ label: "Track A pooled g(Δ)", values: row(A.g_a, i) },
-        { label: "Track B g(Δ) (" + d.g_b_source + ")", values: row(A.g_b, i) }],
+      kernels: [{ label: "Track A pooled g(Δ)", values: row(A.g_a, i), back: A.g_a_back ? row(A.g_a_back, i) : null },
+        { label: "Track B g(Δ) (" + d.g_b_source + ")", values: row(A.g_b, i), back: A.g_b_back ? row(A.g_b_back, i) : null }],
       perSeq: { values: column(A.per_seq, i, d.n_layers * d.n_heads), pooled: d.r2.pooled[layer][head] },
       spectra: ["trackB", "trackA"].map(function (s) { return spectrumOf(d, s, i); }),
       tables: d.extras.map(function (x) { return extraTable(x, i); }), seq: null
@@ -106,9 +106,10 @@
     if (d.weights) p.notes.push(d.weights);
     if (A.logits) {
       var codes = row(A.logits, i), lo = A.logits_lo.data[i], step = A.logits_step.data[i];
-      var full = new Float32Array(T * T).fill(NaN), k = 0;
-      for (var t = 1; t < T; t++) for (var s = 0; s < t; s++) full[t * T + s] = lo + step * codes[k++];
+      var full = new Float32Array(T * T).fill(NaN), k = 0, both = d.causal === false;
+      for (var t = 0; t < T; t++) for (var s = 0; s < (both ? T : t); s++) if (s !== t) full[t * T + s] = lo + step * codes[k++];
       p.seq = { T: T, logits: full, pattern: null, g: row(A.g_seq, i), r2: d.r2.seq[layer][head],
+        gBack: both && A.g_seq_back ? row(A.g_seq_back, i) : null, twoSided: both,
         tokens: d.tokens, step: step,
         label: "evaluation sequence " + d.logits_seq + (d.tokens ? "" : " (token strings not available: positions shown)") };
     }
@@ -184,16 +185,16 @@
   };
 
   function drawSequence(root, q) {
-    var T = q.T, id = "pk-cv-" + (++counter), att = [], tokens = [];
+    var T = q.T, id = "pk-cv-" + (++counter), att = [], tokens = [], both = !!q.twoSided;
     for (var t = 0; t < T; t++) {
-      var rowv = new Array(T).fill(0);
-      if (q.pattern) { for (var s = 0; s <= t; s++) rowv[s] = q.pattern[t * T + s]; }
-      else if (t === 0) { rowv[0] = 1; }
+      var rowv = new Array(T).fill(0), hi = both ? T : t;
+      if (q.pattern) { for (var s = 0; s < (both ? T : t + 1); s++) rowv[s] = q.pattern[t * T + s]; }
+      else if (t === 0 && !both) { rowv[0] = 1; }
       else {
         var mx = -Infinity, sum = 0;
-        for (s = 0; s < t; s++) mx = Math.max(mx, q.logits[t * T + s]);
-        for (s = 0; s < t; s++) { rowv[s] = Math.exp(q.logits[t * T + s] - mx); sum += rowv[s]; }
-        for (s = 0; s < t; s++) rowv[s] /= sum;
+        for (s = 0; s < hi; s++) if (s !== t) mx = Math.max(mx, q.logits[t * T + s]);
+        for (s = 0; s < hi; s++) if (s !== t) { rowv[s] = Math.exp(q.logits[t * T + s] - mx); sum += rowv[s]; }
+        for (s = 0; s < hi; s++) rowv[s] /= sum;
       }
       att.push(rowv);
       tokens.push(q.tokens ? String(q.tokens[t]) : String(t));
@@ -204,18 +205,20 @@
         return el("span", { "class": "pk-tok", title: String(i) }, [tok]);
       }))]);
     var note = q.pattern ? "The head's attention pattern (hook_pattern)."
+      : both ? "Softmax of the saved logits over every key s ≠ t (no causal mask; the diagonal s = t is not saved, so this approximates the pattern)."
       : "Softmax of the saved logits over the keys s < t (the diagonal s = t is not saved, so this approximates the pattern; row 0 attends to itself).";
     root.appendChild(section("Attention pattern — " + q.label, note, [cv, strip]));
     if (typeof CircuitsVis === "undefined") {
       cv.setAttribute("data-pk-state", "error");
       cv.textContent = "The circuitsvis bundle did not load.";
     } else {
-      CircuitsVis.render(id, CircuitsVis.AttentionPattern, { tokens: tokens, attention: att, maskUpperTri: true });
+      CircuitsVis.render(id, CircuitsVis.AttentionPattern, { tokens: tokens, attention: att, maskUpperTri: !both });
       cv.setAttribute("data-pk-cells", String(T * T));
       cv.setAttribute("data-pk-state", "mounted");
     }
     var mats = fitMatrices(q), plots = [box("pk-plot pk-third"), box("pk-plot pk-third"), box("pk-plot pk-third")];
-    var noteFit = "Strictly lower triangle (s < t). Fit: this sequence's g(Δ) from the run, g(t − s); R² of the fit " +
+    var noteFit = (both ? "Every off-diagonal entry (s ≠ t; no causal mask)." : "Strictly lower triangle (s < t).") +
+      " Fit: this sequence's g(Δ) from the run, g(t − s); R² of the fit " +
       fixed(q.r2, 3) + "." + (q.step ? " Logits are an 8-bit display copy (step " + sig(q.step) + ")." : "");
     root.appendChild(section("Logits, their Toeplitz fit and the residual", noteFit, [el("div", { "class": "pk-row" }, plots)]));
     ["logits A(t, s)", "fit g(t − s)", "residual A − g(t − s)"].forEach(function (title, j) {
@@ -229,9 +232,11 @@
     var T = q.T, A = [], F = [], R = [];
     for (var t = 0; t < T; t++) {
       var a = new Array(T).fill(null), f = new Array(T).fill(null), r = new Array(T).fill(null);
-      for (var s = 0; s < t; s++) {
+      for (var s = 0; s < (q.twoSided ? T : t); s++) {
+        if (s === t) continue;
         a[s] = q.logits[t * T + s];
-        if (q.g) { f[s] = q.g[t - s - 1]; r[s] = a[s] - f[s]; }
+        var g = s < t ? (q.g ? q.g[t - s - 1] : null) : (q.gBack ? q.gBack[s - t - 1] : null);
+        if (g !== null) { f[s] = g; r[s] = a[s] - g; }
       }
       A.push(a); F.push(f); R.push(r);
     }
@@ -243,8 +248,11 @@
       [el("div", { "class": "pk-row" }, plots)]));
     kernels.forEach(function (k, j) {
       var lags = Array.from(k.values, function (_, i) { return i + 1; });
-      plot(plots[j], [{ x: lags, y: Array.from(k.values), mode: "lines", line: { width: 1.2 } }],
-        { title: { text: k.label }, xaxis: { title: { text: "lag Δ = t − s" }, type: "log" }, yaxis: { title: { text: "g(Δ)" } } });
+      var traces = [{ x: lags, y: Array.from(k.values), mode: "lines", line: { width: 1.2 }, name: "keys before the query: g(Δ), Δ > 0" }];
+      if (k.back) traces.push({ x: lags, y: Array.from(k.back), mode: "lines", line: { width: 1.2, dash: "dot" }, name: "keys after the query: g(−Δ)" });
+      plot(plots[j], traces,
+        { title: { text: k.label }, showlegend: !!k.back, legend: { orientation: "h", y: -0.3 },
+          xaxis: { title: { text: k.back ? "|Δ| = |t − s|" : "lag Δ = t − s" }, type: "log" }, yaxis: { title: { text: "g(Δ)" } } });
     });
   }
   function drawSpectrum(root, s) {
@@ -354,9 +362,18 @@
     window.addEventListener("hashchange", route);
     route();
   };
+  function flat(o) {  // every decoded {data, shape} inside o replaced by its typed array
+    Object.keys(o).forEach(function (k) {
+      var v = o[k];
+      if (!v || typeof v !== "object" || ArrayBuffer.isView(v)) return;
+      if (v.data && ArrayBuffer.isView(v.data) && v.shape) o[k] = v.data;
+      else flat(v);
+    });
+    return o;
+  }
   PK.showHead = function (id, payloadId) {  // a single head from an inline payload (notebooks)
     decodeAll(JSON.parse(document.getElementById(payloadId).textContent)).then(function (p) {
-      PK.renderHead(document.getElementById(id), p);
+      PK.renderHead(document.getElementById(id), flat(p));
     });
   };
 })();
