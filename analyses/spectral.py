@@ -150,17 +150,17 @@ def _pe_inputs(s_pe, g_sources, length: int, two_sided: bool):
     return s_pe, sources, span(length, two_sided)
 
 
-def _head_scores(res: dict, mags, refs, pe, layer: int, head: int, n: int,
+def _head_scores(res: dict, mags, refs, pe_in, layer: int, head: int, n: int,
                  raw_spectrum: bool) -> dict:
     """One analysed head's table columns: its alignment ``res`` (updated with the
-    reference scores when there are references) and the S_PE correlations (``pe`` from
+    reference scores when there are references) and the S_PE correlations (``pe_in`` from
     :func:`_pe_inputs`)."""
     if refs is not None:
         res.update(reference_scores(mags[layer, head] ** 2, refs[0][layer, head],
                                     refs[1][layer, head], refs[2], n, raw_spectrum))
     row = {key: res[key] for key in HEAD_COLUMNS if key in res and key != "length"}
-    if pe is not None:
-        s_pe, sources, pe_span = pe
+    if pe_in is not None:
+        s_pe, sources, pe_span = pe_in
         row.update(pe_spectrum_correlations(
             s_pe[layer, head], {k: v[layer, head] for k, v in sources.items()},
             pe_span, raw_spectrum=raw_spectrum))
@@ -205,7 +205,7 @@ def spectral_table(
     mags = spectrum(np.where(finite[..., None], g, 0.0), n, raw_spectrum=raw_spectrum,
                     demean=demean)
     refs = _batch_references(g, th, use, length, raw_spectrum, demean, two_sided)
-    pe = None if s_pe is None else _pe_inputs(s_pe, g_sources, length, two_sided)
+    pe_in = None if s_pe is None else _pe_inputs(s_pe, g_sources, length, two_sided)
     heads, peak_rows = [], []
     for layer in range(L):
         for head in range(H):
@@ -221,7 +221,8 @@ def spectral_table(
                 res = align_spectrum(mags[layer, head], th, n, raw_spectrum=raw_spectrum,
                                      n_peaks=N_PEAKS, tau_rel=tau_rel, n_null=n_null,
                                      seed=seed, alpha=alpha, precision_bins=PRECISION_BINS)
-                row.update(_head_scores(res, mags, refs, pe, layer, head, n, raw_spectrum))
+                row.update(_head_scores(res, mags, refs, pe_in, layer, head, n,
+                                        raw_spectrum))
                 peak_rows += _peak_rows(base, res)
             heads.append(row)
     if magnitudes is not None:

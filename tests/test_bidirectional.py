@@ -414,6 +414,7 @@ def test_spectral_reads_the_two_sided_g(measured, tmp_path):
     assert cond["s_pe"].shape == cond["g"].shape  # S_PE on both sides of Δ = 0 too
     table, _, _ = S.run_spectral(res, tmp_path, n_null=20)
     assert np.isfinite(table["r_pe_gram_raw"].astype(float)).all()
+    assert (table["pe"] == "learned-absolute").all() and (table["length"] == res.length).all()
     saved = SIO.read_spectral(tmp_path, res.model, res.dataset, res.length, res.n_layers,
                               res.n_heads)
     assert not saved.problems and saved.omega.shape == (4 * res.length + 1,)
