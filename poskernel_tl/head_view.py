@@ -42,7 +42,6 @@ from poskernel_tl.sequences import sequence_frame, token_strings
 from poskernel_tl.toeplitz import (
     lag_counts,
     lag_sums,
-    r2_from_sums,
     r2_two_sided,
     shift_invariance_r2,
     shift_invariance_r2_two_sided,
@@ -63,9 +62,9 @@ class HeadView:
     ``residual`` A − g(t−s) for s < t (NaN elsewhere). For a bidirectional model
     (``g_back`` not None) ``logits`` is the whole matrix, the fit reads every entry off the
     diagonal, ``g_back[Δ−1]`` is the mean of super-diagonal Δ (lag −Δ, keys after the
-    query), ``g_self`` the diagonal's mean, and the spectrum is that of the two-sided g. ``spectrum`` is ``(omega, power)``
-    of g(Δ), ω in rad/token; ``alignment`` the :func:`spectral_alignment` dict for rotary
-    models, else None. ``tokens`` are the token strings, one per position."""
+    query), ``g_self`` the diagonal's mean, and the spectrum is that of the two-sided g.
+    ``spectrum`` is ``(omega, power)`` of g(Δ), ω in rad/token; ``alignment`` the
+    :func:`spectral_alignment` dict for rotary models, else None. ``tokens`` are the token strings, one per position."""
 
     model_name: str
     layer: int

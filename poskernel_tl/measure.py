@@ -41,12 +41,7 @@ from poskernel_tl.config import MeasureConfig
 from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.loading import LoadedModel, dtype_name
-from poskernel_tl.pe_kernel import (
-    NoPositionTableError,
-    PEKernel,
-    head_projected_pe_kernel,
-    head_projected_pe_kernels,
-)
+from poskernel_tl.pe_kernel import NoPositionTableError, is_post_ln, pe_kernel_part
 from poskernel_tl.reducers import (
     CenteringMeans,
     FreqUsage,
@@ -206,7 +201,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     centering = centering_pass(model, cen_ids, batch_size, opts, progress)
     reds, track_b = evaluation_passes(model, ev_ids, centering, wanted, opts, plan,
                                       keep_gram, hook_scores, progress)
-    parts, notes = result_parts(model, reds, track_b, centering, T)
+    parts, notes = result_parts(model, reds, track_b, centering, ev_ids)
     notes = [plan.note()] + notes if plan.blocked else notes
     provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
                   "scores_from": {"hook": "hook_attn_scores", "qk": "q·kᵀ"}.get(
@@ -295,7 +290,7 @@ def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
     if model.rotary_pairs is not None:
         reds.append(FreqUsageReducer(L, H, Hkv, *model.rotary_pairs, device=dev))
     if wanted:
-        reds.append(LogitSaver(wanted, L))
+        reds.append(LogitSaver(wanted, L, causal=s.causal))
     if opts.whiten:
         reds.append(WhitenedGramReducer(centering, model.logit_scale, causal=s.causal))
     if opts.null_perms > 0:
@@ -334,9 +329,11 @@ def evaluation_passes(model: LoadedModel, ev_ids: Tokens, centering: Moments | N
 
 
 def result_parts(model: LoadedModel, reds: list, track_b: GramResult,
-                 centering: Moments | None, T: int) -> tuple[dict, list[str]]:
+                 centering: Moments | None, ev_ids: Tokens) -> tuple[dict, list[str]]:
     """The result's parts from the evaluation pass's reducers and Track B's result, and
-    notes."""
+    notes. S_PE of a post-LN model (BERT) uses the LayerNorm statistics measured on the
+    evaluation sequences ``ev_ids`` (one more forward of them; :mod:`poskernel_tl.pe_kernel`)."""
+    T = ev_ids.shape[1]
     track_a, notes = reds[0], []
     parts = {"track_a": track_a.result(), "track_b": track_b,
              "centering": CenteringMeans.from_moments(centering)}
@@ -357,18 +354,13 @@ def result_parts(model: LoadedModel, reds: list, track_b: GramResult,
             notes.append("S_PE not computed: the bridge runs in compatibility mode")
         else:
             try:
-                parts["pe_kernel"] = pe_kernel_part(model, T)
+                parts["pe_kernel"] = pe_kernel_part(model.hf_model, T, ev_ids.to(model.device))
+                if is_post_ln(model.hf_model):
+                    notes.append("S_PE: the position table through the LayerNorm route with "
+                                 "the evaluation sequences' LayerNorm statistics")
             except NoPositionTableError as err:  # learned positions in no known layout
                 notes.append(f"S_PE not computed: {err}")
     return parts, notes
-
-
-def pe_kernel_part(model: LoadedModel, T: int) -> PEKernel:
-    """S_PE of every head; both signs of Δ and Δ = 0 for a bidirectional model."""
-    if model.spec.causal:
-        return PEKernel(head_projected_pe_kernel(model.hf_model, T))
-    fwd, back, diag = head_projected_pe_kernels(model.hf_model, T)
-    return PEKernel(fwd, s_pe_back=back, s_pe_self=diag)
 
 
 def versions() -> dict:

@@ -245,3 +245,56 @@ def test_worked_notebook_runs(tmp_path):
     assert len(pages_written) == 3, (pages_written, proc.stdout[-2000:])
     assert "most shift-invariant" in proc.stdout and "least shift-invariant" in proc.stdout
     print(f"\nscripts/inspect_heads.py: {time.time() - t0:.0f} s")
+
+
+# ------------------------------------------------------------- bidirectional models
+def naive_two_sided(A: np.ndarray, skip_key0: bool = False):
+    """R², g(Δ > 0), g(Δ < 0) of a fit over every off-diagonal entry, by brute force."""
+    T = len(A)
+    t, s = np.nonzero(~np.eye(T, dtype=bool))
+    if skip_key0:
+        keep = s > 0
+        t, s = t[keep], s[keep]
+    lag, vals = t - s, A[t, s]
+    means = {d: vals[lag == d].mean() for d in np.unique(lag)}
+    fit = np.array([means[d] for d in lag])
+    r2 = 1 - ((vals - fit) ** 2).sum() / ((vals - vals.mean()) ** 2).sum()
+    return r2, np.array([means.get(d, np.nan) for d in range(1, T)]), \
+        np.array([means.get(-d, np.nan) for d in range(1, T)])
+
+
+def test_encoder_head_is_fit_on_both_triangles(tiny_tokenizer):
+    model = tiny_loaded("bert", tiny_tokenizer)
+    view = inspect_head(model, TEXT, 1, 2)
+    ids = torch.as_tensor(view.token_ids)
+    T = len(ids)
+    # the BERT bridge's hook_attn_scores is the pattern: the view forms q·kᵀ itself
+    assert view.scores_from.startswith("q·kᵀ")
+    scores, pattern = hooked(model, ids, 1, 2)
+    np.testing.assert_allclose(scores.numpy(), pattern.numpy(), atol=1e-7)
+    q_k = head_tensors(model, ids, 1, 2, hook_scores=False)
+    A = q_k["scores"].double().numpy()
+    np.testing.assert_allclose(view.logits, A, atol=1e-6)  # the whole matrix, no mask
+    r2, g, g_back = naive_two_sided(A)
+    assert view.r2 == pytest.approx(r2, abs=1e-10)
+    np.testing.assert_allclose(view.g, g, atol=1e-10)
+    np.testing.assert_allclose(view.g_back, g_back, atol=1e-10)
+    assert view.g_self == pytest.approx(np.diag(A).mean(), abs=1e-10)
+    assert view.r2_nosink == pytest.approx(naive_two_sided(A, skip_key0=True)[0], abs=1e-10)
+    t, s = np.nonzero(~np.eye(T, dtype=bool))
+    fitted = np.where(t > s, view.g[np.abs(t - s) - 1], view.g_back[np.abs(t - s) - 1])
+    np.testing.assert_allclose(view.residual[t, s], A[t, s] - fitted, atol=1e-10)
+    assert np.isnan(np.diag(view.residual)).all()
+    np.testing.assert_array_equal(view.pattern, pattern.numpy())
+    omega, power = view.spectrum  # of the two-sided g: twice the causal span
+    assert len(omega) > 2 * T and (power >= 0).all()
+    payload = view.page_data()
+    assert payload.two_sided and payload.g_trackA_back is view.g_back
+
+
+@pytest.mark.minilm
+def test_minilm_text_is_framed_like_its_sequences(minilm):
+    view = inspect_head(minilm, "the quick brown fox jumps over the lazy dog", 0, 0,
+                        max_tokens=6)
+    assert view.tokens[0] == "[CLS]" and view.tokens[-1] == "[SEP]" and len(view.tokens) == 6
+    assert view.g_back is not None and view.scores_from.startswith("q·kᵀ")

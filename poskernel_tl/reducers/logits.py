@@ -16,7 +16,8 @@ from poskernel_tl.schema import Part, SavedFiles
 @dataclass
 class SavedLogits(Part):
     """seq_id → logits [layer, head_index, query_pos, key_pos] (float32; NaN on and above
-    the diagonal, which the causal mask removes), saved one file per sequence as
+    the diagonal, which the causal mask removes; for a bidirectional model NaN on the
+    diagonal only, which no fit reads), saved one file per sequence as
     ``A_vis/seq_{seq_id}.pt``; ``cfg.json`` lists the ids."""
 
     NAME = "saved_logits"
@@ -44,8 +45,9 @@ class SavedLogits(Part):
 
 
 class LogitSaver:
-    def __init__(self, wanted: dict[int, int], n_layers: int):
+    def __init__(self, wanted: dict[int, int], n_layers: int, causal: bool = True):
         self.wanted = wanted  # position within the pass -> seq_id
+        self.causal = causal
         self.layers: dict[int, list] = {i: [None] * n_layers for i in wanted}
 
     def update(self, batch: LayerBatch) -> None:
@@ -53,8 +55,10 @@ class LogitSaver:
             if i in self.wanted:  # copies only the ≤ 10 wanted sequences to the host
                 A = batch.scores[row].float()
                 T = A.shape[-1]
-                upper = torch.ones(T, T, dtype=torch.bool, device=A.device).triu()
-                self.layers[i][batch.layer] = A.masked_fill(upper, float("nan")).cpu().numpy()
+                hide = torch.ones(T, T, dtype=torch.bool, device=A.device).triu()
+                if not self.causal:
+                    hide &= ~hide.triu(1)  # the diagonal alone
+                self.layers[i][batch.layer] = A.masked_fill(hide, float("nan")).cpu().numpy()
 
     def result(self) -> SavedLogits:
         return SavedLogits({self.wanted[i]: np.stack(v) for i, v in self.layers.items()
