@@ -64,7 +64,8 @@ class HeadView:
     diagonal, ``g_back[Δ−1]`` is the mean of super-diagonal Δ (lag −Δ, keys after the
     query), ``g_self`` the diagonal's mean, and the spectrum is that of the two-sided g.
     ``spectrum`` is ``(omega, power)`` of g(Δ), ω in rad/token; ``alignment`` the
-    :func:`spectral_alignment` dict for rotary models, else None. ``tokens`` are the token strings, one per position."""
+    :func:`spectral_alignment` dict for rotary models, else None. ``tokens`` are the
+    token strings, one per position."""
 
     model_name: str
     layer: int
