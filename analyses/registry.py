@@ -20,6 +20,7 @@ from poskernel_tl.analyses import (
     gk_baseline,
     kernel_patching,
     mean_field,
+    pe_correlation,
     qig_kernel,
     separable,
     sequence_pca,
@@ -86,7 +87,8 @@ SPECTRAL = AnalysisSpec(
 
 REGISTRY: dict[str, AnalysisSpec] = {s.name: s for s in (
     SPECTRAL, freq_usage.SPEC, gk_baseline.SPEC, fourier_kernel.SPEC, sequence_pca.SPEC,
-    qig_kernel.SPEC, kernel_patching.SPEC, separable.SPEC, mean_field.SPEC)}
+    qig_kernel.SPEC, kernel_patching.SPEC, separable.SPEC, mean_field.SPEC,
+    pe_correlation.SPEC)}
 
 
 def get(name: str) -> AnalysisSpec:
