@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Int
 from matplotlib.figure import Figure
 
+from poskernel_tl.errors import UserError
 from poskernel_tl.loading import LoadedModel
 from poskernel_tl.result import ConditionResult
 
@@ -58,6 +59,9 @@ class AnalysisSpec:
     head_rows: tuple[tuple[str, str], ...] = ()
     columns: tuple[str, ...] = field(default=())  # besides layer and head; checked on read
     file: str | None = None  # the CSV suffix, default ``{name}.csv``
+    # True: defined for bidirectional (encoder) models too; False: reads the causal
+    # triangle only, and an encoder is refused rather than given a one-sided answer
+    bidirectional: bool = False
 
     @property
     def suffix(self) -> str:
@@ -69,8 +73,21 @@ class AnalysisSpec:
             "poskernel", "analyze", self.name, "--model", model, "--dataset", dataset,
             "--length", str(length), "--out", str(out)))
 
+    def supports(self, causal: bool) -> bool:
+        return causal or self.bidirectional
+
+    def refuse_unsupported(self, causal: bool, model: str) -> None:
+        """A UserError for a bidirectional model this analysis is not defined for."""
+        if not self.supports(causal):
+            raise UserError(f"analysis {self.name} reads the causal (lower) triangle only; "
+                            f"{model} is a bidirectional encoder")
+
     def run(self, inputs: AnalysisInputs, options=None
             ) -> pd.DataFrame | dict[str, pd.DataFrame]:
+        where = inputs.model.spec if inputs.model is not None else inputs.result
+        if where is not None:
+            self.refuse_unsupported(bool(getattr(where, "causal", True)),
+                                    getattr(where, "name", None) or where.model)
         if self.needs_model and inputs.model is None:
             raise TypeError(f"analysis {self.name} needs a loaded model")
         if self.needs_result and inputs.result is None:

@@ -75,6 +75,7 @@ def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
 
 
 SPEC = AnalysisSpec(
+    bidirectional=True,
     name="freq-usage", title="Rotary frequency usage", compute=analyze, needs_model=False,
     needs_result=True, file=FREQ_USAGE_CSV, columns=("pair", "theta", "q_share"),
     guide="The mean norm of q and k inside each rotary 2-D pair, pairs ordered by θ: large "

@@ -287,6 +287,7 @@ def plot_term_shares(table: pd.DataFrame, column: str = "share", title: str = ""
 
 
 SPEC = AnalysisSpec(
+    bidirectional=True,
     name="gk-baseline", title="Positional baseline G_k", compute=analyze, options=GkOptions,
     figure=lambda table, title="": plot_term_shares(table, title=title),
     columns=("R2_scores", "R2_minus_gk", "gk_explained"),

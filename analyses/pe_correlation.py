@@ -119,6 +119,7 @@ class PECorrelationOptions:
 
 
 SPEC = AnalysisSpec(
+    bidirectional=True,
     name="pe-correlation", title="S_PE against g(Δ)", options=PECorrelationOptions,
     compute=lambda inputs, options: pe_correlation_table(
         inputs.result, raw_spectrum=options.raw_spectrum),

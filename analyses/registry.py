@@ -77,6 +77,7 @@ def _spectral(inputs: AnalysisInputs, options: SpectralOptions) -> dict[str, pd.
 
 
 SPECTRAL = AnalysisSpec(
+    bidirectional=True,
     name="spectral", title="Spectral alignment", compute=_spectral, options=SpectralOptions,
     needs_model=False, needs_result=True, file=C.SPECTRAL_CSV,
     columns=("analysed", "aligned", "frac_matched"),

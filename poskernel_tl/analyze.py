@@ -20,6 +20,7 @@ from poskernel_tl.config import RunConfig
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.io import save_csv
 from poskernel_tl.loading import LoadedModel
+from poskernel_tl.registry import REGISTRY
 from poskernel_tl.result import ConditionResult
 from poskernel_tl.runner import prepare, run_condition
 
@@ -71,6 +72,9 @@ def run_analysis(name: str, cfg: RunConfig, model: LoadedModel | None = None,
     dataclass; default: its defaults). Returns its main table and that table's CSV (an
     analysis that writes its own files returns no table and its main file is read)."""
     spec = get(name)
+    known = REGISTRY.get(cfg.model)  # a registered encoder is refused before any loading
+    if known is not None:
+        spec.refuse_unsupported(known.causal, cfg.model)
     tables = spec.run(analysis_inputs(spec, cfg, model), options)
     written = save_tables(spec, tables, cfg)
     if spec.suffix in written:

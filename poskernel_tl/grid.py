@@ -37,7 +37,7 @@ from poskernel_tl.loading import (
     load_model,
 )
 from poskernel_tl.manifest import FolderLock, Manifest, key_of, sha256
-from poskernel_tl.registry import EMBEDDED_DEFAULT, resolve
+from poskernel_tl.registry import EMBEDDED_DEFAULT, REGISTRY, resolve
 from poskernel_tl.result import ConditionResult
 from poskernel_tl.runner import run_condition
 from poskernel_tl.sequences import TooFewWindowsError, ensure_sequences
@@ -246,6 +246,11 @@ def _analyses_of(c: Condition, cfg: GridConfig, analyses, model_of, manifest: Ma
     for spec in analyses:
         name, key = f"{c.name}:{spec.name}", key_of({"condition": base, "analysis": spec.name})
         if manifest.status(name, key) == "complete" and not cfg.force:
+            continue
+        known = REGISTRY.get(c.model)
+        if known is not None and not spec.supports(known.causal):
+            log.info("%s: %s not run (causal models only; %s is bidirectional)", c.name,
+                     spec.name, c.model)
             continue
         t0 = time.time()
         run = cfg.run_config(c.model, c.dataset, c.length, c.n_seqs, out=str(out))

@@ -67,3 +67,29 @@ def test_unknown_analysis_on_the_command_line_exits_2(capsys):
         cli.main(["analyze", "nosuch"])
     assert exit_.value.code == 2
     assert "separable" in capsys.readouterr().err
+
+
+def test_analyses_declare_whether_they_are_defined_for_encoders():
+    both = {name for name, spec in REGISTRY.items() if spec.bidirectional}
+    assert both == {"spectral", "pe-correlation", "gk-baseline", "freq-usage"}
+
+
+@pytest.mark.parametrize("name", ["separable", "kernel-patching", "mean-field"])
+def test_causal_only_analyses_refuse_an_encoder(name, tiny_tokenizer, tmp_path, monkeypatch):
+    model = tiny_loaded("bert", tiny_tokenizer)
+    cfg = RunConfig(model="tiny-bert", dataset="random", length=24, n_seqs=6,
+                    out=str(tmp_path), batch_size=3, progress=False)
+    with pytest.raises(UserError, match="bidirectional"):
+        run_analysis(name, cfg, model=model)
+    # a registered encoder is refused before anything loads
+    monkeypatch.setattr("poskernel_tl.analyze.prepare", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(UserError, match="minilm-l6 is a bidirectional encoder"):
+        run_analysis(name, dataclasses.replace(cfg, model="minilm-l6"))
+
+
+def test_encoder_analysis_runs_two_sided(tiny_tokenizer, tmp_path):
+    model = tiny_loaded("bert", tiny_tokenizer)
+    cfg = RunConfig(model="tiny-bert", dataset="random", length=24, n_seqs=6,
+                    out=str(tmp_path), batch_size=3, progress=False)
+    table, _ = run_analysis("pe-correlation", cfg, model=model)
+    assert len(table) == 2 * 4 and table["two_sided_trackA_pooled"].all()
