@@ -75,7 +75,8 @@ def test_payload_is_escaped_and_carries_the_numbers():
     assert html.lower().count("<script") == html.lower().count("</script>")
     p = payload_of(html)
     assert p["seq"]["tokens"] == data.tokens and p["title"] == data.title
-    r2, g = report.toeplitz_fit(data.logits)
+    r2, g, back = report.toeplitz_fit(data.logits)
+    assert back is None  # one-sided unless two_sided
     assert p["numbers"][0][2] == pytest.approx(r2)
     assert p["tables"][0]["rows"][0] == ["0.9", EVIL]
     short = payload_of(report.head_html(data, assets_rel="assets", max_tokens=12))
