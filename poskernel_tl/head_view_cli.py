@@ -20,7 +20,7 @@ from poskernel_tl.errors import UserError
 from poskernel_tl.head_view import MIN_TOKENS, check_head, inspect_head
 from poskernel_tl.loading import load_model, resolve_device
 from poskernel_tl.registry import EMBEDDED_DEFAULT, resolve
-from poskernel_tl.sequences import build_sequences, collect_windows
+from poskernel_tl.sequences import build_sequences, collect_windows, sequence_frame
 
 
 def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
@@ -35,7 +35,8 @@ def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--layer", type=int, required=True, help="layer index (0-based)")
     p.add_argument("--head", type=int, required=True, help="query head index (0-based)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="the text to run (tokenized without special tokens)")
+    src.add_argument("--text", help="the text to run (tokenized without special tokens; "
+                     "an encoder's framed [CLS] … [SEP] like its sequences)")
     src.add_argument("--file", help="a UTF-8 text file to run")
     src.add_argument("--dataset", help="one window of a dataset: wikipedia, code, random, "
                                        "prose, stdlib-code or text:PATH")
@@ -110,9 +111,10 @@ def dataset_window(tokenizer, dataset: str, length: int, index: int = 0, seed: i
     if len(tokens) <= index:
         raise DataError(f"dataset {dataset!r} has only {len(tokens)} windows of {length} "
                         f"tokens; --index {index} is out of range")
+    text = length - sum(map(len, sequence_frame(tokenizer)))  # [CLS] … [SEP] for encoders
     return (torch.from_numpy(tokens[index].copy()),
             f"{dataset} window {index}: {doc_ids[index]}, tokens {offsets[index]}.."
-            f"{offsets[index] + length - 1}")
+            f"{offsets[index] + text - 1}")
 
 
 def cmd_inspect(args) -> int:
