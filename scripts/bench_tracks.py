@@ -33,7 +33,7 @@ in a child process of its own (its peak RSS is that length's). Timings are the l
 Usage: python scripts/bench_tracks.py [--lengths 256 1024 4096 8192] [--threads 1]
        [--repeats 256:3 1024:3 4096:1 8192:1]
        [--n-seqs 256:16 1024:8 4096:4 8192:4] [--fwd-seqs 256:8 1024:4 4096:2 8192:1]
-       [--rss-seqs 1024:200]
+       [--rss-seqs 1024:200] [--a-only 8192]
 """
 
 import argparse
@@ -136,10 +136,15 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
     runs = {k: timed(lambda k=k: track_a_only(model, ids_a[:k], args.batch_size, min(8, na)),
                      reps, warm, f"A{k}") for k in (na, 2 * na)}
     out["A only"] = (runs[2 * na] - runs[na]) / na
-    ids = tokens(model, 2 * n, T, 2)
-    runs = {k: timed(lambda k=k: measure_run(model, ids[:k], args.batch_size, min(8, n // 2)),
-                     reps, warm, f"AB{k}") for k in (n, 2 * n)}
-    out["A + B"], out["measure whole 2n"] = (runs[2 * n] - runs[n]) / n, runs[2 * n] / (2 * n)
+    if T in args.a_only:  # the target there is Track A's; A + B is not timed
+        out["A + B"] = out["measure whole 2n"] = float("nan")
+    else:
+        ids = tokens(model, 2 * n, T, 2)
+        runs = {k: timed(lambda k=k: measure_run(model, ids[:k], args.batch_size,
+                                                 min(8, n // 2)), reps, warm, f"AB{k}")
+                for k in (n, 2 * n)}
+        out["A + B"] = (runs[2 * n] - runs[n]) / n
+        out["measure whole 2n"] = runs[2 * n] / (2 * n)
     out["rss"] = peak_rss()
     w = batching.Workload(T, n, n, False, T <= 256, 0, False, 4)
     out["plan"] = batching.estimate_peak(model, w, min(args.batch_size, n), model.spec.n_layers)
@@ -210,6 +215,8 @@ def main() -> None:
     ap.add_argument("--repeats", nargs="+", default=["256:3", "1024:3", "4096:1", "8192:1"],
                     help="T:r, timings per length (the least counts)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument("--a-only", nargs="*", type=int, default=[], metavar="T",
+                    help="lengths at which only Track A is timed (A + B left out)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rss", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -228,7 +235,8 @@ def main() -> None:
     for T in args.lengths:
         rows.append(child(["--one", str(T), "--n-seqs", *args.n_seqs, "--fwd-seqs",
                            *args.fwd_seqs, "--batch-size", str(args.batch_size),
-                           "--repeats", *args.repeats, "--threads", str(args.threads)]))
+                           "--repeats", *args.repeats, "--threads", str(args.threads),
+                           "--a-only", *map(str, args.a_only)]))
         print(json.dumps(rows[-1]), flush=True)
     rss = [child(["--rss", *pair.split(":"), "--threads", str(args.threads)])
            for pair in args.rss_seqs]
