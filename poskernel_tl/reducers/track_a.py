@@ -229,9 +229,15 @@ class TrackAReducer:
         times = lambda x: None if x is None else (x[0], x[1], x[2] * n)
         return r2_two_sided(times(front), times(back))[0]
 
-    def _selection(self, rows: Tensor | None) -> tuple[Tensor, float]:
-        sel = self.seen if rows is None else rows
-        return sel, float(sel.sum()) if sel.dtype == torch.bool else float(len(sel))
+    def _selection(self, rows: Tensor | None) -> tuple[Tensor | slice, float]:
+        """The sequences to read: ``rows``, else every one seen — as a slice when all were
+        seen, so that reading [n, layer, head, lag] state makes a view, not a copy."""
+        if rows is None:
+            return self._seen_sel(), float(self.seen.sum())
+        return rows, float(rows.sum()) if rows.dtype == torch.bool else float(len(rows))
+
+    def _seen_sel(self) -> Tensor | slice:
+        return slice(None) if bool(self.seen.all()) else self.seen
 
     def pooled_fit(self, rows: Tensor | None = None, sink: bool = True):
         """Pooled R², g and (bidirectional; else None) g_back over the sequences ``rows``
@@ -266,7 +272,7 @@ class TrackAReducer:
                 self._block_r2(late, late_back, n), self._block_r2(inner, late_back, n))
 
     def result(self) -> TrackAResult:
-        seen, T, up = self.seen, self.T, self.upper
+        seen, T, up = self._seen_sel(), self.T, self.upper
         dev = self.s1.device
         counts = lag_counts(T, device=dev)
         back = None if up is None else up.per_seq_sums(seen)
@@ -275,9 +281,9 @@ class TrackAReducer:
                                       self.sq[seen] - self.sink_sq[seen], counts - 1), back)
         r2_pool, g_pool, g_pool_back = self.pooled_fit()
         r2_pool_ns, _ = self.pooled(sink=False)
-        r2_early, r2_late, r2_inner = self._row_fits(int(seen.sum()))
+        r2_early, r2_late, r2_inner = self._row_fits(int(self.seen.sum()))
         rng = np.random.default_rng(self.seed)
-        seen_idx = torch.nonzero(seen).flatten().cpu().numpy()
+        seen_idx = torch.nonzero(self.seen).flatten().cpu().numpy()
         k = max(1, int(round(SPLIT_FRACTION * len(seen_idx))))
         splits = []
         for _ in range(N_SPLITS):

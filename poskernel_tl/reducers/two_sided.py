@@ -138,10 +138,10 @@ class UpperSums:
         self.late_s1[L] += st.late[0].sum(0)
         self.late_sq[L] += st.late[1].sum(0)
 
-    def per_seq_sums(self, sel: Tensor) -> Sums:
+    def per_seq_sums(self, sel: Tensor | slice) -> Sums:
         return self.s1[sel], self.sq[sel], upper_lag_counts(self.T, device=self.s1.device)
 
-    def pooled_sums(self, sel: Tensor, n: float) -> Sums:
+    def pooled_sums(self, sel: Tensor | slice, n: float) -> Sums:
         counts = upper_lag_counts(self.T, device=self.s1.device) * n
         return self.s1[sel].sum(0), self.sq[sel].sum(0), counts
 
@@ -156,7 +156,7 @@ class UpperSums:
         counts = upper_lag_counts(self.T, INTERIOR_FROM, device=self.s1.device)
         return self.late_s1, self.late_sq, counts
 
-    def self_means(self, sel: Tensor) -> tuple[Float[Tensor, "n_seqs layer head_index"],
+    def self_means(self, sel: Tensor | slice) -> tuple[Float[Tensor, "n_seqs layer head_index"],
                                                 Float[Tensor, "layer head_index"]]:
         """The diagonal's mean (Δ = 0) per sequence and pooled over ``sel``."""
         per_seq = self.diag[sel] / self.T
