@@ -18,7 +18,7 @@ H, HKV, D = 6, 2, 5
 SCALE = 0.37
 R2_FIELDS = ("r2_per_seq", "r2_per_seq_nosink", "r2_pooled", "r2_pooled_nosink",
              "r2_pooled_early", "r2_pooled_interior", "r2_pooled_interior_keys", "r2_split")
-STATE = {"s1": ("s1", "sink", "early_s1", "late_s1", "rect_s1"),
+STATE = {"s1": ("s1", "sink_s1", "early_s1", "late_s1", "rect_s1"),
          "sq": ("sq", "sink_sq", "early_sq", "late_sq", "rect_sq")}
 
 

@@ -97,6 +97,20 @@ def test_track_a_matches_naive(qk):
         assert abs(res.r2_split.std(0, ddof=1)[0, h] - np.std(subs, ddof=1)) < TOL
 
 
+def test_track_a_subsets_and_sink(qk):
+    """Pooled fits over a subset of sequences read the per-sequence sums; the no-sink fit
+    is kept as running totals over every sequence, so a subset of it is refused."""
+    q, k = qk
+    red = TrackAReducer(B, 1, H, T)
+    feed(red, q, k)
+    part = TrackAReducer(2, 1, H, T)
+    feed(part, q[:2], k[:2])
+    rows = torch.arange(2)
+    assert torch.allclose(red.pooled(rows)[0], part.pooled()[0], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="no-sink"):
+        red.pooled(rows, sink=False)
+
+
 @pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min, 7.0])
 def test_track_a_from_hooked_scores_equals_qk_path(qk, fill):
     """The two materialised sources of Track A's logits (hook_attn_scores, masked with any

@@ -50,6 +50,7 @@ from poskernel_tl.toeplitz import (
     r2_two_sided,
     sym_antisym,
     two_sided,
+    upper_lag_counts,
 )
 
 
@@ -133,10 +134,14 @@ class TrackAReducer:
         self.source, self.chunk = source, chunk
         f64 = dict(dtype=torch.float64, device=device)
         self.T, self.n_layers, self.n_heads, self.seed = T, n_layers, n_heads, seed
+        # per sequence: the lag sums (subsets: splits, the null's sequences) and the
+        # per-sequence R² with and without the sink, fitted as each batch is stored
         self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
         self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
-        self.sink = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)  # A[Δ, 0]
-        self.sink_sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.r2_seq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.r2_seq_nosink = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.sink_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)  # Σ_x A_x[Δ, 0]
+        self.sink_sq = torch.zeros(n_layers, n_heads, **f64)
         self.early_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
         self.early_sq = torch.zeros(n_layers, n_heads, **f64)
         self.late_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
@@ -164,21 +169,29 @@ class TrackAReducer:
     def _update_from_lags(self, batch: LayerBatch) -> None:
         """The sums from q/k directly (:func:`~poskernel_tl.reducers.lag_sums.track_a_stats`)."""
         st = track_a_stats(batch.q, batch.k, batch.scale, self.chunk)
-        self._store(batch.layer, batch.index, (st.s1, st.sq), st.sink, st.early, st.middle,
-                    st.corner)
         if self.upper is not None:
             self.upper.store(batch.layer, batch.index,
                              upper_stats(batch.q, batch.k, batch.scale, self.chunk))
+        self._store(batch.layer, batch.index, (st.s1, st.sq), st.sink, st.early, st.middle,
+                    st.corner)
 
     def _store(self, L: int, idx: Tensor, whole: tuple[Tensor, Tensor], col0: Tensor,
                early: tuple[Tensor, Tensor], middle: tuple[Tensor, Tensor],
                corner: tuple[Tensor, Tensor]) -> None:
-        """Keep one batch's sums: per sequence the whole triangle and the sink column
-        (``col0[..., Δ−1] = A[Δ, 0]``); summed over the batch, query rows [1, 21), rows
-        ≥ 50 (whole − rows [1, 21) − rows [21, 50)) and rows ≥ 50 with keys < 50."""
+        """Keep one batch's sums (the upper triangle's already stored): per sequence the
+        whole triangle and its R² with and without the sink column (``col0[..., Δ−1] =
+        A[Δ, 0]``); summed over the batch, the sink column, query rows [1, 21), rows ≥ 50
+        (whole − rows [1, 21) − rows [21, 50)) and rows ≥ 50 with keys < 50."""
         (s1, sq), (e1, esq), (m1, msq) = whole, early, middle
+        col0_sq = (col0 * col0).sum(-1)
         self.s1[idx, L], self.sq[idx, L] = s1, sq
-        self.sink[idx, L], self.sink_sq[idx, L] = col0, (col0 * col0).sum(-1)
+        counts = lag_counts(self.T, device=s1.device)
+        back = None if self.upper is None else self.upper.per_seq_sums((idx, L))
+        self.r2_seq[idx, L] = r2_two_sided((s1, sq, counts), back)[0]
+        self.r2_seq_nosink[idx, L] = r2_two_sided((s1 - col0, sq - col0_sq, counts - 1),
+                                                  back)[0]
+        self.sink_s1[L] += col0.sum(0)
+        self.sink_sq[L] += col0_sq.sum(0)
         self.early_s1[L] += e1.sum(0)
         self.early_sq[L] += esq.sum(0)
         self.late_s1[L] += (s1 - e1 - m1).sum(0)
@@ -198,13 +211,13 @@ class TrackAReducer:
         (s1, sq), [(e1, esq), (m1, msq), (r1, rsq)] = lower_lag_stats(
             A, shift, [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM)], work,
             key_block=(INTERIOR_FROM, INTERIOR_FROM))
-        # key s = 0 (the attention sink) for query rows t = 1..T-1, i.e. lag Δ = t
-        self._store(L, idx, (s1, sq), A[:, :, 1:, 0].double(), (e1, esq), (m1, msq),
-                    (r1, rsq))
         if self.upper is not None:
             check_two_sided(batch.q.shape[2], batch.k.shape[2])
             self.upper.store(L, idx, upper_stats_from_scores(A, batch.q, batch.k, batch.scale,
                                                              work))
+        # key s = 0 (the attention sink) for query rows t = 1..T-1, i.e. lag Δ = t
+        self._store(L, idx, (s1, sq), A[:, :, 1:, 0].double(), (e1, esq), (m1, msq),
+                    (r1, rsq))
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteError` naming the first bad (sequence, layer, head).
@@ -241,15 +254,15 @@ class TrackAReducer:
 
     def pooled_fit(self, rows: Tensor | None = None, sink: bool = True):
         """Pooled R², g and (bidirectional; else None) g_back over the sequences ``rows``
-        (default: all seen)."""
+        (default: all seen; ``sink=False``, key column 0 left out: all seen only)."""
+        if not sink and rows is not None:
+            raise ValueError("the no-sink fit is kept for all sequences seen, not subsets")
         sel, n = self._selection(rows)
         s1 = self.s1[sel].sum(0)
         sq = self.sq[sel].sum(0)
         counts = lag_counts(self.T, device=s1.device)
         if not sink:
-            s1 = s1 - self.sink[sel].sum(0)
-            sq = sq - self.sink_sq[sel].sum(0)
-            counts = counts - 1
+            s1, sq, counts = s1 - self.sink_s1, sq - self.sink_sq, counts - 1
         back = None if self.upper is None else self.upper.pooled_sums(sel, n)
         return r2_two_sided((s1, sq, counts * n), back)
 
@@ -271,14 +284,24 @@ class TrackAReducer:
         return (self._block_r2(early, None if up is None else up.early_sums(), n),
                 self._block_r2(late, late_back, n), self._block_r2(inner, late_back, n))
 
+    @staticmethod
+    def _per_seq_g(s1: Tensor, seen: Tensor | slice, counts: Tensor
+                   ) -> Float[np.ndarray, "n_seqs layer head_index lag"]:
+        """Per-sequence g = S1 / n(Δ) as float32 (as saved), one layer at a time, so no
+        float64 copy of the [n, layer, head, lag] state is made."""
+        s1, counts = s1[seen], counts.to(s1.device, torch.float64)
+        has = counts > 0
+        out = np.empty(s1.shape, dtype=np.float32)
+        for L in range(s1.shape[1]):  # lags without entries: NaN (as r2_from_sums)
+            g = torch.where(has, s1[:, L] / torch.where(has, counts, 1.0), float("nan"))
+            out[:, L] = g.float().cpu().numpy()
+        return out
+
     def result(self) -> TrackAResult:
         seen, T, up = self._seen_sel(), self.T, self.upper
         dev = self.s1.device
         counts = lag_counts(T, device=dev)
-        back = None if up is None else up.per_seq_sums(seen)
-        r2_seq, g_seq, g_seq_back = r2_two_sided((self.s1[seen], self.sq[seen], counts), back)
-        r2_seq_ns, *_ = r2_two_sided((self.s1[seen] - self.sink[seen],
-                                      self.sq[seen] - self.sink_sq[seen], counts - 1), back)
+        g_seq = self._per_seq_g(self.s1, seen, counts)
         r2_pool, g_pool, g_pool_back = self.pooled_fit()
         r2_pool_ns, _ = self.pooled(sink=False)
         r2_early, r2_late, r2_inner = self._row_fits(int(self.seen.sum()))
@@ -294,12 +317,13 @@ class TrackAReducer:
         sides = {}
         if up is not None:
             g_self, g_pool_self = up.self_means(seen)
-            sides = dict(g_per_seq_back=cpu(g_seq_back).astype(np.float32),
-                         g_pooled_back=cpu(g_pool_back), g_per_seq_self=cpu(g_self),
-                         g_pooled_self=cpu(g_pool_self))
+            g_back = self._per_seq_g(up.s1, seen, upper_lag_counts(T, device=dev))
+            sides = dict(g_per_seq_back=g_back, g_pooled_back=cpu(g_pool_back),
+                         g_per_seq_self=cpu(g_self), g_pooled_self=cpu(g_pool_self))
         return TrackAResult(
-            seq_index=seen_idx, r2_per_seq=cpu(r2_seq), r2_per_seq_nosink=cpu(r2_seq_ns),
-            g_per_seq=cpu(g_seq).astype(np.float32), r2_pooled=cpu(r2_pool),
+            seq_index=seen_idx, r2_per_seq=cpu(self.r2_seq[seen]),
+            r2_per_seq_nosink=cpu(self.r2_seq_nosink[seen]), g_per_seq=g_seq,
+            r2_pooled=cpu(r2_pool),
             r2_pooled_nosink=cpu(r2_pool_ns), g_pooled=cpu(g_pool),
             r2_pooled_early=cpu(r2_early), r2_pooled_interior=cpu(r2_late),
             r2_pooled_interior_keys=cpu(r2_inner), r2_split=cpu(torch.stack(splits)), **sides)

@@ -138,7 +138,8 @@ class UpperSums:
         self.late_s1[L] += st.late[0].sum(0)
         self.late_sq[L] += st.late[1].sum(0)
 
-    def per_seq_sums(self, sel: Tensor | slice) -> Sums:
+    def per_seq_sums(self, sel: Tensor | slice | tuple[Tensor, int]) -> Sums:
+        """Per sequence (``sel``: sequences, or (sequences, layer))."""
         return self.s1[sel], self.sq[sel], upper_lag_counts(self.T, device=self.s1.device)
 
     def pooled_sums(self, sel: Tensor | slice, n: float) -> Sums:
