@@ -7,6 +7,7 @@ import torch
 from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.errors import NonFiniteError
 from poskernel_tl.reducers import (
+    FreqUsageReducer,
     GramReducer,
     LayerBatch,
     MomentsReducer,
@@ -264,3 +265,22 @@ def test_whitened_gram_matches_naive(qk, rng):
         gram = np.mean([((qn[x, :, h] - mq) @ w_q) @ ((kn[x, :, kvh] - mk) @ w_k).T * SCALE
                         for x in range(B)], axis=0)
         assert abs(got[0, h] - naive_fit(entries(gram))) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_frequency_usage_matches_naive(qk, dtype):
+    """Mean |(x_a, x_b)| per rotary pair, head and layer, against a loop over tokens."""
+    q, k = (x.to(dtype) for x in qk)
+    first = torch.arange(D // 2)
+    red = FreqUsageReducer(1, H, HKV, first, first + D // 2)
+    feed(red, q, k)
+    res = red.result()
+    for x, got in ((q, res.q_pair_norm), (k, res.k_pair_norm)):
+        xs = x.double().numpy()
+        want = np.zeros(got.shape[1:])
+        for b in range(B):
+            for t in range(T):
+                for h in range(xs.shape[2]):
+                    for i in range(D // 2):
+                        want[h, i] += np.hypot(xs[b, t, h, i], xs[b, t, h, i + D // 2])
+        assert np.abs(got[0] - want / (B * T)).max() <= 1e-6 * want.max() / (B * T)

@@ -40,8 +40,11 @@ class FreqUsageReducer:
         self.count = [0] * n_layers
 
     def _pair_norm(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = x[..., self.first].double(), x[..., self.second].double()
-        return torch.sqrt(a * a + b * b).sum(dim=(0, 1))  # [head, pair]
+        """Σ over batch and positions of each pair's norm, per head: the norms in at least
+        float32 (half precision promoted), summed in float64."""
+        dt = torch.promote_types(x.dtype, torch.float32)
+        a, b = x[..., self.first].to(dt), x[..., self.second].to(dt)
+        return torch.hypot(a, b).sum(dim=(0, 1), dtype=torch.float64)  # [head, pair]
 
     def update(self, batch: LayerBatch) -> None:
         L = batch.layer
