@@ -33,7 +33,11 @@ in a child process of its own (its peak RSS is that length's). Timings are the l
 Usage: python scripts/bench_tracks.py [--lengths 256 1024 4096 8192] [--threads 1]
        [--repeats 256:3 1024:3 4096:1 8192:1]
        [--n-seqs 256:16 1024:8 4096:4 8192:4] [--fwd-seqs 256:8 1024:4 4096:2 8192:1]
-       [--rss-seqs 1024:200] [--a-only 8192]
+       [--rss-seqs 1024:200] [--a-only 8192] [--max-memory auto]
+
+Where n and 2n would keep Track B differently (the q/k factors of few sequences against the
+[T, T] accumulator, or another number of blocks of layers), the A + B marginal would mix two
+methods: the script warns; each row's JSON line names the path 2n took ("track B").
 """
 
 import argparse
@@ -117,10 +121,20 @@ def track_a_only(model, ids, batch_size: int, null_seqs: int) -> None:
         r.result()
 
 
-def measure_run(model, ids, batch_size: int | str, null_seqs: int = 8) -> None:
+def measure_run(model, ids, batch_size: int | str, null_seqs: int = 8,
+                max_memory: str = "auto") -> None:
     half = len(ids) // 2
     pk.measure(model, ids[half:], ids[:half], batch_size=batch_size, progress=False,
-               null_seqs=null_seqs)
+               null_seqs=null_seqs, max_memory=max_memory)
+
+
+def track_b_path(model, T: int, n_eval: int, max_memory: str) -> str:
+    """How pk.measure keeps Track B for n_eval evaluation sequences: the sequences' q/k
+    factors or the [T, T] accumulator, and in how many blocks of layers."""
+    kind = "factors" if batching.gram_factors(model, T, n_eval, False) else "accumulator"
+    w = batching.Workload(T, n_eval, n_eval, False, T <= 256, 0, False, 4)
+    plan = batching.plan_measure(model, w, "auto", max_memory)
+    return f"{kind}, {len(plan.layer_blocks)} block(s) of layers"
 
 
 def one_length(T: int, n: int, n_fwd: int, args) -> dict:
@@ -140,8 +154,15 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
         out["A + B"] = out["measure whole 2n"] = float("nan")
     else:
         ids = tokens(model, 2 * n, T, 2)
+        # a marginal compares like with like only where n and 2n keep Track B alike
+        paths = [track_b_path(model, T, k // 2, args.max_memory) for k in (n, 2 * n)]
+        out["track B"] = paths[1]
+        if paths[0] != paths[1]:
+            print(f"warning: T={T}: Track B kept as {paths[0]} on n={n} but as {paths[1]} "
+                  f"on 2n: the A + B marginal mixes them (raise --n-seqs)", file=sys.stderr)
         runs = {k: timed(lambda k=k: measure_run(model, ids[:k], args.batch_size,
-                                                 min(8, n // 2)), reps, warm, f"AB{k}")
+                                                 min(8, n // 2), args.max_memory),
+                         reps, warm, f"AB{k}")
                 for k in (n, 2 * n)}
         out["A + B"] = (runs[2 * n] - runs[n]) / n
         out["measure whole 2n"] = runs[2 * n] / (2 * n)
@@ -168,7 +189,8 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
 def rss_run(T: int, N: int, args) -> dict:
     """Peak RSS (and CPU time) of loading the model and one pk.measure on N sequences."""
     model = pk.load_model(MODEL, device="cpu", attention="sdpa", progress=False)
-    seconds = timed(lambda: measure_run(model, tokens(model, N, T, 4), "auto"), 1, False, "run")
+    seconds = timed(lambda: measure_run(model, tokens(model, N, T, 4), "auto", 8,
+                                          args.max_memory), 1, False, "run")
     return {"T": T, "N": N, "seconds": seconds, "wall": WALL["run"], "rss": peak_rss()}
 
 
@@ -215,6 +237,9 @@ def main() -> None:
     ap.add_argument("--repeats", nargs="+", default=["256:3", "1024:3", "4096:1", "8192:1"],
                     help="T:r, timings per length (the least counts)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument("--max-memory", default="auto",
+                    help="pk.measure's budget (auto: a share of the memory free when it "
+                         "plans; a fixed size keeps Track B's plan the same on a busy machine)")
     ap.add_argument("--a-only", nargs="*", type=int, default=[], metavar="T",
                     help="lengths at which only Track A is timed (A + B left out)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
@@ -236,9 +261,11 @@ def main() -> None:
         rows.append(child(["--one", str(T), "--n-seqs", *args.n_seqs, "--fwd-seqs",
                            *args.fwd_seqs, "--batch-size", str(args.batch_size),
                            "--repeats", *args.repeats, "--threads", str(args.threads),
+                           "--max-memory", args.max_memory,
                            "--a-only", *map(str, args.a_only)]))
         print(json.dumps(rows[-1]), flush=True)
-    rss = [child(["--rss", *pair.split(":"), "--threads", str(args.threads)])
+    rss = [child(["--rss", *pair.split(":"), "--threads", str(args.threads),
+                  "--max-memory", args.max_memory])
            for pair in args.rss_seqs]
     print_table(rows, rss)
     A = np.random.default_rng(0).standard_normal((256, 256))
