@@ -27,13 +27,12 @@ from poskernel_tl.analyses.registry import get as get_analysis
 from poskernel_tl.analyze import run_analysis
 from poskernel_tl.config import GridConfig, RunConfig
 from poskernel_tl.datasets import HUB_DATASETS, DataError, hub_offline
+from poskernel_tl.embedded import EMBEDDED
 from poskernel_tl.errors import UserError
 from poskernel_tl.io import place_file, remove_stale_temporaries, save_csv
 from poskernel_tl.loading import (
     ModelUnavailableError,
     dtype_name,
-    embedded_bert_dir,
-    embedded_model_dir,
     load_model,
 )
 from poskernel_tl.manifest import FolderLock, Manifest, key_of, sha256
@@ -97,8 +96,6 @@ def plan(preset: str, models=None, datasets=None, lengths=None, n_seqs=None,
     block = np.array_split(np.arange(len(conds)), n)[i]  # contiguous: a model stays together
     return [conds[j] for j in block]
 
-
-EMBEDDED = {"gguf": embedded_model_dir, "embedded-bert": embedded_bert_dir}
 
 
 def weights_available(model: str) -> tuple[bool, str]:

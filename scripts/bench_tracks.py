@@ -55,7 +55,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import poskernel_tl as pk  # noqa: E402
 from poskernel_tl import batching  # noqa: E402
-from poskernel_tl.loading import _from_gguf  # noqa: E402
+from poskernel_tl.embedded import from_gguf  # noqa: E402
 from poskernel_tl.measure import forward_pass  # noqa: E402
 from poskernel_tl.reducers import FreqUsageReducer, PermNullReducer, TrackAReducer  # noqa: E402
 from poskernel_tl.registry import resolve  # noqa: E402
@@ -173,7 +173,7 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
     out["bridge sdpa"] = timed(lambda: forward_all(model.bridge, ids, args.batch_size),
                                reps, warm, "bridge sdpa") / n_fwd
     model = None  # free it before the next model loads
-    hf, _ = _from_gguf(resolve(MODEL), torch.float32, False)
+    hf, _ = from_gguf(resolve(MODEL), torch.float32, False)
     for impl in ("sdpa", "eager"):
         hf.set_attn_implementation(impl)
         out[f"HF {impl}"] = timed(lambda: forward_all(hf, ids, args.batch_size), reps, warm,

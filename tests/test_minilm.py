@@ -7,9 +7,10 @@ import pytest
 import torch
 from test_models import hf_bert_qk
 
+from poskernel_tl.embedded import embedded_bert_dir
 from poskernel_tl.hooks import capture_qk, logit_scale, qk_hook_names
 from poskernel_tl.hooks.names import scores_hook_is_logits
-from poskernel_tl.loading import embedded_bert_dir, position_table
+from poskernel_tl.loading import position_table
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.sequences import build_sequences
 

