@@ -33,7 +33,7 @@ in a child process of its own (its peak RSS is that length's). Timings are the l
 Usage: python scripts/bench_tracks.py [--lengths 256 1024 4096 8192] [--threads 1]
        [--repeats 256:3 1024:3 4096:1 8192:1]
        [--n-seqs 256:16 1024:8 4096:4 8192:4] [--fwd-seqs 256:8 1024:4 4096:2 8192:1]
-       [--rss-seqs 1024:200] [--a-only 8192] [--max-memory auto]
+       [--rss-seqs 1024:200] [--a-only 8192] [--max-memory auto] [--no-eager]
 
 Where n and 2n would keep Track B differently (the q/k factors of few sequences against the
 [T, T] accumulator, or another number of blocks of layers), the A + B marginal would mix two
@@ -174,14 +174,16 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
                                reps, warm, "bridge sdpa") / n_fwd
     model = None  # free it before the next model loads
     hf, _ = from_gguf(resolve(MODEL), torch.float32, False)
-    for impl in ("sdpa", "eager"):
+    out["HF eager"] = out["bridge eager"] = float("nan")
+    for impl in ("sdpa",) if args.no_eager else ("sdpa", "eager"):
         hf.set_attn_implementation(impl)
         out[f"HF {impl}"] = timed(lambda: forward_all(hf, ids, args.batch_size), reps, warm,
                                   f"HF {impl}") / n_fwd
     hf = None
-    eager = pk.load_model(MODEL, device="cpu", attention="eager", progress=False)
-    out["bridge eager"] = timed(lambda: forward_all(eager.bridge, ids, args.batch_size),
-                                reps, warm, "bridge eager") / n_fwd
+    if not args.no_eager:
+        eager = pk.load_model(MODEL, device="cpu", attention="eager", progress=False)
+        out["bridge eager"] = timed(lambda: forward_all(eager.bridge, ids, args.batch_size),
+                                    reps, warm, "bridge eager") / n_fwd
     out["wall"] = dict(WALL)
     return out
 
@@ -215,7 +217,7 @@ def print_table(rows: list[dict], rss: list[dict]) -> None:
     print(f"{'T':>5} {'n':>3} " + " ".join(f"{c:>15}" for c in COLUMNS) + f" {'peak RSS':>17}")
     for r in rows:
         floor = r["HF sdpa"]
-        cells = [f"{r[c]:7.3f} ({r[c] / floor:4.2f}×)" for c in COLUMNS]
+        cells = [f"{r[c]:7.3f} ({r[c] / floor:4.2f}×)" if r[c] == r[c] else "–" for c in COLUMNS]
         print(f"{r['T']:>5} {r['n']:>3} " + " ".join(f"{c:>15}" for c in cells)
               + f" {r['rss']:6.2f} GiB ({r['plan'] / 2**30:4.1f})")
     for r in rss:
@@ -242,6 +244,9 @@ def main() -> None:
                          "plans; a fixed size keeps Track B's plan the same on a busy machine)")
     ap.add_argument("--a-only", nargs="*", type=int, default=[], metavar="T",
                     help="lengths at which only Track A is timed (A + B left out)")
+    ap.add_argument("--no-eager", action="store_true",
+                    help="leave out the two eager forwards (reference columns, minutes per "
+                         "sequence at long T)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rss", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -262,6 +267,7 @@ def main() -> None:
                            *args.fwd_seqs, "--batch-size", str(args.batch_size),
                            "--repeats", *args.repeats, "--threads", str(args.threads),
                            "--max-memory", args.max_memory,
+                           *(["--no-eager"] if args.no_eager else []),
                            "--a-only", *map(str, args.a_only)]))
         print(json.dumps(rows[-1]), flush=True)
     rss = [child(["--rss", *pair.split(":"), "--threads", str(args.threads),
