@@ -45,6 +45,9 @@ TRACK_A_RESULT_COPIES = 9
 # the caps: on CPU larger batches only raise peak memory (the matmuls already use every
 # core at batch 4); on a GPU beyond 64 sequences the forward is long saturated
 CAP = {"cpu": 4, "cuda": 64}
+# on CPU, long sequences also lose to cache misses: SmolLM2's evaluation pass at T = 4096
+# costs 37.4 CPU s per sequence in batches of 1 or 2 and 44.9 s in batches of 4
+CPU_TOKENS = 8192  # tokens per batch at most on CPU (never below one sequence)
 BUDGET = 0.5  # of the free memory, for resolve_batch_size (analyses)
 AUTO_FRACTION = 0.8  # --max-memory auto: this share of the memory available now
 MARGIN, SLACK = 1.1, 256 << 20  # estimate × MARGIN + SLACK: allocator and temporaries
@@ -269,7 +272,7 @@ def plan_measure(model: LoadedModel, w: Workload, batch_size: int | str = "auto"
     limit = parse_memory(max_memory)
     budget = int(AUTO_FRACTION * free_memory(model.device)) if limit is None else limit
     L = model.spec.n_layers
-    cap = min(CAP.get(model.device.type, 4), max(1, w.n_eval, w.n_centering))
+    cap = min(device_cap(model.device, w.length), max(1, w.n_eval, w.n_centering))
     batches = range(cap, 0, -1) if batch_size == "auto" else [batch_size]
     for n_blocks in range(1, L + 1):
         size = math.ceil(L / n_blocks)
@@ -309,7 +312,14 @@ def auto_batch_size(model: LoadedModel, length: int, n_seqs: int,
     free = free_memory(device) if free is None else free
     spare = BUDGET * free - fixed_bytes(model, length, n_seqs)
     fits = int(spare // per_sequence_bytes(model, length, materialised=True))
-    return max(1, min(fits, CAP.get(device.type, 4), max(1, n_seqs)))
+    return max(1, min(fits, device_cap(device, length), max(1, n_seqs)))
+
+
+def device_cap(device: torch.device, length: int) -> int:
+    """The largest batch ``"auto"`` picks on ``device`` for sequences of ``length``
+    (:data:`CAP`; on CPU also at most :data:`CPU_TOKENS` tokens per batch)."""
+    cap = CAP.get(device.type, 4)
+    return max(1, min(cap, CPU_TOKENS // length)) if device.type == "cpu" else cap
 
 
 def check_batch_size(batch_size: int | str) -> int | str:

@@ -142,12 +142,15 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
     peak RSS it leaves is the measurement's own, then the forwards. Seconds per sequence
     (CPU), and the wall-clock ones under "wall"."""
     out, warm = {"T": T, "n": n, "n_fwd": n_fwd}, T <= 1024
+    # the batch pk.measure's "auto" takes on this CPU at this length (4 up to T = 2048)
+    bs = out["batch"] = batching.device_cap(torch.device("cpu"), T) \
+        if args.batch_size == "auto" else int(args.batch_size)
     reps = per_length(args.repeats, T, 1)
     model = pk.load_model(MODEL, device="cpu", attention="sdpa", progress=False)
     na = max(1, n // 2)
     ids_a = tokens(model, 2 * na, T, 1)
     # the null (4 draws) on the same first sequences in both runs: a fixed cost
-    runs = {k: timed(lambda k=k: track_a_only(model, ids_a[:k], args.batch_size, min(8, na)),
+    runs = {k: timed(lambda k=k: track_a_only(model, ids_a[:k], bs, min(8, na)),
                      reps, warm, f"A{k}") for k in (na, 2 * na)}
     out["A only"] = (runs[2 * na] - runs[na]) / na
     if T in args.a_only:  # the target there is Track A's; A + B is not timed
@@ -160,7 +163,7 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
         if paths[0] != paths[1]:
             print(f"warning: T={T}: Track B kept as {paths[0]} on n={n} but as {paths[1]} "
                   f"on 2n: the A + B marginal mixes them (raise --n-seqs)", file=sys.stderr)
-        runs = {k: timed(lambda k=k: measure_run(model, ids[:k], args.batch_size,
+        runs = {k: timed(lambda k=k: measure_run(model, ids[:k], bs,
                                                  min(8, n // 2), args.max_memory),
                          reps, warm, f"AB{k}")
                 for k in (n, 2 * n)}
@@ -168,21 +171,21 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
         out["measure whole 2n"] = runs[2 * n] / (2 * n)
     out["rss"] = peak_rss()
     w = batching.Workload(T, n, n, False, T <= 256, 0, False, 4)
-    out["plan"] = batching.estimate_peak(model, w, min(args.batch_size, n), model.spec.n_layers)
+    out["plan"] = batching.estimate_peak(model, w, min(bs, n), model.spec.n_layers)
     ids = tokens(model, n_fwd, T, 3)
-    out["bridge sdpa"] = timed(lambda: forward_all(model.bridge, ids, args.batch_size),
+    out["bridge sdpa"] = timed(lambda: forward_all(model.bridge, ids, bs),
                                reps, warm, "bridge sdpa") / n_fwd
     model = None  # free it before the next model loads
     hf, _ = from_gguf(resolve(MODEL), torch.float32, False)
     out["HF eager"] = out["bridge eager"] = float("nan")
     for impl in ("sdpa",) if args.no_eager else ("sdpa", "eager"):
         hf.set_attn_implementation(impl)
-        out[f"HF {impl}"] = timed(lambda: forward_all(hf, ids, args.batch_size), reps, warm,
+        out[f"HF {impl}"] = timed(lambda: forward_all(hf, ids, bs), reps, warm,
                                   f"HF {impl}") / n_fwd
     hf = None
     if not args.no_eager:
         eager = pk.load_model(MODEL, device="cpu", attention="eager", progress=False)
-        out["bridge eager"] = timed(lambda: forward_all(eager.bridge, ids, args.batch_size),
+        out["bridge eager"] = timed(lambda: forward_all(eager.bridge, ids, bs),
                                     reps, warm, "bridge eager") / n_fwd
     out["wall"] = dict(WALL)
     return out
@@ -235,7 +238,9 @@ def main() -> None:
                     help="T:n, sequences per forward timing")
     ap.add_argument("--rss-seqs", nargs="*", default=["1024:200"],
                     help="T:N, one more child: peak RSS of pk.measure on N sequences")
-    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--batch-size", default="auto",
+                    help="sequences per forward everywhere (auto: what pk.measure picks on "
+                         "this CPU at each length)")
     ap.add_argument("--repeats", nargs="+", default=["256:3", "1024:3", "4096:1", "8192:1"],
                     help="T:r, timings per length (the least counts)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")

@@ -77,6 +77,17 @@ def test_auto_batch_size_follows_free_memory(tiny_tokenizer):
     assert batching.free_memory(torch.device("cpu")) > 0
 
 
+def test_cpu_batches_hold_at_most_cpu_tokens():
+    """On CPU, "auto" keeps a batch within CPU_TOKENS tokens (long sequences run 1 or 2 at
+    a time), never below one sequence; a GPU keeps its cap."""
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert batching.device_cap(cpu, 256) == batching.CAP["cpu"]
+    assert batching.device_cap(cpu, batching.CPU_TOKENS // 2) == 2
+    assert batching.device_cap(cpu, batching.CPU_TOKENS) == 1
+    assert batching.device_cap(cpu, 4 * batching.CPU_TOKENS) == 1
+    assert batching.device_cap(gpu, batching.CPU_TOKENS) == batching.CAP["cuda"]
+
+
 @pytest.mark.parametrize("bad", [0, -1, "x", "1.5"])
 def test_bad_batch_sizes_are_refused(bad):
     with pytest.raises(ValueError, match="--batch-size"):
