@@ -41,7 +41,8 @@ SCORE_COPIES = 8
 # q and k padded to 2T, their complex spectra, the chunked moments)
 LAG_COPIES = 12
 # Track A's result holds about this many [n_eval, layer, head, T] float64 arrays at once
-TRACK_A_RESULT_COPIES = 9
+# (the per-sequence lag sums and the float32 per-sequence g, formed one layer at a time)
+TRACK_A_RESULT_COPIES = 2
 # the caps: on CPU larger batches only raise peak memory (the matmuls already use every
 # core at batch 4); on a GPU beyond 64 sequences the forward is long saturated
 CAP = {"cpu": 4, "cuda": 64}
@@ -174,7 +175,7 @@ def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False
     """Reducer state that does not grow with the batch: Track A's per-sequence sums of
     ``n_seqs`` sequences and Track B for every layer."""
     s, T = model.spec, length
-    track_a = (1 + 2 * sides(model)) * n_seqs * s.n_layers * s.n_heads * T * 8
+    track_a = sides(model) * n_seqs * s.n_layers * s.n_heads * T * 8  # lag sums per side
     return track_a + s.n_layers * gram_layer_bytes(model, T, full, n_seqs)
 
 
@@ -208,7 +209,7 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
     gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval)
     fit = gram_fit_bytes(model, T, w.keep_gram, w.n_eval) + kept // s.n_layers
-    held = cen + 2 * U + extra + M  # besides Track B, through the evaluation passes
+    held = cen + U + extra + M  # besides Track B, through the evaluation passes
     return {"centering pass": 2 * cen + per, "evaluation pass": held + gram + per,
             "Track B fit": held + gram + fit + kept,
             "Track A fit": cen + TRACK_A_RESULT_COPIES * U + extra + M + kept}

@@ -69,6 +69,14 @@ def lag_sums(
     return z.sum(dim=-2), (z * z).sum(dim=(-2, -1))
 
 
+def lag_means(s1: Float[Tensor, "*batch lag"], counts: Float[Tensor, " lag"]
+              ) -> Float[Tensor, "*batch lag"]:
+    """g(Δ) = S1(Δ) / n(Δ) in float64; NaN at lags with no entries."""
+    counts = counts.to(s1.device, torch.float64)
+    has = counts > 0
+    return torch.where(has, s1.double() / torch.where(has, counts, 1.0), float("nan"))
+
+
 def r2_from_sums(
     s1: Float[Tensor, "*batch lag"],
     sq: Float[Tensor, "*batch"],
@@ -81,7 +89,7 @@ def r2_from_sums(
     sq = sq.double()
     has = counts > 0
     safe = torch.where(has, counts, torch.ones_like(counts))
-    g = torch.where(has, s1 / safe, torch.full_like(s1, float("nan")))
+    g = lag_means(s1, counts)
     n_total = counts.sum()
     explained = torch.where(has, s1 * s1 / safe, torch.zeros_like(s1)).sum(-1)
     total = s1.sum(-1)

@@ -45,6 +45,7 @@ from poskernel_tl.toeplitz import (
     Sums,
     key_block_counts,
     lag_counts,
+    lag_means,
     lower_lag_stats,
     lower_mean_from_qk,
     r2_two_sided,
@@ -289,12 +290,10 @@ class TrackAReducer:
                    ) -> Float[np.ndarray, "n_seqs layer head_index lag"]:
         """Per-sequence g = S1 / n(Δ) as float32 (as saved), one layer at a time, so no
         float64 copy of the [n, layer, head, lag] state is made."""
-        s1, counts = s1[seen], counts.to(s1.device, torch.float64)
-        has = counts > 0
-        out = np.empty(s1.shape, dtype=np.float32)
-        for L in range(s1.shape[1]):  # lags without entries: NaN (as r2_from_sums)
-            g = torch.where(has, s1[:, L] / torch.where(has, counts, 1.0), float("nan"))
-            out[:, L] = g.float().cpu().numpy()
+        first = s1[seen, 0]
+        out = np.empty((first.shape[0], *s1.shape[1:]), dtype=np.float32)
+        for L in range(s1.shape[1]):  # one layer's copy at a time, also for a mask
+            out[:, L] = lag_means(s1[seen, L], counts).float().cpu().numpy()
         return out
 
     def result(self) -> TrackAResult:
