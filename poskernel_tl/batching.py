@@ -144,9 +144,15 @@ def gram_layer_bytes(model: LoadedModel, length: int, full: bool, n_eval: int = 
     sums = (s.n_heads + s.n_kv_heads) * T * s.d_head * 8
     if gram_factors(model, T, n_eval, full):
         return (s.n_heads + s.n_kv_heads) * n_eval * T * s.d_head * 4 + sums
+    return accumulator_bytes(model, T, full) + sums
+
+
+def accumulator_bytes(model: LoadedModel, length: int, full: bool) -> int:
+    """One layer's float32 Track B accumulator in row blocks (every key where ``full`` or
+    where the model is bidirectional)."""
     every_key = full or sides(model) == 2
-    acc = sum((r1 - r0) * keys for r0, r1, keys in gram_row_blocks(T, every_key))
-    return s.n_heads * acc * 4 + sums
+    acc = sum((r1 - r0) * keys for r0, r1, keys in gram_row_blocks(length, every_key))
+    return model.spec.n_heads * acc * 4
 
 
 def gram_fit_bytes(model: LoadedModel, length: int, full: bool, n_eval: int) -> int:
@@ -204,7 +210,7 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int
     U = w.n_eval * s.n_layers * s.n_heads * T * 8 * sides(model)
     per = batch * per_sequence_bytes(model, T, w.materialised)
     extra = (w.n_logits * s.n_layers * s.n_heads * T * T * 4
-             + (s.n_layers * s.n_heads * T * T * 8 if w.whiten else 0)
+             + (s.n_layers * accumulator_bytes(model, T, False) if w.whiten else 0)
              + 2 * (w.null_draws + 1) * s.n_layers * s.n_heads * T * 8 * sides(model))
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
     gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval)

@@ -215,3 +215,31 @@ def test_the_flag_is_a_measure_option_checked_before_any_work():
     assert MeasureConfig().max_memory == "auto" and "max_memory" in RunConfig().to_dict()
     with pytest.raises(UserError, match="--max-memory lots"):
         MeasureConfig(max_memory="lots").validate()
+
+
+def test_whitened_gram_holds_what_the_plan_counts(rng, llama):
+    """The whitened diagnostic keeps Track B's float32 lower-triangle accumulator (no
+    float64 T×T): its tensors add up to the plan's count per layer, and its R² equals a
+    GramReducer's raw fit fed the whitened vectors."""
+    from poskernel_tl.reducers import WhitenedGramReducer
+
+    T, n = 300, 4
+    q, k = _qk(rng, n, T)
+    cq, ck = _qk(rng, 6, T)
+    mom = MomentsReducer(6, 1, H, HKV, T, D, second_moments=True)
+    _feed(mom, cq, ck)
+    means = mom.result()
+    red = WhitenedGramReducer(means, SCALE)
+    _feed(red, q, k)
+    acc = sum(a.numel() * a.element_size() for a in red.gram.acc[0])
+    assert all(a.dtype == torch.float32 for a in red.gram.acc[0])
+    per_head = batching.accumulator_bytes(llama, T, False) // llama.spec.n_heads
+    assert acc == H * per_head < H * T * T * 4 * 0.75
+    wq, wk = means.whitening()
+    white = lambda x, m, w: ((x.double() - m.double()[0].transpose(0, 1)).transpose(1, 2)
+                             @ w.double()[0]).transpose(1, 2)
+    ref = GramReducer(1, H, HKV, T, D, SCALE)
+    _feed(ref, white(q[0], means.mean_q, wq)[None].float(),
+          white(k[0], means.mean_k, wk)[None].float())
+    np.testing.assert_allclose(red.result().r2_gram_whitened, ref.result().r2_gram_raw,
+                               atol=1e-5)
