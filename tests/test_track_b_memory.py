@@ -243,3 +243,24 @@ def test_whitened_gram_holds_what_the_plan_counts(rng, llama):
           white(k[0], means.mean_k, wk)[None].float())
     np.testing.assert_allclose(red.result().r2_gram_whitened, ref.result().r2_gram_raw,
                                atol=1e-5)
+
+
+def test_means_are_taken_in_place_once(rng):
+    """The centering and evaluation means replace their sums (no second [layer, head, T,
+    d] copy at the peak): taken twice they are the same tensors, and a reducer refuses
+    more batches after them."""
+    T = 40
+    q, k = _qk(rng, 4, T)
+    mom = MomentsReducer(4, 1, H, HKV, T, D, half_seed=1)
+    _feed(mom, q, k)
+    first = mom.result()
+    assert first.mean_q.data_ptr() == mom.q_sum.data_ptr() and mom.result() is first
+    torch.testing.assert_close(first.mean_q[0], q[0].double().mean(0).transpose(0, 1))
+    red = GramReducer(1, H, HKV, T, D, SCALE, reference=first)
+    _feed(red, q, k)
+    ev = red.eval_moments()
+    assert red.eval_moments() is ev and ev.mean_k.data_ptr() == red.k_sum.data_ptr()
+    torch.testing.assert_close(ev.mean_k[0], k[0].double().mean(0).transpose(0, 1))
+    for reducer in (mom, red):
+        with pytest.raises(RuntimeError, match="after the means"):
+            _feed(reducer, q, k)

@@ -176,6 +176,7 @@ class GramReducer:
         self.q_sum = torch.zeros(nl, n_heads, length, d_head, **f64)  # evaluation sums
         self.k_sum = torch.zeros(nl, n_kv_heads, length, d_head, **f64)
         self.count = [0] * nl
+        self.means: Moments | None = None  # eval_moments, once taken (no update after it)
         # the reference, float64 [pos, head, d] (views of the centering means)
         self.ref_q: list[Tensor | None] = [None] * nl
         self.ref_k: list[Tensor | None] = [None] * nl
@@ -188,6 +189,8 @@ class GramReducer:
         i = self.slot.get(batch.layer)
         if i is None:  # a layer another reducer's block covers
             return
+        if self.means is not None:
+            raise RuntimeError(f"{type(self).__name__}: update after the means were taken")
         qd, kd = batch.q.double(), batch.k.double()
         self.q_sum[i] += qd.sum(0).transpose(0, 1)
         self.k_sum[i] += kd.sum(0).transpose(0, 1)
@@ -216,8 +219,10 @@ class GramReducer:
         if (n == 0).any():
             raise ValueError("GramReducer.result: some layer saw no sequences")
         shape = (-1, 1, 1, 1)
-        return Moments(self.q_sum / n.view(shape), self.k_sum / n.view(shape), None, None,
-                       int(n[0]), 0)
+        if self.means is None:  # the sums become the means in place (no second copy)
+            self.means = Moments(self.q_sum.div_(n.view(shape)),
+                                 self.k_sum.div_(n.view(shape)), None, None, int(n[0]), 0)
+        return self.means
 
     def fit_layer(self, i: int, variants: dict[str, Means], ev: Moments, keep: bool
                   ) -> dict[str, tuple]:

@@ -96,11 +96,14 @@ class MomentsReducer:
             self.k_half = torch.zeros_like(self.k_sum)
             self.count_half = torch.zeros(n_layers, **f64)
         self.second_moments = second_moments
+        self.means: Moments | None = None  # the result, once taken (no update after it)
         if second_moments:
             self.qq_sum = torch.zeros(n_layers, n_heads, d_head, d_head, **f64)
             self.kk_sum = torch.zeros(n_layers, n_kv_heads, d_head, d_head, **f64)
 
     def update(self, batch: LayerBatch) -> None:
+        if self.means is not None:
+            raise RuntimeError(f"{type(self).__name__}: update after the means were taken")
         L = batch.layer
         q, k = batch.q.double(), batch.k.double()  # [batch, pos, head, d]
         self.q_sum[L] += q.sum(0).transpose(0, 1)
@@ -120,12 +123,15 @@ class MomentsReducer:
         if (n == 0).any():
             raise ValueError("MomentsReducer.result: some layer saw no sequences")
         shape = (-1, 1, 1, 1)
-        mean_q, mean_k = self.q_sum / n.view(shape), self.k_sum / n.view(shape)
+        if self.means is not None:
+            return self.means
+        # the sums become the means in place (no second copy of [layer, head, T, d])
+        mean_q, mean_k = self.q_sum.div_(n.view(shape)), self.k_sum.div_(n.view(shape))
         half_q = half_k = None
         n_half = 0
         if self.half_weight is not None:
             nh = self.count_half.view(shape)
-            half_q, half_k = self.q_half / nh, self.k_half / nh
+            half_q, half_k = self.q_half.div_(nh), self.k_half.div_(nh)
             n_half = int(self.count_half[0])
         cov_q = cov_k = None
         if self.second_moments:
@@ -133,4 +139,5 @@ class MomentsReducer:
             cov = lambda second, mu: (second / (n.view(-1, 1, 1, 1) * T)
                                       - torch.einsum("lhtd,lhte->lhde", mu, mu) / T)
             cov_q, cov_k = cov(self.qq_sum, mean_q), cov(self.kk_sum, mean_k)
-        return Moments(mean_q, mean_k, half_q, half_k, int(n[0]), n_half, cov_q, cov_k)
+        self.means = Moments(mean_q, mean_k, half_q, half_k, int(n[0]), n_half, cov_q, cov_k)
+        return self.means
