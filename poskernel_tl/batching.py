@@ -155,6 +155,14 @@ def accumulator_bytes(model: LoadedModel, length: int, full: bool) -> int:
     return model.spec.n_heads * acc * 4
 
 
+def whitened_layer_bytes(model: LoadedModel, length: int) -> int:
+    """``--whiten``'s state for one layer: its Track B accumulator, the float64 sums of
+    the whitened q and k, and the float32 copy of the centering means it subtracts."""
+    s = model.spec
+    vectors = (s.n_heads + s.n_kv_heads) * length * s.d_head
+    return accumulator_bytes(model, length, False) + vectors * (8 + 4)
+
+
 def gram_fit_bytes(model: LoadedModel, length: int, full: bool, n_eval: int) -> int:
     """Temporaries of Track B's fit of one layer (the float64 row block and its products,
     or the running moments of the factors; the corrections' lag sums), for each side the
@@ -210,7 +218,7 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int
     U = w.n_eval * s.n_layers * s.n_heads * T * 8 * sides(model)
     per = batch * per_sequence_bytes(model, T, w.materialised)
     extra = (w.n_logits * s.n_layers * s.n_heads * T * T * 4
-             + (s.n_layers * accumulator_bytes(model, T, False) if w.whiten else 0)
+             + (s.n_layers * whitened_layer_bytes(model, T) if w.whiten else 0)
              + 2 * (w.null_draws + 1) * s.n_layers * s.n_heads * T * 8 * sides(model))
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
     gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval)
