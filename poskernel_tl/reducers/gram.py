@@ -214,14 +214,16 @@ class GramReducer:
             acc.view(kv, g * (r1 - r0), keys).baddbmm_(rows, kc[:, :, :keys])
 
     def eval_moments(self) -> Moments:
-        """The evaluation means of q and k of this reducer's layers (float64)."""
+        """The evaluation means of q and k of this reducer's layers (float64), taken once:
+        the sums become the means in place (no second copy)."""
+        if self.means is not None:
+            return self.means
         n = torch.tensor(self.count, dtype=torch.float64, device=self.q_sum.device)
         if (n == 0).any():
             raise ValueError("GramReducer.result: some layer saw no sequences")
         shape = (-1, 1, 1, 1)
-        if self.means is None:  # the sums become the means in place (no second copy)
-            self.means = Moments(self.q_sum.div_(n.view(shape)),
-                                 self.k_sum.div_(n.view(shape)), None, None, int(n[0]), 0)
+        self.means = Moments(self.q_sum.div_(n.view(shape)), self.k_sum.div_(n.view(shape)),
+                             None, None, int(n[0]), 0)
         return self.means
 
     def fit_layer(self, i: int, variants: dict[str, Means], ev: Moments, keep: bool

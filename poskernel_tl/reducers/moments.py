@@ -119,12 +119,12 @@ class MomentsReducer:
             self.kk_sum[L] += torch.einsum("bthd,bthe->hde", k, k)
 
     def result(self) -> Moments:
+        if self.means is not None:
+            return self.means
         n = torch.tensor(self.count, dtype=torch.float64, device=self.q_sum.device)
         if (n == 0).any():
             raise ValueError("MomentsReducer.result: some layer saw no sequences")
         shape = (-1, 1, 1, 1)
-        if self.means is not None:
-            return self.means
         # the sums become the means in place (no second copy of [layer, head, T, d])
         mean_q, mean_k = self.q_sum.div_(n.view(shape)), self.k_sum.div_(n.view(shape))
         half_q = half_k = None
