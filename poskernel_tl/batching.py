@@ -52,7 +52,7 @@ CPU_TOKENS = 8192  # tokens per batch at most on CPU (never below one sequence)
 BUDGET = 0.5  # of the free memory, for resolve_batch_size (analyses)
 AUTO_FRACTION = 0.8  # --max-memory auto: this share of the memory available now
 MARGIN, SLACK = 1.1, 256 << 20  # estimate × MARGIN + SLACK: allocator and temporaries
-GRAM_ROWS = 128  # query rows per block of the Track B accumulator
+GRAM_ROWS = 64  # query rows per block of the Track B accumulator
 FACTOR_RANK_MAX = 256  # Track B keeps factors only up to n_eval·d_head of this
 GiB = 1 << 30
 
@@ -156,11 +156,11 @@ def accumulator_bytes(model: LoadedModel, length: int, full: bool) -> int:
 
 
 def whitened_layer_bytes(model: LoadedModel, length: int) -> int:
-    """``--whiten``'s state for one layer: its Track B accumulator, the float64 sums of
-    the whitened q and k, and the float32 copy of the centering means it subtracts."""
+    """``--whiten``'s state for one layer: its Track B accumulator and the float64 sums of
+    the whitened q and k."""
     s = model.spec
     vectors = (s.n_heads + s.n_kv_heads) * length * s.d_head
-    return accumulator_bytes(model, length, False) + vectors * (8 + 4)
+    return accumulator_bytes(model, length, False) + vectors * 8
 
 
 def gram_fit_bytes(model: LoadedModel, length: int, full: bool, n_eval: int) -> int:
@@ -180,9 +180,10 @@ def gram_fit_bytes(model: LoadedModel, length: int, full: bool, n_eval: int) -> 
 
 
 def means_bytes(model: LoadedModel, length: int) -> int:
-    """One set of per-position float64 means of q and k over every layer."""
+    """One set of per-position means of q and k over every layer, float32 as they are kept
+    (their float64 sums in the centering pass are twice this)."""
     s = model.spec
-    return s.n_layers * (s.n_heads + s.n_kv_heads) * length * s.d_head * 8
+    return s.n_layers * (s.n_heads + s.n_kv_heads) * length * s.d_head * 4
 
 
 def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False) -> int:
@@ -214,6 +215,8 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int
     s, T = model.spec, w.length
     M = means_bytes(model, T)
     cen = 2 * M if w.n_centering else 0  # the centering means and the random half's
+    # (their float64 sums, twice as large, through the centering pass); M: the reference
+    # of Track B without centering
     # one per-sequence Track A array, counted once per side a fit reads
     U = w.n_eval * s.n_layers * s.n_heads * T * 8 * sides(model)
     per = batch * per_sequence_bytes(model, T, w.materialised)

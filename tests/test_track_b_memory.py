@@ -247,15 +247,20 @@ def test_whitened_gram_holds_what_the_plan_counts(rng, llama):
 
 def test_means_are_taken_in_place_once(rng):
     """The centering and evaluation means replace their sums (no second [layer, head, T,
-    d] copy at the peak): taken twice they are the same tensors, and a reducer refuses
-    more batches after them."""
+    d] copy at the peak): the centering means are rounded to float32 (as saved) and their
+    float64 sums released, the evaluation means are the sums divided in place; taken
+    twice they are the same tensors, and a reducer refuses more batches after them."""
     T = 40
     q, k = _qk(rng, 4, T)
     mom = MomentsReducer(4, 1, H, HKV, T, D, half_seed=1)
     _feed(mom, q, k)
     first = mom.result()
-    assert first.mean_q.data_ptr() == mom.q_sum.data_ptr() and mom.result() is first
-    torch.testing.assert_close(first.mean_q[0], q[0].double().mean(0).transpose(0, 1))
+    assert mom.result() is first
+    assert all(t.dtype == torch.float32 for t in (first.mean_q, first.mean_k,
+                                                   first.mean_q_half, first.mean_k_half))
+    assert mom.q_sum is None and mom.k_sum is None and mom.q_half is None
+    torch.testing.assert_close(first.mean_q[0],
+                               q[0].double().mean(0).transpose(0, 1).float())
     red = GramReducer(1, H, HKV, T, D, SCALE, reference=first)
     _feed(red, q, k)
     ev = red.eval_moments()

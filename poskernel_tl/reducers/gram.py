@@ -2,9 +2,9 @@
 
 The reducer keeps Σ_x q̃_x k̃_xᵀ with q̃ = (q − m_q)·scale, k̃ = k − m_k about a fixed
 reference m (the centering means when there are any, otherwise the first batch's
-per-position means), the mean removed in float64 before the products are formed in
-float32, so the large mean term never enters them and there is no cancellation to lose
-precision to. It is kept either
+per-position means; float32, as the centering means are saved), the mean removed in
+float64 before the products are formed in float32, so the large mean term never enters
+them and there is no cancellation to lose precision to. It is kept either
 
 - as a float32 accumulator in blocks of query rows (:func:`~poskernel_tl.batching.
   gram_row_blocks`): rows [r0, r1) with keys [0, r1), i.e. only the strictly lower
@@ -177,7 +177,7 @@ class GramReducer:
         self.k_sum = torch.zeros(nl, n_kv_heads, length, d_head, **f64)
         self.count = [0] * nl
         self.means: Moments | None = None  # eval_moments, once taken (no update after it)
-        # the reference, float64 [pos, head, d] (views of the centering means)
+        # the reference, float32 [pos, head, d] (views of the centering means)
         self.ref_q: list[Tensor | None] = [None] * nl
         self.ref_k: list[Tensor | None] = [None] * nl
         if reference is not None:
@@ -196,8 +196,9 @@ class GramReducer:
         self.k_sum[i] += kd.sum(0).transpose(0, 1)
         self.count[i] += qd.shape[0]
         if self.ref_q[i] is None:  # no centering set: the first batch is the reference
-            self.ref_q[i], self.ref_k[i] = qd.mean(0), kd.mean(0)
+            self.ref_q[i], self.ref_k[i] = qd.mean(0).float(), kd.mean(0).float()
         # q̃ = (q − m_q)·scale, k̃ = k − m_k: the mean removed in float64, then float32
+        # (m the float32 reference, which the fit's corrections use as it is)
         q = (qd - self.ref_q[i]).mul_(self.scale).float()
         k = (kd - self.ref_k[i]).float()
         if self.factors:
@@ -231,7 +232,7 @@ class GramReducer:
         """Per variant (name → the centering a, b; None: zero): R², g, g_back and g_self
         (None for a causal fit) and (``keep``) the float32 matrix of
         mean_x (q − a)(k − b)ᵀ·scale of layer slot ``i``."""
-        m_q, m_k = self.ref_q[i].transpose(0, 1), self.ref_k[i].transpose(0, 1)  # [·, T, d]
+        m_q, m_k = (r[i].transpose(0, 1).double() for r in (self.ref_q, self.ref_k))
         q_bar, k_bar = ev.mean_q[i], ev.mean_k[i]
         xs: list[Tensor] = []  # the distinct vectors B_low is applied to
 

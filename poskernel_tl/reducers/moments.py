@@ -20,7 +20,9 @@ from poskernel_tl.schema import Part, SavedFiles, column, stored
 
 @dataclass
 class Moments:
-    """Per-position means (float64, on the model's device)."""
+    """Per-position means on the model's device. The centering means are float32 (summed
+    in float64, rounded once: the values the condition saves), Track B's evaluation means
+    (:meth:`GramReducer.eval_moments`) float64, the second moments float64."""
 
     mean_q: Float[Tensor, "layer head_index pos d_head"]
     mean_k: Float[Tensor, "layer kv_head_index pos d_head"]
@@ -88,7 +90,7 @@ class MomentsReducer:
         self.q_sum = torch.zeros(n_layers, n_heads, length, d_head, **f64)
         self.k_sum = torch.zeros(n_layers, n_kv_heads, length, d_head, **f64)
         self.count = [0] * n_layers
-        self.half_weight = None
+        self.half_weight = self.q_half = self.k_half = None
         if half_seed is not None:
             self.half_weight = torch.zeros(n_seqs, **f64)
             self.half_weight[torch.as_tensor(random_half(n_seqs, half_seed))] = 1.0
@@ -126,18 +128,28 @@ class MomentsReducer:
             raise ValueError("MomentsReducer.result: some layer saw no sequences")
         shape = (-1, 1, 1, 1)
         # the sums become the means in place (no second copy of [layer, head, T, d])
-        mean_q, mean_k = self.q_sum.div_(n.view(shape)), self.k_sum.div_(n.view(shape))
-        half_q = half_k = None
+        self.q_sum.div_(n.view(shape))
+        self.k_sum.div_(n.view(shape))
         n_half = 0
         if self.half_weight is not None:
             nh = self.count_half.view(shape)
-            half_q, half_k = self.q_half.div_(nh), self.k_half.div_(nh)
+            self.q_half.div_(nh)
+            self.k_half.div_(nh)
             n_half = int(self.count_half[0])
         cov_q = cov_k = None
         if self.second_moments:
-            T = mean_q.shape[2]
+            T = self.q_sum.shape[2]
             cov = lambda second, mu: (second / (n.view(-1, 1, 1, 1) * T)
                                       - torch.einsum("lhtd,lhte->lhde", mu, mu) / T)
-            cov_q, cov_k = cov(self.qq_sum, mean_q), cov(self.kk_sum, mean_k)
-        self.means = Moments(mean_q, mean_k, half_q, half_k, int(n[0]), n_half, cov_q, cov_k)
+            cov_q, cov_k = cov(self.qq_sum, self.q_sum), cov(self.kk_sum, self.k_sum)
+        self.means = Moments(self.rounded("q_sum"), self.rounded("k_sum"),
+                             self.rounded("q_half"), self.rounded("k_half"),
+                             int(n[0]), n_half, cov_q, cov_k)
         return self.means
+
+    def rounded(self, name: str) -> Tensor | None:
+        """The float64 means held in ``name``, rounded to float32 (as the condition saves
+        them) and released, so that only one set is ever held twice."""
+        mean = getattr(self, name)
+        setattr(self, name, None)
+        return None if mean is None else mean.float()

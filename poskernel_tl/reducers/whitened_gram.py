@@ -32,7 +32,7 @@ class WhitenedGramResult(Part):
 class WhitenedGramReducer:
     def __init__(self, centering: Moments, scale: float, causal: bool = True):
         white_q, white_k = centering.whitening()
-        self.mean_q, self.mean_k = centering.mean_q.float(), centering.mean_k.float()
+        self.mean_q, self.mean_k = centering.mean_q, centering.mean_k  # float32
         self.white_q, self.white_k = white_q.float(), white_k.float()  # [L, H(kv), d, d]
         L, H, T, d = self.mean_q.shape
         self.gram = GramReducer(L, H, self.mean_k.shape[1], T, d, scale,
