@@ -116,6 +116,27 @@ def test_sums_match_naive_loops(T, chunk):
     assert np.abs(key_strip(q, k, SCALE, K).numpy() - A[..., :K]).max() <= 1e-12 * np.abs(A).max()
 
 
+@pytest.mark.parametrize("tokens", [1, 26, 40])
+def test_long_batches_are_taken_in_pieces(monkeypatch, tokens):
+    """A batch longer than PIECE_TOKENS positions goes through the float64 work a few
+    sequences at a time (1, 2 or 3 of 5 at T = 13): the same sums as the naive loops."""
+    import poskernel_tl.reducers.lag_sums as lag
+
+    q, k = draw(13, n=5)
+    s1, sq = naive_lower(q, k)
+    seen = []  # the batch sizes the FFTs and the key moments see
+    rfft, matmul = torch.fft.rfft, torch.matmul
+    monkeypatch.setattr(lag, "PIECE_TOKENS", tokens)
+    monkeypatch.setattr(torch.fft, "rfft", lambda x, *a, **kw: seen.append(len(x)) or
+                        rfft(x, *a, **kw))
+    assert np.abs(lag_sums(q, k, SCALE).numpy() - s1).max() <= 1e-12 * np.abs(s1).max()
+    monkeypatch.setattr(torch, "matmul", lambda x, y, *a, **kw: seen.append(len(x)) or
+                        matmul(x, y, *a, **kw))
+    assert np.abs(lower_sum_squares(q, k, SCALE, 4).numpy() - sq).max() <= 1e-12 * sq.max()
+    step = max(1, tokens // 13)
+    assert max(seen) == step and len(seen) == 2 * -(-5 // step) + 3 * -(-5 // step)
+
+
 @pytest.mark.parametrize("T", [3, 4, 21, 49, 50, 64])
 def test_block_sums_match_naive_loops(T):
     """Sink column, rows [1, 21), rows [21, 50) and rows ≥ 50 with keys < 50."""

@@ -48,6 +48,15 @@ from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM
 
 ACC = torch.float64
 DEFAULT_CHUNK = 64
+# positions of a batch the float64 FFT and key-moment work holds at once: longer batches
+# are taken a few sequences at a time (same sums, less transient memory at long T)
+PIECE_TOKENS = 4096
+
+
+def _pieces(b: int, T: int) -> list[slice]:
+    """Slices of the batch axis of at most max(1, PIECE_TOKENS // T) sequences each."""
+    step = max(1, PIECE_TOKENS // T)
+    return [slice(i, i + step) for i in range(0, b, step)]
 
 
 def _fft_size(n: int) -> int:
@@ -84,6 +93,8 @@ def lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
     """S1(Δ) = Σ_{t ≥ Δ} scale·q_t·k_{t−Δ} for Δ = 1..T−1, by FFT cross-correlation
     (identity 1 of the module docstring), in float64."""
     b, T, H, d = q.shape
+    if b > 1 and len(parts := _pieces(b, T)) > 1:
+        return torch.cat([lag_sums(q[p], k[p], scale) for p in parts])
     kv = k.shape[2]
     n = _fft_size(2 * T - 1)
     qf = torch.fft.rfft(_padded_acc(q, n))  # [b, H, d, f]
@@ -112,6 +123,8 @@ def lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
     module docstring), in float64. Positions are zero-padded to a multiple of ``chunk``
     (zero rows add nothing); a kv head's query heads share its chunk products."""
     b, T, H, d = q.shape
+    if b > 1 and len(parts := _pieces(b, T)) > 1:
+        return torch.cat([lower_sum_squares(q[p], k[p], scale, chunk) for p in parts])
     kv = k.shape[2]
     g = H // kv
     C = max(1, min(chunk, T))
