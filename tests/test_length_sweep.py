@@ -1,0 +1,37 @@
+"""scripts/length_sweep.py on the embedded SmolLM2: its per-layer Track A R² is what
+`pk.measure` finds on the same evaluation windows, and its table has a line per layer."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.smollm2
+def test_length_sweep_matches_measure(tmp_path):
+    import poskernel_tl as pk
+    from poskernel_tl.sequences import build_sequences
+
+    out = tmp_path / "sweep.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "length_sweep.py"),
+                           "--lengths", "24", "40", "--n-eval", "4", "--dataset", "random",
+                           "--threads", "1", "--json", str(out)], capture_output=True,
+                          text=True, env=env, timeout=600, check=True)
+    rows = json.loads(out.read_text())
+    assert [r["T"] for r in rows] == [24, 40] and all(r["n_eval"] == 4 for r in rows)
+    model = pk.load_model("smollm2-135m", device="cpu", progress=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("| ")]
+    assert len(lines) == 1 + model.spec.n_layers + 3, proc.stdout
+    seqs = build_sequences(model.tokenizer, "random", 40, n_seqs=4, seed=0,
+                           model_name="smollm2-135m")
+    res = pk.measure(model, seqs["input_ids"], progress=False, null_perms=0)
+    np.testing.assert_allclose(rows[1]["layer_pooled"], res.r2_pooled.mean(1), atol=1e-9)
+    assert rows[1]["pooled"] == pytest.approx(res.r2_pooled.mean(), abs=1e-9)
+    assert rows[1]["per_seq_sd"] > 0
