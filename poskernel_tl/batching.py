@@ -213,10 +213,10 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int
     """Estimated bytes held in each phase of a measurement with Track B accumulated for
     ``block_layers`` layers at a time."""
     s, T = model.spec, w.length
+    # M: one set of float32 means (Track B's reference where there is no centering set);
+    # cen: the centering means and the random half's (float64 sums, 2·cen, in their pass)
     M = means_bytes(model, T)
-    cen = 2 * M if w.n_centering else 0  # the centering means and the random half's
-    # (their float64 sums, twice as large, through the centering pass); M: the reference
-    # of Track B without centering
+    cen = 2 * M if w.n_centering else 0
     # one per-sequence Track A array, counted once per side a fit reads
     U = w.n_eval * s.n_layers * s.n_heads * T * 8 * sides(model)
     per = batch * per_sequence_bytes(model, T, w.materialised)

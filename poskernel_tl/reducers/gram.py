@@ -53,7 +53,7 @@ from poskernel_tl.constants import GRAM_SAVE_MAX_T
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, variant_fit
-from poskernel_tl.reducers.moments import Moments
+from poskernel_tl.reducers.moments import Moments, means_in_place
 from poskernel_tl.reducers.two_sided import check_two_sided
 from poskernel_tl.schema import Part, column, stored
 from poskernel_tl.toeplitz import sym_antisym, two_sided
@@ -219,12 +219,8 @@ class GramReducer:
         the sums become the means in place (no second copy)."""
         if self.means is not None:
             return self.means
-        n = torch.tensor(self.count, dtype=torch.float64, device=self.q_sum.device)
-        if (n == 0).any():
-            raise ValueError("GramReducer.result: some layer saw no sequences")
-        shape = (-1, 1, 1, 1)
-        self.means = Moments(self.q_sum.div_(n.view(shape)), self.k_sum.div_(n.view(shape)),
-                             None, None, int(n[0]), 0)
+        n = means_in_place(self.count, self.q_sum, self.k_sum, who="GramReducer.result")
+        self.means = Moments(self.q_sum, self.k_sum, None, None, int(n[0]), 0)
         return self.means
 
     def fit_layer(self, i: int, variants: dict[str, Means], ev: Moments, keep: bool

@@ -42,7 +42,6 @@ from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lag_sums, lower_sum_sq
 from poskernel_tl.toeplitz import lag_counts, r2_two_sided
 
 ACC = torch.float64
-SEQ_CHUNK = 4  # sequences per FFT call in factor_pieces (bounds its float64 buffers)
 
 
 @dataclass
@@ -187,15 +186,13 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
     """B = mean_x q̃_x·k̃_xᵀ from the factors (``q`` already carries the scale). ``upper``:
     the upper triangle's pieces too (Bᵀ's lower ones, one key head per query head)."""
     n, T, H, d = q.shape
-    chunks = range(0, n, SEQ_CHUNK)
-    s1 = sum(lag_sums(q[i:i + SEQ_CHUNK], k[i:i + SEQ_CHUNK], 1.0).sum(0) for i in chunks) / n
+    s1 = lag_sums(q, k, 1.0).sum(0) / n  # (lag_sums bounds its own FFT buffers)
     side = lambda t: t.permute(1, 2, 0, 3).reshape(1, T, t.shape[2], n * d)  # [1, T, ·, n·d]
     qs, ks = side(q.to(ACC)) / n, side(k.to(ACC))
     xs = x.transpose(0, 1)
     out = Pieces(s1, lower_sum_squares(qs, ks, 1.0)[0], lower_apply(qs[0], ks[0], xs))
     if upper:
-        out.s1_up = sum(lag_sums(k[i:i + SEQ_CHUNK], q[i:i + SEQ_CHUNK], 1.0).sum(0)
-                        for i in chunks) / n
+        out.s1_up = lag_sums(k, q, 1.0).sum(0) / n
         out.sq_up = lower_sum_squares(ks, qs, 1.0)[0]
         # Y_up[t] = Σ_{s>t} B[t, s]·x_s: the lower product with positions reversed
         out.y_up = lower_apply(qs[0].flip(0), ks[0].flip(0), xs.flip(0)).flip(1)

@@ -54,7 +54,8 @@ PIECE_TOKENS = 4096
 
 
 def _pieces(b: int, T: int) -> list[slice]:
-    """Slices of the batch axis of at most max(1, PIECE_TOKENS // T) sequences each."""
+    """Slices of the batch axis of at most max(1, PIECE_TOKENS // T) sequences each (one
+    slice when the whole batch fits)."""
     step = max(1, PIECE_TOKENS // T)
     return [slice(i, i + step) for i in range(0, b, step)]
 
@@ -93,7 +94,7 @@ def lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
     """S1(Δ) = Σ_{t ≥ Δ} scale·q_t·k_{t−Δ} for Δ = 1..T−1, by FFT cross-correlation
     (identity 1 of the module docstring), in float64."""
     b, T, H, d = q.shape
-    if b > 1 and len(parts := _pieces(b, T)) > 1:
+    if len(parts := _pieces(b, T)) > 1:
         return torch.cat([lag_sums(q[p], k[p], scale) for p in parts])
     kv = k.shape[2]
     n = _fft_size(2 * T - 1)
@@ -123,7 +124,7 @@ def lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
     module docstring), in float64. Positions are zero-padded to a multiple of ``chunk``
     (zero rows add nothing); a kv head's query heads share its chunk products."""
     b, T, H, d = q.shape
-    if b > 1 and len(parts := _pieces(b, T)) > 1:
+    if len(parts := _pieces(b, T)) > 1:
         return torch.cat([lower_sum_squares(q[p], k[p], scale, chunk) for p in parts])
     kv = k.shape[2]
     g = H // kv

@@ -76,6 +76,18 @@ class CenteringMeans(Part):
         return True  # its counts are columns of every Track B table
 
 
+def means_in_place(count: list[int], *sums: Tensor, who: str) -> Tensor:
+    """Divide per-layer sums [layer, ...] by each layer's count in place, so that the sums
+    become the means with no second copy; the counts (float64). ``who`` names the reducer
+    in the error raised when a layer saw no sequences."""
+    n = torch.tensor(count, dtype=torch.float64, device=sums[0].device)
+    if (n == 0).any():
+        raise ValueError(f"{who}: some layer saw no sequences")
+    for total in sums:
+        total.div_(n.view(-1, *[1] * (total.dim() - 1)))
+    return n
+
+
 def random_half(n_seqs: int, seed: int) -> np.ndarray:
     """Indices of a seeded random half (⌊n/2⌋) of ``n_seqs`` sequences, sorted."""
     rng = np.random.default_rng(seed)
@@ -123,16 +135,10 @@ class MomentsReducer:
     def result(self) -> Moments:
         if self.means is not None:
             return self.means
-        n = torch.tensor(self.count, dtype=torch.float64, device=self.q_sum.device)
-        if (n == 0).any():
-            raise ValueError("MomentsReducer.result: some layer saw no sequences")
-        shape = (-1, 1, 1, 1)
-        # the sums become the means in place (no second copy of [layer, head, T, d])
-        self.q_sum.div_(n.view(shape))
-        self.k_sum.div_(n.view(shape))
+        n = means_in_place(self.count, self.q_sum, self.k_sum, who="MomentsReducer.result")
         n_half = 0
         if self.half_weight is not None:
-            nh = self.count_half.view(shape)
+            nh = self.count_half.view(-1, 1, 1, 1)
             self.q_half.div_(nh)
             self.k_half.div_(nh)
             n_half = int(self.count_half[0])
