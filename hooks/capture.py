@@ -28,7 +28,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.hooks.names import qk_hook_names, scores_hook_name
+from poskernel_tl.hooks.names import QKSource, qk_source, scores_hook_name
+from poskernel_tl.hooks.rotary import hooked_angles, pair_angles, rotate
+from poskernel_tl.scheme import LayerScheme
 
 
 @dataclass
@@ -76,35 +78,63 @@ def capture_qk(
     scores: bool = False,
     layers: Sequence[int] | None = None,
     stop: bool = False,
+    schemes: Sequence[LayerScheme] | None = None,
 ) -> Iterator[Capture]:
     """Within the block, every :meth:`Capture.forward` calls ``on_layer`` once per layer
     of ``layers`` (default: all) with the tensors that enter Q·Kᵀ (keys are not expanded
     for GQA), and with ``hook_attn_scores`` too when ``scores=True`` (the bridge computes
     them anyway when it runs attention eagerly). ``stop``: end each pass right after the
-    last of ``layers`` is delivered (see the module docstring)."""
+    last of ``layers`` is delivered (see the module docstring). ``schemes``: every layer's
+    positional scheme (``model.spec.layers``), needed where the bridge hooks q and k only
+    before rotary (GPT-NeoX, Phi-3, GPT-J: :func:`~poskernel_tl.hooks.names.qk_source`)."""
     layers = list(range(bridge.cfg.n_layers) if layers is None else layers)
     last = max(layers) if stop and layers else None
     capture = Capture(bridge)
     hooks = []
     for layer in layers:
-        q_name, k_name = qk_hook_names(bridge, layer)
+        scheme = None if schemes is None else schemes[layer]
+        src = qk_source(bridge, layer, rope=scheme is not None and scheme.pe == "rope")
+        if src.rotation != "as-is" and scheme is None:
+            raise ValueError(f"layer {layer}: the bridge hooks q/k before rotary; pass the "
+                             "layers' schemes (schemes=model.spec.layers)")
+        names = {"q": src.q, "k": src.k}
+        if src.angles is not None:
+            names.update(cos=src.angles[0], sin=src.angles[1])
+        if scores:
+            names["scores"] = scores_hook_name(layer)
         pending: dict[str, Tensor] = {}
 
-        def emit(layer: int = layer, pending: dict = pending) -> None:
-            on_layer(CapturedLayer(layer, pending.pop("q"), pending.pop("k"),
-                                   pending.pop("scores", None), capture.context))
+        def emit(layer: int = layer, pending: dict = pending, src: QKSource = src,
+                 scheme: LayerScheme | None = scheme) -> None:
+            q, k = _finished(pending, src, scheme)
+            on_layer(CapturedLayer(layer, q, k, pending.pop("scores", None),
+                                   capture.context))
+            pending.clear()
             if layer == last:
                 raise StopForward
 
-        def make(slot: str, pending: dict = pending, emit=emit):
+        def make(slot: str, pending: dict = pending, emit=emit, n: int = len(names)):
             def hook(x: Tensor, hook) -> None:
                 pending[slot] = x
-                if len(pending) == (3 if scores else 2):
+                if len(pending) == n:
                     emit()
             return hook
 
-        hooks += [(q_name, make("q")), (k_name, make("k"))]
-        if scores:
-            hooks.append((scores_hook_name(layer), make("scores")))
+        hooks += [(name, make(slot)) for slot, name in names.items()]
     with bridge.hooks(fwd_hooks=hooks):
         yield capture
+
+
+def _finished(pending: dict, src: QKSource, scheme: LayerScheme | None
+              ) -> tuple[Float[Tensor, "batch pos head_index d_head"],
+                         Float[Tensor, "batch pos kv_head_index d_head"]]:
+    """The layer's q and k as they enter Q·Kᵀ: as hooked, or rotated here by the hooked
+    angles or the layer's own frequencies."""
+    q, k = pending.pop("q"), pending.pop("k")
+    if src.rotation == "as-is":
+        return q, k
+    if src.rotation == "hooked-angles":
+        cos, sin = hooked_angles(pending.pop("cos"), pending.pop("sin"))
+    else:
+        cos, sin = pair_angles(scheme, q.shape[1], q.device, torch.float64)
+    return rotate(q, scheme, cos, sin), rotate(k, scheme, cos, sin)

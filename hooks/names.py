@@ -1,25 +1,84 @@
 """Which hook points carry the post-rotary queries, keys and attention scores.
 
-The choice is made from the bridge itself (a rotary model exposes ``hook_rot_q``), so
-any TransformerLens-supported architecture works without a table of its own.
+The choice is made from the bridge itself: a rotary bridge of the Llama family exposes
+``hook_rot_q``/``hook_rot_k``; the fused-QKV rotary bridge (GPT-NeoX, Phi-3) hooks q and k
+before rotary and ``hook_cos``/``hook_sin``, from which the capture rotates them; the base
+bridge (GPT-J) hooks q and k before rotary only, which the capture rotates by the layer's
+own frequencies (:mod:`poskernel_tl.hooks.rotary`).
 """
 
 import math
+import weakref
+from dataclasses import dataclass
+
+import torch
 
 ROT_Q = "blocks.{layer}.attn.hook_rot_q"
 ROT_K = "blocks.{layer}.attn.hook_rot_k"
 PLAIN_Q = "blocks.{layer}.attn.hook_q"
 PLAIN_K = "blocks.{layer}.attn.hook_k"
+COS = "blocks.{layer}.attn.hook_cos"
+SIN = "blocks.{layer}.attn.hook_sin"
 SCORES = "blocks.{layer}.attn.hook_attn_scores"
 
 
-def qk_hook_names(bridge, layer: int) -> tuple[str, str]:
-    """Hook names of the queries/keys entering Q·Kᵀ at ``layer``: post-rotary for rotary
-    models (``hook_rot_q``/``hook_rot_k``), otherwise ``hook_q``/``hook_k`` (GPT-2)."""
+@dataclass(frozen=True)
+class QKSource:
+    """Where one layer's q and k entering Q·Kᵀ come from: ``q``/``k`` hook names and how
+    they are finished: ``"as-is"`` (already post-rotary, or no rotary), ``"hooked-angles"``
+    (rotate by ``hook_cos``/``hook_sin``, named in ``angles``) or ``"scheme-angles"``
+    (rotate by the layer's own frequencies)."""
+
+    q: str
+    k: str
+    rotation: str = "as-is"
+    angles: tuple[str, str] | None = None
+
+
+_FIRED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PROBED = (ROT_Q, ROT_K, PLAIN_Q, PLAIN_K, COS, SIN)
+
+
+def fired_hooks(bridge) -> frozenset[str]:
+    """The q/k/rotary hook names that really fire in a forward of ``bridge``, found by one
+    probe forward of two tokens (cached per bridge). A bridge lists ``hook_rot_q`` in its
+    ``hook_dict`` whether or not its attention calls it (GPT-NeoX, Phi-3 and GPT-J never
+    do), so the listing alone cannot tell."""
+    if bridge in _FIRED:
+        return _FIRED[bridge]
+    names = [n.format(layer=L) for L in range(bridge.cfg.n_layers) for n in _PROBED]
+    names = [n for n in names if n in bridge.hook_dict]
+    seen: set[str] = set()
+    hooks = [(n, lambda x, hook: seen.add(hook.name)) for n in names]
+    probe = torch.zeros(1, 2, dtype=torch.long, device=bridge.cfg.device)
+    with torch.no_grad(), bridge.hooks(fwd_hooks=hooks):
+        bridge(probe)
+    # an alias reports the name it is attached to: map both ways
+    fired = frozenset(n for n in names if bridge.hook_dict[n].name in seen or n in seen)
+    _FIRED[bridge] = fired
+    return fired
+
+
+def qk_source(bridge, layer: int, rope: bool) -> QKSource:
+    """The :class:`QKSource` of ``layer``; ``rope``: whether the layer's scheme rotates."""
+    fired = fired_hooks(bridge)
     rot_q = ROT_Q.format(layer=layer)
-    if rot_q in bridge.hook_dict:
-        return rot_q, ROT_K.format(layer=layer)
-    return PLAIN_Q.format(layer=layer), PLAIN_K.format(layer=layer)
+    if rot_q in fired:
+        return QKSource(rot_q, ROT_K.format(layer=layer))
+    q, k = PLAIN_Q.format(layer=layer), PLAIN_K.format(layer=layer)
+    if not rope:
+        return QKSource(q, k)
+    cos = COS.format(layer=layer)
+    if cos in fired:
+        return QKSource(q, k, "hooked-angles", (cos, SIN.format(layer=layer)))
+    return QKSource(q, k, "scheme-angles")
+
+
+def qk_hook_names(bridge, layer: int) -> tuple[str, str]:
+    """Hook names of the queries/keys a layer's capture reads first (post-rotary where
+    the bridge hooks them, see :func:`qk_source`)."""
+    src = qk_source(bridge, layer, rope=False)
+    return src.q, src.k
 
 
 def scores_hook_name(layer: int) -> str:
@@ -35,8 +94,8 @@ def scores_hook_is_logits(bridge, layer: int = 0) -> bool:
 
     False where the bridge's attention component is TransformerLens 4.3's base
     ``AttentionBridge``, whose forward hands the whole attention to the Hugging Face
-    module (BERT, so ``minilm-l6``): it then fires ``hook_attn_scores`` afterwards on the
-    attention *weights* HF returns, i.e. the post-softmax pattern
+    module (BERT, so ``minilm-l6``; GPT-J): it then fires ``hook_attn_scores`` afterwards
+    on the attention *weights* HF returns, i.e. the post-softmax pattern
     softmax(q·kᵀ/√d_head + padding mask), the same tensor as ``hook_pattern`` (rows sum
     to 1; on MiniLM it differs from q·kᵀ/√d_head by up to ≈ 30). ``hook_q``/``hook_k``
     are right there too ([batch pos head_index d_head], equal to HF's query/key

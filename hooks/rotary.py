@@ -1,42 +1,66 @@
-"""Which head dimensions the model rotates together, read from the model itself.
+"""Which head dimensions a layer rotates together, and rotary applied from a layer's
+scheme where the bridge hooks only the queries and keys before it.
 
-A rotary model's ``hook_cos`` holds cos(θ·pos) per head dimension. HF-style rotary
-("rotate_half") repeats the frequencies as [θ_0..θ_{d/2-1}, θ_0..θ_{d/2-1}], pairing
-dimension i with i + d/2; GPT-J style interleaves them, pairing 2i with 2i + 1.
+A layer's :class:`~poskernel_tl.scheme.LayerScheme` names its pair layout and rotated
+share r of d_head: ``"rotate_half"`` (Llama, GPT-NeoX, Phi-3, Gemma) pairs dimension i with
+i + r/2, ``"interleaved"`` (GPT-J) pairs 2i with 2i + 1, and dimensions ≥ r pass through.
+Pair j rotates by the angle θ_j·t at position t:
+
+    x'[first_j] = x[first_j]·cos − x[second_j]·sin,   x'[second_j] = x[second_j]·cos + x[first_j]·sin.
+
+TransformerLens's ``hook_cos`` holds cos per rotated dimension in the rotate-half layout
+(``[θ_0..θ_{r/2−1}, θ_0..θ_{r/2−1}]``): its first r/2 columns are the pairs' cosines.
 """
 
 import torch
+from jaxtyping import Float
+from torch import Tensor
 
-from poskernel_tl.hooks.names import ROT_Q
-
-COS = "blocks.0.attn.hook_cos"
-
-
-def rotary_pairs(bridge, d_head: int, probe_token: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first, second) index tensors of length d_head/2: pair j rotates dimensions
-    first[j] and second[j], in the order of the model's ``inv_freq``. Raises
-    ValueError for a model without rotary hooks or an unrecognised layout."""
-    if ROT_Q.format(layer=0) not in bridge.hook_dict or COS not in bridge.hook_dict:
-        raise ValueError("model has no rotary hooks (hook_rot_q / hook_cos)")
-    seen: dict = {}
-
-    def grab(x, hook):
-        seen["cos"] = x.detach()
-
-    with torch.no_grad(), bridge.hooks(fwd_hooks=[(COS, grab)]):
-        bridge(torch.full((1, 2), probe_token, dtype=torch.long, device=bridge.cfg.device))
-    cos = seen["cos"].reshape(-1, seen["cos"].shape[-1])[1].double()  # position 1
-    return pairs_from_cos(cos, d_head)
+from poskernel_tl.scheme import LayerScheme
 
 
-def pairs_from_cos(cos: torch.Tensor, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read the pairing from cos(θ·1) per head dimension (see :func:`rotary_pairs`)."""
-    half = d_head // 2
+def pair_indices(scheme: LayerScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first, second) index tensors over d_head, one entry per rotated pair, in the order
+    of the layer's ``inv_freq``. ValueError for a layer without RoPE."""
+    if scheme.pe != "rope" or not scheme.rotary_dims:
+        raise ValueError(f"a {scheme.pe} layer has no rotary pairs")
+    half = scheme.rotary_dims // 2
     idx = torch.arange(half)
-    if cos.shape[-1] != d_head:
-        raise ValueError(f"hook_cos has {cos.shape[-1]} dims, expected d_head={d_head}")
-    if torch.allclose(cos[:half], cos[half:]):
-        return idx, idx + half
-    if torch.allclose(cos[0::2], cos[1::2]):
+    if scheme.layout == "interleaved":
         return 2 * idx, 2 * idx + 1
-    raise ValueError("unrecognised rotary layout in hook_cos")
+    if scheme.layout == "rotate_half":
+        return idx, idx + half
+    raise ValueError(f"unknown rotary layout {scheme.layout!r}")
+
+
+def pair_angles(scheme: LayerScheme, length: int, device, dtype
+                ) -> tuple[Float[Tensor, "pos pair"], Float[Tensor, "pos pair"]]:
+    """cos(θ_j·t), sin(θ_j·t) for t = 0..length−1, from the layer's ``inv_freq`` (formed in
+    float64, then cast): for a bridge that hooks neither rotated q/k nor cos/sin (GPT-J)."""
+    theta = torch.tensor(scheme.inv_freq, dtype=torch.float64, device=device)
+    angle = torch.arange(length, dtype=torch.float64, device=device)[:, None] * theta
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def hooked_angles(cos: Float[Tensor, "batch pos rot"], sin: Float[Tensor, "batch pos rot"]
+                  ) -> tuple[Float[Tensor, "batch pos pair"], Float[Tensor, "batch pos pair"]]:
+    """The pairs' cos/sin from ``hook_cos``/``hook_sin`` (rotate-half layout, see the module
+    docstring)."""
+    half = cos.shape[-1] // 2
+    return cos[..., :half], sin[..., :half]
+
+
+def rotate(x: Float[Tensor, "batch pos head_index d_head"], scheme: LayerScheme,
+           cos: Tensor, sin: Tensor) -> Float[Tensor, "batch pos head_index d_head"]:
+    """x with each of the layer's pairs rotated (module docstring); ``cos``/``sin`` are
+    [pos, pair] or [batch, pos, pair] (broadcast over heads)."""
+    first, second = (i.to(x.device) for i in pair_indices(scheme))
+    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+    a, b = x[..., first], x[..., second]
+    out = x.clone()
+    out[..., first] = a * cos - b * sin
+    out[..., second] = b * cos + a * sin
+    return out
+
+
+__all__ = ["hooked_angles", "pair_angles", "pair_indices", "rotate"]

@@ -18,11 +18,9 @@ from torch import nn
 
 from poskernel_tl import embedded
 from poskernel_tl.errors import ModelUnavailableError, UserError
-from poskernel_tl.hooks import kv_head_map, logit_scale, rotary_pairs
+from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
 from poskernel_tl.registry import ModelSpec, placeholder_spec, resolve
-
-# model types whose attention has no causal mask (every query reads every key)
-ENCODER_TYPES = frozenset({"bert"})
+from poskernel_tl.scheme import ENCODER_TYPES, read_layers
 
 
 @dataclass
@@ -89,10 +87,11 @@ class LoadedModel:
 
     @cached_property
     def rotary_pairs(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(first, second) dimension indices of each rotary pair, or None without rotary."""
-        if self.spec.pe != "rope":
-            return None
-        return rotary_pairs(self.bridge, self.spec.d_head)
+        """(first, second) dimension indices of each rotary pair of the model's first RoPE
+        layer (the layout and rotated share every RoPE layer shares), or None without
+        rotary."""
+        rope = [s for s in self.spec.layers or () if s.pe == "rope"]
+        return pair_indices(rope[0]) if rope else None
 
 
 # --------------------------------------------------------------------- converters
@@ -247,21 +246,21 @@ def position_table(hf_model: nn.Module) -> nn.Module | None:
 
 
 def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
-    """Fill the spec from the loaded model: rotary frequencies, and for a placeholder spec
-    (``hf:`` ids, :meth:`LoadedModel.from_bridge`) the geometry, PE scheme and norm type
-    read from the config and modules."""
+    """Fill the spec from the loaded model: every layer's positional scheme
+    (:func:`poskernel_tl.scheme.read_layers`: RoPE frequencies, rotated share and pair
+    layout, mask, QK-norm) and the model's rotary frequencies (its first RoPE layer's),
+    and for a placeholder spec (``hf:`` ids, :meth:`LoadedModel.from_bridge`) the
+    geometry, PE scheme and norm type read from the config and modules."""
     cfg = hf_model.config
-    inner = getattr(hf_model, "model", None)
-    rotary = getattr(inner, "rotary_emb", None)
+    rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
     updates: dict = {}
     if spec.n_layers == 0:  # a placeholder: read everything from the model
         n_heads = getattr(cfg, "num_attention_heads", None) or cfg.n_head
         d_model = getattr(cfg, "hidden_size", None) or cfg.n_embd
         norms = {type(m).__name__.lower() for m in hf_model.modules()}
         pe = ("none" if isinstance(rotary, NoRotaryEmbedding) else
-              "rope" if rotary is not None else
+              "rope" if _has_rotary(hf_model) else
               "learned-absolute" if position_table(hf_model) is not None else "none")
-        rope_params = getattr(cfg, "rope_parameters", None) or {}
         updates = dict(
             n_layers=getattr(cfg, "num_hidden_layers", None) or cfg.n_layer,
             n_heads=n_heads,
@@ -270,13 +269,21 @@ def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
             n_ctx=getattr(cfg, "max_position_embeddings", None) or cfg.n_positions,
             pe=pe,
             norm="rmsnorm" if any("rmsnorm" in n for n in norms) else "layernorm",
-            rope_base=rope_params.get("rope_theta") if pe == "rope" else None,
             causal=getattr(cfg, "model_type", None) not in ENCODER_TYPES,
         )
-    pe = updates.get("pe", spec.pe)
-    if pe == "rope" and rotary is not None and not isinstance(rotary, NoRotaryEmbedding):
-        updates["inv_freq"] = tuple(float(x) for x in rotary.inv_freq.detach().cpu().double())
-    return dataclasses.replace(spec, **updates)
+    full = dataclasses.replace(spec, **updates)
+    layers = read_layers(hf_model, full.pe, full.n_layers, full.d_head)
+    first = next((s for s in layers if s.inv_freq is not None), None)
+    if first is not None:
+        updates["inv_freq"] = first.inv_freq
+        if spec.n_layers == 0:
+            updates["rope_base"] = first.base
+    return dataclasses.replace(full, **updates, layers=layers)
+
+
+def _has_rotary(hf_model: nn.Module) -> bool:
+    """A rotary module on the model (``rotary_emb``, GPT-J's per-attention table)."""
+    return any(type(m).__name__.endswith("RotaryEmbedding") for m in hf_model.modules())
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -60,6 +60,7 @@ from poskernel_tl.reducers import (
 )
 from poskernel_tl.reducers.gram import concat_layers
 from poskernel_tl.result import ConditionResult
+from poskernel_tl.scheme import summary as scheme_summary
 
 ScoresPath = str  # "auto" | "hook" | "qk"
 Tokens = Int[torch.Tensor, "batch pos"]
@@ -148,7 +149,8 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers: Callable[
 
         try:
             with torch.no_grad(), capture_qk(model.bridge, on_layer, scores=hook_scores,
-                                             layers=layers, stop=True) as capture:
+                                             layers=layers, stop=True,
+                                             schemes=model.spec.layers) as capture:
                 bar = tqdm(range(0, len(ids), batch_size), desc=desc, disable=not progress,
                            unit="batch")
                 for start in bar:
@@ -193,6 +195,9 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     mask = check_mask(model)
     if opts.whiten and cen_ids is None:
         raise UserError("--whiten needs centering sequences")
+    if opts.whiten and model.spec.max_lags(ev_ids.shape[1]) is not None:
+        raise UserError(f"--whiten: {model.spec.name} has sliding-window layers, and the "
+                        "whitened Gram is fitted on the whole triangle; run without --whiten")
     seq_id = np.arange(len(ev_ids)) if seq_id is None else np.asarray(seq_id, dtype=np.int64)
     wanted = {i: int(seq_id[i]) for i in logits_for if i < len(ev_ids)}
     keep_gram = T <= C.GRAM_SAVE_MAX_T if keep_gram is None else keep_gram
@@ -206,7 +211,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
                   "scores_from": {"hook": "hook_attn_scores", "qk": "q·kᵀ"}.get(
                       opts.scores, "lag sums of q and k"),
-                  "mask": mask,
+                  "mask": mask, "layers": scheme_summary(model.spec.layers),
                   "n_eval": len(ev_ids), "n_centering": 0 if cen_ids is None else len(cen_ids),
                   "device": str(dev), "dtype": dtype_name(model.dtype),
                   "attention": getattr(model, "attention", "eager"),
@@ -273,7 +278,8 @@ def gram_reducer(model: LoadedModel, T: int, n: int, centering: Moments | None,
     s = model.spec
     return GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, T, s.d_head, model.logit_scale,
                        model.device, reference=centering, layers=layers, full=full,
-                       factors=gram_factors(model, T, n, full), causal=s.causal)
+                       factors=gram_factors(model, T, n, full), causal=s.causal,
+                       max_lags=s.max_lags(T))
 
 
 def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
@@ -285,7 +291,9 @@ def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
     L, H, Hkv = s.n_layers, s.n_heads, s.n_kv_heads
     source = "scores" if opts.scores in ("hook", "qk") else "lags"
     layers = range(L) if gram_layers is None else gram_layers
-    reds = [TrackAReducer(n, L, H, T, dev, seed=opts.seed, source=source, causal=s.causal),
+    windows = s.max_lags(T)
+    reds = [TrackAReducer(n, L, H, T, dev, seed=opts.seed, source=source, causal=s.causal,
+                          max_lags=windows),
             gram_reducer(model, T, n, centering, layers, full)]
     if model.rotary_pairs is not None:
         reds.append(FreqUsageReducer(L, H, Hkv, *model.rotary_pairs, device=dev))
@@ -296,7 +304,7 @@ def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
     if opts.null_perms > 0:
         reds.append(PermNullReducer(L, H, T, n_perm=opts.null_perms, max_seqs=opts.null_seqs,
                                     seed=opts.seed, device=dev, include_identity=False,
-                                    source=source, causal=s.causal))
+                                    source=source, causal=s.causal, max_lags=windows))
     return reds
 
 

@@ -12,6 +12,7 @@ from typing import Literal
 import numpy as np
 
 from poskernel_tl.errors import UnknownNameError, UserError
+from poskernel_tl.scheme import LayerScheme
 
 PEScheme = Literal["rope", "learned-absolute", "none"]
 NormType = Literal["layernorm", "rmsnorm"]
@@ -51,6 +52,8 @@ class ModelSpec:
     notes: str = ""
     causal: bool = True  # False: a bidirectional encoder (every query reads every key)
     inv_freq: tuple[float, ...] | None = field(default=None, repr=False)
+    # every layer's own scheme (:mod:`poskernel_tl.scheme`), read when the model is loaded
+    layers: tuple[LayerScheme, ...] | None = field(default=None, repr=False)
 
     @property
     def group_size(self) -> int:
@@ -70,22 +73,37 @@ class ModelSpec:
         """The key/value head that query head ``head`` reads: kv(h) = h // (H / H_kv)."""
         return head // self.group_size
 
-    def rotary_frequencies(self) -> np.ndarray | None:
+    def rotary_frequencies(self, layer: int | None = None) -> np.ndarray | None:
         """Rotation rate θ_i (radians per token) of each rotary 2-D pair, or None.
 
-        For a loaded model this is the model's own ``inv_freq`` buffer. Otherwise it is
-        computed by the rotary initialisation that transformers itself would run for
-        this config (so Llama-3 scaling is applied when ``rope_scaling`` asks for it).
+        ``layer`` given: that layer's own frequencies (None for a NoPE layer). Otherwise
+        the model's: for a loaded model its own rotary buffer (the first RoPE layer's
+        where layers differ); before loading, the rotary initialisation that transformers
+        itself would run for this config (so Llama-3 scaling is applied when
+        ``rope_scaling`` asks for it).
         """
+        if layer is not None and self.layers is not None:
+            f = self.layers[layer].inv_freq
+            return None if f is None else np.asarray(f, dtype=np.float64)
         if self.pe != "rope":
             return None
         if self.inv_freq is not None:
             return np.asarray(self.inv_freq, dtype=np.float64)
         return _config_inv_freq(self)
 
+    def max_lags(self, length: int) -> list[int] | None:
+        """Per layer, the largest offset Δ a fit at ``length`` keeps (T − 1, or a sliding
+        window's last kept offset); None when every layer keeps the whole triangle."""
+        if self.layers is None:
+            return None
+        lags = [length - 1 if s.max_lag is None else min(length - 1, s.max_lag)
+                for s in self.layers]
+        return None if all(m == length - 1 for m in lags) else lags
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["inv_freq"] = None if self.inv_freq is None else list(self.inv_freq)
+        d["layers"] = None if self.layers is None else [s.to_dict() for s in self.layers]
         return d
 
     @classmethod
@@ -98,6 +116,8 @@ class ModelSpec:
         d = dict(d)
         if d.get("inv_freq") is not None:
             d["inv_freq"] = tuple(float(x) for x in d["inv_freq"])
+        if d.get("layers") is not None:
+            d["layers"] = tuple(LayerScheme.from_dict(x) for x in d["layers"])
         return cls(**d)
 
 

@@ -48,24 +48,37 @@ def skew_lower(
 
 
 def lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,
-               device=None) -> Float[Tensor, " lag"]:
-    """n(Δ) for Δ = 1..T−1: how many query rows t in [row_lo, row_hi) have a key at t−Δ."""
+               device=None, max_lag: int | None = None) -> Float[Tensor, " lag"]:
+    """n(Δ) for Δ = 1..T−1: how many query rows t in [row_lo, row_hi) have a key at t−Δ
+    (0 past ``max_lag``, the last offset a sliding window keeps)."""
     row_hi = T if row_hi is None else min(row_hi, T)
     lags = torch.arange(1, T, device=device, dtype=torch.float64)
     lo = torch.clamp(lags, min=row_lo)
-    return torch.clamp(row_hi - lo, min=0)
+    counts = torch.clamp(row_hi - lo, min=0)
+    return counts if max_lag is None else counts * (lags <= max_lag)
+
+
+def layer_lag_counts(T: int, max_lags: Sequence[int] | None, n_layers: int, row_lo: int = 0,
+                     row_hi: int | None = None, device=None) -> Float[Tensor, "layer 1 lag"]:
+    """:func:`lag_counts` of every layer, [layer, 1, lag] (broadcasts over heads): each
+    layer's own last kept offset ``max_lags[layer]`` (None: every layer's whole triangle)."""
+    lags = [None] * n_layers if max_lags is None else max_lags
+    return torch.stack([lag_counts(T, row_lo, row_hi, device, m) for m in lags])[:, None]
 
 
 def lag_sums(
     scores: Float[Tensor, "*batch query_pos key_pos"],
     row_lo: int = 0,
     row_hi: int | None = None,
+    max_lag: int | None = None,
 ) -> tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]:
     """Per-lag sums S1(Δ) and the total sum of squares over the strictly lower triangle
-    (optionally only query rows in [row_lo, row_hi)), all in float64. This is the
-    reference path of :func:`shift_invariance_r2`; the streaming reducers use
-    :func:`lower_lag_stats`."""
+    (optionally only query rows in [row_lo, row_hi), only offsets Δ ≤ ``max_lag``), all
+    in float64; lags past ``max_lag`` sum to 0. This is the reference path of
+    :func:`shift_invariance_r2`; the streaming reducers use :func:`lower_lag_stats`."""
     z = skew_lower(scores)[..., row_lo:row_hi, :].double()
+    if max_lag is not None:
+        z = z * (torch.arange(1, scores.shape[-1], device=z.device) <= max_lag)
     return z.sum(dim=-2), (z * z).sum(dim=(-2, -1))
 
 
@@ -90,7 +103,7 @@ def r2_from_sums(
     has = counts > 0
     safe = torch.where(has, counts, torch.ones_like(counts))
     g = lag_means(s1, counts)
-    n_total = counts.sum()
+    n_total = counts.sum(-1)
     explained = torch.where(has, s1 * s1 / safe, torch.zeros_like(s1)).sum(-1)
     total = s1.sum(-1)
     ss_tot = sq - total * total / n_total
@@ -106,19 +119,20 @@ def r2_from_sums(
 
 
 def shift_invariance_r2(
-    scores: Float[Tensor, "*batch query_pos key_pos"],
+    scores: Float[Tensor, "*batch query_pos key_pos"], max_lag: int | None = None,
 ) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"]]:
     """Fit g(Δ) to the strictly lower triangle of ``scores`` and return ``(r2, g)``.
 
     ``g[..., Δ−1]`` is the mean of sub-diagonal Δ (Δ = 1..T−1); R² = 1 − SS_res/SS_tot
     over all entries with s < t, accumulated in float64. Entries on or above the
-    diagonal are ignored whatever they hold (masked fills included).
+    diagonal are ignored whatever they hold (masked fills included). ``max_lag``: fit
+    only the entries with t − s ≤ max_lag (what a sliding window keeps; g is NaN past it).
     """
     T = scores.shape[-1]
     if scores.shape[-2] != T or T < 3:
         raise UserError(f"need square score matrices with T >= 3, got {tuple(scores.shape)}")
-    s1, sq = lag_sums(scores)
-    return r2_from_sums(s1, sq, lag_counts(T, device=scores.device))
+    s1, sq = lag_sums(scores, max_lag=max_lag)
+    return r2_from_sums(s1, sq, lag_counts(T, device=scores.device, max_lag=max_lag))
 
 
 # ------------------------------------------------------------- both triangles
@@ -143,7 +157,7 @@ def r2_two_sided(front: Sums, back: Sums | None
     if back is None:
         return (*r2_from_sums(s1, sq, counts), None)
     s1_b, sq_b, counts_b = back
-    counts = torch.cat([counts.to(s1.device), counts_b.to(s1.device)])
+    counts = torch.cat([counts.to(s1.device), counts_b.to(s1.device)], -1)
     r2, g = r2_from_sums(torch.cat([s1.double(), s1_b.double()], -1),
                          sq.double() + sq_b.double(), counts)
     n = s1.shape[-1]
@@ -231,18 +245,23 @@ def _upper_mask(T: int, device) -> Tensor:
     return _MASKS[key]
 
 
-def key_block_index(T: int, key_hi: int, row_lo: int, device=None) -> tuple[Tensor, Tensor]:
-    """For the entries with key s < ``key_hi`` and query row t ≥ ``row_lo`` (and s < t):
-    ``rows[s, Δ−1] = s + Δ`` (clamped into range) and ``valid[s, Δ−1]``, Δ = 1..T−1."""
+def key_block_index(T: int, key_hi: int, row_lo: int, device=None,
+                    max_lag: int | None = None) -> tuple[Tensor, Tensor]:
+    """For the entries with key s < ``key_hi`` and query row t ≥ ``row_lo`` (and s < t,
+    t − s ≤ ``max_lag``): ``rows[s, Δ−1] = s + Δ`` (clamped into range) and
+    ``valid[s, Δ−1]``, Δ = 1..T−1."""
     s = torch.arange(key_hi, device=device)[:, None]
-    t = s + torch.arange(1, T, device=device)[None]
-    valid = (t < T) & (t >= row_lo)
+    lags = torch.arange(1, T, device=device)[None]
+    t = s + lags
+    valid = (t < T) & (t >= row_lo) & (lags <= (T if max_lag is None else max_lag))
     return t.clamp(max=T - 1), valid
 
 
-def key_block_counts(T: int, key_hi: int, row_lo: int, device=None) -> Float[Tensor, " lag"]:
-    """n(Δ) of the entries with key s < ``key_hi`` and query row t ≥ ``row_lo``."""
-    return key_block_index(T, key_hi, row_lo, device)[1].sum(0).double()
+def key_block_counts(T: int, key_hi: int, row_lo: int, device=None,
+                     max_lag: int | None = None) -> Float[Tensor, " lag"]:
+    """n(Δ) of the entries with key s < ``key_hi`` and query row t ≥ ``row_lo`` (and
+    t − s ≤ ``max_lag``)."""
+    return key_block_index(T, key_hi, row_lo, device, max_lag)[1].sum(0).double()
 
 
 def _unshift(s1p: Tensor, sqp: Tensor, counts: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
@@ -253,9 +272,10 @@ def _unshift(s1p: Tensor, sqp: Tensor, counts: Tensor, c: Tensor) -> tuple[Tenso
     return s1, sq
 
 
-def _row_block_stats(top: Tensor, c: Tensor, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+def _row_block_stats(top: Tensor, c: Tensor, lo: int, hi: int, max_lag: int | None = None
+                     ) -> tuple[Tensor, Tensor]:
     """(S1, Σ A²) of query rows [lo, hi) from ``top`` = A − c, zero on and above the
-    diagonal."""
+    diagonal (and past the window, ``max_lag``)."""
     b, h, T, _ = top.shape
     hi = min(hi, T)
     if hi <= lo:
@@ -264,23 +284,23 @@ def _row_block_stats(top: Tensor, c: Tensor, lo: int, hi: int) -> tuple[Tensor, 
     lags = torch.arange(1, T, device=top.device)
     rows = torch.arange(lo, hi, device=top.device)[:, None]
     keys = rows - lags[None]  # [rows, lag]
-    valid = (keys >= 0).to(top.dtype)
+    valid = ((keys >= 0) & (lags[None] <= (T if max_lag is None else max_lag))).to(top.dtype)
     g = top[:, :, lo:hi].gather(-1, keys.clamp(min=0).expand(b, h, -1, -1)) * valid
     return _unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
-                    lag_counts(T, lo, hi), c)
+                    lag_counts(T, lo, hi, max_lag=max_lag), c)
 
 
-def _key_block_stats(top: Tensor, c: Tensor, key_hi: int, row_lo: int
-                     ) -> tuple[Tensor, Tensor]:
+def _key_block_stats(top: Tensor, c: Tensor, key_hi: int, row_lo: int,
+                     max_lag: int | None = None) -> tuple[Tensor, Tensor]:
     """(S1, Σ A²) of the keys s < ``key_hi`` in query rows t ≥ ``row_lo``, from ``top``
     as in :func:`_row_block_stats`."""
     b, h, T, _ = top.shape
     key_hi = min(key_hi, T)
-    rows, valid = key_block_index(T, key_hi, row_lo, top.device)
+    rows, valid = key_block_index(T, key_hi, row_lo, top.device, max_lag)
     cols = top.transpose(-1, -2)[:, :, :key_hi]  # [b, h, key, query]
     g = cols.gather(-1, rows.expand(b, h, -1, -1)) * valid.to(top.dtype)
     return _unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
-                    key_block_counts(T, key_hi, row_lo), c)
+                    key_block_counts(T, key_hi, row_lo, max_lag=max_lag), c)
 
 
 def lower_lag_stats(
@@ -290,6 +310,7 @@ def lower_lag_stats(
     work: Tensor | None = None,
     key_block: tuple[int, int] | None = None,
     key_blocks: Sequence[tuple[int, int]] = (),
+    max_lag: int | None = None,
 ) -> tuple[tuple[Tensor, Tensor], list[tuple[Tensor, Tensor]]]:
     """Per-lag sums S1(Δ) and sums of squares of the strictly lower triangle, for the
     whole triangle, for a few small blocks of query rows [lo, hi), and optionally for the
@@ -302,7 +323,8 @@ def lower_lag_stats(
     :func:`lower_mean_from_qk`, so sums of squares do not cancel), within one lag or
     one row in the input dtype, and converted back to raw float64 statistics exactly.
     ``work`` is an optional reusable buffer [batch, head_index, 2T, T] whose lower half
-    is zero. Returns ``((s1, sq), [(s1_block, sq_block), ...])``.
+    is zero. ``max_lag``: every sum over the entries with t − s ≤ max_lag only (those a
+    sliding window keeps). Returns ``((s1, sq), [(s1_block, sq_block), ...])``.
     """
     b, h, T, _ = scores.shape
     if work is None or work.shape != (b, h, 2 * T, T):
@@ -311,14 +333,16 @@ def lower_lag_stats(
     c = shift.to(torch.float64)
     torch.sub(scores, c[..., None, None].to(scores.dtype), out=top)
     top.masked_fill_(_upper_mask(T, top.device), 0.0)
+    if max_lag is not None and max_lag < T - 1:
+        top.triu_(-max_lag)
     # sub-diagonal Δ of the top half is a strided row of the buffer: element (Δ, j) is
     # work[Δ + j, j], and runs past row T−1 into the zero half
     diag = work.as_strided((b, h, T - 1, T), (work.stride(0), work.stride(1), T, T + 1),
                            work.storage_offset() + T)
     s1_shift = diag.sum(-1).double()
     sq_shift = torch.linalg.vector_norm(top, dim=-1).double().pow(2).sum(-1)
-    total = _unshift(s1_shift, sq_shift, lag_counts(T), c)
-    blocks = [_row_block_stats(top, c, lo, hi) for lo, hi in small_blocks]
+    total = _unshift(s1_shift, sq_shift, lag_counts(T, max_lag=max_lag), c)
+    blocks = [_row_block_stats(top, c, lo, hi, max_lag) for lo, hi in small_blocks]
     for block in ([key_block] if key_block is not None else []) + list(key_blocks):
-        blocks.append(_key_block_stats(top, c, *block))
+        blocks.append(_key_block_stats(top, c, *block, max_lag=max_lag))
     return total, blocks

@@ -67,8 +67,8 @@ class GramResult(Part):
 
     NAME = "track_b"
     r2_gram_raw: Float[np.ndarray, "layer head_index"] = column("trackB", "R2_gram_raw")
-    g_gram_raw: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "gram_raw",
-                                                                   finite=True)
+    # g is NaN past a sliding window's last kept offset
+    g_gram_raw: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "gram_raw")
     r2_gram: Float[np.ndarray, "layer head_index"]  # NaN without centering
     g_gram: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "gram_centered")
     r2_gram_half: Float[np.ndarray, "layer head_index"] = column("trackB", "R2_gram_half")
@@ -155,11 +155,14 @@ class GramReducer:
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, length: int,
                  d_head: int, scale: float, device: torch.device | str = "cpu",
                  reference: Moments | None = None, *, layers: Sequence[int] | None = None,
-                 full: bool | None = None, factors: bool = False, causal: bool = True):
+                 full: bool | None = None, factors: bool = False, causal: bool = True,
+                 max_lags: Sequence[int] | None = None):
         if not causal:
             check_two_sided(n_heads, n_kv_heads)
         self.scale, self.group, self.T = scale, n_heads // n_kv_heads, length
         self.causal = causal
+        # per layer, the last offset its mask keeps (a sliding window); None: T − 1
+        self.max_lags = [length - 1] * n_layers if max_lags is None else list(max_lags)
         self.layers = list(range(n_layers)) if layers is None else list(layers)
         self.slot = {L: i for i, L in enumerate(self.layers)}
         self.full = length <= GRAM_SAVE_MAX_T and not factors if full is None else full
@@ -255,12 +258,13 @@ class GramReducer:
         mats = {v: torch.empty(m_q.shape[0], self.T, self.T, dtype=torch.float32,
                                device=m_q.device) for v in ("raw", "centered")
                 if keep and v in variants}
-        pieces = self.pieces(i, x, self.keeper(mats, uv))
+        max_lag = self.max_lags[self.layers[i]]
+        pieces = self.pieces(i, x, self.keeper(mats, uv), max_lag)
         out = {}
         for name, t in terms.items():
             u, v = uv.get(name, (None, None))
             fit = variant_fit(pieces, u, v, applied(pieces.y, t, d), self.scale,
-                              applied(pieces.y_up, t, d))
+                              applied(pieces.y_up, t, d), max_lag=max_lag)
             out[name] = (*fit, mats.get(name))
         return out
 
@@ -280,13 +284,15 @@ class GramReducer:
                                               alpha=self.scale)
         return keep
 
-    def pieces(self, i: int, x: Tensor, keep) -> Pieces:
+    def pieces(self, i: int, x: Tensor, keep, max_lag: int) -> Pieces:
+        """B's pieces of layer slot ``i`` over the offsets Δ ≤ ``max_lag``."""
+        window = None if max_lag >= self.T - 1 else max_lag
         if self.factors:
             q = torch.cat([q for q, _ in self.kept[i]])
             return factor_pieces(q, torch.cat([k for _, k in self.kept[i]]), x,
-                                 upper=not self.causal)
+                                 upper=not self.causal, max_lag=window)
         return dense_pieces(self.acc[i], self.blocks, self.count[i], x, keep,
-                            upper=not self.causal)
+                            upper=not self.causal, max_lag=window)
 
     def result(self, centering: Moments | None = None, keep_matrices: bool = False
                ) -> GramResult:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lag_sums, lower_sum_squares
+from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lag_sums, lower_sum_squares, windowed
 from poskernel_tl.toeplitz import lag_counts, r2_two_sided
 
 ACC = torch.float64
@@ -117,10 +117,14 @@ def _side(G: Tensor, x: Tensor, out: Pieces, r0: int, sums: tuple[Tensor, Tensor
 def dense_pieces(acc: list[Tensor],
                  blocks: list[tuple[int, int, int]], n: int,
                  x: Float[Tensor, "kv_head_index pos rank"], keep=None,
-                 upper: bool = False) -> Pieces:
+                 upper: bool = False, max_lag: int | None = None) -> Pieces:
     """B = acc / n from the accumulator's row blocks ``(r0, r1, keys)``. ``keep(r0, r1,
     block)``, if given, sees each float64 block whole (before its upper part is zeroed).
-    ``upper``: the upper triangle's pieces too (the blocks must hold every key)."""
+    ``upper``: the upper triangle's pieces too (the blocks must hold every key).
+    ``max_lag``: B_low keeps only the offsets t − s ≤ max_lag (a sliding window), so its
+    sums and B_low·X are the window's."""
+    if upper and max_lag is not None:
+        raise ValueError("dense_pieces: a window on a two-sided fit is not supported")
     H, T = acc[0].shape[0], blocks[-1][1]
     m = x.shape[-1]
     rows_max = max(r1 - r0 for r0, r1, _ in blocks)
@@ -146,6 +150,9 @@ def dense_pieces(acc: list[Tensor],
             out.diag[:, r0:r1] = G.diagonal(r0, 1, 2)
         G[:, :, r0:].masked_fill_(torch.ones(rows, keys - r0, dtype=torch.bool,
                                              device=G.device).triu(), 0.0)
+        if max_lag is not None:  # keys s ≤ t − w of row t = r0 + i: column ≤ i + r0 − w
+            G.masked_fill_(torch.ones(rows, keys, dtype=torch.bool, device=G.device)
+                           .tril(r0 - max_lag - 1), 0.0)
         _side(G, x, out, r0, lower_block_sums(buf, r0, T), upper=False)
         if upper:  # the block again, its lower part and diagonal zeroed
             G.copy_(a).div_(n).masked_fill_(torch.ones(rows, T, dtype=torch.bool,
@@ -156,11 +163,25 @@ def dense_pieces(acc: list[Tensor],
 
 def lower_apply(q: Float[Tensor, "pos head_index rank"],
                 k: Float[Tensor, "pos kv_head_index rank"],
-                x: Float[Tensor, "pos kv_head_index width"], chunk: int = DEFAULT_CHUNK
-                ) -> Float[Tensor, "head_index pos width"]:
+                x: Float[Tensor, "pos kv_head_index width"], chunk: int = DEFAULT_CHUNK,
+                max_lag: int | None = None) -> Float[Tensor, "head_index pos width"]:
     """Y[h, t] = Σ_{s<t} (q_t·k_s)·x_s (query head h reads key/value head h // group), in
     float64, in chunks of positions: the chunk's own strictly lower C × C products, plus
-    q_t against the running Σ k_s x_sᵀ of the chunks before."""
+    q_t against the running Σ k_s x_sᵀ of the chunks before. ``max_lag``: only the keys
+    t − s ≤ max_lag, i.e. less the same product of q[w−1:] against k[:T−w+1] (w = max_lag
+    + 1) placed at rows t ≥ w − 1."""
+    T = q.shape[0]
+    out = _lower_apply(q, k, x, chunk)
+    if max_lag is not None and max_lag < T - 1:
+        w = max_lag + 1
+        out[:, w - 1:] -= _lower_apply(q[w - 1:], k[:T - w + 1], x[:T - w + 1], chunk)
+    return out
+
+
+def _lower_apply(q: Float[Tensor, "pos head_index rank"],
+                 k: Float[Tensor, "pos kv_head_index rank"],
+                 x: Float[Tensor, "pos kv_head_index width"], chunk: int
+                 ) -> Float[Tensor, "head_index pos width"]:
     T, H, r = q.shape
     kv, w = k.shape[1], x.shape[-1]
     g, C = H // kv, max(1, min(chunk, T))
@@ -182,15 +203,20 @@ def lower_apply(q: Float[Tensor, "pos head_index rank"],
 
 def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
                   k: Float[Tensor, "batch pos kv_head_index d_head"],
-                  x: Float[Tensor, "kv_head_index pos rank"], upper: bool = False) -> Pieces:
+                  x: Float[Tensor, "kv_head_index pos rank"], upper: bool = False,
+                  max_lag: int | None = None) -> Pieces:
     """B = mean_x q̃_x·k̃_xᵀ from the factors (``q`` already carries the scale). ``upper``:
-    the upper triangle's pieces too (Bᵀ's lower ones, one key head per query head)."""
+    the upper triangle's pieces too (Bᵀ's lower ones, one key head per query head).
+    ``max_lag``: the pieces of the offsets t − s ≤ max_lag only (a sliding window)."""
+    if upper and max_lag is not None:
+        raise ValueError("factor_pieces: a window on a two-sided fit is not supported")
     n, T, H, d = q.shape
-    s1 = lag_sums(q, k, 1.0).sum(0) / n  # (lag_sums bounds its own FFT buffers)
+    s1 = windowed(lag_sums(q, k, 1.0).sum(0) / n, max_lag)  # (lag_sums bounds its FFTs)
     side = lambda t: t.permute(1, 2, 0, 3).reshape(1, T, t.shape[2], n * d)  # [1, T, ·, n·d]
     qs, ks = side(q.to(ACC)) / n, side(k.to(ACC))
     xs = x.transpose(0, 1)
-    out = Pieces(s1, lower_sum_squares(qs, ks, 1.0)[0], lower_apply(qs[0], ks[0], xs))
+    out = Pieces(s1, lower_sum_squares(qs, ks, 1.0, max_lag=max_lag)[0],
+                 lower_apply(qs[0], ks[0], xs, max_lag=max_lag))
     if upper:
         out.s1_up = lag_sums(k, q, 1.0).sum(0) / n
         out.sq_up = lower_sum_squares(ks, qs, 1.0)[0]
@@ -203,27 +229,29 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
 def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
                 v: Float[Tensor, "kv_head_index pos rank"] | None,
                 w: Float[Tensor, "head_index pos rank"] | None, scale: float,
-                w_up: Float[Tensor, "head_index pos rank"] | None = None
-                ) -> tuple[Float[Tensor, " head_index"], Float[Tensor, "head_index lag"],
+                w_up: Float[Tensor, "head_index pos rank"] | None = None,
+                max_lag: int | None = None) -> tuple[Float[Tensor, " head_index"], Float[Tensor, "head_index lag"],
                            Float[Tensor, "head_index lag"] | None,
                            Float[Tensor, " head_index"] | None]:
     """R², g, and for two-sided pieces g_back and the diagonal's mean g_self (else None),
     of G = B + scale·U·Vᵀ, given W = B_low·V and W_up = B_up·V (from ``pieces.y``,
-    ``pieces.y_up``); U, V, W None: G = B."""
+    ``pieces.y_up``); U, V, W None: G = B. ``max_lag``: the fit over the offsets
+    t − s ≤ max_lag (a sliding window; the pieces must be the window's)."""
     s1, sq = pieces.s1, pieces.sq
     s1_up, sq_up, diag = pieces.s1_up, pieces.sq_up, pieces.diag
     if u is not None:
         ut, vt = u.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, T, heads, rank]
-        s1 = s1 + scale * lag_sums(ut, vt, 1.0)[0]
+        s1 = s1 + scale * windowed(lag_sums(ut, vt, 1.0)[0], max_lag)
         cross = (u * w).sum(dim=(1, 2))
-        sq = sq + 2 * scale * cross + scale * scale * lower_sum_squares(ut, vt, 1.0)[0]
+        sq = sq + 2 * scale * cross + scale * scale * lower_sum_squares(
+            ut, vt, 1.0, max_lag=max_lag)[0]
         if s1_up is not None:  # Gᵀ = Bᵀ + scale·V·Uᵀ
             s1_up = s1_up + scale * lag_sums(vt, ut, 1.0)[0]
             sq_up = sq_up + 2 * scale * (u * w_up).sum(dim=(1, 2)) + \
                 scale * scale * lower_sum_squares(vt, ut, 1.0)[0]
             diag = diag + scale * (u * v).sum(-1)
     T = s1.shape[-1] + 1
-    counts = lag_counts(T, device=s1.device)
+    counts = lag_counts(T, device=s1.device, max_lag=max_lag)
     back = None if s1_up is None else (s1_up, sq_up, counts)
     r2, g, g_back = r2_two_sided((s1, sq, counts), back)
     return r2, g, g_back, None if diag is None else diag.mean(-1)

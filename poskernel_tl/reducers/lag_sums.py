@@ -117,15 +117,40 @@ def _strict_lower(C: int, device) -> Tensor:
     return _MASKS[key]
 
 
+def windowed(x: Float[Tensor, "*batch lag"], max_lag: int | None) -> Float[Tensor, "*batch lag"]:
+    """``x`` over lags Δ = 1..T−1 with the lags past ``max_lag`` (those a sliding window
+    removes) zeroed; ``x`` itself when the window keeps every lag."""
+    if max_lag is None or max_lag >= x.shape[-1]:
+        return x
+    out = x.clone()
+    out[..., max_lag:] = 0
+    return out
+
+
 def lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
                       k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                      chunk: int = DEFAULT_CHUNK) -> Float[Tensor, "batch head_index"]:
-    """Σ_{s<t} (scale·q_t·k_s)² by the chunked running key moment (identity 2 of the
-    module docstring), in float64. Positions are zero-padded to a multiple of ``chunk``
-    (zero rows add nothing); a kv head's query heads share its chunk products."""
+                      chunk: int = DEFAULT_CHUNK, max_lag: int | None = None
+                      ) -> Float[Tensor, "batch head_index"]:
+    """Σ (scale·q_t·k_s)² over 0 < t − s ≤ ``max_lag`` (default: the whole strictly lower
+    triangle), by the chunked running key moment (identity 2 of the module docstring),
+    in float64. A window is the whole triangle less the entries t − s ≥ w = max_lag + 1,
+    which are the strictly lower triangle of q[w−1:] against k[:T−w+1]. Positions are
+    zero-padded to a multiple of ``chunk`` (zero rows add nothing); a kv head's query
+    heads share its chunk products."""
+    T = q.shape[1]
+    total = _lower_sum_squares(q, k, scale, chunk)
+    if max_lag is not None and max_lag < T - 1:
+        w = max_lag + 1
+        total = total - _lower_sum_squares(q[:, w - 1:], k[:, :T - w + 1], scale, chunk)
+    return total
+
+
+def _lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
+                       k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+                       chunk: int) -> Float[Tensor, "batch head_index"]:
     b, T, H, d = q.shape
     if len(parts := _pieces(b, T)) > 1:
-        return torch.cat([lower_sum_squares(q[p], k[p], scale, chunk) for p in parts])
+        return torch.cat([_lower_sum_squares(q[p], k[p], scale, chunk) for p in parts])
     kv = k.shape[2]
     g = H // kv
     C = max(1, min(chunk, T))
@@ -171,25 +196,28 @@ def skew_keys(strip: Float[Tensor, "batch head_index query_pos key_pos"]
 
 
 def strip_lag_stats(strip: Float[Tensor, "batch head_index query_pos key_pos"],
-                    row_blocks: list[tuple[int, int]]
+                    row_blocks: list[tuple[int, int]], max_lag: int | None = None
                     ) -> tuple[tuple[Float[Tensor, "batch head_index lag"],
                                      Float[Tensor, "batch head_index"]],
                                list[tuple[Float[Tensor, "batch head_index lag"],
                                           Float[Tensor, "batch head_index"]]]]:
     """Per-lag sums and Σ A² of the strictly lower entries (t > s) of the strip A[:, :K]:
     all of them, and those with query row t in [lo, hi) for each of ``row_blocks``, which
-    must lie in rows < K (read from the K × K top of the strip, never the long part)."""
+    must lie in rows < K (read from the K × K top of the strip, never the long part).
+    ``max_lag``: only the entries with t − s ≤ max_lag (a sliding window)."""
     b, H, T, K = strip.shape
     sk = skew_keys(strip)
+    if max_lag is not None and max_lag < T - 1:
+        sk = sk * (torch.arange(1, T, device=strip.device) <= max_lag).to(sk.dtype)
     total = (sk.sum(-2), torch.linalg.vector_norm(sk, dim=(-2, -1)).square())
     top = skew_keys(strip[:, :, :K])  # [b, H, K, K−1]: rows t < K
-    rows = torch.arange(K, device=strip.device)[:, None] + \
-        torch.arange(1, K, device=strip.device)[None]  # t = s + Δ
+    lags = torch.arange(1, K, device=strip.device)[None]
+    rows = torch.arange(K, device=strip.device)[:, None] + lags  # t = s + Δ
     blocks = []
     for lo, hi in row_blocks:
         if min(hi, T) > K:
             raise ValueError(f"row block [{lo}, {hi}) reaches past the strip's {K} rows")
-        w = ((rows >= lo) & (rows < hi)).to(strip.dtype)
+        w = ((rows >= lo) & (rows < hi) & (lags <= (T if max_lag is None else max_lag))).to(strip.dtype)
         s1 = F.pad((top * w).sum(-2), (0, T - K))
         blocks.append((s1, (top * top * w).sum((-2, -1))))
     return total, blocks
@@ -213,10 +241,12 @@ class LowerStats:
 
 def track_a_stats(q: Float[Tensor, "batch pos head_index d_head"],
                   k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                  chunk: int = DEFAULT_CHUNK) -> LowerStats:
+                  chunk: int = DEFAULT_CHUNK, max_lag: int | None = None) -> LowerStats:
     """Every sum :class:`~poskernel_tl.reducers.track_a.TrackAReducer` keeps, from q/k
     (identities 1–3 of the module docstring). Rows ≥ 50 with keys < 50 are the strip's
-    strictly lower entries less those of rows < 50 (query rows [1, 21) and [21, 50))."""
+    strictly lower entries less those of rows < 50 (query rows [1, 21) and [21, 50)).
+    ``max_lag``: every sum over the entries with t − s ≤ max_lag only (the entries a
+    sliding window keeps)."""
     T = q.shape[1]
     if T < 2:
         raise ValueError(f"need at least 2 positions, got T={T}")
@@ -224,25 +254,27 @@ def track_a_stats(q: Float[Tensor, "batch pos head_index d_head"],
     strip = key_strip(q, k, scale, K)
     blocks = [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM)]
     (c1, csq), [(e1, esq), (m1, msq)] = strip_lag_stats(
-        strip, [(lo, min(hi, K)) for lo, hi in blocks])
+        strip, [(lo, min(hi, K)) for lo, hi in blocks], max_lag)
     if T > INTERIOR_FROM:
         corner = (c1 - e1 - m1, csq - esq - msq)
     else:
         corner = (torch.zeros_like(c1), torch.zeros_like(csq))
-    sink = strip[:, :, 1:, 0]
-    return LowerStats(s1=lag_sums(q, k, scale), sq=lower_sum_squares(q, k, scale, chunk),
+    sink = windowed(strip[:, :, 1:, 0], max_lag)
+    return LowerStats(s1=windowed(lag_sums(q, k, scale), max_lag),
+                      sq=lower_sum_squares(q, k, scale, chunk, max_lag),
                       sink=sink, sink_sq=(sink * sink).sum(-1), early=(e1, esq),
                       middle=(m1, msq), corner=corner)
 
 
 def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
                 k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                chunk: int = DEFAULT_CHUNK) -> tuple[Float[Tensor, "batch head_index lag"],
-                                                     Float[Tensor, "batch head_index"]]:
-    """(S1(Δ), Σ A²) of the whole strictly lower triangle of scale·q·kᵀ (identities 1, 2);
-    for the permutation null, pass q[:, π], k[:, π]."""
-    return lag_sums(q, k, scale), lower_sum_squares(q, k, scale, chunk)
+                chunk: int = DEFAULT_CHUNK, max_lag: int | None = None
+                ) -> tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]:
+    """(S1(Δ), Σ A²) of the strictly lower triangle of scale·q·kᵀ (identities 1, 2), over
+    t − s ≤ ``max_lag`` where given; for the permutation null, pass q[:, π], k[:, π]."""
+    return (windowed(lag_sums(q, k, scale), max_lag),
+            lower_sum_squares(q, k, scale, chunk, max_lag))
 
 
 __all__ = ["LowerStats", "key_strip", "lag_sums", "lower_stats", "lower_sum_squares",
-           "skew_keys", "strip_lag_stats", "track_a_stats"]
+           "skew_keys", "strip_lag_stats", "track_a_stats", "windowed"]

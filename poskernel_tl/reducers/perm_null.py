@@ -45,7 +45,7 @@ from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
 from poskernel_tl.reducers.two_sided import check_two_sided
 from poskernel_tl.schema import Part, stored
-from poskernel_tl.toeplitz import lag_counts, lower_lag_stats, lower_mean_from_qk, r2_two_sided
+from poskernel_tl.toeplitz import layer_lag_counts, lower_lag_stats, lower_mean_from_qk, r2_two_sided
 
 
 @dataclass
@@ -96,7 +96,10 @@ class PermNullReducer:
                  max_seqs: int = 16, seed: int = 0, device: torch.device | str = "cpu",
                  include_identity: bool = True,
                  source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK,
-                 causal: bool = True):
+                 causal: bool = True, max_lags: list[int] | None = None):
+        """``max_lags``: per layer, the last offset its mask keeps (a sliding window): the
+        permuted product of a layer is fitted on the same offsets Δ ≤ max_lag as the
+        real one, so the null holds as many entries per lag as the fit it judges."""
         if source not in ("lags", "scores"):
             raise ValueError(f"source={source!r}: choose 'lags' or 'scores'")
         if n_perm < 1 or max_seqs < 1:
@@ -107,6 +110,7 @@ class PermNullReducer:
         self.source, self.chunk = source, chunk
         self.T, self.n_perm, self.max_seqs, self.seed = T, n_perm, max_seqs, seed
         self.n_layers, self.n_heads = n_layers, n_heads
+        self.max_lags = [T - 1] * n_layers if max_lags is None else list(max_lags)
         self.perms_cpu = joint_permutations(T, n_perm, seed)
         # with include_identity, draw 0 is the unpermuted fit of the same sequences (a
         # caller that runs Track A on them already, like measure, can take it from there)
@@ -141,7 +145,8 @@ class PermNullReducer:
             for p in range(len(self.perms)):
                 pi = self.perms[p]
                 qp, kp = q.index_select(1, pi), k.index_select(1, pi)
-                self._add(p, L, lower_stats(qp, kp, batch.scale, self.chunk),
+                self._add(p, L, lower_stats(qp, kp, batch.scale, self.chunk,
+                                            self.max_lags[L]),
                           None if self.causal else lower_stats(kp, qp, batch.scale, self.chunk))
         else:
             self._update_from_scores(q.float(), k.float(), batch)
@@ -157,7 +162,7 @@ class PermNullReducer:
             qp, kp = q.index_select(1, pi), k.index_select(1, pi)
             shift = lower_mean_from_qk(qp, kp, batch.scale)
             A = qk_scores(qp, kp, batch.scale, batch.workspace, "perm_null_scores")
-            lower, _ = lower_lag_stats(A, shift, [], work)
+            lower, _ = lower_lag_stats(A, shift, [], work, max_lag=self.max_lags[L])
             upper = None
             if not self.causal:  # the lower triangle of A'ᵀ
                 upper, _ = lower_lag_stats(A.transpose(-1, -2),
@@ -179,7 +184,8 @@ class PermNullReducer:
             raise RuntimeError(f"layers saw different numbers of sequences: {n}")
         if n[0] == 0:
             raise RuntimeError("no sequences were fed to the permutation null")
-        counts = lag_counts(self.T, device=self.s1.device) * n[0]
+        counts = layer_lag_counts(self.T, self.max_lags, self.n_layers,
+                                  device=self.s1.device) * n[0]
         back = None if self.causal else (self.s1_back, self.sq_back, counts)
         r2, *_ = r2_two_sided((self.s1, self.sq, counts), back)
         r2 = r2.detach().cpu().numpy()

@@ -33,7 +33,7 @@ from torch import Tensor
 from poskernel_tl.errors import NonFiniteError
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, track_a_stats
+from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, track_a_stats, windowed
 from poskernel_tl.reducers.two_sided import (
     UpperSums,
     check_two_sided,
@@ -44,8 +44,8 @@ from poskernel_tl.schema import TABLE_ROWS, Part, column, stored
 from poskernel_tl.toeplitz import (
     Sums,
     key_block_counts,
-    lag_counts,
     lag_means,
+    layer_lag_counts,
     lower_lag_stats,
     lower_mean_from_qk,
     r2_two_sided,
@@ -70,8 +70,8 @@ class TrackAResult(Part):
         "g.npz", "trackA_per_seq")
     r2_pooled_nosink: Float[np.ndarray, "layer head_index"] = column("trackA",
                                                                       "R2_pooled_nosink")
-    g_pooled: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "trackA_pooled",
-                                                                 finite=True)
+    # NaN past a sliding window's last kept offset (no entry there to fit)
+    g_pooled: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "trackA_pooled")
     r2_pooled_early: Float[np.ndarray, "layer head_index"] = column("trackA",
                                                                      "R2_pooled_early")
     r2_pooled_interior: Float[np.ndarray, "layer head_index"] = column(
@@ -128,10 +128,17 @@ class TrackAReducer:
     def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int,
                  device: torch.device | str = "cpu", seed: int = 0,
                  source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK,
-                 causal: bool = True):
+                 causal: bool = True, max_lags: list[int] | None = None):
+        """``max_lags``: per layer, the last offset Δ its mask keeps (a sliding window;
+        None: every layer's whole triangle). Every fit of a layer then reads only the
+        entries with Δ ≤ its max_lag, and its g is NaN past it."""
         if source not in ("lags", "scores"):
             raise ValueError(f"source={source!r}: choose 'lags' or 'scores'")
+        if max_lags is not None and not causal:
+            raise ValueError("a sliding window on a bidirectional model is not supported")
         T = length
+        self.max_lags = [T - 1] * n_layers if max_lags is None else list(max_lags)
+        self.counts = layer_lag_counts(T, max_lags, n_layers, device=device)
         self.source, self.chunk = source, chunk
         f64 = dict(dtype=torch.float64, device=device)
         self.T, self.n_layers, self.n_heads, self.seed = T, n_layers, n_heads, seed
@@ -169,7 +176,8 @@ class TrackAReducer:
 
     def _update_from_lags(self, batch: LayerBatch) -> None:
         """The sums from q/k directly (:func:`~poskernel_tl.reducers.lag_sums.track_a_stats`)."""
-        st = track_a_stats(batch.q, batch.k, batch.scale, self.chunk)
+        st = track_a_stats(batch.q, batch.k, batch.scale, self.chunk,
+                           self.max_lags[batch.layer])
         if self.upper is not None:
             self.upper.store(batch.layer, batch.index,
                              upper_stats(batch.q, batch.k, batch.scale, self.chunk))
@@ -186,10 +194,11 @@ class TrackAReducer:
         (s1, sq), (e1, esq), (m1, msq) = whole, early, middle
         col0_sq = (col0 * col0).sum(-1)
         self.s1[idx, L], self.sq[idx, L] = s1, sq
-        counts = lag_counts(self.T, device=s1.device)
+        counts = self.counts[L, 0]
         back = None if self.upper is None else self.upper.per_seq_sums((idx, L))
         self.r2_seq[idx, L] = r2_two_sided((s1, sq, counts), back)[0]
-        self.r2_seq_nosink[idx, L] = r2_two_sided((s1 - col0, sq - col0_sq, counts - 1),
+        self.r2_seq_nosink[idx, L] = r2_two_sided((s1 - col0, sq - col0_sq,
+                                                   (counts - 1).clamp(min=0)),
                                                   back)[0]
         self.sink_s1[L] += col0.sum(0)
         self.sink_sq[L] += col0_sq.sum(0)
@@ -217,8 +226,8 @@ class TrackAReducer:
             self.upper.store(L, idx, upper_stats_from_scores(A, batch.q, batch.k, batch.scale,
                                                              work))
         # key s = 0 (the attention sink) for query rows t = 1..T-1, i.e. lag Δ = t
-        self._store(L, idx, (s1, sq), A[:, :, 1:, 0].double(), (e1, esq), (m1, msq),
-                    (r1, rsq))
+        self._store(L, idx, (s1, sq), windowed(A[:, :, 1:, 0].double(), self.max_lags[L]),
+                    (e1, esq), (m1, msq), (r1, rsq))
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteError` naming the first bad (sequence, layer, head).
@@ -261,9 +270,9 @@ class TrackAReducer:
         sel, n = self._selection(rows)
         s1 = self.s1[sel].sum(0)
         sq = self.sq[sel].sum(0)
-        counts = lag_counts(self.T, device=s1.device)
-        if not sink:
-            s1, sq, counts = s1 - self.sink_s1, sq - self.sink_sq, counts - 1
+        counts = self.counts
+        if not sink:  # key 0 holds one entry of each kept lag
+            s1, sq, counts = s1 - self.sink_s1, sq - self.sink_sq, (counts - 1).clamp(min=0)
         back = None if self.upper is None else self.upper.pooled_sums(sel, n)
         return r2_two_sided((s1, sq, counts * n), back)
 
@@ -274,13 +283,16 @@ class TrackAReducer:
 
     def _row_fits(self, n: int) -> tuple[Tensor, Tensor, Tensor]:
         """Pooled R² of query rows [1, 21), rows ≥ 50 and the interior A[50:, 50:]."""
-        T, up = self.T, self.upper
+        T, up, L = self.T, self.upper, self.n_layers
         dev = self.s1.device
-        early = (self.early_s1, self.early_sq, lag_counts(T, *EARLY_ROWS, device=dev))
-        late_counts = lag_counts(T, INTERIOR_FROM, device=dev)
+        early = (self.early_s1, self.early_sq,
+                 layer_lag_counts(T, self.max_lags, L, *EARLY_ROWS, device=dev))
+        late_counts = layer_lag_counts(T, self.max_lags, L, INTERIOR_FROM, device=dev)
         late = (self.late_s1, self.late_sq, late_counts)
+        corner = torch.stack([key_block_counts(T, INTERIOR_FROM, INTERIOR_FROM, dev, m)
+                              for m in self.max_lags])[:, None]
         inner = (self.late_s1 - self.rect_s1, self.late_sq - self.rect_sq,
-                 late_counts - key_block_counts(T, INTERIOR_FROM, INTERIOR_FROM, device=dev))
+                 late_counts - corner)
         late_back = None if up is None else up.late_sums()
         return (self._block_r2(early, None if up is None else up.early_sums(), n),
                 self._block_r2(late, late_back, n), self._block_r2(inner, late_back, n))
@@ -293,14 +305,13 @@ class TrackAReducer:
         first = s1[seen, 0]
         out = np.empty((first.shape[0], *s1.shape[1:]), dtype=np.float32)
         for L in range(s1.shape[1]):  # one layer's copy at a time, also for a mask
-            out[:, L] = lag_means(s1[seen, L], counts).float().cpu().numpy()
+            out[:, L] = lag_means(s1[seen, L], counts[L, 0]).float().cpu().numpy()
         return out
 
     def result(self) -> TrackAResult:
         seen, T, up = self._seen_sel(), self.T, self.upper
         dev = self.s1.device
-        counts = lag_counts(T, device=dev)
-        g_seq = self._per_seq_g(self.s1, seen, counts)
+        g_seq = self._per_seq_g(self.s1, seen, self.counts)
         r2_pool, g_pool, g_pool_back = self.pooled_fit()
         r2_pool_ns, _ = self.pooled(sink=False)
         r2_early, r2_late, r2_inner = self._row_fits(int(self.seen.sum()))
@@ -316,7 +327,8 @@ class TrackAReducer:
         sides = {}
         if up is not None:
             g_self, g_pool_self = up.self_means(seen)
-            g_back = self._per_seq_g(up.s1, seen, upper_lag_counts(T, device=dev))
+            g_back = self._per_seq_g(up.s1, seen, upper_lag_counts(T, device=dev).expand(
+                self.n_layers, 1, -1))
             sides = dict(g_per_seq_back=g_back, g_pooled_back=cpu(g_pool_back),
                          g_per_seq_self=cpu(g_self), g_pooled_self=cpu(g_pool_self))
         return TrackAResult(

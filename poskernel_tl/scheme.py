@@ -1,0 +1,247 @@
+"""Each layer's own positional scheme, read from the Hugging Face model itself.
+
+Models mix schemes per layer: Gemma 3's local layers attend within a 512-token sliding
+window with RoPE base 10,000 beside global layers with base 1,000,000; SmolLM3 leaves
+RoPE out of every fourth layer; GPT-NeoX rotates a quarter of each head's dimensions and
+GPT-J pairs neighbouring dimensions. A :class:`LayerScheme` says, for one layer, what
+enters its logits:
+
+- ``pe``: ``"rope"`` (with its own ``inv_freq``, the rotated share ``rotary_dims`` of
+  d_head and the pair ``layout``: ``"rotate_half"`` pairs i with i + r/2, ``"interleaved"``
+  pairs 2i with 2i + 1), ``"none"`` (NoPE) or ``"learned-absolute"`` (a position table
+  added to the residual stream);
+- ``mask``: ``"causal"``, ``"sliding"`` (a query t reads keys s with t − s < ``window``,
+  the rule of transformers' ``sliding_window_overlay``) or ``"bidirectional"``;
+- ``qk_norm``: whether q and k are normalised per head before RoPE.
+
+Everything is read from the config and modules (``layer_types``, ``sliding_window``,
+per-type rotary buffers, ``no_rope_layers``, the rotary module's ``inv_freq`` or GPT-J's
+``embed_positions`` table); what cannot be read is refused with
+:class:`UnreadableSchemeError` naming what is missing, never guessed.
+"""
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from poskernel_tl.errors import UserError
+
+# model types whose attention has no causal mask (every query reads every key)
+ENCODER_TYPES = frozenset({"bert"})
+
+
+class UnreadableSchemeError(UserError):
+    """A layer's positional scheme or mask cannot be read from the model (or is one the
+    fit does not support): the model is refused rather than measured under a guess."""
+
+
+@dataclass(frozen=True)
+class LayerScheme:
+    """One layer's positional scheme (see the module docstring)."""
+
+    pe: str  # "rope" | "none" | "learned-absolute"
+    mask: str = "causal"  # "causal" | "sliding" | "bidirectional"
+    window: int | None = None  # sliding: a query reads keys with t − s < window
+    inv_freq: tuple[float, ...] | None = None  # rope: θ_i per rotated pair
+    rotary_dims: int | None = None  # rope: how many of d_head's dimensions rotate
+    layout: str | None = None  # rope: "rotate_half" | "interleaved"
+    qk_norm: bool = False
+
+    @property
+    def max_lag(self) -> int | None:
+        """The largest offset Δ = t − s whose logit the mask keeps (None: no limit)."""
+        return None if self.window is None else self.window - 1
+
+    @property
+    def kind(self) -> str:
+        """A short label that separates layer kinds in tables and figures, e.g.
+        ``"rope 1e+04, window 512"``, ``"rope 1e+06"``, ``"nope"``."""
+        head = {"rope": "rope", "none": "nope", "learned-absolute": "learned"}[self.pe]
+        if self.pe == "rope" and self.inv_freq:
+            head += f" {self.base:.3g}"
+        if self.mask == "sliding":
+            head += f", window {self.window}"
+        return head
+
+    @property
+    def base(self) -> float | None:
+        """The RoPE base b read back from θ_i = b^(−i/n) over n pairs: b = (θ_0/θ_1)^n
+        (None without RoPE or with fewer than two pairs)."""
+        f = self.inv_freq
+        if self.pe != "rope" or not f or len(f) < 2 or min(f[0], f[1]) <= 0:
+            return None
+        return float((f[0] / f[1]) ** len(f))
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["inv_freq"] = None if self.inv_freq is None else list(self.inv_freq)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LayerScheme":
+        d = dict(d)
+        if d.get("inv_freq") is not None:
+            d["inv_freq"] = tuple(float(x) for x in d["inv_freq"])
+        return cls(**d)
+
+
+# ------------------------------------------------------------------ reading the model
+def _inner(hf_model: nn.Module) -> nn.Module | None:
+    for name in ("model", "transformer", "gpt_neox"):
+        inner = getattr(hf_model, name, None)
+        if isinstance(inner, nn.Module):
+            return inner
+    return None
+
+
+def attention_modules(hf_model: nn.Module) -> list[nn.Module]:
+    """The Hugging Face self-attention module of every layer, in order."""
+    found = [m for m in hf_model.modules()
+             if type(m).__name__.endswith(("Attention", "SelfAttention"))
+             and any(isinstance(c, nn.Linear) for c in m.children())]
+    return found
+
+
+def _layer_types(cfg, n_layers: int) -> list[str]:
+    """``config.layer_types`` where given, else one type for every layer: sliding where the
+    config sets ``sliding_window`` for all layers (Mistral, Phi-3), else full."""
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return list(types)
+    if getattr(cfg, "attention_chunk_size", None):
+        return ["chunked_attention"] * n_layers
+    window = getattr(cfg, "sliding_window", None)
+    if window and getattr(cfg, "use_sliding_window", True) is not False:
+        return ["sliding_attention"] * n_layers
+    return ["full_attention"] * n_layers
+
+
+def _mask(cfg, layer_type: str, causal: bool) -> tuple[str, int | None]:
+    if not causal:
+        return "bidirectional", None
+    if layer_type == "full_attention":
+        return "causal", None
+    if layer_type == "sliding_attention":
+        window = getattr(cfg, "sliding_window", None)
+        if not isinstance(window, int) or window < 1:
+            raise UnreadableSchemeError("a sliding-attention layer without an integer "
+                                        "config.sliding_window")
+        return "sliding", window
+    raise UnreadableSchemeError(f"layer type {layer_type!r}: only full and sliding-window "
+                                "attention are supported (chunked attention keeps entries "
+                                "that depend on position, not on the offset alone)")
+
+
+def _no_rope(cfg, n_layers: int) -> list[bool]:
+    """Per layer, True where the config leaves RoPE out (SmolLM3's ``no_rope_layers``:
+    1 = RoPE; Llama 4 likewise)."""
+    flags = getattr(cfg, "no_rope_layers", None)
+    if not flags:
+        return [False] * n_layers
+    if len(flags) != n_layers:
+        raise UnreadableSchemeError(f"config.no_rope_layers has {len(flags)} entries for "
+                                    f"{n_layers} layers")
+    return [not bool(f) for f in flags]
+
+
+def _rotary_tables(inner: nn.Module | None) -> tuple[nn.Module | None, dict]:
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None and inner is not None:  # GPT-J keeps its table on each attention
+        rotary = next((m for m in inner.modules() if hasattr(m, "embed_positions")), None)
+    return rotary, ({} if rotary is None else dict(rotary.named_buffers()))
+
+
+def _inv_freq(buffers: dict, layer_type: str) -> torch.Tensor | None:
+    """θ_i of a layer type: Gemma 3 keeps one buffer per type (``{type}_inv_freq``); GPT-J
+    a sin/cos table ``embed_positions`` [pos, r] = [sin(θ·p), cos(θ·p)], read at p = 1."""
+    for name in (f"{layer_type}_inv_freq", "inv_freq"):
+        if name in buffers:
+            return buffers[name].detach().double().cpu()
+    table = buffers.get("embed_positions")
+    if table is not None:
+        half = table.shape[-1] // 2
+        row = table[1].double().cpu()
+        return torch.atan2(row[:half], row[half:])
+    return None
+
+
+def _layout(hf_model: nn.Module) -> str:
+    """``"interleaved"`` where the attention's own code rotates neighbouring dimensions
+    (a ``rotate_every_two`` in its module, GPT-J), else ``"rotate_half"``."""
+    attn = next(iter(attention_modules(hf_model)), None)
+    code = sys.modules.get(type(attn).__module__) if attn is not None else None
+    if code is not None and hasattr(code, "rotate_every_two") and not hasattr(code,
+                                                                              "rotate_half"):
+        return "interleaved"
+    return "rotate_half"
+
+
+def _qk_norm(attn: nn.Module | None) -> bool:
+    return attn is not None and any(getattr(attn, n, None) is not None
+                                    for n in ("q_norm", "k_norm", "q_layernorm"))
+
+
+def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int
+                ) -> tuple[LayerScheme, ...]:
+    """Every layer's :class:`LayerScheme` read from ``hf_model`` (``pe``: the model-level
+    scheme already read: ``"rope"``, ``"none"`` or ``"learned-absolute"``)."""
+    cfg = hf_model.config
+    causal = getattr(cfg, "model_type", None) not in ENCODER_TYPES
+    types = _layer_types(cfg, n_layers)
+    if len(types) != n_layers:
+        raise UnreadableSchemeError(f"config.layer_types has {len(types)} entries for "
+                                    f"{n_layers} layers")
+    attns = attention_modules(hf_model)
+    no_rope = _no_rope(cfg, n_layers)
+    rotary, buffers = _rotary_tables(_inner(hf_model)) if pe == "rope" else (None, {})
+    layout = _layout(hf_model) if pe == "rope" else None
+    out = []
+    for layer, layer_type in enumerate(types):
+        mask, window = _mask(cfg, layer_type, causal)
+        attn = attns[layer] if len(attns) == n_layers else None
+        layer_pe, freq = pe, None
+        if pe == "rope" and no_rope[layer]:
+            layer_pe = "none"
+        elif pe == "rope":
+            freq = _inv_freq(buffers, layer_type)
+            if freq is None:
+                raise UnreadableSchemeError(
+                    f"layer {layer}: no rotary frequencies on {type(rotary).__name__} "
+                    f"(looked for {layer_type}_inv_freq, inv_freq, embed_positions)")
+        out.append(LayerScheme(
+            pe=layer_pe, mask=mask, window=window,
+            inv_freq=None if freq is None else tuple(float(x) for x in freq),
+            rotary_dims=None if freq is None else 2 * len(freq),
+            layout=layout if freq is not None else None, qk_norm=_qk_norm(attn)))
+        if freq is not None and 2 * len(freq) > d_head:
+            raise UnreadableSchemeError(f"layer {layer}: {len(freq)} rotary pairs exceed "
+                                        f"d_head {d_head}")
+    return tuple(out)
+
+
+def summary(layers) -> str:
+    """One line naming each kind of layer and where it sits, e.g.
+    ``"rope 1e+04, window 512: layers 0-4, 6-10, 12-16; rope 1e+06: layers 5, 11, 17"``."""
+    if not layers:
+        return "unknown until loaded"
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(layers):
+        groups.setdefault(s.kind, []).append(i)
+    return "; ".join(f"{kind}: layers {_ranges(ix)}" for kind, ix in groups.items())
+
+
+def _ranges(ix: list[int]) -> str:
+    runs, start = [], ix[0]
+    for a, b in zip(ix, ix[1:] + [math.inf]):
+        if b != a + 1:
+            runs.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(runs)
+
+
+__all__ = ["ENCODER_TYPES", "LayerScheme", "UnreadableSchemeError", "attention_modules",
+           "read_layers", "summary"]
