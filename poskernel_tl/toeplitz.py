@@ -82,7 +82,7 @@ def lag_sums(
     return z.sum(dim=-2), (z * z).sum(dim=(-2, -1))
 
 
-def lag_means(s1: Float[Tensor, "*batch lag"], counts: Float[Tensor, " lag"]
+def lag_means(s1: Float[Tensor, "*batch lag"], counts: Float[Tensor, "... lag"]
               ) -> Float[Tensor, "*batch lag"]:
     """g(Δ) = S1(Δ) / n(Δ) in float64; NaN at lags with no entries."""
     counts = counts.to(s1.device, torch.float64)
@@ -93,7 +93,7 @@ def lag_means(s1: Float[Tensor, "*batch lag"], counts: Float[Tensor, " lag"]
 def r2_from_sums(
     s1: Float[Tensor, "*batch lag"],
     sq: Float[Tensor, "*batch"],
-    counts: Float[Tensor, " lag"],
+    counts: Float[Tensor, "... lag"],
 ) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"]]:
     """R² and g(Δ) from per-lag sums, total sum of squares and per-lag counts.
     Lags with no entries get g = NaN; a constant input (SS_tot = 0) gives R² = NaN."""
@@ -145,7 +145,7 @@ def upper_lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,
     return torch.clamp(torch.clamp(last, max=row_hi) - row_lo, min=0)
 
 
-Sums = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"], Float[Tensor, " lag"]]
+Sums = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"], Float[Tensor, "... lag"]]
 
 
 def r2_two_sided(front: Sums, back: Sums | None
@@ -157,7 +157,8 @@ def r2_two_sided(front: Sums, back: Sums | None
     if back is None:
         return (*r2_from_sums(s1, sq, counts), None)
     s1_b, sq_b, counts_b = back
-    counts = torch.cat([counts.to(s1.device), counts_b.to(s1.device)], -1)
+    counts = torch.cat(torch.broadcast_tensors(counts.to(s1.device), counts_b.to(s1.device)),
+                       -1)
     r2, g = r2_from_sums(torch.cat([s1.double(), s1_b.double()], -1),
                          sq.double() + sq_b.double(), counts)
     n = s1.shape[-1]

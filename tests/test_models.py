@@ -184,17 +184,29 @@ def test_loaded_spec_reads_model_inv_freq(tiny_tokenizer):
     assert theta is not None and (abs(theta - want) < 1e-12).all()
 
 
-def test_rotary_pairs_read_from_the_model(tiny_tokenizer):
-    from poskernel_tl.hooks import pairs_from_cos, rotary_pairs
+def test_rotation_from_a_layer_scheme_equals_hugging_face():
+    """Both pair layouts against Hugging Face's own rotary code: Llama's ``rotate_half``
+    (pairs i, i + r/2; partial rotary leaves dimensions ≥ r alone, as GPT-NeoX does) and
+    GPT-J's ``rotate_every_two`` (pairs 2i, 2i + 1)."""
+    from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as neox
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj
 
-    model = tiny_loaded("llama", tiny_tokenizer)
-    first, second = rotary_pairs(model.bridge, 16)
-    assert first.tolist() == list(range(8)) and second.tolist() == list(range(8, 16))
-    theta = torch.tensor([1.0, 0.3, 0.1, 0.01])
-    interleaved = torch.cos(theta.repeat_interleave(2))
-    a, b = pairs_from_cos(interleaved, 8)
-    assert a.tolist() == [0, 2, 4, 6] and b.tolist() == [1, 3, 5, 7]
-    with pytest.raises(ValueError):
-        pairs_from_cos(torch.linspace(0, 1, 8), 8)
-    with pytest.raises(ValueError, match="no rotary hooks"):
-        rotary_pairs(tiny_loaded("gpt2", tiny_tokenizer).bridge, 16)
+    from poskernel_tl.hooks import pair_indices, rotate
+    from poskernel_tl.hooks.rotary import pair_angles
+    from poskernel_tl.scheme import LayerScheme
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 7, 3, 16, generator=g, dtype=torch.float64)  # [batch pos head d]
+    theta = (1e4 ** (-torch.arange(4, dtype=torch.float64) / 4)).tolist()
+    half = LayerScheme("rope", inv_freq=tuple(theta), rotary_dims=8, layout="rotate_half")
+    cos, sin = pair_angles(half, 7, "cpu", torch.float64)
+    want, _ = neox(x.transpose(1, 2), x.transpose(1, 2), torch.cat([cos, cos], -1)[None],
+                   torch.cat([sin, sin], -1)[None])
+    assert torch.allclose(rotate(x, half, cos, sin), want.transpose(1, 2), atol=1e-12)
+    inter = LayerScheme("rope", inv_freq=tuple(theta), rotary_dims=8, layout="interleaved")
+    rot = x.clone()
+    rot[..., :8] = gptj(x[..., :8], sin[None], cos[None])
+    assert torch.allclose(rotate(x, inter, cos, sin), rot, atol=1e-12)
+    assert [t.tolist() for t in pair_indices(inter)] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    with pytest.raises(ValueError, match="no rotary pairs"):
+        pair_indices(LayerScheme("none"))

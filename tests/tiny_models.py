@@ -84,3 +84,60 @@ def load_for_grid(name: str) -> LoadedModel:
     from conftest import make_tiny_tokenizer
 
     return tiny_loaded(name.removeprefix("tiny-"), make_tiny_tokenizer(tempfile.mkdtemp()))
+
+
+# ------------------------------------------------------------ per-layer schemes
+def _arch_configs() -> dict:
+    """Tiny random configs of the architectures whose positional schemes differ (4 layers,
+    4 query heads, d_head 16): Llama, Qwen3 and OLMo-2 (QK-norm), GPT-2, SmolLM3 (NoPE every
+    second layer), Mistral (a 16-token sliding window on every layer), Gemma 3 (local layers
+    with a 16-token window and base 1e4, one global layer with base 1e6), GPT-NeoX (rotary
+    on a quarter of d_head), GPT-J (interleaved pairs on half of d_head), Phi-3 (fused qkv)."""
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                  num_attention_heads=4, max_position_embeddings=N_CTX, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=2)
+    gpt = dict(vocab_size=VOCAB, n_embd=64, n_layer=4, n_head=4, n_positions=N_CTX,
+               bos_token_id=1, eos_token_id=2)
+    return {
+        "llama": tf.LlamaConfig(**common, num_key_value_heads=2),
+        "qwen3": tf.Qwen3Config(**common, num_key_value_heads=2, head_dim=16),
+        "olmo2": tf.Olmo2Config(**common, num_key_value_heads=4),
+        "gpt2": tf.GPT2Config(**gpt),
+        "smollm3": tf.SmolLM3Config(**common, num_key_value_heads=2, no_rope_layer_interval=2),
+        "mistral": tf.MistralConfig(**common, num_key_value_heads=2, sliding_window=16),
+        "gemma3": tf.Gemma3TextConfig(
+            **common, num_key_value_heads=1, head_dim=16, sliding_window=16,
+            query_pre_attn_scalar=16, layer_types=["sliding_attention", "sliding_attention",
+                                                   "full_attention", "sliding_attention"]),
+        "gpt_neox": tf.GPTNeoXConfig(**common, rotary_pct=0.25),
+        "gptj": tf.GPTJConfig(**gpt, rotary_dim=8),
+        "phi3": tf.Phi3Config(**{**common, "pad_token_id": 0}, num_key_value_heads=2),
+    }
+
+
+ARCHITECTURES = tuple(_arch_configs())
+
+
+def arch_hf_model(arch: str, seed: int = 0):
+    """The tiny random Hugging Face causal LM of ``arch`` (eager attention)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_arch_configs()[arch],
+                                             attn_implementation="eager").eval()
+    model.config.architectures = [type(model).__name__]
+    return model
+
+
+def arch_loaded(arch: str, tokenizer, seed: int = 0) -> LoadedModel:
+    """``arch`` booted as a bridge with everything read from the model (as ``hf:`` does)."""
+    from poskernel_tl.hooks.fast_attention import set_attention
+    from poskernel_tl.registry import placeholder_spec
+
+    hf = arch_hf_model(arch, seed)
+    spec = describe(hf, placeholder_spec(f"tiny-{arch}", None))
+    bridge = boot_bridge(hf, tokenizer)
+    return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf,
+                       attention=set_attention(bridge, "sdpa"))

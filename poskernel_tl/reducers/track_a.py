@@ -246,7 +246,8 @@ class TrackAReducer:
     def _block_r2(front: Sums, back: Sums | None, n: int) -> Tensor:
         """Pooled R² of a block of entries over ``n`` sequences (both sides' sums, n(Δ) of
         one sequence); NaN when T is too short to have it."""
-        counts = front[2] if back is None else torch.cat([front[2], back[2]])
+        counts = front[2] if back is None else torch.cat(
+            torch.broadcast_tensors(front[2], back[2].to(front[2].device)), -1)
         if (counts > 0).sum() < 2 or counts.sum() < 3:
             return torch.full(front[1].shape, float("nan"), dtype=torch.float64)
         times = lambda x: None if x is None else (x[0], x[1], x[2] * n)

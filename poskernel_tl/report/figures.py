@@ -13,7 +13,6 @@
 :func:`save_figure` writes PNG and PDF.
 """
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,7 +29,8 @@ from poskernel_tl.result import ConditionResult
 CELLS = [(("rope", "rmsnorm"), "RoPE + RMSNorm"), (("rope", "layernorm"), "RoPE + LayerNorm"),
          (("none", "rmsnorm"), "NoPE + RMSNorm"),
          (("learned-absolute", "layernorm"), "absolute PE + LayerNorm")]
-PRETTY = {"gpt2": "GPT-2 small", "gpt2-medium": "GPT-2 medium", "olmo-1b": "OLMo-1B",
+PRETTY = {"gemma3-270m": "Gemma-3-270M", "gpt2": "GPT-2 small", "gpt2-medium": "GPT-2 medium",
+          "olmo-1b": "OLMo-1B",
           "llama-3.2-1b": "LLaMA-3.2-1B", "tinyllama-1.1b": "TinyLlama-1.1B",
           "tinyllama-nope-1.1b": "TinyLlama-NoPE-1.1B", "smollm2-135m": "SmolLM2-135M",
           "minilm-l6": "all-MiniLM-L6-v2"}
@@ -44,8 +44,7 @@ def model_label(r: ConditionResult) -> str:
     if not r.causal:
         name += " (bidirectional)"
     if r.spec.loader == "gguf":
-        m = re.search(r"\.(Q\d\w*|F16|BF16)\.gguf$", r.spec.gguf_file or "", re.I)
-        name += f" ({m.group(1) if m else 'GGUF'}-dequantized weights)"
+        name += f" ({r.spec.quantization or 'GGUF'}-dequantized weights)"
     return name
 
 

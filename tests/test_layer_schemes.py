@@ -1,0 +1,201 @@
+"""Every layer's own positional scheme: read from tiny random Hugging Face models of ten
+architectures, and the fits on exactly the entries each layer's mask keeps, against a naive
+float64 fit on Hugging Face's own eager attention (its q, k, scaling and additive mask)."""
+
+import importlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import ARCHITECTURES, arch_hf_model, arch_loaded
+
+import poskernel_tl as pk
+from poskernel_tl.reducers import GramReducer, LayerBatch, PermNullReducer
+from poskernel_tl.reducers.gram_fit import lower_apply
+from poskernel_tl.reducers.lag_sums import lower_sum_squares, track_a_stats
+from poskernel_tl.scheme import UnreadableSchemeError, attention_modules, read_layers, summary
+from poskernel_tl.toeplitz import lower_lag_stats, lower_mean_from_qk, shift_invariance_r2
+
+T = 40
+
+EXPECTED = {  # summary(spec.layers): each layer kind and where it sits
+    "llama": "rope 1e+04: layers 0-3",
+    "qwen3": "rope 1e+04: layers 0-3",
+    "olmo2": "rope 1e+04: layers 0-3",
+    "gpt2": "learned: layers 0-3",
+    "smollm3": "rope 2e+06: layers 0, 2; nope: layers 1, 3",
+    "mistral": "rope 1e+04, window 16: layers 0-3",
+    "gemma3": "rope 1e+04, window 16: layers 0-1, 3; rope 1e+06: layers 2",
+    "gpt_neox": "rope 1e+04: layers 0-3",
+    "gptj": "rope 1e+04: layers 0-3",
+    "phi3": "rope 1e+04: layers 0-3",
+}
+ROTATED = {"gpt_neox": (4, "rotate_half"), "gptj": (8, "interleaved"),
+           "phi3": (16, "rotate_half"), "gemma3": (16, "rotate_half")}
+QK_NORM = {"qwen3", "olmo2", "gemma3"}
+
+
+def hf_eager_logits(hf_model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer: scaling·q·kᵀ in float64 [batch, head, T, T] (GQA keys expanded) from the
+    q/k that Hugging Face's ``eager_attention_forward`` receives, and the bool mask of the
+    entries its additive mask keeps (0 kept, −inf removed)."""
+    got = []
+    saved = {}
+    for name in {type(a).__module__ for a in attention_modules(hf_model)}:
+        code = importlib.import_module(name)
+        original = code.eager_attention_forward
+        saved[name] = original
+
+        def spy(module, query, key, value, attention_mask, *args, original=original, **kw):
+            scaling = kw.get("scaling", args[0] if args else None)
+            scaling = module.scaling if scaling is None else scaling
+            key_x = key.repeat_interleave(query.shape[1] // key.shape[1], 1)
+            A = query.double() @ key_x.double().transpose(-1, -2) * scaling
+            got.append((A, attention_mask[0, 0] == 0))
+            return original(module, query, key, value, attention_mask, *args, **kw)
+
+        code.eager_attention_forward = spy
+    try:
+        with torch.no_grad():
+            hf_model(ids)
+    finally:
+        for name, original in saved.items():
+            importlib.import_module(name).eager_attention_forward = original
+    return got
+
+
+def naive_r2(A: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
+    """Pooled R² per head over the strictly lower entries ``keep`` holds: g(Δ) the mean of
+    each offset's entries over all sequences, by explicit loops over offsets."""
+    n, H, T_, _ = A.shape
+    lag = torch.arange(T_)[:, None] - torch.arange(T_)[None]
+    kept = keep & (lag > 0)
+    out = np.empty(H)
+    for h in range(H):
+        vals, lags = A[:, h][:, kept], lag[kept].expand(n, -1)
+        fitted = torch.empty_like(vals)
+        for d in lags.unique():
+            sel = lags == d
+            fitted[sel] = vals[sel].mean()
+        out[h] = 1 - float(((vals - fitted) ** 2).sum() / ((vals - vals.mean()) ** 2).sum())
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_each_layer_scheme_is_read_from_the_model(arch, tiny_tokenizer):
+    spec = arch_loaded(arch, tiny_tokenizer).spec
+    assert summary(spec.layers) == EXPECTED[arch]
+    rope = [s for s in spec.layers if s.pe == "rope"]
+    dims, layout = ROTATED.get(arch, (16, "rotate_half"))
+    assert all((s.rotary_dims, s.layout) == (dims, layout) for s in rope)
+    assert all(s.qk_norm == (arch in QK_NORM) for s in spec.layers)
+    if arch == "gemma3":  # each layer type its own base, from its own buffer
+        assert spec.layers[2].base == pytest.approx(1e6, rel=1e-4)
+        assert spec.layers[0].base == pytest.approx(1e4, rel=1e-4)
+        assert spec.max_lags(T) == [15, 15, T - 1, 15]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_track_a_equals_a_naive_fit_on_hf_eager_attention(arch, tiny_tokenizer):
+    """What the model's mask keeps is read from the mask HF's eager attention receives:
+    Track A (the lag sums of the captured, rotated where needed, q and k) equals the naive
+    fit on those entries of HF's own logits, layer by layer."""
+    model = arch_loaded(arch, tiny_tokenizer)
+    ids = torch.randint(3, 290, (4, T), generator=torch.Generator().manual_seed(1))
+    res = pk.measure(model, ids, progress=False)
+    ref = hf_eager_logits(arch_hf_model(arch), ids)
+    assert len(ref) == model.spec.n_layers
+    for layer, (A, keep) in enumerate(ref):
+        window = model.spec.layers[layer].window
+        lag = torch.arange(T)[:, None] - torch.arange(T)[None]
+        assert torch.equal(keep, (lag >= 0) & (lag < (window or T + 1)))  # the scheme's mask
+        got = res.r2_pooled[layer]
+        want = naive_r2(A, keep)
+        assert np.abs(got - want).max() <= 1e-6, (arch, layer, np.abs(got - want).max())
+    if arch == "mistral":  # the whole triangle would give other numbers
+        whole = naive_r2(ref[0][0], torch.ones(T, T, dtype=torch.bool))
+        assert np.abs(res.r2_pooled[0] - whole).max() > 1e-3
+
+
+def test_windowed_sums_equal_naive_loops():
+    """Every windowed sum (key moments with the window's far part taken off, the strip, the
+    lag sums, B_low·X) against the explicit masked matrix, at windows 1 … T − 1."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(3, 30, 4, 8, generator=g), torch.randn(3, 30, 2, 8, generator=g)
+    A = (q.double().transpose(1, 2) @ k.double().repeat_interleave(2, 2)
+         .permute(0, 2, 3, 1)) * 0.5
+    lag = torch.arange(30)[:, None] - torch.arange(30)[None]
+    x = torch.randn(30, 2, 3, generator=g, dtype=torch.float64)
+    for max_lag in (1, 7, 28, 29):
+        keep = (lag > 0) & (lag <= max_lag)
+        assert torch.allclose(lower_sum_squares(q, k, 0.5, chunk=8, max_lag=max_lag),
+                              (A * A * keep).sum((-2, -1)), rtol=1e-10)
+        st = track_a_stats(q, k, 0.5, chunk=8, max_lag=max_lag)
+        (s1, sq), _ = lower_lag_stats(A, lower_mean_from_qk(q, k, 0.5), [], max_lag=max_lag)
+        assert torch.allclose(st.s1, s1, atol=1e-9) and torch.allclose(st.sq, sq, rtol=1e-10)
+        assert torch.allclose(st.sink, A[:, :, 1:, 0] * keep[1:, 0], atol=1e-12)
+        if max_lag > 1:
+            r2, _ = shift_invariance_r2(A, max_lag=max_lag)
+            assert np.allclose(r2[0].numpy(), naive_r2(A[:1], keep), atol=1e-9)
+        Y = lower_apply(q[0].double(), k[0].double(), x, chunk=8, max_lag=max_lag)
+        want = torch.einsum("hts,hsw->htw", A[0] * keep / 0.5,
+                            x[:, [0, 0, 1, 1]].transpose(0, 1))
+        assert torch.allclose(Y, want, atol=1e-9)
+
+
+@pytest.mark.parametrize("factors", [False, True])
+def test_track_b_fits_the_window(factors):
+    """Track B's raw Gram (mean_x scale·q·kᵀ, uncentered) fitted on the offsets a window
+    keeps, by the accumulator and by the factors, equals the naive fit on the explicit
+    mean."""
+    g = torch.Generator().manual_seed(2)
+    L, n, H, Hkv, d = 2, 6, 4, 2, 8
+    q, k = torch.randn(n, L, T, H, d, generator=g), torch.randn(n, L, T, Hkv, d, generator=g)
+    max_lags = [9, T - 1]
+    red = GramReducer(L, H, Hkv, T, d, 0.25, factors=factors, full=False, max_lags=max_lags)
+    for i in range(0, n, 3):
+        for layer in range(L):
+            red.update(LayerBatch(layer, q[i:i + 3, layer], k[i:i + 3, layer],
+                                  torch.arange(i, i + 3), 0.25, rows=tuple(range(i, i + 3))))
+    res = red.result()
+    for layer in range(L):
+        qd, kd = q[:, layer].double(), k[:, layer].double()
+        gram = torch.einsum("nthd,nshd->hts", qd, kd.repeat_interleave(2, 2)) * 0.25 / n
+        r2, _ = shift_invariance_r2(gram, max_lag=max_lags[layer])
+        assert np.allclose(res.r2_gram_raw[layer], r2.numpy(), atol=1e-6)
+    assert np.isnan(res.g_gram_raw[0, :, 9:]).all() and np.isfinite(res.g_gram_raw[0, :, :9]).all()
+
+
+def test_permutation_null_fits_the_window_on_both_paths():
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(4, T, 4, 8, generator=g), torch.randn(4, T, 2, 8, generator=g)
+    out = []
+    for source in ("lags", "scores"):
+        red = PermNullReducer(1, 4, T, n_perm=3, max_seqs=4, source=source, max_lags=[11])
+        red.update(LayerBatch(0, q, k, torch.arange(4), 0.3, rows=(0, 1, 2, 3)))
+        out.append(red.result().r2_null)
+    assert np.allclose(out[0], out[1], atol=1e-9)
+
+
+def test_chunked_attention_is_refused_in_one_line():
+    hf = arch_hf_model("llama")
+    hf.config.attention_chunk_size = 8
+    with pytest.raises(UnreadableSchemeError, match="chunked") as err:
+        read_layers(hf, "rope", 4, 16)
+    assert "\n" not in str(err.value)
+
+
+def test_an_hf_folder_runs_with_its_own_schemes(tmp_path, tiny_tokenizer):
+    """A tiny Gemma 3 saved as a folder goes through the hub loader (``hf:DIR``): the
+    command line prints every layer's scheme and the run records it in its provenance."""
+    arch_hf_model("gemma3").save_pretrained(tmp_path / "gemma")
+    tiny_tokenizer.save_pretrained(tmp_path / "gemma")
+    cmd = [sys.executable, "-m", "poskernel_tl.cli", "models", f"hf:{tmp_path / 'gemma'}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "layer   2: rope 1e+06" in out and "window 16" in out and "QK-norm" in out
+    model = pk.load_model(f"hf:{tmp_path / 'gemma'}", progress=False)
+    res = pk.measure(model, torch.randint(3, 290, (3, 24)), progress=False)
+    assert res.provenance["layers"] == EXPECTED["gemma3"]
+    assert np.isnan(res.g_pooled[0, :, 15:]).all() and np.isfinite(res.g_pooled[2]).all()
