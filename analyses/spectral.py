@@ -66,7 +66,7 @@ from poskernel_tl.analyses.spectral_align import (  # noqa: F401  (re-exported)
     spectral_alignment,
     usable_thetas,
 )
-from poskernel_tl.analyses.spectral_null import ALPHA, N_NULL, PRECISION_BINS, TAU_REL
+from poskernel_tl.analyses.spectral_null import N_NULL
 from poskernel_tl.analyses.spectral_processing import (  # noqa: F401  (re-exported)
     DETREND_DEGREE,
     LOG_POWER_FLOOR,
@@ -87,7 +87,15 @@ from poskernel_tl.analyses.spectral_processing import (  # noqa: F401  (re-expor
     spectrum,
     two_sided_for_spectrum,
 )
-from poskernel_tl.protocol import EARLY_LAYERS, GATE_THRESHOLD, HEAD_THRESHOLD
+from poskernel_tl.analyses.spectral_table import (  # noqa: F401  (re-exported)
+    HEAD_COLUMNS,
+    PEAK_COLUMNS,
+    head_status,
+    layer_groups,
+    spectral_table,
+    spectral_table_by_layers,
+)
+from poskernel_tl.protocol import EARLY_LAYERS, GATE_THRESHOLD
 
 
 def gate_value(r2: Float[np.ndarray, "layer head_index"],
@@ -96,147 +104,6 @@ def gate_value(r2: Float[np.ndarray, "layer head_index"],
     r2 = np.asarray(r2, np.float64)
     early = r2[[layer for layer in early_layers if layer < len(r2)]]
     return float(np.nanmean(early)) if np.isfinite(early).any() else float("nan")
-
-
-HEAD_COLUMNS = [
-    "model", "dataset", "length", "layer", "head", "pe", "source", "R2_pooled", "gate_met",
-    "forced", "analysed", "preregistered", "status", "raw_spectrum", "n_peaks_found",
-    "n_significant", "n_matched", "frac_matched", "criterion_met", "chance", "p_value",
-    "aligned", "fpr", "statistic", "log_dist_gmean", "null_spacing", "ref_peak_r", "ref_log_r",
-    "pearson_literal", "n_above_3x_median", "top_peak_to_median", "n_fft", "tau_rel", "n_null",
-    "r_pe_trackA_pooled", "r_pe_gram_raw", "r_pe_gram_centered"]
-PEAK_COLUMNS = ["model", "dataset", "length", "layer", "head", "rank", "omega", "magnitude",
-                "significant", "nearest_theta", "theta_index", "rel_error", "log_dist",
-                "matched", "marginal"]
-
-
-def head_status(r2: float, finite: bool, gate_met: bool | None, force: bool,
-                explore: bool) -> str:
-    """The status of one head (see the module docstring); ``skipped: …`` when not analysed."""
-    passes = bool(np.nan_to_num(r2, nan=-np.inf) > HEAD_THRESHOLD)
-    if not finite:
-        return "skipped: non-finite g"
-    if gate_met is True and passes:
-        return "gated"
-    if force or (gate_met is None and passes):
-        return "ungated"
-    why = "gate not met" if gate_met is False else "R2 <= 0.40"
-    return f"exploratory: {why}" if explore else f"skipped: {why}"
-
-
-def _batch_references(g, th, usage, length, raw_spectrum, demean, two_sided=False):
-    """Per-head reference power [layer, head_index, freq], the literal power of g and the
-    literal equal-weight reference, each computed once for the whole condition (over the
-    lags g is given at: :func:`signed_lags`)."""
-    if not len(th):
-        return None
-    L, H = g.shape[:2]
-    n = span(length, two_sided)
-    basis = np.cos(np.outer(signed_lags(length, two_sided), th))  # [lag, pair]
-    use = np.ones((L, H, len(th))) if usage is None else np.asarray(usage, np.float64)
-    ref = spectrum(use @ basis.T, n, raw_spectrum=raw_spectrum, demean=demean) ** 2
-    raw = spectrum(np.nan_to_num(g), n, raw_spectrum=True) ** 2
-    literal = spectrum(basis.sum(1), n, raw_spectrum=True) ** 2
-    return ref, raw, literal
-
-
-def _pe_inputs(s_pe, g_sources, length: int, two_sided: bool):
-    """(S_PE, the g sources, their span) as :func:`pe_spectrum_correlations` compares them:
-    a one-sided S_PE of a two-sided condition against the sources' Δ = 1..T−1 halves."""
-    s_pe = np.asarray(s_pe, np.float64)
-    sources = {k: np.asarray(v, np.float64) for k, v in (g_sources or {}).items()}
-    if two_sided and s_pe.shape[-1] == length - 1:
-        return s_pe, {k: v[..., length:] for k, v in sources.items()}, length
-    return s_pe, sources, span(length, two_sided)
-
-
-def _head_scores(res: dict, mags, refs, pe_in, layer: int, head: int, n: int,
-                 raw_spectrum: bool) -> dict:
-    """One analysed head's table columns: its alignment ``res`` (updated with the
-    reference scores when there are references) and the S_PE correlations (``pe_in`` from
-    :func:`_pe_inputs`)."""
-    if refs is not None:
-        res.update(reference_scores(mags[layer, head] ** 2, refs[0][layer, head],
-                                    refs[1][layer, head], refs[2], n, raw_spectrum))
-    row = {key: res[key] for key in HEAD_COLUMNS if key in res and key != "length"}
-    if pe_in is not None:
-        s_pe, sources, pe_span = pe_in
-        row.update(pe_spectrum_correlations(
-            s_pe[layer, head], {k: v[layer, head] for k, v in sources.items()},
-            pe_span, raw_spectrum=raw_spectrum))
-    return row
-
-
-def _peak_rows(base: dict, res: dict) -> list[dict]:
-    return [{**base, "rank": rank + 1, "omega": res["peaks"][rank],
-             "magnitude": res["peak_magnitude"][rank],
-             **{key: res[key][rank] for key in ("significant", *PER_PEAK)}}
-            for rank in range(res["n_peaks_found"])]
-
-
-def spectral_table(
-    g: Float[np.ndarray, "layer head_index lag"], r2_pooled: Float[np.ndarray, "layer head_index"],
-    thetas: Float[np.ndarray, " pair"] | None, length: int, *,
-    usage: Float[np.ndarray, "layer head_index pair"] | None = None,
-    gate_met: bool | None = None, force: bool = False, raw_spectrum: bool = False,
-    demean: bool = False, s_pe: Float[np.ndarray, "layer head_index pe_lag"] | None = None,
-    g_sources: dict[str, np.ndarray] | None = None, model: str = "", dataset: str = "",
-    pe: str = "", source: str = "", n_null: int = N_NULL, seed: int = 0,
-    alpha: float = ALPHA, tau_rel: float = TAU_REL, explore: bool = True,
-    magnitudes: dict | None = None, two_sided: bool = False,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One condition, one g source: (heads table, one row per layer × head; peaks table, one
-    row per peak). ``gate_met`` is the caller's gate (True/False; None = no gate applies);
-    statuses as in the module docstring (``explore=False``: heads outside the pre-registered
-    analysis are skipped instead of analysed). With ``s_pe`` (learned absolute PE) each
-    analysed head also gets :func:`pe_spectrum_correlations` against ``g_sources``. Every head
-    is analysed on its own (per-head null, same seed). ``magnitudes``, when given a dict,
-    receives ``"spectrum"`` (the processed |ĝ| [layer, head_index, freq], NaN for non-finite
-    g) and ``"omega"``. ``two_sided``: g and ``g_sources`` run over signed lags
-    Δ = −(T−1)..T−1 (a bidirectional model; ``length`` stays T), processed over their whole
-    span; so does ``s_pe`` where it is two-sided, and an ``s_pe`` over Δ = 1..T−1 only is
-    compared with the sources' Δ = 1..T−1 halves."""
-    g = np.asarray(g, np.float64)
-    r2 = np.asarray(r2_pooled, np.float64)
-    L, H = g.shape[:2]
-    n = span(length, two_sided)
-    th, use = usable_thetas(thetas, usage)
-    finite = np.isfinite(g).all(-1)
-    mags = spectrum(np.where(finite[..., None], g, 0.0), n, raw_spectrum=raw_spectrum,
-                    demean=demean)
-    refs = _batch_references(g, th, use, length, raw_spectrum, demean, two_sided)
-    pe_in = None if s_pe is None else _pe_inputs(s_pe, g_sources, length, two_sided)
-    heads, peak_rows = [], []
-    for layer in range(L):
-        for head in range(H):
-            base = {"model": model, "dataset": dataset, "length": length, "layer": layer,
-                    "head": head}
-            status = head_status(r2[layer, head], bool(finite[layer, head]), gate_met, force,
-                                 explore)
-            row = {**base, "pe": pe, "source": source, "R2_pooled": r2[layer, head],
-                   "gate_met": gate_met, "forced": force, "status": status,
-                   "analysed": not status.startswith("skipped"),
-                   "preregistered": status == "gated", "raw_spectrum": raw_spectrum}
-            if row["analysed"]:
-                res = align_spectrum(mags[layer, head], th, n, raw_spectrum=raw_spectrum,
-                                     n_peaks=N_PEAKS, tau_rel=tau_rel, n_null=n_null,
-                                     seed=seed, alpha=alpha, precision_bins=PRECISION_BINS)
-                row.update(_head_scores(res, mags, refs, pe_in, layer, head, n,
-                                        raw_spectrum))
-                peak_rows += _peak_rows(base, res)
-            heads.append(row)
-    if magnitudes is not None:
-        magnitudes.update(spectrum=np.where(finite[..., None], mags, np.nan),
-                          omega=frequency_grid(n))
-    return _tables(heads, peak_rows)
-
-
-def _tables(heads: list[dict], peak_rows: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    table = pd.DataFrame(heads).reindex(columns=HEAD_COLUMNS)
-    for col in ("aligned", "criterion_met"):
-        table[col] = table[col].astype("boolean")
-    table["aligned"] = table["aligned"].where(table["analysed"], pd.NA)
-    return table, pd.DataFrame(peak_rows, columns=PEAK_COLUMNS)
 
 
 # ---------------------------------------------------------------- file layer (one condition)
@@ -316,13 +183,13 @@ def run_spectral(result, out: Path | None = None, *, force: bool = False,
                   model=result.model, dataset=result.dataset, pe=spec.pe, n_null=n_null,
                   seed=seed, explore=explore, two_sided=cond["two_sided"])
     mags_b, mags_a = {}, {}
-    table, peaks = spectral_table(
-        cond["g"], r2, spec.rotary_frequencies(), length, gate_met=gate_met,
+    table, peaks = spectral_table_by_layers(
+        cond["g"], r2, spec, length, gate_met=gate_met,
         s_pe=cond["s_pe"], g_sources=cond["g_sources"] if cond["s_pe"] is not None else None,
         source=cond["source"], magnitudes=mags_b, **common)
-    table_a, peaks_a = spectral_table(cond["g_trackA"], r2, spec.rotary_frequencies(), length,
-                                      gate_met=gate_met, source="trackA_pooled",
-                                      magnitudes=mags_a, **common)
+    table_a, peaks_a = spectral_table_by_layers(cond["g_trackA"], r2, spec, length,
+                                                gate_met=gate_met, source="trackA_pooled",
+                                                magnitudes=mags_a, **common)
     table_a.loc[table_a["analysed"], "status"] = "exploratory"
     table_a["preregistered"] = False
     for t in (table, table_a):
@@ -347,9 +214,14 @@ def plot_head_spectrum(result, layer: int, head: int, raw_spectrum: bool = False
 
     cond = condition_inputs(result)
     model, dataset, length, two = result.model, result.dataset, result.length, cond["two_sided"]
-    thetas = cond["spec"].rotary_frequencies()
+    thetas = cond["spec"].rotary_frequencies(layer)
     usage = None if cond["usage"] is None else cond["usage"][layer, head]
-    res = spectral_alignment(cond["g"][layer, head], thetas, length=length, usage=usage,
+    g = cond["g"][layer, head]
+    if not two:  # a sliding window's kept offsets
+        length = next(n for layers, _, n, _ in layer_groups(cond["spec"], length)
+                      if layer in layers)
+        g = g[:length - 1]
+    res = spectral_alignment(g, thetas, length=length, usage=usage,
                              raw_spectrum=raw_spectrum, n_null=200, two_sided=two)
     omega, power = res["omega"], res["spectrum"] ** 2 / max(res["spectrum"].max() ** 2, 1e-300)
     fig = Figure(figsize=(7, 3.2))

@@ -8,10 +8,7 @@ own frequencies (:mod:`poskernel_tl.hooks.rotary`).
 """
 
 import math
-import weakref
 from dataclasses import dataclass
-
-import torch
 
 ROT_Q = "blocks.{layer}.attn.hook_rot_q"
 ROT_K = "blocks.{layer}.attn.hook_rot_k"
@@ -35,42 +32,29 @@ class QKSource:
     angles: tuple[str, str] | None = None
 
 
-_FIRED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_PROBED = (ROT_Q, ROT_K, PLAIN_Q, PLAIN_K, COS, SIN)
-
-
-def fired_hooks(bridge) -> frozenset[str]:
-    """The q/k/rotary hook names that really fire in a forward of ``bridge``, found by one
-    probe forward of two tokens (cached per bridge). A bridge lists ``hook_rot_q`` in its
-    ``hook_dict`` whether or not its attention calls it (GPT-NeoX, Phi-3 and GPT-J never
-    do), so the listing alone cannot tell."""
-    if bridge in _FIRED:
-        return _FIRED[bridge]
-    names = [n.format(layer=L) for L in range(bridge.cfg.n_layers) for n in _PROBED]
-    names = [n for n in names if n in bridge.hook_dict]
-    seen: set[str] = set()
-    hooks = [(n, lambda x, hook: seen.add(hook.name)) for n in names]
-    probe = torch.zeros(1, 2, dtype=torch.long, device=bridge.cfg.device)
-    with torch.no_grad(), bridge.hooks(fwd_hooks=hooks):
-        bridge(probe)
-    # an alias reports the name it is attached to: map both ways
-    fired = frozenset(n for n in names if bridge.hook_dict[n].name in seen or n in seen)
-    _FIRED[bridge] = fired
-    return fired
-
-
 def qk_source(bridge, layer: int, rope: bool) -> QKSource:
-    """The :class:`QKSource` of ``layer``; ``rope``: whether the layer's scheme rotates."""
-    fired = fired_hooks(bridge)
-    rot_q = ROT_Q.format(layer=layer)
-    if rot_q in fired:
-        return QKSource(rot_q, ROT_K.format(layer=layer))
+    """The :class:`QKSource` of ``layer`` (``rope``: whether the layer's scheme rotates),
+    from the class of its attention bridge: TransformerLens's rotary bridge fires
+    ``hook_rot_q``/``hook_rot_k`` (every layer, SmolLM3's NoPE ones included, where they
+    equal q and k); the fused-QKV rotary bridge fires ``hook_cos``/``hook_sin`` but not the
+    rotated q/k; the base bridge neither. (Every bridge *lists* ``hook_rot_q`` in its
+    ``hook_dict``, fired or not, so the listing cannot tell.)"""
+    from transformer_lens.model_bridge.generalized_components.position_embedding_hooks_mixin import (  # noqa: E501
+        PositionEmbeddingHooksMixin,
+    )
+    from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (  # noqa: E501
+        PositionEmbeddingsAttentionBridge,
+    )
+
+    attn = bridge.blocks[layer].attn
+    if isinstance(attn, PositionEmbeddingsAttentionBridge):
+        return QKSource(ROT_Q.format(layer=layer), ROT_K.format(layer=layer))
     q, k = PLAIN_Q.format(layer=layer), PLAIN_K.format(layer=layer)
     if not rope:
         return QKSource(q, k)
-    cos = COS.format(layer=layer)
-    if cos in fired:
-        return QKSource(q, k, "hooked-angles", (cos, SIN.format(layer=layer)))
+    if isinstance(attn, PositionEmbeddingHooksMixin):
+        return QKSource(q, k, "hooked-angles", (COS.format(layer=layer),
+                                                SIN.format(layer=layer)))
     return QKSource(q, k, "scheme-angles")
 
 

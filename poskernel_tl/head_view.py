@@ -228,8 +228,9 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
 
     pattern_name = PATTERN_HOOK.format(layer=layer)
     extra = [(pattern_name, on_pattern)] if pattern_name in bridge.hook_dict else []
-    with torch.no_grad(), capture_qk(bridge, on_layer, scores=hook_scores,
-                                     layers=[layer]) as capture, bridge.hooks(fwd_hooks=extra):
+    with torch.no_grad(), capture_qk(bridge, on_layer, scores=hook_scores, layers=[layer],
+                                     schemes=model.spec.layers) as capture, \
+            bridge.hooks(fwd_hooks=extra):
         capture.forward(ids[None].to(model.device))
     q, k = got["q"], got["k"]
     if "scores" in got:
@@ -248,35 +249,40 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
             "pattern_from": pattern_from}
 
 
-def fit_without_sink(A: Float[Tensor, "query_pos key_pos"], causal: bool = True) -> float:
+def fit_without_sink(A: Float[Tensor, "query_pos key_pos"], causal: bool = True,
+                     max_lag: int | None = None) -> float:
     """R² of the shift-invariant fit with the key column s = 0 (the sink; [CLS] in an
     encoder) left out; ``causal=False``: over both triangles (key 0 is never above the
     diagonal, so the upper side is fitted whole)."""
     T = A.shape[-1]
-    s1, sq = lag_sums(A)
-    col0 = A[1:, 0].double()
+    s1, sq = lag_sums(A, max_lag=max_lag)
+    counts = lag_counts(T, max_lag=max_lag)
+    col0 = A[1:, 0].double() * (counts > 0)  # a window keeps key 0 for t ≤ max_lag only
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        front = (s1 - col0, sq - (col0 * col0).sum(), lag_counts(T) - 1)
+        front = (s1 - col0, sq - (col0 * col0).sum(), (counts - 1).clamp(min=0))
         back = None if causal else (*lag_sums(A.transpose(-1, -2)), lag_counts(T))
         r2, _, _ = r2_two_sided(front, back)
     return float(r2)
 
 
-def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool) -> dict:
+def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
+            max_lag: int | None = None) -> dict:
     """The head's fit on one matrix: ``r2``, ``g``, ``g_back``/``g_self`` (None when
     causal), ``residual`` (A − g(t − s) where the fit reads, NaN elsewhere) and ``logits``
-    (A with NaN above the diagonal when causal)."""
+    (A with NaN above the diagonal when causal). ``max_lag``: a sliding window's last kept
+    offset (the fit reads t − s ≤ max_lag; g and the residual are NaN past it)."""
     T = A.shape[-1]
     if causal:
-        (r2, g), g_back, g_self = shift_invariance_r2(A), None, None
+        (r2, g), g_back, g_self = shift_invariance_r2(A, max_lag), None, None
         full = g
     else:
         r2, g, g_back, g_self = shift_invariance_r2_two_sided(A)
         full = torch.from_numpy(two_sided(g.cpu().numpy(), g_back.cpu().numpy(),
                                           float(g_self)))
     lag = (torch.arange(T)[:, None] - torch.arange(T)[None]).to(A.device)
-    fitted = (lag > 0) if causal else (lag != 0)
+    fitted = ((lag > 0) & (lag <= (T if max_lag is None else max_lag))) if causal else \
+        (lag != 0)
     index = (lag.clamp(min=1) - 1) if causal else (lag + T - 1)
     residual = torch.where(fitted, A.double() - full.to(A.device)[index],
                            torch.full_like(A, math.nan, dtype=torch.float64))
@@ -314,13 +320,15 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     layer, head = int(layer), int(head)
     ids = token_ids(model, text_or_tokens, max_tokens)
     t = head_tensors(model, ids, layer, head)
-    fit = fit_one(t["scores"], spec.causal)
-    r2_nosink = fit_without_sink(t["scores"], spec.causal)
-    thetas = spec.rotary_frequencies()
+    max_lag = (spec.max_lags(len(ids)) or [None] * spec.n_layers)[layer]
+    fit = fit_one(t["scores"], spec.causal, max_lag)
+    r2_nosink = fit_without_sink(t["scores"], spec.causal, max_lag)
+    thetas = spec.rotary_frequencies(layer)
     usage = _usage(model, t["q"], t["k"]) if thetas is not None else None
     if usage is not None and len(usage) != len(thetas):
         usage = None
-    g_spec = fit["g"] if spec.causal else two_sided_for_spectrum(fit["g"], fit["g_back"])
+    g_spec = fit["g"][:max_lag] if spec.causal else two_sided_for_spectrum(fit["g"],
+                                                                              fit["g_back"])
     omega, power, alignment, note = kernel_spectrum(g_spec, thetas, usage=usage,
                                                     two_sided=not spec.causal)
     notes = [sentence(model.weights_note)] if spec.loader == "gguf" else []

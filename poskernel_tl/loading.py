@@ -18,7 +18,7 @@ from torch import nn
 
 from poskernel_tl import embedded
 from poskernel_tl.errors import ModelUnavailableError, UserError
-from poskernel_tl.hooks import fired_hooks, kv_head_map, logit_scale, pair_indices
+from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
 from poskernel_tl.registry import ModelSpec, placeholder_spec, resolve
 from poskernel_tl.scheme import ENCODER_TYPES, original, read_layers
 
@@ -40,10 +40,6 @@ class LoadedModel:
     spec: ModelSpec
     hf_model: nn.Module
     attention: str = "eager"
-
-    def __post_init__(self):
-        # which q/k hooks fire, probed once now, before any caller attaches hooks of its own
-        fired_hooks(self.bridge)
 
     @classmethod
     def from_bridge(cls, bridge, tokenizer=None, name: str | None = None,

@@ -179,7 +179,7 @@ class Part:
         if files:
             return any(saved.exists(file) for file in files)
         tables = {f.metadata["table"]: f.metadata["column"] for f in dataclasses.fields(cls)
-                  if "table" in f.metadata}
+                  if "table" in f.metadata and f.default is dataclasses.MISSING}
         return all(col in saved.get(f"{t}.csv").columns for t, col in tables.items())
 
     @classmethod
@@ -200,6 +200,9 @@ class Part:
                     continue
                 values[f.name] = saved.array(meta["file"], meta["key"])
             elif "table" in meta and f.name not in values:
+                if not default_missing and \
+                        meta["column"] not in saved.get(f"{meta['table']}.csv").columns:
+                    continue  # an optional column this condition does not have
                 names = axes(hints[f.name]) or ()
                 values[f.name] = saved.table_column(meta["table"], meta["column"], dims, names)
         check_values(cls, values, dims, label=lambda f: (

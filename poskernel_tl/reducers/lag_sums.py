@@ -137,12 +137,21 @@ def lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
     which are the strictly lower triangle of q[w−1:] against k[:T−w+1]. Positions are
     zero-padded to a multiple of ``chunk`` (zero rows add nothing); a kv head's query
     heads share its chunk products."""
-    T = q.shape[1]
     total = _lower_sum_squares(q, k, scale, chunk)
-    if max_lag is not None and max_lag < T - 1:
-        w = max_lag + 1
-        total = total - _lower_sum_squares(q[:, w - 1:], k[:, :T - w + 1], scale, chunk)
-    return total
+    far = far_sum_squares(q, k, scale, chunk, max_lag)
+    return total if far is None else total - far
+
+
+def far_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
+                    k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+                    chunk: int, max_lag: int | None) -> Float[Tensor, "batch head_index"] | None:
+    """Σ (scale·q_t·k_s)² over t − s > ``max_lag`` (the entries a sliding window removes),
+    None when the window removes nothing."""
+    T = q.shape[1]
+    if max_lag is None or max_lag >= T - 1:
+        return None
+    w = max_lag + 1
+    return _lower_sum_squares(q[:, w - 1:], k[:, :T - w + 1], scale, chunk)
 
 
 def _lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
@@ -228,10 +237,13 @@ class LowerStats:
     """Per (sequence, head) sums Track A fits: S1(Δ) and Σ A² of the whole strictly lower
     triangle, the sink column A[Δ, 0] (Δ = 1..T−1) and its Σ A², and (S1, Σ A²) of query
     rows [1, 21) (``early``), rows [21, 50) (``middle``) and rows ≥ 50 with keys < 50
-    (``corner``). All float64."""
+    (``corner``). All float64. Under a window (``max_lag``) every sum is the window's
+    except ``s1``, which keeps every lag (the window is applied by the lag counts), and
+    ``sq_whole`` is Σ A² of the whole triangle (``sq`` itself without a window)."""
 
     s1: Float[Tensor, "batch head_index lag"]
     sq: Float[Tensor, "batch head_index"]
+    sq_whole: Float[Tensor, "batch head_index"]
     sink: Float[Tensor, "batch head_index lag"]
     sink_sq: Float[Tensor, "batch head_index"]
     early: tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
@@ -260,8 +272,10 @@ def track_a_stats(q: Float[Tensor, "batch pos head_index d_head"],
     else:
         corner = (torch.zeros_like(c1), torch.zeros_like(csq))
     sink = windowed(strip[:, :, 1:, 0], max_lag)
-    return LowerStats(s1=windowed(lag_sums(q, k, scale), max_lag),
-                      sq=lower_sum_squares(q, k, scale, chunk, max_lag),
+    whole = _lower_sum_squares(q, k, scale, chunk)
+    far = far_sum_squares(q, k, scale, chunk, max_lag)
+    return LowerStats(s1=lag_sums(q, k, scale), sq=whole if far is None else whole - far,
+                      sq_whole=whole,
                       sink=sink, sink_sq=(sink * sink).sum(-1), early=(e1, esq),
                       middle=(m1, msq), corner=corner)
 
@@ -277,4 +291,4 @@ def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
 
 
 __all__ = ["LowerStats", "key_strip", "lag_sums", "lower_stats", "lower_sum_squares",
-           "skew_keys", "strip_lag_stats", "track_a_stats", "windowed"]
+           "far_sum_squares", "skew_keys", "strip_lag_stats", "track_a_stats", "windowed"]

@@ -44,6 +44,7 @@ from poskernel_tl.schema import TABLE_ROWS, Part, column, stored
 from poskernel_tl.toeplitz import (
     Sums,
     key_block_counts,
+    lag_counts,
     lag_means,
     layer_lag_counts,
     lower_lag_stats,
@@ -79,6 +80,10 @@ class TrackAResult(Part):
     r2_pooled_interior_keys: Float[np.ndarray, "layer head_index"] = column(
         "trackA", "R2_pooled_interior_keys")
     r2_split: Float[np.ndarray, "split layer head_index"] = stored("g.npz", "r2_split")
+    # a model with sliding-window layers: the pooled fit over the whole causal triangle,
+    # the logits the window removes included (a diagnostic; None without a window)
+    r2_pooled_whole: Float[np.ndarray, "layer head_index"] | None = column(
+        "trackA", "R2_pooled_whole", default=None)
     # bidirectional models only (None for causal ones): Δ = −1..−(T−1) and Δ = 0
     g_per_seq_back: Float[np.ndarray, "n_seqs layer head_index lag"] | None = stored(
         "g.npz", "trackA_per_seq_back", default=None)  # float32
@@ -139,13 +144,17 @@ class TrackAReducer:
         T = length
         self.max_lags = [T - 1] * n_layers if max_lags is None else list(max_lags)
         self.counts = layer_lag_counts(T, max_lags, n_layers, device=device)
+        self.kept = (self.counts > 0).double()  # [layer, 1, lag]: the lags a window keeps
         self.source, self.chunk = source, chunk
         f64 = dict(dtype=torch.float64, device=device)
         self.T, self.n_layers, self.n_heads, self.seed = T, n_layers, n_heads, seed
-        # per sequence: the lag sums (subsets: splits, the null's sequences) and the
-        # per-sequence R² with and without the sink, fitted as each batch is stored
+        # per sequence: the lag sums of every lag (subsets: splits, the null's sequences),
+        # Σ A² over what each layer's mask keeps (and over the whole triangle, where a
+        # window removes some), and the per-sequence R² with and without the sink
         self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
         self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.sq_whole = None if max_lags is None or min(max_lags) >= T - 1 else \
+            torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.r2_seq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.r2_seq_nosink = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.sink_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)  # Σ_x A_x[Δ, 0]
@@ -181,6 +190,8 @@ class TrackAReducer:
         if self.upper is not None:
             self.upper.store(batch.layer, batch.index,
                              upper_stats(batch.q, batch.k, batch.scale, self.chunk))
+        if self.sq_whole is not None:
+            self.sq_whole[batch.index, batch.layer] = st.sq_whole
         self._store(batch.layer, batch.index, (st.s1, st.sq), st.sink, st.early, st.middle,
                     st.corner)
 
@@ -188,12 +199,14 @@ class TrackAReducer:
                early: tuple[Tensor, Tensor], middle: tuple[Tensor, Tensor],
                corner: tuple[Tensor, Tensor]) -> None:
         """Keep one batch's sums (the upper triangle's already stored): per sequence the
-        whole triangle and its R² with and without the sink column (``col0[..., Δ−1] =
-        A[Δ, 0]``); summed over the batch, the sink column, query rows [1, 21), rows ≥ 50
-        (whole − rows [1, 21) − rows [21, 50)) and rows ≥ 50 with keys < 50."""
+        whole triangle (``s1`` of every lag, ``sq`` of what the mask keeps) and its R²
+        with and without the sink column (``col0[..., Δ−1] = A[Δ, 0]``); summed over the
+        batch, the sink column, query rows [1, 21), rows ≥ 50 (whole − rows [1, 21) − rows
+        [21, 50)) and rows ≥ 50 with keys < 50."""
         (s1, sq), (e1, esq), (m1, msq) = whole, early, middle
         col0_sq = (col0 * col0).sum(-1)
         self.s1[idx, L], self.sq[idx, L] = s1, sq
+        s1 = s1 * self.kept[L, 0]  # the lags the window keeps
         counts = self.counts[L, 0]
         back = None if self.upper is None else self.upper.per_seq_sums((idx, L))
         self.r2_seq[idx, L] = r2_two_sided((s1, sq, counts), back)[0]
@@ -220,7 +233,9 @@ class TrackAReducer:
                                    A, zero=True)  # lower half stays zero
         (s1, sq), [(e1, esq), (m1, msq), (r1, rsq)] = lower_lag_stats(
             A, shift, [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM)], work,
-            key_block=(INTERIOR_FROM, INTERIOR_FROM))
+            key_block=(INTERIOR_FROM, INTERIOR_FROM), max_lag=self.max_lags[L])
+        if self.sq_whole is not None:  # every lag's sums, and Σ A² of the whole triangle
+            (s1, self.sq_whole[idx, L]), _ = lower_lag_stats(A, shift, [], work)
         if self.upper is not None:
             check_two_sided(batch.q.shape[2], batch.k.shape[2])
             self.upper.store(L, idx, upper_stats_from_scores(A, batch.q, batch.k, batch.scale,
@@ -269,7 +284,7 @@ class TrackAReducer:
         if not sink and rows is not None:
             raise ValueError("the no-sink fit is kept for all sequences seen, not subsets")
         sel, n = self._selection(rows)
-        s1 = self.s1[sel].sum(0)
+        s1 = self.s1[sel].sum(0) * self.kept
         sq = self.sq[sel].sum(0)
         counts = self.counts
         if not sink:  # key 0 holds one entry of each kept lag
@@ -325,6 +340,10 @@ class TrackAReducer:
                                    device=dev)
             splits.append(self.pooled(rows)[0])
         cpu = lambda t: None if t is None else t.detach().cpu().numpy()
+        whole = None
+        if self.sq_whole is not None:  # every lag, over every entry of the causal triangle
+            whole = r2_two_sided((self.s1[seen].sum(0), self.sq_whole[seen].sum(0),
+                                  lag_counts(T, device=dev) * int(self.seen.sum())), None)[0]
         sides = {}
         if up is not None:
             g_self, g_pool_self = up.self_means(seen)
@@ -338,4 +357,5 @@ class TrackAReducer:
             r2_pooled=cpu(r2_pool),
             r2_pooled_nosink=cpu(r2_pool_ns), g_pooled=cpu(g_pool),
             r2_pooled_early=cpu(r2_early), r2_pooled_interior=cpu(r2_late),
-            r2_pooled_interior_keys=cpu(r2_inner), r2_split=cpu(torch.stack(splits)), **sides)
+            r2_pooled_interior_keys=cpu(r2_inner), r2_split=cpu(torch.stack(splits)),
+            r2_pooled_whole=cpu(whole), **sides)

@@ -4,8 +4,9 @@ The report labels the attention pattern of the saved logit sequence with its tok
 a full tokenizer costs tens of seconds for the embedded GGUF model (the vocabulary is
 converted to a fast tokenizer), so the report reads only what it needs:
 
-- GGUF checkpoints (``spec.loader == "gguf"``): the ``tokenizer.ggml.tokens`` array from the
-  file's metadata (:func:`poskernel_tl.embedded.gguf_vocabulary`), decoded as byte-level BPE (``gpt2``) or
+- GGUF checkpoints (``spec.loader == "gguf"``): the ``tokenizer.ggml.tokens`` array from
+  the file's metadata (:func:`poskernel_tl.embedded.gguf_vocabulary`), decoded as
+  byte-level BPE (``gpt2``) or
   SentencePiece (``llama``) pieces (:func:`piece_text`);
 - hub checkpoints: the cached ``tokenizer.json`` through the ``tokenizers`` library.
 

@@ -1,0 +1,43 @@
+"""Gemma-3-270M on real weights: 15 local layers (a 512-token sliding window, RoPE base
+1e4) and 3 global ones (5, 11, 17; base 1e6), read from the model and fitted on what each
+layer's mask keeps, against an independent recomputation from Hugging Face's eager
+attention on held-out WikiText."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_layer_schemes import hf_eager_logits, naive_r2
+
+import poskernel_tl as pk
+
+pytestmark = pytest.mark.gemma3
+WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext2_test_raw.txt"
+T = 640  # past the 512-token window, so the window removes entries
+
+
+def test_layers_read_from_the_model(gemma3):
+    spec = gemma3.spec
+    assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head) == (18, 4, 1, 256)
+    kinds = [(s.mask, s.window, round(s.base)) for s in spec.layers]
+    assert kinds == [("causal", None, 1_000_000) if i in (5, 11, 17) else
+                     ("sliding", 512, 10_000) for i in range(18)]
+    assert all(s.qk_norm and s.rotary_dims == 256 for s in spec.layers)
+    assert gemma3.logit_scale == pytest.approx(256 ** -0.5)
+    assert "Q4_K_M" in gemma3.weights_note
+
+
+def test_track_a_equals_hugging_face_on_the_kept_entries(gemma3):
+    if not WIKITEXT.is_file():
+        pytest.skip("the shared WikiText file is not beside this checkout")
+    text = WIKITEXT.read_text()[200_000:260_000]
+    ids = gemma3.tokenizer(text, add_special_tokens=False)["input_ids"]
+    tokens = torch.tensor([ids[:T], ids[T:2 * T]])
+    res = pk.measure(gemma3, tokens, progress=False)
+    ref = hf_eager_logits(gemma3.hf_model, tokens)
+    for layer, (A, keep) in enumerate(ref):
+        kept, whole = naive_r2(A, keep), naive_r2(A, torch.ones(T, T, dtype=torch.bool))
+        assert np.abs(res.r2_pooled[layer] - kept).max() <= 1e-4, layer
+        assert np.abs(res.r2_pooled_whole[layer] - whole).max() <= 1e-4, layer
+    assert "window 512" in res.provenance["layers"]
