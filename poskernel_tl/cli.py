@@ -169,8 +169,11 @@ def _spectral_all(out, model=None, dataset=None, length=None, options=None) -> N
     if not chosen:
         raise UserError(f"no complete condition under {out} matches model={model} "
                         f"dataset={dataset} length={length}")
-    for m, d, t in chosen:
-        cfg = RunConfig(model=m, dataset=d, length=t, out=str(out))
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    for m, d, t in chosen:  # the condition's own configuration (its dataset, n_seqs, …)
+        saved = ConditionResult.saved_config(out, m, d, t)
+        cfg = RunConfig(**{"dataset": d, **{k: v for k, v in saved.items() if k in names},
+                           "model": m, "length": t, "out": str(out)})
         for name, opts in (("spectral", options), ("freq-usage", None)):
             if name == "freq-usage" and ConditionResult.saved_spec(out, m, d, t).pe != "rope":
                 continue

@@ -233,7 +233,9 @@ class ConditionResult:
         return frames[0], frames[1]
 
     def layer_summary(self) -> pd.DataFrame:
-        """Mean over heads of each layer: pooled Track A, Track B centered and raw."""
+        """Mean over heads of each layer: pooled Track A, Track B centered and raw; for a
+        model with sliding-window layers also each layer's kind and Track A pooled over the
+        whole causal triangle (``R2_A_whole``, the diagnostic)."""
         df = pd.DataFrame({
             "R2_A_pooled": np.nanmean(self.r2_pooled, axis=1),
             "R2_A_per_seq": np.nanmean(self.r2_per_seq, axis=(0, 2)),
@@ -241,6 +243,11 @@ class ConditionResult:
             "R2_B_centered": (np.nanmean(self.r2_gram, axis=1) if self.centered
                               else np.full(self.n_layers, np.nan)),
             "R2_B_raw": np.nanmean(self.r2_gram_raw, axis=1)})
+        whole = getattr(self, "r2_pooled_whole", None)
+        if whole is not None:
+            df.insert(1, "R2_A_whole", np.nanmean(whole, axis=1))
+        if self.spec.layers and len({s.kind for s in self.spec.layers}) > 1:
+            df.insert(0, "kind", [s.kind for s in self.spec.layers])
         df.index.name = "layer"
         return df
 
@@ -282,6 +289,11 @@ class ConditionResult:
             except (ValueError, KeyError) as err:
                 raise ResultFileError(f"{cfg}: unreadable ({err})") from err
         return found
+
+    @staticmethod
+    def saved_config(out: str | Path, model: str, dataset: str, length: int) -> dict:
+        """The configuration a saved condition was run with, read from its ``cfg.json``."""
+        return dict(_meta(out, model, dataset, length).get("config") or {})
 
     @staticmethod
     def saved_spec(out: str | Path, model: str, dataset: str, length: int) -> ModelSpec:

@@ -1,6 +1,7 @@
 """Benchmark: what a measurement costs against the forward pass a user would pay anyway.
 
-For the embedded default model (SmolLM2-135M) on random tokens and this machine, per
+For a model with GGUF weights (``--model``; the embedded default SmolLM2-135M, or
+Gemma-3-270M) on random tokens and this machine, per
 length T it prints seconds per sequence of
 
   HF sdpa       Hugging Face's own default forward (sdpa attention): the floor
@@ -61,7 +62,6 @@ from poskernel_tl.reducers import FreqUsageReducer, PermNullReducer, TrackAReduc
 from poskernel_tl.registry import resolve  # noqa: E402
 from poskernel_tl.toeplitz import shift_invariance_r2  # noqa: E402
 
-MODEL = "smollm2-135m"
 COLUMNS = ("HF sdpa", "HF eager", "bridge eager", "bridge sdpa", "A only", "A + B")
 
 
@@ -112,11 +112,13 @@ def forward_all(model, ids, batch_size: int) -> None:
 def track_a_only(model, ids, batch_size: int, null_seqs: int) -> None:
     """The evaluation pass of pk.measure without Track B, and its fits."""
     s, T, dev = model.spec, ids.shape[1], model.device
-    make = lambda: [TrackAReducer(len(ids), s.n_layers, s.n_heads, T, dev),
+    make = lambda: [TrackAReducer(len(ids), s.n_layers, s.n_heads, T, dev,
+                                  max_lags=s.max_lags(T)),
                     FreqUsageReducer(s.n_layers, s.n_heads, s.n_kv_heads,
                                      *model.rotary_pairs, device=dev),
                     PermNullReducer(s.n_layers, s.n_heads, T, n_perm=4, max_seqs=null_seqs,
-                                    device=dev, include_identity=False)]
+                                    device=dev, include_identity=False,
+                                    max_lags=s.max_lags(T))]
     for r in forward_pass(model, ids, make, batch_size, "A only", progress=False):
         r.result()
 
@@ -146,7 +148,7 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
     bs = out["batch"] = batching.device_cap(torch.device("cpu"), T) \
         if args.batch_size == "auto" else int(args.batch_size)
     reps = per_length(args.repeats, T, 1)
-    model = pk.load_model(MODEL, device="cpu", attention="sdpa", progress=False)
+    model = pk.load_model(args.model, device="cpu", attention="sdpa", progress=False)
     na = max(1, n // 2)
     ids_a = tokens(model, 2 * na, T, 1)
     # the null (4 draws) on the same first sequences in both runs: a fixed cost
@@ -176,7 +178,7 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
     out["bridge sdpa"] = timed(lambda: forward_all(model.bridge, ids, bs),
                                reps, warm, "bridge sdpa") / n_fwd
     model = None  # free it before the next model loads
-    hf, _ = from_gguf(resolve(MODEL), torch.float32, False)
+    hf, _ = from_gguf(resolve(args.model), torch.float32, False)
     out["HF eager"] = out["bridge eager"] = float("nan")
     for impl in ("sdpa",) if args.no_eager else ("sdpa", "eager"):
         hf.set_attn_implementation(impl)
@@ -184,7 +186,7 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
                                   f"HF {impl}") / n_fwd
     hf = None
     if not args.no_eager:
-        eager = pk.load_model(MODEL, device="cpu", attention="eager", progress=False)
+        eager = pk.load_model(args.model, device="cpu", attention="eager", progress=False)
         out["bridge eager"] = timed(lambda: forward_all(eager.bridge, ids, bs),
                                     reps, warm, "bridge eager") / n_fwd
     out["wall"] = dict(WALL)
@@ -193,7 +195,7 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
 
 def rss_run(T: int, N: int, args) -> dict:
     """Peak RSS (and CPU time) of loading the model and one pk.measure on N sequences."""
-    model = pk.load_model(MODEL, device="cpu", attention="sdpa", progress=False)
+    model = pk.load_model(args.model, device="cpu", attention="sdpa", progress=False)
     seconds = timed(lambda: measure_run(model, tokens(model, N, T, 4), "auto", 8,
                                           args.max_memory), 1, False, "run")
     return {"T": T, "N": N, "seconds": seconds, "wall": WALL["run"], "rss": peak_rss()}
@@ -231,6 +233,8 @@ def print_table(rows: list[dict], rss: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m",
+                    help="a registry model with GGUF weights (its HF forward is the floor)")
     ap.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 4096, 8192])
     ap.add_argument("--n-seqs", nargs="+", default=["256:16", "1024:8", "4096:4", "8192:4"],
                     help="T:n, sequences of pk.measure (2n for the marginal; even, >= 4)")
@@ -264,18 +268,19 @@ def main() -> None:
     if args.rss:
         print(json.dumps(rss_run(*args.rss, args)))
         return
-    print(f"torch threads: {args.threads}; model: {MODEL}; batch size {args.batch_size}; "
+    print(f"torch threads: {args.threads}; model: {args.model}; batch size {args.batch_size}; "
           f"repeats {' '.join(args.repeats)}", flush=True)
     rows = []
     for T in args.lengths:
-        rows.append(child(["--one", str(T), "--n-seqs", *args.n_seqs, "--fwd-seqs",
+        rows.append(child(["--one", str(T), "--model", args.model, "--n-seqs", *args.n_seqs, "--fwd-seqs",
                            *args.fwd_seqs, "--batch-size", str(args.batch_size),
                            "--repeats", *args.repeats, "--threads", str(args.threads),
                            "--max-memory", args.max_memory,
                            *(["--no-eager"] if args.no_eager else []),
                            "--a-only", *map(str, args.a_only)]))
         print(json.dumps(rows[-1]), flush=True)
-    rss = [child(["--rss", *pair.split(":"), "--threads", str(args.threads),
+    rss = [child(["--rss", *pair.split(":"), "--model", args.model,
+                  "--threads", str(args.threads),
                   "--max-memory", args.max_memory])
            for pair in args.rss_seqs]
     print_table(rows, rss)

@@ -285,7 +285,9 @@ def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, f
                 "stand in.")
     listed = "".join(f"<li>{esc(cond_text(r))} — {len(r.seq_id)} evaluation sequences, "
                      f"{'centered' if r.centered else 'uncentered'} Track B, "
-                     f"{esc(r.provenance.get('weights', 'weights not recorded'))}</li>"
+                     f"{esc(r.provenance.get('weights', 'weights not recorded'))}"
+                     + (f"; layers: {esc(r.provenance['layers'])}"
+                        if ";" in r.provenance.get("layers", "") else "") + "</li>"
                      for r in results)
     g = lambda key: "".join(figs.get(key, []))  # noqa: E731
     blocks = [
@@ -302,6 +304,7 @@ def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, f
         "<h2>Table 1</h2>" + (table_html(tables.table1_display(t1, summary)) if len(t1) else "")
         + '<p class="pk-note">Files: <a href="table1.csv">CSV</a> · <a href="table1.md">'
         'Markdown</a> · <a href="summary.csv">all summary numbers</a></p>',
+        sections.layer_kinds_html(results),
         "<h2>Figure 1 — Track A pooled R² per head</h2>"
         '<p class="pk-note">Choose a condition and click a head to open its view; each '
         "head's view has its own address (e.g. <code>"

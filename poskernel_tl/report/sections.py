@@ -243,3 +243,31 @@ def limitations(results: Sequence[ConditionResult]) -> list[str]:
 __all__ = ["PROTOCOL", "PROTOCOL_HTML", "answers", "boundary_html", "calibration",
            "cond_text", "damaged_html", "esc", "exploratory_sentence", "fmt", "limitations",
            "table_html", "verdict_html"]
+
+
+def layer_kinds_html(results: Sequence[ConditionResult]) -> str:
+    """For each condition whose layers differ in positional scheme (Gemma 3's local and
+    global layers, SmolLM3's RoPE and NoPE layers): Track A's pooled R² per kind of layer,
+    on what each layer's mask keeps and, where a window removes entries, over the whole
+    causal triangle (the diagnostic). Exploratory: the protocol pre-registers no split by
+    layer kind. Empty when every condition's layers agree."""
+    rows = []
+    for r in results:
+        layers = r.spec.layers
+        if not layers or len({s.kind for s in layers}) < 2:
+            continue
+        whole = getattr(r, "r2_pooled_whole", None)
+        for kind in dict.fromkeys(s.kind for s in layers):
+            ix = [i for i, s in enumerate(layers) if s.kind == kind]
+            rows.append({"condition": cond_text(r), "layer kind": kind,
+                         "layers": ", ".join(map(str, ix)),
+                         "mean pooled R² (kept entries)": fmt(np.nanmean(r.r2_pooled[ix])),
+                         "… over the whole triangle": "—" if whole is None else
+                         fmt(np.nanmean(whole[ix]))})
+    if not rows:
+        return ""
+    return ("<h2>Layer kinds (exploratory)</h2><p>Each layer is fitted on the entries its "
+            "own mask keeps (a sliding-window layer: offsets below its window); the whole "
+            "triangle, logits the window removes included, is shown for contrast. Not "
+            "pre-registered: read as description.</p>" + table_html(pd.DataFrame(rows)))
+
