@@ -118,6 +118,15 @@ def r2_from_sums(
     return r2, g
 
 
+def kept_finite(g: Float[np.ndarray, "*batch lag"]) -> bool:
+    """Whether g is finite over the offsets its fit kept: along the lag axis finite from
+    Δ = 1 up to some last offset (a sliding window's, or T − 1) and NaN after it, never
+    NaN first nor finite again."""
+    ok = np.isfinite(g)
+    return bool(ok[..., 0].all() and (ok[..., :-1] >= ok[..., 1:]).all()
+                and not np.isinf(g).any())
+
+
 def shift_invariance_r2(
     scores: Float[Tensor, "*batch query_pos key_pos"], max_lag: int | None = None,
 ) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"]]:

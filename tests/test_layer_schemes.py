@@ -218,3 +218,35 @@ def test_the_whole_triangle_stays_a_diagnostic(scores, tiny_tokenizer):
                  "r2_pooled_interior", "r2_pooled_interior_keys", "r2_split", "r2_gram_raw"):
         assert np.allclose(getattr(res, name), getattr(other, name), atol=1e-9, equal_nan=True)
     assert np.allclose(res.r2_perm_null, other.r2_perm_null, atol=1e-9)
+
+
+def test_a_windowed_result_round_trips_and_its_spectra_use_each_layer(tmp_path, tiny_tokenizer):
+    """Saved and loaded exactly (g NaN past the window is valid there, nowhere else); the
+    spectral analysis reads each layer on its own θ and its kept offsets."""
+    from poskernel_tl.analyses.spectral import layer_groups, run_spectral
+    from poskernel_tl.errors import ResultFileError
+    from poskernel_tl.result import ConditionResult
+
+    model = arch_loaded("gemma3", tiny_tokenizer)
+    ids = torch.randint(3, 290, (8, T), generator=torch.Generator().manual_seed(6))
+    res = pk.measure(model, ids[4:], ids[:4], progress=False, dataset="random")
+    res.save(tmp_path)
+    back = ConditionResult.load(tmp_path)
+    for name in ("r2_pooled", "r2_pooled_whole", "g_pooled", "r2_gram", "g_gram"):
+        assert np.array_equal(getattr(back, name), getattr(res, name), equal_nan=True)
+    assert back.spec.layers == model.spec.layers
+    groups = layer_groups(back.spec, T)
+    assert [(layers, n) for layers, _, n, _ in groups] == [([0, 1, 3], 16), ([2], T)]
+    assert groups[1][1][1] == pytest.approx(1e6 ** (-1 / 8), rel=1e-5)  # θ_1 of base 1e6
+    table, _, _ = run_spectral(back, tmp_path, force=True)
+    assert list(table["layer"]) == [L for L in range(4) for _ in range(4)]
+    assert (table.loc[table["layer"] != 2, "n_fft"] < table.loc[table["layer"] == 2, "n_fft"]
+            .min()).all()  # the local layers' spectra span their 15 kept offsets
+    g = back.g_pooled.copy()
+    g[2, 0, 3] = np.nan  # a hole inside the kept offsets is damage
+    from poskernel_tl.toeplitz import kept_finite
+    assert kept_finite(back.g_pooled) and not kept_finite(g)
+    with pytest.raises(ResultFileError):
+        back.track_a.__class__.check(
+            type(back.track_a)(**{**back.track_a.__dict__, "g_pooled": g}),
+            {"layer": 4, "head_index": 4, "lag": T - 1, "n_seqs": 4, "split": 5})

@@ -56,7 +56,7 @@ from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, 
 from poskernel_tl.reducers.moments import Moments, means_in_place
 from poskernel_tl.reducers.two_sided import check_two_sided
 from poskernel_tl.schema import Part, column, stored
-from poskernel_tl.toeplitz import sym_antisym, two_sided
+from poskernel_tl.toeplitz import kept_finite, sym_antisym, two_sided
 
 
 @dataclass
@@ -67,7 +67,7 @@ class GramResult(Part):
 
     NAME = "track_b"
     r2_gram_raw: Float[np.ndarray, "layer head_index"] = column("trackB", "R2_gram_raw")
-    # g is NaN past a sliding window's last kept offset
+    # g is NaN past a sliding window's last kept offset (checked by :func:`kept_finite`)
     g_gram_raw: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "gram_raw")
     r2_gram: Float[np.ndarray, "layer head_index"]  # NaN without centering
     g_gram: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "gram_centered")
@@ -116,10 +116,12 @@ class GramResult(Part):
         raw = saved.table_column("trackB", "R2_gram", dims, ("layer", "head_index"))
         r2 = raw if given.get("centered") else np.full(raw.shape, np.nan)
         part = super().load(saved, dims, r2_gram=r2, **given)
-        for key, g in (("gram_centered", part.g_gram), ("gram_centered_back", part.g_gram_back)):
-            if part.centered and g is not None and not np.isfinite(g).all():
+        for key, g in (("gram_centered", part.g_gram), ("gram_centered_back", part.g_gram_back),
+                       ("gram_raw", part.g_gram_raw)):
+            if (part.centered or key == "gram_raw") and g is not None and not kept_finite(g):
                 raise ResultFileError(f"{saved.path_of('g.npz')}: {key} holds NaN/inf")
         return part
+
 
 
 Means = tuple[Float[Tensor, "head_index pos d_head"] | None,

@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from poskernel_tl.errors import NonFiniteError
+from poskernel_tl.errors import NonFiniteError, ResultFileError
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, track_a_stats, windowed
@@ -43,6 +43,7 @@ from poskernel_tl.reducers.two_sided import (
 from poskernel_tl.schema import TABLE_ROWS, Part, column, stored
 from poskernel_tl.toeplitz import (
     Sums,
+    kept_finite,
     key_block_counts,
     lag_counts,
     lag_means,
@@ -120,6 +121,12 @@ class TrackAResult(Part):
                 cols["asym_A_per_seq"] = sym_antisym(two_sided(
                     self.g_per_seq, self.g_per_seq_back))[2].ravel()
         return cols
+
+    def check(self, dims: dict[str, int], where: object = "") -> dict[str, int]:
+        dims = super().check(dims, where)
+        if not kept_finite(self.g_pooled):  # NaN only past a sliding window's last offset
+            raise ResultFileError(f"{where}: g_pooled holds NaN/inf")
+        return dims
 
     def asymmetry(self) -> Float[np.ndarray, "layer head_index"]:
         """Per head, the share of the pooled two-sided g's variance that is antisymmetric
