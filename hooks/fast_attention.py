@@ -32,10 +32,8 @@ on any other it warns once and leaves the bridge on TransformerLens's own path.
 
 import importlib.metadata
 import warnings
-import weakref
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -48,6 +46,7 @@ from transformer_lens.model_bridge.generalized_components.position_embeddings_at
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from poskernel_tl.errors import UserError
+from poskernel_tl.hooks.masks import band, causal_window, is_plain_causal  # noqa: F401
 
 # TransformerLens versions whose attention forwards these subclasses were checked against
 VERIFIED_TL_VERSIONS: tuple[str, ...] = ("4.3.0",)
@@ -60,7 +59,7 @@ _ROTARY_CONFIG_FLAGS = ("use_split_qkv_input", "use_attn_in", "use_attn_result",
 _JOINT_CONFIG_FLAGS = ("use_split_qkv_input", "use_attn_in", "use_attn_result",
                        "scale_attn_by_inverse_layer_idx")
 # Hugging Face attention attributes that change the computation (soft-capping, sinks, ...)
-_HF_ATTN_FEATURES = ("key_multiplier", "attn_logit_softcapping", "sinks", "sliding_window")
+_HF_ATTN_FEATURES = ("key_multiplier", "attn_logit_softcapping", "sinks")
 
 
 def transformer_lens_version() -> str:
@@ -80,52 +79,20 @@ def _warn_unverified(version: str) -> None:
         "TransformerLens's own (eager) attention.", RuntimeWarning, stacklevel=3)
 
 
-def _sdpa_causal(
+def _sdpa(
     q: Float[Tensor, "batch head_index query_pos d_head"],
     k: Float[Tensor, "batch kv_head_index key_pos d_head"],
     v: Float[Tensor, "batch kv_head_index key_pos d_head"],
-    scale: float,
+    scale: float, window: int = 0,
 ) -> Float[Tensor, "batch head_index query_pos d_head"]:
-    """Causal attention; query head h reads key/value head h // (n_heads / n_kv_heads)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                          enable_gqa=q.shape[1] != k.shape[1])
-
-
-# (weak reference to the last mask checked, its version counter, the answer): the model
-# passes one mask object to every layer, so a forward checks it once, not once per layer
-_LAST_MASK: list = [None]
-
-
-def _check_causal(mask: Tensor) -> bool:
-    n = mask.shape[-1]
-    causal = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
-    if mask.dtype == torch.bool:
-        return torch.equal(mask, causal.expand_as(mask))
-    if not mask.is_floating_point():
-        return False
-    lowest = torch.finfo(mask.dtype).min
-    return bool(torch.where(causal, mask == 0, mask <= lowest).all())
-
-
-def is_plain_causal(mask: Tensor | None, q_len: int) -> bool:
-    """Whether ``mask`` (the ``attention_mask`` a layer receives) is exactly the causal
-    mask over ``q_len`` positions: None, or 4D with 0 (True) on and below the diagonal and
-    the dtype's lowest value or -inf (False) above it, for every sequence of the batch."""
-    if mask is None:
-        return True
-    if not isinstance(mask, Tensor) or mask.ndim != 4 or tuple(mask.shape[-2:]) != (q_len,
-                                                                                     q_len):
-        return False
-    try:
-        version = mask._version
-    except RuntimeError:  # an inference-mode tensor has no version counter: no memo
-        return _check_causal(mask)
-    memo = _LAST_MASK[0]
-    if memo is not None and memo[0]() is mask and memo[1] == version:
-        return memo[2]
-    answer = _check_causal(mask)
-    _LAST_MASK[0] = (weakref.ref(mask), version, answer)
-    return answer
+    """Causal attention (``window`` > 0: a query t reads keys t − window < s ≤ t); query
+    head h reads key/value head h // (n_heads / n_kv_heads)."""
+    gqa = q.shape[1] != k.shape[1]
+    if not window:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                              enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=band(q.shape[2], window, q.device),
+                                          scale=scale, enable_gqa=gqa)
 
 
 def _listened(hook: nn.Module) -> bool:
@@ -167,8 +134,8 @@ def _common_blocker(attn: nn.Module, q_len: int, kwargs: dict) -> str | None:
         return "attention dropout in training mode"
     if _has_cached_positions(attn, kwargs):
         return "a KV cache holding earlier positions"
-    if not is_plain_causal(kwargs.get("attention_mask"), q_len):
-        return "an attention mask that is not plain causal"
+    if causal_window(kwargs.get("attention_mask"), q_len) is None:
+        return "an attention mask that is neither causal nor a causal sliding window"
     return None
 
 
@@ -223,9 +190,11 @@ class FastPositionEmbeddingsAttentionBridge(PositionEmbeddingsAttentionBridge):
         reason = reason or _feature_blocker(self, _ROTARY_CONFIG_FLAGS)
         if reason:
             return reason
-        for name in ("q_norm", "k_norm", "gate"):
-            if name in self.submodules or self._modules.get(name) is not None:
-                return name
+        if self._modules.get("gate") is not None or "gate" in self.submodules:
+            return "gate"
+        if ("q_norm" in self.submodules or "k_norm" in self.submodules) and \
+                self._qk_norm_phase not in ("pre_reshape", "post_reshape"):
+            return f"QK-norm applied at {self._qk_norm_phase!r}"
         rope = getattr(getattr(self.original_component, "config", None), "rope_parameters",
                        None)
         if isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None:
@@ -238,6 +207,27 @@ class FastPositionEmbeddingsAttentionBridge(PositionEmbeddingsAttentionBridge):
             return "partial or half-width rotary"
         return None
 
+    def _qk_norm(self, q: Tensor, k: Tensor, phase: str, head_dim: int
+                 ) -> tuple[Tensor, Tensor]:
+        """TransformerLens's QK-norm where this layer applies it in ``phase``: over the
+        flattened heads before the reshape (OLMo-2), or per head on [batch, head, pos, d]
+        after it (Gemma 3, Qwen3), firing ``hook_q_normed``/``hook_k_normed`` as it does."""
+        has_q, has_k = "q_norm" in self.submodules, "k_norm" in self.submodules
+        if not has_q or self._qk_norm_phase != phase:
+            return q, k
+        if phase == "pre_reshape":
+            q = self._apply_pre_reshape_qk_norm(q, self.q_norm, self.hook_q_normed, head_dim)
+            if has_k:
+                k = self._apply_pre_reshape_qk_norm(k, self.k_norm, self.hook_k_normed,
+                                                    head_dim)
+            return q, k
+        per_head = (lambda norm, x: norm(x.transpose(1, 2)).transpose(1, 2)) \
+            if self._qk_norm_per_head else (lambda norm, x: norm(x))
+        q = self.hook_q_normed(per_head(self.q_norm, q))
+        if has_k:
+            k = self.hook_k_normed(per_head(self.k_norm, k))
+        return q, k
+
     def _fast_forward(self, hidden_states: Float[Tensor, "batch pos d_model"],
                       kwargs: dict) -> tuple[Float[Tensor, "batch pos d_model"], None]:
         head_dim = self.original_component.head_dim
@@ -247,7 +237,9 @@ class FastPositionEmbeddingsAttentionBridge(PositionEmbeddingsAttentionBridge):
         q = self.q(hidden_states)
         k = self.k(hidden_states)
         v = self.v(hidden_states)
+        q, k = self._qk_norm(q, k, "pre_reshape", head_dim)
         q, k, v = (x.view(heads).transpose(1, 2) for x in (q, k, v))
+        q, k = self._qk_norm(q, k, "post_reshape", head_dim)
         cos, sin = self._apply_position_embedding_hooks(kwargs["position_embeddings"])
         # rotary in cos/sin's dtype, cast back (as OLMo's own attention does when its
         # cos/sin stay float32 under a half-precision forward; a no-op when they agree)
@@ -260,7 +252,7 @@ class FastPositionEmbeddingsAttentionBridge(PositionEmbeddingsAttentionBridge):
             k = self.hook_rot_k(k)
         k, v = self._update_kv_cache(k, v, **kwargs)
         scale = float(getattr(self.original_component, "scaling", head_dim**-0.5))
-        z = _sdpa_causal(q, k, v, scale)
+        z = _sdpa(q, k, v, scale, causal_window(kwargs.get("attention_mask"), q.shape[2]))
         z = z.transpose(1, 2).contiguous().reshape(*input_shape, -1)
         out = self.o(_match_output_dtype(self, z))
         return self.hook_out(out), None
@@ -290,7 +282,8 @@ class FastJointQKVAttentionBridge(JointQKVAttentionBridge):
         n_kv_heads = getattr(self.config, "n_key_value_heads", None) or n_heads
         q, k, v, batch, pos, head_dim = self._reshape_qkv_to_heads(q, k, v, n_heads, n_kv_heads)
         k, v = self._update_kv_cache(k, v, **kwargs)
-        z = _sdpa_causal(q, k, v, float(head_dim**-0.5))
+        z = _sdpa(q, k, v, float(head_dim**-0.5),
+                  causal_window(kwargs.get("attention_mask"), q.shape[2]))
         z = self._reshape_attn_output(z, batch, pos, n_heads, head_dim)
         return self._apply_output_projection(z), None
 

@@ -6,7 +6,8 @@ share r of d_head: ``"rotate_half"`` (Llama, GPT-NeoX, Phi-3, Gemma) pairs dimen
 i + r/2, ``"interleaved"`` (GPT-J) pairs 2i with 2i + 1, and dimensions ≥ r pass through.
 Pair j rotates by the angle θ_j·t at position t:
 
-    x'[first_j] = x[first_j]·cos − x[second_j]·sin,   x'[second_j] = x[second_j]·cos + x[first_j]·sin.
+    x'[first_j]  = x[first_j]·cos − x[second_j]·sin,
+    x'[second_j] = x[second_j]·cos + x[first_j]·sin.
 
 TransformerLens's ``hook_cos`` holds cos per rotated dimension in the rotate-half layout
 (``[θ_0..θ_{r/2−1}, θ_0..θ_{r/2−1}]``): its first r/2 columns are the pairs' cosines.

@@ -16,11 +16,11 @@ from poskernel_tl import protocol
 from poskernel_tl.analyses.registry import REGISTRY
 from poskernel_tl.analyze import run_analysis
 from poskernel_tl.config import GridConfig, RunConfig, add_flags, from_args
+from poskernel_tl.embedded import install_lines
 from poskernel_tl.errors import BUG_HINT, ResultFileError, UserError
 from poskernel_tl.executor import GridJobError, submit_grid
 from poskernel_tl.grid import check_plan, merge, plan, run_grid
 from poskernel_tl.head_view_cli import add_inspect_parser, cmd_inspect
-from poskernel_tl.embedded import install_lines
 from poskernel_tl.loading import load_model, load_tokenizer
 from poskernel_tl.registry import REGISTRY as MODELS
 from poskernel_tl.registry import resolve

@@ -53,7 +53,7 @@ def _assembled(spec: ModelSpec) -> Path:
     return _assemble(spec.name, spec.package, spec.gguf_file, pip_line(spec))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _assemble(name: str, package: str, gguf_file: str, pip: str) -> Path:
     """Join the chunks once per process (the package checks the sha256 of the result,
     also of a file already there)."""

@@ -272,7 +272,8 @@ def main() -> None:
           f"repeats {' '.join(args.repeats)}", flush=True)
     rows = []
     for T in args.lengths:
-        rows.append(child(["--one", str(T), "--model", args.model, "--n-seqs", *args.n_seqs, "--fwd-seqs",
+        rows.append(child(["--one", str(T), "--model", args.model, "--n-seqs", *args.n_seqs,
+                           "--fwd-seqs",
                            *args.fwd_seqs, "--batch-size", str(args.batch_size),
                            "--repeats", *args.repeats, "--threads", str(args.threads),
                            "--max-memory", args.max_memory,

@@ -35,13 +35,13 @@ def _ids(T=24, batch=2, seed=0):
 def sdpa_calls(monkeypatch):
     """The query shapes of every attention the fast path computed."""
     calls = []
-    real = fa._sdpa_causal
+    real = fa._sdpa
 
-    def counting(q, k, v, scale):
+    def counting(q, k, v, scale, window=0):
         calls.append(tuple(q.shape))
-        return real(q, k, v, scale)
+        return real(q, k, v, scale, window)
 
-    monkeypatch.setattr(fa, "_sdpa_causal", counting)
+    monkeypatch.setattr(fa, "_sdpa", counting)
     return calls
 
 
@@ -274,3 +274,37 @@ def test_smollm2_sdpa_matches_eager(smollm2):
             worst = max(worst, _max_diff(ours, theirs) / theirs.abs().max().item())
     assert worst < SMOLLM2_QK_RTOL, (
         f"rot_q/rot_k over 30 layers: max |Δ| = {worst_abs:.3g}, relative {worst:.3g}")
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen3", "olmo2"])
+def test_fast_path_covers_sliding_windows_and_qk_norm(arch, tiny_tokenizer, sdpa_calls):
+    """A causal sliding window (read from the mask the layer receives) and QK-norm, before
+    the reshape (OLMo-2) or per head after it (Gemma 3, Qwen3), on the sdpa path: the same
+    hooks, logits and q/k as TransformerLens's own attention, at a length past the window."""
+    from tiny_models import arch_hf_model
+
+    from poskernel_tl.loading import boot_bridge
+
+    bridge = boot_bridge(arch_hf_model(arch), tiny_tokenizer)
+    model = type("M", (), {"bridge": bridge, "spec": type("S", (), {"n_layers": 4})})
+    ids = _ids(T=40)
+    eager_logits, eager_qk, eager_fired = _run(model, ids)
+    assert sdpa_calls == []
+    assert fa.install_fast_attention(bridge) == 4
+    logits, qk, fired = _run(model, ids)
+    assert len(sdpa_calls) == 4 and fired == eager_fired
+    diff = max([_max_diff(logits, eager_logits)]
+               + [_max_diff(a, b) for layer in qk for a, b in zip(qk[layer], eager_qk[layer])])
+    assert diff < TOL, f"{arch}: max |Δ| over logits and q/k = {diff:.3g}"
+
+
+def test_causal_window_reads_the_mask():
+    T = 12
+    lag = torch.arange(T)[:, None] - torch.arange(T)[None]
+    for w in (1, 5, 11):
+        band = ((lag >= 0) & (lag < w))[None, None]
+        assert fa.causal_window(band, T) == w
+        assert fa.causal_window(torch.zeros(1, 1, T, T).masked_fill(~band, -torch.inf), T) == w
+    assert fa.causal_window(((lag >= 0) & (lag < T))[None, None], T) == 0
+    chunked = (lag >= 0) & (torch.arange(T)[:, None] // 4 == torch.arange(T)[None] // 4)
+    assert fa.causal_window(chunked[None, None], T) is None

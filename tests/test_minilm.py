@@ -8,11 +8,11 @@ import torch
 from test_models import hf_bert_qk
 
 from poskernel_tl.embedded import wheel_dir
-from poskernel_tl.registry import REGISTRY
 from poskernel_tl.hooks import capture_qk, logit_scale, qk_hook_names
 from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.loading import position_table
 from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.registry import REGISTRY
 from poskernel_tl.sequences import build_sequences
 
 pytestmark = pytest.mark.minilm

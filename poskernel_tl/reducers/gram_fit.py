@@ -230,7 +230,8 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
                 v: Float[Tensor, "kv_head_index pos rank"] | None,
                 w: Float[Tensor, "head_index pos rank"] | None, scale: float,
                 w_up: Float[Tensor, "head_index pos rank"] | None = None,
-                max_lag: int | None = None) -> tuple[Float[Tensor, " head_index"], Float[Tensor, "head_index lag"],
+                max_lag: int | None = None
+                ) -> tuple[Float[Tensor, " head_index"], Float[Tensor, "head_index lag"],
                            Float[Tensor, "head_index lag"] | None,
                            Float[Tensor, " head_index"] | None]:
     """R², g, and for two-sided pieces g_back and the diagonal's mean g_self (else None),

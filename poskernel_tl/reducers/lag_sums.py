@@ -226,7 +226,8 @@ def strip_lag_stats(strip: Float[Tensor, "batch head_index query_pos key_pos"],
     for lo, hi in row_blocks:
         if min(hi, T) > K:
             raise ValueError(f"row block [{lo}, {hi}) reaches past the strip's {K} rows")
-        w = ((rows >= lo) & (rows < hi) & (lags <= (T if max_lag is None else max_lag))).to(strip.dtype)
+        last = T if max_lag is None else max_lag
+        w = ((rows >= lo) & (rows < hi) & (lags <= last)).to(strip.dtype)
         s1 = F.pad((top * w).sum(-2), (0, T - K))
         blocks.append((s1, (top * top * w).sum((-2, -1))))
     return total, blocks
@@ -283,7 +284,8 @@ def track_a_stats(q: Float[Tensor, "batch pos head_index d_head"],
 def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
                 k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
                 chunk: int = DEFAULT_CHUNK, max_lag: int | None = None
-                ) -> tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]:
+                ) -> tuple[Float[Tensor, "batch head_index lag"],
+                           Float[Tensor, "batch head_index"]]:
     """(S1(Δ), Σ A²) of the strictly lower triangle of scale·q·kᵀ (identities 1, 2), over
     t − s ≤ ``max_lag`` where given; for the permutation null, pass q[:, π], k[:, π]."""
     return (windowed(lag_sums(q, k, scale), max_lag),

@@ -45,7 +45,12 @@ from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
 from poskernel_tl.reducers.two_sided import check_two_sided
 from poskernel_tl.schema import Part, stored
-from poskernel_tl.toeplitz import layer_lag_counts, lower_lag_stats, lower_mean_from_qk, r2_two_sided
+from poskernel_tl.toeplitz import (
+    layer_lag_counts,
+    lower_lag_stats,
+    lower_mean_from_qk,
+    r2_two_sided,
+)
 
 
 @dataclass
