@@ -117,7 +117,14 @@ def per_sequence_bytes(model: LoadedModel, length: int, materialised: bool | Non
     scores = SCORE_COPIES * s.n_heads * T * T * 4 if materialised else 0
     activations = T * (8 * d_model + 3 * d_mlp) * 4
     lag_work = LAG_COPIES * s.n_heads * T * s.d_head * 8 * sides(model)
-    return scores + activations + lag_work
+    return scores + activations + lag_work + mask_kinds(model) * T * T * 4
+
+
+def mask_kinds(model: LoadedModel) -> int:
+    """How many float [T, T] attention masks Hugging Face builds per sequence of a batch:
+    one per kind of mask its layers use (causal, and each sliding window's)."""
+    layers = model.spec.layers or ()
+    return max(1, len({(s.mask, s.window) for s in layers}))
 
 
 def sides(model: LoadedModel) -> int:
@@ -191,7 +198,13 @@ def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False
     ``n_seqs`` sequences and Track B for every layer."""
     s, T = model.spec, length
     track_a = sides(model) * n_seqs * s.n_layers * s.n_heads * T * 8  # lag sums per side
-    return track_a + s.n_layers * gram_layer_bytes(model, T, full, n_seqs)
+    return track_a + band_bytes(model, T) + s.n_layers * gram_layer_bytes(model, T, full,
+                                                                          n_seqs)
+
+
+def band_bytes(model: LoadedModel, length: int) -> int:
+    """The fast path's bool [T, T] band of a sliding window (one at a time), if any."""
+    return length * length if any(x.window for x in model.spec.layers or ()) else 0
 
 
 @dataclass(frozen=True)
@@ -226,7 +239,7 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
     gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval)
     fit = gram_fit_bytes(model, T, w.keep_gram, w.n_eval) + kept // s.n_layers
-    held = cen + U + extra + M  # besides Track B, through the evaluation passes
+    held = cen + U + extra + M + band_bytes(model, T)  # besides Track B, in pass 2
     return {"centering pass": 2 * cen + per, "evaluation pass": held + gram + per,
             "Track B fit": held + gram + fit + kept,
             "Track A fit": cen + TRACK_A_RESULT_COPIES * U + extra + M + kept}

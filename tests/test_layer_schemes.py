@@ -243,6 +243,15 @@ def test_a_windowed_result_round_trips_and_its_spectra_use_each_layer(tmp_path, 
     assert list(table["layer"]) == [L for L in range(4) for _ in range(4)]
     assert (table.loc[table["layer"] != 2, "n_fft"] < table.loc[table["layer"] == 2, "n_fft"]
             .min()).all()  # the local layers' spectra span their 15 kept offsets
+    from poskernel_tl.report.figures import fig1_heatmaps
+    from poskernel_tl.report.sections import layer_kinds_html
+
+    labels = [t.get_text() for t in fig1_heatmaps([back]).axes[0].get_yticklabels()]
+    assert labels == ["2: rope 1e+06"]  # the global layer, framed among local ones
+    html = layer_kinds_html([back])
+    assert "rope 1e+04, window 16" in html and "rope 1e+06" in html and "exploratory" in html
+    assert layer_kinds_html([pk.measure(arch_loaded("llama", tiny_tokenizer), ids[4:],
+                                        progress=False)]) == ""
     g = back.g_pooled.copy()
     g[2, 0, 3] = np.nan  # a hole inside the kept offsets is damage
     from poskernel_tl.toeplitz import kept_finite

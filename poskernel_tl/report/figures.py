@@ -106,6 +106,7 @@ def fig1_heatmaps(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
         ax.set_yticks(_ticks(r.n_layers, 20))
         ax.set_xlabel("head index" + (f"  (kv groups of {g})" if g > 1 else ""))
         ax.set_ylabel("layer")
+        _mark_layer_kinds(ax, r)
         ax.set_title(_plain(f"{model_label(r)}\n{_short(r.dataset)} · T={r.length} · "
                             f"{len(r.seq_id)} sequences"), fontsize=9)
     for ax in axes[len(results):]:
@@ -113,6 +114,22 @@ def fig1_heatmaps(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
     fig.colorbar(im, ax=list(axes[:len(results)]), label="Track A pooled R² (0–1, all panels)",
                  shrink=0.9)
     return fig
+
+
+def _mark_layer_kinds(ax, r: ConditionResult) -> None:
+    """Where a model's layers differ in positional scheme (Gemma 3's global layers among
+    local ones, SmolLM3's NoPE layers), frame and label the rows of every kind but the
+    most common, which the axis label names."""
+    kinds = [s.kind for s in r.spec.layers or ()]
+    if len(set(kinds)) < 2:
+        return
+    common = max(dict.fromkeys(kinds), key=kinds.count)
+    odd = [i for i, k in enumerate(kinds) if k != common]
+    ax.set_yticks(odd, [f"{i}: {kinds[i]}" for i in odd], fontsize=6)
+    for i in odd:
+        for y in (i - 0.5, i + 0.5):
+            ax.axhline(y, color="white", lw=1.0)
+    ax.set_ylabel(f"layer (unlabelled: {common})", fontsize=8)
 
 
 # ------------------------------------------------------------------------- Figure 2
