@@ -189,3 +189,21 @@ def test_unknown_analysis_fails_before_any_condition(tmp_path, tiny_tokenizer):
     with pytest.raises(UserError, match="separable"):
         _run(tmp_path, CONDS[:1], tiny_tokenizer, analyses=("nosuch",))
     assert not (tmp_path / C.RESULTS_DIR).exists()
+
+
+def test_the_grid_loads_models_with_every_model_option(tmp_path, monkeypatch):
+    """What `poskernel grid` accepts for loading (device, dtype, attention, compatibility
+    mode, progress) reaches load_model: each field of the configuration has a consumer."""
+    seen = {}
+
+    def fake_load(name, **kwargs):
+        seen.update(kwargs, name=name)
+        raise UserError("stop here")
+
+    monkeypatch.setattr(grid, "load_model", fake_load)
+    cfg = GridConfig(out=str(tmp_path), compatibility_mode=True, attention="eager",
+                     dtype="float32", device="cpu", progress=False)
+    with pytest.raises(UserError, match="stop here"):
+        grid.run_grid(CONDS[:1], cfg)
+    assert seen == {"name": CONDS[0].model, "device": "cpu", "dtype": "float32",
+                    "progress": False, "attention": "eager", "compatibility_mode": True}

@@ -158,6 +158,18 @@ def test_a_damaged_condition_costs_only_itself(tmp_path):
         build_report(tmp_path / "empty", workers=1)
 
 
+@pytest.mark.parametrize("folder", ["empty", "missing"])
+def test_report_on_a_folder_without_conditions_is_a_user_error(folder, tmp_path, capsys):
+    """One line naming the folder and exit status 2, never a traceback."""
+    from poskernel_tl.cli import main
+
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / folder) in err, err
+    assert not (tmp_path / "missing").exists()
+
+
 def test_exploratory_result_beside_the_deferred_verdict(tmp_path):
     """The gate fails: the verdict stays deferred as pre-registered, and the results add
     the ungated share of aligned early-layer heads for both g sources with the test's

@@ -37,7 +37,13 @@ from poskernel_tl.report.viewer_data import (
     head_anchor,
     write_data,
 )
+from poskernel_tl.errors import UserError
 from poskernel_tl.result import ResultFileError
+
+
+class NoConditionError(UserError, FileNotFoundError):
+    """``poskernel report`` on a folder that does not exist or holds no finished
+    condition: the user's mistake, one line and exit status 2."""
 
 REPORT_DIR = "report"
 FIG_DIR = "figures"
@@ -230,16 +236,23 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
     machine). ``workers``: processes drawing the figures (default: up to 2, one per core).
     ``n_null`` and ``head_pages`` are accepted for old callers and ignored: the
     report runs no null and every head has its view. Raises :class:`ReportIncomplete` after
-    writing when some condition could not be read, ``FileNotFoundError`` when the folder
-    holds no condition."""
+    writing when some condition could not be read, :class:`NoConditionError` (a user error)
+    when the folder does not exist or holds no condition."""
     results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        raise NoConditionError(f"{results_dir} is not a folder: pass the --out folder of a "
+                               "run or grid")
+    if not any((results_dir / C.RESULTS_DIR).glob(f"*_{C.CFG}")):
+        raise NoConditionError(f"no complete condition under {results_dir}: run `poskernel "
+                               "run` or `poskernel grid` with --out there first")
     out = Path(out) if out is not None else results_dir / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     for old in OLD_LAYOUT:
         shutil.rmtree(out / old, ignore_errors=True)
     conds, damaged = _read(results_dir, out, token_decoders, progress)
     if not conds and not damaged:
-        raise FileNotFoundError(f"no complete condition under {results_dir}")
+        raise NoConditionError(f"no complete condition under {results_dir}: run `poskernel "
+                               "run` or `poskernel grid` with --out there first")
     results = [c.result for c in conds]
     summary = tables.condition_summary(results, {c.key: c.spectral.tables for c in conds})
     gate = tables.spectral_gate(summary) if len(summary) else (float("nan"), None)
