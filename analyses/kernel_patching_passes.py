@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from poskernel_tl.analyses.kernel_patching_kernels import (
     causal_masks,
@@ -37,6 +36,7 @@ from poskernel_tl.analyses.kernel_patching_kernels import (
     shift_invariant_part,
 )
 from poskernel_tl.hooks import scores_hook_name
+from poskernel_tl.progress import tqdm
 
 MODES = ("pooled", "per_seq")
 DIAGONALS = ("fit", "keep")

@@ -39,7 +39,6 @@ import torch
 from jaxtyping import Float, Int
 from matplotlib.figure import Figure
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.analyses.sequence_pca_stats import (  # noqa: F401  (re-exported)
@@ -59,6 +58,7 @@ from poskernel_tl.analyses.sequence_pca_stats import (  # noqa: F401  (re-export
 )
 from poskernel_tl.hooks import qk_hook_names
 from poskernel_tl.measure import as_tokens, check_tokens, forward_pass
+from poskernel_tl.progress import tqdm
 
 N_REPORT = 3  # temporal components reported per layer in the table
 

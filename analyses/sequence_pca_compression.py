@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from poskernel_tl.analyses.sequence_pca_stats import SequencePCA, cpu_threads, sequence_pca
+from poskernel_tl.progress import tqdm
 from poskernel_tl.sequences import build_sequences
 
 CONDITIONS = ("full", "pca_decoder", "pca_raw", "pool", "none")

@@ -21,6 +21,7 @@ from poskernel_tl.config import GridConfig
 from poskernel_tl.errors import UserError
 from poskernel_tl.grid import SUMMARY_CSV, Condition, merge, run_grid
 from poskernel_tl.io import save_csv
+from poskernel_tl.progress import tqdm
 
 JOBS_DIR = "jobs"
 SUBMITIT_DIR = "submitit"
@@ -89,8 +90,6 @@ def submit_grid(conds: list[Condition], opts: GridConfig, cluster: str = "slurm"
     """Submit one job per model, wait for all of them (a progress bar over jobs), merge
     their folders into ``opts.out`` and return the summary table. ``load``: a picklable
     model loader handed to each job (default: the registry's)."""
-    from tqdm.auto import tqdm
-
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     slurm = slurm or SlurmOptions(partition=opts.slurm_partition,

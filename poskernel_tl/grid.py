@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from poskernel_tl import constants as C
 from poskernel_tl import protocol
@@ -37,6 +36,7 @@ from poskernel_tl.loading import (
     load_model,
 )
 from poskernel_tl.manifest import FolderLock, Manifest, key_of, sha256
+from poskernel_tl.progress import tqdm
 from poskernel_tl.registry import EMBEDDED_DEFAULT, REGISTRY, resolve
 from poskernel_tl.result import ConditionResult
 from poskernel_tl.runner import run_condition

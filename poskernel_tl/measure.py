@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from jaxtyping import Int
-from tqdm.auto import tqdm
 
 from poskernel_tl import constants as C
 from poskernel_tl.batching import Plan, Workload, gram_factors, plan_measure
@@ -42,6 +41,7 @@ from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.loading import LoadedModel, dtype_name
 from poskernel_tl.pe_kernel import NoPositionTableError, is_post_ln, pe_kernel_part
+from poskernel_tl.progress import tqdm
 from poskernel_tl.reducers import (
     CenteringMeans,
     FreqUsage,
@@ -67,23 +67,41 @@ Tokens = Int[torch.Tensor, "batch pos"]
 CenteringTokens = Int[torch.Tensor, "n_centering pos"]  # another count, the same length
 
 
-def as_tokens(model: LoadedModel, data) -> Int[torch.Tensor, "batch pos"] | None:
+def as_tokens(model: LoadedModel, data, length: int | None = None
+              ) -> Int[torch.Tensor, "batch pos"] | None:
     """An int tensor [n, T] as given, or a list of strings tokenized without special
-    tokens (BOS included: none) and cut to the shortest one's length."""
+    tokens (BOS included: none) and cut to ``length`` tokens (default: the shortest
+    text's length). A text or sequence shorter than ``length`` is refused, naming it."""
+    ids = _token_lists(model, data)
+    return None if ids is None else _cut(ids, length)
+
+
+def _cut(ids: list, length: int | None, what: str = "text") -> Int[torch.Tensor, "batch pos"]:
+    """Token lists as a tensor [n, length] (default length: the shortest); a shorter list
+    is refused in one line naming it."""
+    T = min(len(x) for x in ids) if length is None else int(length)
+    short = [(i, len(x)) for i, x in enumerate(ids) if len(x) < T]
+    if short:
+        i, n = short[0]
+        raise UserError(f"{what} {i} has {n} tokens, fewer than length={T}: pass longer "
+                        "texts or a smaller length")
+    return torch.tensor([list(x[:T]) for x in ids], dtype=torch.long)
+
+
+def _token_lists(model: LoadedModel, data) -> list | None:
+    """Token ids per sequence of an int tensor [n, T] or a list of strings."""
     if data is None:
         return None
     if torch.is_tensor(data):
         if data.dtype not in (torch.int64, torch.int32) or data.ndim != 2:
             raise UserError(f"tokens must be an int tensor [n_seqs, T], got {data.dtype} "
                              f"{tuple(data.shape)}")
-        return data.long()
+        return data.long().tolist()
     if isinstance(data, str) or not isinstance(data, Sequence):
         raise UserError("tokens: an int tensor [n_seqs, T] or a list of strings")
     if model.tokenizer is None:
         raise UserError("this model has no tokenizer: pass token ids")
-    ids = [model.tokenizer(t, add_special_tokens=False)["input_ids"] for t in data]
-    T = min(len(x) for x in ids)
-    return torch.tensor([x[:T] for x in ids], dtype=torch.long)
+    return [model.tokenizer(t, add_special_tokens=False)["input_ids"] for t in data]
 
 
 def check_tokens(model: LoadedModel, tokens: torch.Tensor, what: str) -> None:
@@ -171,7 +189,7 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers: Callable[
 
 def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool = True,
             seq_id=None, logits_for: Sequence[int] = (), keep_gram: bool | None = None,
-            dataset: str = "custom", config: dict | None = None,
+            dataset: str = "custom", config: dict | None = None, length: int | None = None,
             **options) -> ConditionResult:
     """Track A and Track B of every head on ``tokens`` (evaluation sequences, an int
     tensor [n, T] or a list of strings), centered by the per-position means of
@@ -185,11 +203,13 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     ``hook``/``qk``: the materialised reference path), ``null_perms``, ``null_seqs``.
     ``logits_for``: evaluation positions whose full logits to keep; ``keep_gram``: keep
     the full Gram matrices (default: T ≤ 256); ``seq_id``: ids of the evaluation
-    sequences (default 0..n−1); ``config``: saved with the result.
+    sequences (default 0..n−1); ``config``: saved with the result. ``length``: strings
+    (and tensors) are cut to this many tokens, a shorter one refused; without it both sets
+    are cut to their shortest sequence and the result's notes say so.
     """
     t0, opts = time.time(), MeasureConfig(**options)
     opts.validate()  # bad values fail before any work
-    ev_ids, cen_ids = checked_tokens(model, tokens, centering_tokens)
+    ev_ids, cen_ids, cut = checked_tokens(model, tokens, centering_tokens, length)
     T, dev = ev_ids.shape[1], model.device
     hook_scores = choose_scores_path(model, opts.scores)
     mask = check_mask(model)
@@ -208,6 +228,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
                                       keep_gram, hook_scores, progress)
     parts, notes = result_parts(model, reds, track_b, centering, ev_ids)
     notes = [plan.note()] + notes if plan.blocked else notes
+    notes = ([cut] if cut else []) + notes
     provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
                   "scores_from": {"hook": "hook_attn_scores", "qk": "q·kᵀ"}.get(
                       opts.scores, "lag sums of q and k"),
@@ -224,21 +245,29 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
 
 
 
-def checked_tokens(model: LoadedModel, tokens, centering_tokens
-                   ) -> tuple[Tokens, CenteringTokens | None]:
-    """The evaluation and centering token ids, checked (no centering: None)."""
-    ev_ids, cen_ids = as_tokens(model, tokens), as_tokens(model, centering_tokens)
-    check_tokens(model, ev_ids, "evaluation tokens")
-    if len(ev_ids) < 2:
+def checked_tokens(model: LoadedModel, tokens, centering_tokens, length: int | None = None
+                   ) -> tuple[Tokens, CenteringTokens | None, str | None]:
+    """The evaluation and centering token ids cut to one length, checked (no centering:
+    None), and a note when that length was chosen here: ``length``, else the shortest
+    sequence of the two sets (both cut to it)."""
+    ev, cen = _token_lists(model, tokens), _token_lists(model, centering_tokens)
+    if len(ev) < 2:
         raise UserError("need at least 2 evaluation sequences")
-    if cen_ids is not None and len(cen_ids) == 0:
-        cen_ids = None
+    if cen is not None and len(cen) == 0:
+        cen = None
+    note = None
+    if length is None:
+        lengths = {len(x) for x in ev + (cen or [])}
+        length = min(lengths)
+        if len(lengths) > 1:
+            note = (f"sequences of {min(lengths)} to {max(lengths)} tokens, all cut to the "
+                    f"shortest (T = {length}); pass length= to choose T")
+    ev_ids = _cut(ev, length, "evaluation text")
+    cen_ids = None if cen is None else _cut(cen, length, "centering text")
+    check_tokens(model, ev_ids, "evaluation tokens")
     if cen_ids is not None:
         check_tokens(model, cen_ids, "centering tokens")
-        if cen_ids.shape[1] != ev_ids.shape[1]:
-            raise UserError(f"centering sequences have T={cen_ids.shape[1]}, evaluation "
-                            f"sequences T={ev_ids.shape[1]}")
-    return ev_ids, cen_ids
+    return ev_ids, cen_ids, note
 
 
 def centering_pass(model: LoadedModel, cen_ids, batch_size: int, opts: MeasureConfig,

@@ -14,7 +14,7 @@ PACKAGES = {"poskernel_tl": "poskernel_tl", "hooks": "poskernel_tl.hooks",
 RANKS = [
     ("poskernel_tl.errors", "poskernel_tl.protocol", "poskernel_tl.constants",
      "poskernel_tl.io", "poskernel_tl.registry", "poskernel_tl.schema",
-     "poskernel_tl.scheme"),
+     "poskernel_tl.scheme", "poskernel_tl.progress"),
     ("poskernel_tl.hooks", "poskernel_tl.toeplitz", "poskernel_tl.datasets",
      "poskernel_tl.sequences", "poskernel_tl.embedded", "poskernel_tl.loading",
      "poskernel_tl.batching",

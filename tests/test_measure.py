@@ -11,6 +11,7 @@ from tiny_models import tiny_hf_model, tiny_loaded
 import poskernel_tl as pk
 from poskernel_tl import constants as C
 from poskernel_tl.cli import main
+from poskernel_tl.errors import UserError
 from poskernel_tl.loading import boot_bridge
 from poskernel_tl.result import ALIASES, OWNER, ResultFileError
 
@@ -103,6 +104,23 @@ def test_from_bridge_and_strings(tiny_tokenizer):
     assert res.to_frames()[1]["R2_gram"].equals(res.to_frames()[1]["R2_gram_raw"])
 
 
+def test_texts_of_different_lengths_are_cut_to_one_length(llama):
+    """Strings are tokenized and cut: to ``length`` where given (a shorter text refused,
+    named), else both sets to their shortest text, and the result says so."""
+    words = "the quick brown fox jumps over the lazy dog def f(x): return x + 1 "
+    texts = [words * (3 + i) for i in range(6)]  # every text a different length
+    n = [len(llama.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    res = pk.measure(llama, texts[2:], centering_tokens=texts[:2], progress=False)
+    assert res.length == min(n) and res.centered
+    assert any(f"cut to the shortest (T = {min(n)})" in x for x in res.provenance["notes"])
+    res = pk.measure(llama, texts[2:], centering_tokens=texts[:2], length=20, progress=False)
+    assert res.length == 20 and not any("shortest" in x for x in res.provenance["notes"])
+    with pytest.raises(UserError, match=f"centering text 0 has {n[0]} tokens, fewer than "
+                                        f"length={n[0] + 1}"):
+        pk.measure(llama, texts[2:], centering_tokens=texts[:2], length=n[0] + 1,
+                   progress=False)
+
+
 def test_shape_errors_raise_in_normal_use(llama):
     from poskernel_tl.reducers import LayerBatch
 
@@ -173,3 +191,27 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "interrupted; rerun the same command to resume" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_progress_bars_are_text_bars_without_the_notebook_widgets(monkeypatch):
+    """Without ipywidgets the bars are tqdm's text bars, chosen on purpose (no
+    TqdmWarning in a notebook); with them, tqdm's automatic choice."""
+    import importlib
+    import importlib.util
+
+    import tqdm.auto
+    import tqdm.std
+
+    import poskernel_tl.progress as progress
+
+    real = importlib.util.find_spec
+    try:
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: None if name == "ipywidgets" else real(name, *a))
+        assert importlib.reload(progress).tqdm is tqdm.std.tqdm
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: object() if name == "ipywidgets" else real(name, *a))
+        assert importlib.reload(progress).tqdm is tqdm.auto.tqdm
+    finally:
+        monkeypatch.undo()
+        importlib.reload(progress)

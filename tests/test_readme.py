@@ -7,6 +7,7 @@ import types
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from poskernel_tl import cli
 from poskernel_tl.analyses import registry
@@ -39,3 +40,25 @@ def test_the_readme_analysis_runs_from_the_command_line(tmp_path, monkeypatch, c
         "trackA_pooled"]
     assert list(table.columns[:3]) == ["model", "dataset", "length"]
     assert table["g"].tolist() == g_pooled[..., 2].ravel().tolist()
+
+
+@pytest.mark.smollm2
+def test_the_readme_python_example_runs_on_real_files(smollm2, tmp_path, monkeypatch):
+    """The README's first Python block, as written, on 20 standard-library files (texts of
+    different lengths, both sets cut to the shortest)."""
+    import sysconfig
+
+    import poskernel_tl as pk
+
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"## Python\n\n```python\n(.*?)```", text, re.S).group(1)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py") if 1500 < p.stat().st_size < 2500)[:20]
+    assert len(files) == 20
+    monkeypatch.setattr(pk, "load_model", lambda name: smollm2)
+    monkeypatch.chdir(tmp_path)
+    scope = {"my_files": [str(f) for f in files]}
+    exec(compile(code, "README.md", "exec"), scope)
+    res = scope["res"]
+    assert res.length >= 100 and len(res.seq_id) == 10 and res.centered
+    assert (tmp_path / "artifacts" / "mine" / "results").is_dir()

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from poskernel_tl import constants as C
+from poskernel_tl.errors import UserError
+from poskernel_tl.progress import tqdm
 from poskernel_tl.report import extras, figure_nulls, figures, nulls, sections, tables, verdicts
 from poskernel_tl.report.collect import Condition, Damaged, iter_conditions, slim
 from poskernel_tl.report.html import page_html, report_block, write_page
@@ -37,7 +39,6 @@ from poskernel_tl.report.viewer_data import (
     head_anchor,
     write_data,
 )
-from poskernel_tl.errors import UserError
 from poskernel_tl.result import ResultFileError
 
 
@@ -80,8 +81,6 @@ def _read(results_dir: Path, out: Path, decoders, progress: bool
     conds, damaged, written = [], [], set()
     items = iter_conditions(results_dir, decoders)
     if progress:
-        from tqdm.auto import tqdm
-
         items = tqdm(items, desc="report", unit="cond")
     for item in items:
         if isinstance(item, Damaged):
