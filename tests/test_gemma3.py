@@ -11,6 +11,7 @@ import torch
 from test_layer_schemes import hf_eager_logits, naive_r2
 
 import poskernel_tl as pk
+from poskernel_tl.embedded import from_gguf
 
 pytestmark = pytest.mark.gemma3
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext2_test_raw.txt"
@@ -35,7 +36,9 @@ def test_track_a_equals_hugging_face_on_the_kept_entries(gemma3):
     ids = gemma3.tokenizer(text, add_special_tokens=False)["input_ids"]
     tokens = torch.tensor([ids[:T], ids[T:2 * T]])
     res = pk.measure(gemma3, tokens, progress=False)
-    ref = hf_eager_logits(gemma3.hf_model, tokens)
+    pristine, _ = from_gguf(gemma3.spec, torch.float32, False)  # never wrapped by a bridge
+    ref = hf_eager_logits(pristine, tokens)
+    assert len(ref) == 18
     for layer, (A, keep) in enumerate(ref):
         kept, whole = naive_r2(A, keep), naive_r2(A, torch.ones(T, T, dtype=torch.bool))
         assert np.abs(res.r2_pooled[layer] - kept).max() <= 1e-4, layer
