@@ -79,7 +79,8 @@ from poskernel_tl.analyses.gk_split import (
     split_layer0_scores,
 )
 from poskernel_tl.config import option
-from poskernel_tl.measure import as_tokens, check_tokens, choose_scores_path, forward_pass
+from poskernel_tl.inputs import as_tokens, check_tokens
+from poskernel_tl.measure import choose_scores_path, forward_pass
 from poskernel_tl.pe_kernel import NoPositionTableError
 from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
 

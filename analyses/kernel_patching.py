@@ -55,7 +55,7 @@ from matplotlib.figure import Figure
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
 from poskernel_tl.analyses.kernel_patching_passes import PatchingResult, run_kernel_patching
 from poskernel_tl.config import option
-from poskernel_tl.measure import as_tokens, check_tokens
+from poskernel_tl.inputs import as_tokens, check_tokens
 
 MAX_SEQS = 16  # evaluation sequences patched by default from a notebook
 

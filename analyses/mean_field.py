@@ -48,7 +48,8 @@ from torch import Tensor
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
 from poskernel_tl.config import option
-from poskernel_tl.measure import as_tokens, check_tokens, forward_pass
+from poskernel_tl.inputs import as_tokens, check_tokens
+from poskernel_tl.measure import forward_pass
 from poskernel_tl.toeplitz import shift_invariance_r2
 
 PARTS = ("meanfield", "cross", "centered")

@@ -57,7 +57,8 @@ from poskernel_tl.analyses.sequence_pca_stats import (  # noqa: F401  (re-export
     train_mlp_probe,
 )
 from poskernel_tl.hooks import qk_hook_names
-from poskernel_tl.measure import as_tokens, check_tokens, forward_pass
+from poskernel_tl.inputs import as_tokens, check_tokens
+from poskernel_tl.measure import forward_pass
 from poskernel_tl.progress import tqdm
 
 N_REPORT = 3  # temporal components reported per layer in the table

@@ -295,12 +295,7 @@ def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, f
                 if nope.size else "No NoPE model in this folder: the empirical NoPE null "
                 "the protocol asks for cannot be formed; the analytic and permutation nulls "
                 "stand in.")
-    listed = "".join(f"<li>{esc(cond_text(r))} — {len(r.seq_id)} evaluation sequences, "
-                     f"{'centered' if r.centered else 'uncentered'} Track B, "
-                     f"{esc(r.provenance.get('weights', 'weights not recorded'))}"
-                     + (f"; layers: {esc(r.provenance['layers'])}"
-                        if ";" in r.provenance.get("layers", "") else "") + "</li>"
-                     for r in results)
+    listed = "".join(f"<li>{esc(sections.condition_line(r))}</li>" for r in results)
     g = lambda key: "".join(figs.get(key, []))  # noqa: E731
     blocks = [
         "<h1>Positional-kernel report</h1>", sections.damaged_html(damaged), sections.PROTOCOL_HTML,

@@ -42,6 +42,16 @@ def cond_text(r: ConditionResult) -> str:
     return f"{figures.model_label(r)} · {dataset_label(r.dataset)} · T={r.length}"
 
 
+def condition_line(r: ConditionResult) -> str:
+    """One condition as the report lists it: sequences, centering, weights, and its
+    layers' schemes where they differ."""
+    layers = r.provenance.get("layers", "")
+    return (f"{cond_text(r)} — {len(r.seq_id)} evaluation sequences, "
+            f"{'centered' if r.centered else 'uncentered'} Track B, "
+            f"{r.provenance.get('weights', 'weights not recorded')}"
+            + (f"; layers: {layers}" if ";" in layers else ""))
+
+
 def fmt(x, spec: str = "{:.3f}") -> str:
     try:
         return "nan" if x is None or not np.isfinite(float(x)) else spec.format(float(x))
