@@ -252,6 +252,10 @@ def test_a_windowed_result_round_trips_and_its_spectra_use_each_layer(tmp_path, 
     assert "rope 1e+04, window 16" in html and "rope 1e+06" in html and "exploratory" in html
     assert layer_kinds_html([pk.measure(arch_loaded("llama", tiny_tokenizer), ids[4:],
                                         progress=False)]) == ""
+    from poskernel_tl.report.build import build_report
+
+    page = build_report(tmp_path, workers=1).read_text()
+    assert "Layer kinds (exploratory)" in page and '"kinds":["rope 1e+04, window 16"' in page
     g = back.g_pooled.copy()
     g[2, 0, 3] = np.nan  # a hole inside the kept offsets is damage
     from poskernel_tl.toeplitz import kept_finite

@@ -206,6 +206,7 @@ def _index(conds: list[Condition]) -> list[dict]:
                     "label": cond_text(r), "dataset_label": dataset_label(r.dataset),
                     "length": int(r.length), "n_layers": r.n_layers, "n_heads": r.n_heads,
                     "group_size": int(r.spec.group_size),
+                    "kinds": [s.kind for s in r.spec.layers or ()],
                     "r2": [[None if not np.isfinite(v) else float(v) for v in row]
                            for row in np.asarray(r.r2_pooled, np.float64)],
                     "data": f"{DATA_DIR}/{data_path('.', r).name}"})

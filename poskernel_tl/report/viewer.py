@@ -103,8 +103,9 @@ def viewer_html(index: list[dict]) -> str:
     """Figure 1's interactive heatmaps and the head panel, for ``report.html`` (the assets
     are loaded by the page head; :func:`asset_tags`). ``index``: one entry per condition
     (``key``, ``label``, ``model``, ``dataset_label``, ``length``, ``n_layers``,
-    ``n_heads``, ``group_size``, ``r2`` (Track A pooled R² grid), ``data`` (the data
-    file's relative path))."""
+    ``n_heads``, ``group_size``, ``kinds`` (each layer's positional scheme, for the
+    hover; empty for results saved before layers were described), ``r2`` (Track A pooled
+    R² grid), ``data`` (the data file's relative path))."""
     for entry in index:
         check_relative_url(entry["data"])
     return ('<div id="pk-fig1" class="pk-viewer"></div>\n'

@@ -312,8 +312,10 @@
       var c = index[Number(select.value)], shapes = [];
       for (var b = c.group_size; c.group_size > 1 && b < c.n_heads; b += c.group_size)
         shapes.push({ type: "line", x0: b - 0.5, x1: b - 0.5, y0: -0.5, y1: c.n_layers - 0.5, line: { color: "#fff", width: 2 } });
-      plot(div, [{ type: "heatmap", z: c.r2, zmin: 0, zmax: 1, colorscale: "Viridis",
-        colorbar: { title: { text: "R²" } }, hovertemplate: "L%{y}H%{x}: R² %{z:.3f}<extra></extra>" }],
+      var kinds = (c.kinds || []).map(function (k) { return c.r2[0].map(function () { return k; }); });
+      plot(div, [{ type: "heatmap", z: c.r2, zmin: 0, zmax: 1, colorscale: "Viridis", customdata: kinds,
+        colorbar: { title: { text: "R²" } },
+        hovertemplate: "L%{y}H%{x}" + (kinds.length ? " (%{customdata})" : "") + ": R² %{z:.3f}<extra></extra>" }],
       { title: { text: c.label + " — Track A pooled R² (click a head)" }, shapes: shapes,
         xaxis: { title: { text: "head" }, dtick: 1 }, yaxis: { title: { text: "layer" }, autorange: "reversed" },
         height: Math.max(320, 18 * c.n_layers + 120) });
