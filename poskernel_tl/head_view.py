@@ -87,6 +87,7 @@ class HeadView:
     notes: list[str] = field(default_factory=list)
     g_back: Float[np.ndarray, " lag"] | None = None
     g_self: float | None = None
+    max_lag: int | None = None  # a sliding window's last kept offset (the fit reads Δ ≤ it)
 
     @property
     def two_sided(self) -> bool:
@@ -109,6 +110,9 @@ class HeadView:
         notes = [f"Logits from {self.scores_from}; pattern from {self.pattern_from}. "
                  "g(Δ) (drawn as Track A) and its spectrum are this one sequence's fit; "
                  "Track B needs many sequences (pk.measure).", *self.notes]
+        if self.max_lag is not None:
+            notes.append(f"The layer attends within a sliding window: the fit reads the "
+                         f"offsets 1 ≤ t − s ≤ {self.max_lag} only (g is not defined past).")
         if self.thetas is not None:
             notes.append(alignment_line(self.alignment))
         return HeadPageData(
@@ -117,7 +121,7 @@ class HeadView:
             two_sided=self.two_sided, spectrum=self.spectrum, thetas=self.thetas,
             tables=alignment_frames(self.alignment, "this sequence's g(Δ)"),
             r2_values={"R² without the sink column (key 0)": self.r2_nosink},
-            notes=notes)
+            notes=notes, max_lag=self.max_lag)
 
     def to_html(self, assets_rel: str | None = None) -> str:
         """The view as an HTML block; ``assets_rel=None`` inlines the circuitsvis bundle."""
@@ -339,7 +343,7 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
         tokens=token_strings(model.tokenizer, ids.tolist()), token_ids=ids.numpy(),
         logits=fit["logits"], pattern=t["pattern"].float().cpu().numpy(), g=fit["g"],
         r2=fit["r2"], r2_nosink=r2_nosink, residual=fit["residual"], g_back=fit["g_back"],
-        g_self=fit["g_self"],
+        g_self=fit["g_self"], max_lag=max_lag,
         spectrum=(omega, power), alignment=alignment, thetas=thetas,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes)
     T = len(ids)  # the view's arrays against the text's length (cheap: shapes only)

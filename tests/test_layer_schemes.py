@@ -264,3 +264,20 @@ def test_a_windowed_result_round_trips_and_its_spectra_use_each_layer(tmp_path, 
         back.track_a.__class__.check(
             type(back.track_a)(**{**back.track_a.__dict__, "g_pooled": g}),
             {"layer": 4, "head_index": 4, "lag": T - 1, "n_seqs": 4, "split": 5})
+
+
+def test_a_head_view_fits_its_layers_window(tiny_tokenizer):
+    """One head of a sliding layer (T past the window): the view, its page and the
+    layer's own g agree with the naive fit of HF's logits on the kept entries; the page
+    shows no logit the window removes."""
+    from poskernel_tl.report.viewer import head_payload
+
+    model = arch_loaded("gemma3", tiny_tokenizer)
+    ids = torch.randint(3, 290, (1, T), generator=torch.Generator().manual_seed(7))
+    view = pk.inspect_head(model, ids[0], 0, 1)
+    A, keep = hf_eager_logits(arch_hf_model("gemma3"), ids)[0]
+    assert view.max_lag == 15 and abs(view.r2 - naive_r2(A, keep)[1]) < 1e-6
+    assert np.isnan(view.g[15:]).all() and np.isfinite(view.g[:15]).all()
+    payload = head_payload(view.page_data())
+    assert abs(payload["seq"]["r2"] - view.r2) < 1e-9
+    assert abs(payload["numbers"][0][2] - view.r2) < 1e-9

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 
 from poskernel_tl.report.html import (
     ASSETS_DIR,
@@ -142,6 +142,7 @@ class HeadPageData:
     notes: list[str] | tuple[str, ...] = ()
     links: dict[str, str] = field(default_factory=dict)
     beyond: pd.DataFrame | None = None
+    max_lag: int | None = None  # a sliding window's last kept offset: the fit reads Δ ≤ it
 
     def __post_init__(self):
         T = len(self.tokens)
@@ -156,18 +157,29 @@ class HeadPageData:
             raise ValueError("spectrum omega and power differ in length")
 
 
-def toeplitz_fit(logits: Float[np.ndarray, "query_pos key_pos"], two_sided: bool = False
+def fit_mask(T: int, two_sided: bool = False, max_lag: int | None = None
+             ) -> Bool[np.ndarray, "query_pos key_pos"]:
+    """The entries a head's fit reads: every off-diagonal one (``two_sided``), else the
+    strict lower triangle, up to offset ``max_lag`` (a sliding window) where given."""
+    if two_sided:
+        return ~np.eye(T, dtype=bool)
+    keep = np.tril(np.ones((T, T), dtype=bool), k=-1)
+    return keep if max_lag is None else np.triu(keep, k=-max_lag)
+
+
+def toeplitz_fit(logits: Float[np.ndarray, "query_pos key_pos"], two_sided: bool = False,
+                 max_lag: int | None = None
                  ) -> tuple[float, Float[np.ndarray, " lag"], Float[np.ndarray, " lag"] | None]:
     """(R², g, g_back) of the shift-invariant fit of one logit matrix on its strict lower
-    triangle (``g_back`` None), or on every off-diagonal entry (``two_sided``: ``g_back``
-    holds Δ = −1..−(T−1))."""
+    triangle (``g_back`` None; up to offset ``max_lag`` where given, g NaN past it), or on
+    every off-diagonal entry (``two_sided``: ``g_back`` holds Δ = −1..−(T−1))."""
     T = logits.shape[0]
-    keep = ~np.eye(T, dtype=bool) if two_sided else np.tril(np.ones((T, T), dtype=bool), k=-1)
+    keep = fit_mask(T, two_sided, max_lag)
     clean = torch.from_numpy(np.where(keep, np.asarray(logits, np.float64), 0.0))
     if two_sided:
         r2, g, g_back, _ = shift_invariance_r2_two_sided(clean)
         return float(r2), g.numpy(), g_back.numpy()
-    r2, g = shift_invariance_r2(clean)
+    r2, g = shift_invariance_r2(clean, max_lag)
     return float(r2), g.numpy(), None
 
 
@@ -182,8 +194,8 @@ def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
     """The viewer's payload for one head (arrays as base64 typed arrays)."""
     T = len(data.tokens)
     n = min(T, max_tokens)
-    r2, g, g_back = toeplitz_fit(data.logits, data.two_sided)
-    keep = ~np.eye(T, dtype=bool) if data.two_sided else np.tril(np.ones((T, T), bool), -1)
+    r2, g, g_back = toeplitz_fit(data.logits, data.two_sided, data.max_lag)
+    keep = fit_mask(T, data.two_sided, data.max_lag)
     logits = np.where(keep, data.logits, np.nan)[:n, :n]
     notes = list(data.notes)
     if n < T:
