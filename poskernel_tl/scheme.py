@@ -198,6 +198,20 @@ def _qk_norm(attn: nn.Module | None) -> bool:
                                     for n in ("q_norm", "k_norm", "q_layernorm"))
 
 
+def _refuse_unfitted_logits(cfg, attns: list[nn.Module]) -> None:
+    """Refuse attention whose logits are not scale·q·k: soft-capped logits (Gemma 2:
+    cap·tanh(x / cap)) and position-dependent query temperatures (Llama 4's NoPE layers)
+    would be measured as the products they transform."""
+    capped = [getattr(a, "attn_logit_softcapping", None) for a in attns] + \
+        [getattr(cfg, "attn_logit_softcapping", None)]
+    if any(c for c in capped):
+        raise UnreadableSchemeError("attention logit soft-capping (cap·tanh(q·k·scale / cap)): "
+                                    "the fit reads scale·q·k, not the capped logits; not supported")
+    if getattr(cfg, "attn_temperature_tuning", False):
+        raise UnreadableSchemeError("position-dependent attention temperature "
+                                    "(attn_temperature_tuning): not supported")
+
+
 def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int
                 ) -> tuple[LayerScheme, ...]:
     """Every layer's :class:`LayerScheme` read from ``hf_model`` (``pe``: the model-level
@@ -209,6 +223,7 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int
         raise UnreadableSchemeError(f"config.layer_types has {len(types)} entries for "
                                     f"{n_layers} layers")
     attns = attention_modules(hf_model)
+    _refuse_unfitted_logits(cfg, attns)
     no_rope = _no_rope(cfg, n_layers)
     rotary, buffers = _rotary_tables(_inner(hf_model)) if pe == "rope" else (None, {})
     layout = _layout(hf_model) if pe == "rope" else None

@@ -187,6 +187,24 @@ def test_chunked_attention_is_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
+def test_soft_capped_logits_are_refused_in_one_line():
+    """Gemma 2 caps its logits (cap·tanh(x / cap)): the products q·k are not what its
+    softmax reads, so the model is refused rather than measured under a guess."""
+    import transformers as tf
+
+    from poskernel_tl.loading import describe
+    from poskernel_tl.registry import placeholder_spec
+
+    cfg = tf.Gemma2Config(vocab_size=300, hidden_size=64, intermediate_size=96,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                          head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+                          bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    hf = tf.AutoModelForCausalLM.from_config(cfg)
+    with pytest.raises(UnreadableSchemeError, match="soft-capping") as err:
+        describe(hf, placeholder_spec("tiny-gemma2", None))
+    assert "\n" not in str(err.value)
+
+
 def test_an_hf_folder_runs_with_its_own_schemes(tmp_path, tiny_tokenizer):
     """A tiny Gemma 3 saved as a folder goes through the hub loader (``hf:DIR``): the
     command line prints every layer's scheme and the run records it in its provenance."""
