@@ -169,6 +169,34 @@ def test_saved_page_renders_in_chromium(saved):
     assert f"{view.r2:.3f}" in heads[0].text()
 
 
+def test_notebook_views_share_the_viewer_assets(llama, tmp_path, monkeypatch):
+    """In a notebook the first view carries Plotly, circuitsvis and the viewer, later ones
+    only their data (logits and pattern as deflated half-precision display copies);
+    ``to_html()`` stays self-contained. Rendered together in Chromium, every view mounts;
+    a later view on a page without the first says what to do."""
+    import poskernel_tl.head_view as hv
+
+    monkeypatch.setattr(hv, "_ASSETS_SHOWN", False)
+    views = [inspect_head(llama, torch.randint(3, 290, (128,), generator=torch.Generator()
+                                               .manual_seed(i)), 1, i) for i in range(3)]
+    blocks = [v._repr_html_() for v in views]
+    assert len(blocks[0]) > 1_000_000 and all(len(b) < 60_000 for b in blocks[1:])
+    assert len(views[1].to_html()) > 1_000_000  # standalone: the assets inline
+    if find_chromium() is None:
+        pytest.skip("headless Chromium not found: apt-get install chromium")
+    page = tmp_path / "notebook.html"
+    page.write_text("<html><body>" + "".join(blocks) + "</body></html>", encoding="utf-8")
+    run = load_page(page)
+    assert run.console == [] and run.probe == [], (run.console, run.probe)
+    heads = run.dom.find_all("div", class_="pk-head")
+    assert len(heads) == 3 and all(h.children for h in heads)
+    for h, v in zip(heads, views):
+        assert f"{v.r2:.3f}" in h.text()
+    alone = tmp_path / "alone.html"
+    alone.write_text("<html><body>" + blocks[2] + "</body></html>", encoding="utf-8")
+    assert "not loaded on this page" in load_page(alone).dom.text()
+
+
 # ---------------------------------------------------------------------- the CLI
 
 

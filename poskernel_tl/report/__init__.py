@@ -6,6 +6,7 @@ from poskernel_tl.report.html import ASSETS_DIR, escape, json_for_script, relati
 from poskernel_tl.report.viewer import (
     BUNDLE_NAME,
     PLOTLY_NAME,
+    SHARED,
     HeadPageData,
     assets_rel_for,
     head_html,
@@ -19,6 +20,7 @@ __all__ = [
     "ASSETS_DIR",
     "BUNDLE_NAME",
     "PLOTLY_NAME",
+    "SHARED",
     "HeadPageData",
     "assets_rel_for",
     "escape",

@@ -220,26 +220,38 @@ def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
             "numbers": numbers, "kernels": kernels, "spectra": spectra, "tables": tables,
             "perSeq": None if data.per_seq_r2 is None else
             {"values": typed(data.per_seq_r2, "f4"), "pooled": None},
-            "seq": {"T": n, "logits": typed(logits, "f4"), "pattern": typed(
-                np.asarray(data.pattern)[:n, :n], "f4"), "g": typed(g, "f4"), "r2": r2,
+            # display copies: half precision, deflated (every number shown is computed here)
+            "seq": {"T": n, "logits": typed(logits, "f2", deflate=True), "pattern": typed(
+                np.asarray(data.pattern)[:n, :n], "f2", deflate=True), "g": typed(g, "f4"),
+                "r2": r2,
                 "gBack": None if g_back is None else typed(g_back, "f4"),
                 "twoSided": data.two_sided,
                 "tokens": [str(t) for t in data.tokens[:n]], "step": None,
                 "label": f"{T} tokens"}}
 
 
+SHARED = "shared"  # ``assets_rel`` of a block that uses the assets an earlier block loaded
+
+
 def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 256,
               include_style: bool = True, **_ignored) -> str:
     """The head view as an HTML block: a notebook's ``_repr_html_`` (``assets_rel=None``
-    inlines Plotly, circuitsvis and the viewer) or the body of :func:`write_head_page`."""
+    inlines Plotly, circuitsvis and the viewer; :data:`SHARED` loads nothing and uses what
+    an earlier block of the same page loaded, saying so where nothing was) or the body of
+    :func:`write_head_page`."""
     payload = head_payload(data, max_tokens)
     text = json_for_script(payload)
     key = "pk-" + hashlib.sha256(text.encode()).hexdigest()[:12]  # same input, same page
+    missing = json_for_script("The viewer's scripts are not loaded on this page: show one "
+                              "head view with pk.inspect_head(...).to_html() first, or "
+                              "re-run the first view's cell.")
     body = (f'<div id="{key}" class="pk-head"></div>\n'
             f'<script type="application/json" id="{key}-data">{text}'
-            f"</script>\n<script>PK.showHead({json_for_script(key)}, "
-            f"{json_for_script(key + '-data')});</script>")
-    return report_block(asset_tags(assets_rel) + "\n" + body, include_style=include_style)
+            f"</script>\n<script>if (window.PK) PK.showHead({json_for_script(key)}, "
+            f"{json_for_script(key + '-data')}); else document.getElementById("
+            f"{json_for_script(key)}).textContent = {missing};</script>")
+    tags = "" if assets_rel == SHARED else asset_tags(assets_rel) + "\n"
+    return report_block(tags + body, include_style=include_style and assets_rel != SHARED)
 
 
 def write_head_page(path: str | os.PathLike, data: HeadPageData, *, assets_rel: str | None,
@@ -251,5 +263,5 @@ def write_head_page(path: str | os.PathLike, data: HeadPageData, *, assets_rel: 
 
 
 __all__ = ["ASSET_NAMES", "BUNDLE_NAME", "HeadPageData", "PLOTLY_NAME", "asset_tags",
-           "assets_rel_for", "head_html", "head_payload", "plotly_js", "toeplitz_fit",
+           "assets_rel_for", "head_html", "head_payload", "plotly_js", "SHARED", "toeplitz_fit",
            "viewer_html", "write_assets", "write_head_page"]
