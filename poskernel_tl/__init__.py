@@ -10,6 +10,7 @@ from poskernel_tl.head_view import HeadView, inspect_head
 from poskernel_tl.loading import LoadedModel, load_model
 from poskernel_tl.measure import measure
 from poskernel_tl.registry import REGISTRY, ModelSpec, resolve
+from poskernel_tl.report import plots
 from poskernel_tl.result import ConditionResult
 from poskernel_tl.toeplitz import shift_invariance_r2
 
@@ -26,6 +27,7 @@ __all__ = [
     "inspect_head",
     "load_model",
     "measure",
+    "plots",
     "resolve",
     "shift_invariance_r2",
     "spectral_alignment",

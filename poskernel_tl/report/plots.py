@@ -1,0 +1,78 @@
+"""Plotly figures of a :class:`~poskernel_tl.result.ConditionResult` for notebooks: objects
+to restyle and combine (``fig.show()``, ``fig.update_layout(...)``), drawn from the same
+arrays as the report's viewer with its styling (Viridis R² on 0–1, layer 0 at the top,
+white lines between grouped-query kv groups, lags on a log axis, θᵢ as dashed lines).
+
+    import poskernel_tl as pk
+    pk.plots.r2_heatmap(res).show()
+    pk.plots.kernels(res, [(1, 2), (5, 0)]).show()
+    pk.plots.spectrum(res, 1, 2).show()
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from poskernel_tl.analyses.spectral_summary import kernel_spectrum
+from poskernel_tl.result import ConditionResult
+
+
+def _title(r: ConditionResult, what: str) -> str:
+    return f"{r.model} · {r.dataset} · T={r.length} — {what}"
+
+
+def r2_heatmap(r: ConditionResult, track: str = "A") -> go.Figure:
+    """Figure 1: pooled R² per (layer, head) of Track A (``track="B"``: Track B's centered
+    Gram, raw where uncentered); the hover names layer, head, the layer's scheme, R²."""
+    z = r.r2_pooled if track == "A" else (r.r2_gram if r.centered else r.r2_gram_raw)
+    kinds = [s.kind for s in r.spec.layers or ()] or [r.spec.pe or ""] * r.n_layers
+    custom = [[k] * r.n_heads for k in kinds]
+    g = r.spec.group_size
+    lines = [dict(type="line", x0=b - 0.5, x1=b - 0.5, y0=-0.5, y1=r.n_layers - 0.5,
+                  line=dict(color="white", width=2)) for b in range(g, r.n_heads, g)]
+    fig = go.Figure(go.Heatmap(z=np.asarray(z, np.float64), zmin=0, zmax=1,
+                               colorscale="Viridis", customdata=custom,
+                               colorbar=dict(title=dict(text="R²")),
+                               hovertemplate="L%{y}H%{x} (%{customdata}): R² %{z:.3f}"
+                                             "<extra></extra>"))
+    fig.update_layout(title=_title(r, f"Track {track} pooled R²"), shapes=lines,
+                      xaxis=dict(title="head", dtick=1),
+                      yaxis=dict(title="layer", autorange="reversed"),
+                      height=max(320, 18 * r.n_layers + 120))
+    return fig
+
+
+def kernels(r: ConditionResult, heads: Sequence[tuple[int, int]], track: str = "A"
+            ) -> go.Figure:
+    """g(Δ) of the chosen ``(layer, head)`` pairs over Δ = 1..T−1 (Track A's pooled g, or
+    Track B's: ``track="B"``); a sliding-window layer's g ends at its window."""
+    g_all = r.g_pooled if track == "A" else r.g_trackB[0]
+    lags = np.arange(1, r.length)
+    fig = go.Figure([go.Scatter(x=lags, y=np.asarray(g_all[L, H], np.float64),
+                                mode="lines", name=f"L{L}H{H}",
+                                hovertemplate=f"L{L}H{H} Δ=%{{x}}: g %{{y:.4g}}<extra></extra>")
+                     for L, H in heads])
+    fig.update_layout(title=_title(r, f"Track {track} g(Δ)"),
+                      xaxis=dict(title="lag Δ = t − s", type="log"), yaxis=dict(title="g(Δ)"))
+    return fig
+
+
+def spectrum(r: ConditionResult, layer: int, head: int, track: str = "B") -> go.Figure:
+    """|ĝ(ω)|² of one head's g (Track B's by default, as the spectral analysis reads it;
+    over the offsets its layer's mask keeps), processed as the spectral analysis does,
+    with the layer's own rotary frequencies θᵢ as dashed lines."""
+    g = np.asarray((r.g_trackB[0] if track == "B" else r.g_pooled)[layer, head], np.float64)
+    g = g[np.isfinite(g)]  # a sliding window's kept offsets
+    thetas = r.spec.rotary_frequencies(layer)
+    omega, power, _, _ = kernel_spectrum(g, thetas)
+    fig = go.Figure(go.Scatter(x=omega[1:], y=power[1:], mode="lines", name="|ĝ(ω)|²"))
+    for t in [] if thetas is None else thetas:
+        fig.add_vline(x=float(t), line=dict(color="orange", width=1, dash="dash"))
+    fig.update_layout(title=_title(r, f"L{layer}H{head} spectrum of Track {track} g(Δ)"),
+                      xaxis=dict(title="ω (rad/token)", type="log"),
+                      yaxis=dict(title="power", type="log"))
+    return fig
+
+
+__all__ = ["kernels", "r2_heatmap", "spectrum"]
