@@ -242,9 +242,9 @@ def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 2
     payload = head_payload(data, max_tokens)
     text = json_for_script(payload)
     key = "pk-" + hashlib.sha256(text.encode()).hexdigest()[:12]  # same input, same page
-    missing = json_for_script("The viewer's scripts are not loaded on this page: show one "
-                              "head view with pk.inspect_head(...).to_html() first, or "
-                              "re-run the first view's cell.")
+    missing = json_for_script("The viewer's scripts are not loaded on this page: display "
+                              "one view with them, IPython.display.HTML(view.to_html()), "
+                              "then this cell again.")
     body = (f'<div id="{key}" class="pk-head"></div>\n'
             f'<script type="application/json" id="{key}-data">{text}'
             f"</script>\n<script>if (window.PK) PK.showHead({json_for_script(key)}, "
