@@ -15,6 +15,9 @@ def test_figures_are_plotly_objects_of_the_results_arrays(tiny_tokenizer):
     heat = pk.plots.r2_heatmap(res)
     assert isinstance(heat, go.Figure)
     assert np.array_equal(np.asarray(heat.data[0].z), res.r2_pooled)
+    pk.plots.Figure._plotly_shown = False  # a notebook: plotly.js once, then reused
+    first, later = (f._repr_mimebundle_()["text/html"] for f in (heat, heat))
+    assert len(first) > 1_000_000 and len(later) < 100_000 and "src=\"http" not in first
     assert heat.data[0].customdata[2][0] == "rope 1e+06"  # layer 2, the global one
     assert heat.layout.yaxis.autorange == "reversed" and len(heat.layout.shapes) == 0
     assert np.array_equal(np.asarray(pk.plots.r2_heatmap(res, "B").data[0].z), res.r2_gram)

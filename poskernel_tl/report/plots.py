@@ -18,6 +18,24 @@ from poskernel_tl.analyses.spectral_summary import kernel_spectrum
 from poskernel_tl.result import ConditionResult
 
 
+class Figure(go.Figure):
+    """A ``plotly.graph_objects.Figure`` that a notebook shows offline: as HTML carrying
+    plotly.js the first time in the session and reusing it after (no CDN, no MathJax)."""
+
+    _plotly_shown = False
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        first = not Figure._plotly_shown
+        Figure._plotly_shown = True
+        return {"text/html": self.to_html(full_html=False, include_plotlyjs=first,
+                                          include_mathjax=False)}
+
+    def _ipython_display_(self):  # IPython asks this before any _repr_ (plotly's renderers)
+        from IPython.display import publish_display_data
+
+        publish_display_data(self._repr_mimebundle_())
+
+
 def _title(r: ConditionResult, what: str) -> str:
     return f"{r.model} · {r.dataset} · T={r.length} — {what}"
 
@@ -31,7 +49,7 @@ def r2_heatmap(r: ConditionResult, track: str = "A") -> go.Figure:
     g = r.spec.group_size
     lines = [dict(type="line", x0=b - 0.5, x1=b - 0.5, y0=-0.5, y1=r.n_layers - 0.5,
                   line=dict(color="white", width=2)) for b in range(g, r.n_heads, g)]
-    fig = go.Figure(go.Heatmap(z=np.asarray(z, np.float64), zmin=0, zmax=1,
+    fig = Figure(go.Heatmap(z=np.asarray(z, np.float64), zmin=0, zmax=1,
                                colorscale="Viridis", customdata=custom,
                                colorbar=dict(title=dict(text="R²")),
                                hovertemplate="L%{y}H%{x} (%{customdata}): R² %{z:.3f}"
@@ -49,7 +67,7 @@ def kernels(r: ConditionResult, heads: Sequence[tuple[int, int]], track: str = "
     Track B's: ``track="B"``); a sliding-window layer's g ends at its window."""
     g_all = r.g_pooled if track == "A" else r.g_trackB[0]
     lags = np.arange(1, r.length)
-    fig = go.Figure([go.Scatter(x=lags, y=np.asarray(g_all[L, H], np.float64),
+    fig = Figure([go.Scatter(x=lags, y=np.asarray(g_all[L, H], np.float64),
                                 mode="lines", name=f"L{L}H{H}",
                                 hovertemplate=f"L{L}H{H} Δ=%{{x}}: g %{{y:.4g}}<extra></extra>")
                      for L, H in heads])
@@ -66,7 +84,7 @@ def spectrum(r: ConditionResult, layer: int, head: int, track: str = "B") -> go.
     g = g[np.isfinite(g)]  # a sliding window's kept offsets
     thetas = r.spec.rotary_frequencies(layer)
     omega, power, _, _ = kernel_spectrum(g, thetas)
-    fig = go.Figure(go.Scatter(x=omega[1:], y=power[1:], mode="lines", name="|ĝ(ω)|²"))
+    fig = Figure(go.Scatter(x=omega[1:], y=power[1:], mode="lines", name="|ĝ(ω)|²"))
     for t in [] if thetas is None else thetas:
         fig.add_vline(x=float(t), line=dict(color="orange", width=1, dash="dash"))
     fig.update_layout(title=_title(r, f"L{layer}H{head} spectrum of Track {track} g(Δ)"),
@@ -75,4 +93,4 @@ def spectrum(r: ConditionResult, layer: int, head: int, track: str = "B") -> go.
     return fig
 
 
-__all__ = ["kernels", "r2_heatmap", "spectrum"]
+__all__ = ["Figure", "kernels", "r2_heatmap", "spectrum"]
