@@ -34,6 +34,7 @@ from poskernel_tl.report import (
     SHARED,
     HeadPageData,
     assets_rel_for,
+    fit_mask,
     head_html,
     write_assets,
     write_head_page,
@@ -292,8 +293,7 @@ def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
         full = torch.from_numpy(two_sided(g.cpu().numpy(), g_back.cpu().numpy(),
                                           float(g_self)))
     lag = (torch.arange(T)[:, None] - torch.arange(T)[None]).to(A.device)
-    fitted = ((lag > 0) & (lag <= (T if max_lag is None else max_lag))) if causal else \
-        (lag != 0)
+    fitted = torch.from_numpy(fit_mask(T, not causal, max_lag)).to(A.device)
     index = (lag.clamp(min=1) - 1) if causal else (lag + T - 1)
     residual = torch.where(fitted, A.double() - full.to(A.device)[index],
                            torch.full_like(A, math.nan, dtype=torch.float64))

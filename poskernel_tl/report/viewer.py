@@ -262,6 +262,6 @@ def write_head_page(path: str | os.PathLike, data: HeadPageData, *, assets_rel: 
     return write_page(path, page_html(data.title, block))
 
 
-__all__ = ["ASSET_NAMES", "BUNDLE_NAME", "HeadPageData", "PLOTLY_NAME", "asset_tags",
-           "assets_rel_for", "head_html", "head_payload", "plotly_js", "SHARED", "toeplitz_fit",
-           "viewer_html", "write_assets", "write_head_page"]
+__all__ = ["ASSET_NAMES", "BUNDLE_NAME", "SHARED", "HeadPageData", "PLOTLY_NAME", "asset_tags",
+           "assets_rel_for", "fit_mask", "head_html", "head_payload", "plotly_js",
+           "toeplitz_fit", "viewer_html", "write_assets", "write_head_page"]
