@@ -9,8 +9,10 @@ evaluation pass(es) and the final fits — from the tensors each phase holds:
   ``hook``/``qk`` score paths; not the sdpa path with Track A from lag sums, which needs
   O(T·d_head) per head), and Track A's float64 work on q/k;
 - what does not: the centering means, Track A's per-sequence lag sums, the optional
-  reducers, and Track B's accumulator, ≈ T²/2 float32 per head and layer in blocks of
-  query rows (:func:`gram_row_blocks`), or T² where the full matrices are kept.
+  reducers, and Track B (:mod:`poskernel_tl.track_b_cost`): its accumulator, ≈ T²/2
+  float32 per head and layer in blocks of query rows, or T² where the full matrices are
+  kept, or the evaluation sequences' q/k factors, whichever the plan estimates faster
+  (:func:`~poskernel_tl.track_b_cost.track_b_seconds`) among those that fit.
 
 A bidirectional model (``model.spec.causal`` false) fits both triangles: Track B's
 accumulator holds every key (T² per head), its fit carries the upper triangle's pieces
@@ -18,9 +20,10 @@ too, and Track A keeps the upper triangle's per-sequence sums and computes them 
 second set of lag-sum buffers; every estimate below counts that.
 
 The budget is ``--max-memory`` (default: :data:`AUTO_FRACTION` of the memory available
-now). When Track B's accumulator for every layer does not fit next to the rest, the plan
-splits the layers into blocks, one evaluation pass each, the forward stopped after the
-block's last layer; what does not fit even one layer at a time is refused
+now). Track B takes its faster path where it fits, else the other; when neither fits
+for every layer next to the rest, the plan splits the layers into blocks, one evaluation
+pass each, the forward stopped after the block's last layer (a pass costs a forward, more
+than either path saves); what does not fit even one layer at a time is refused
 (:class:`~poskernel_tl.errors.PlanError`, naming the flag). The estimate errs high on
 purpose; on a GPU an out-of-memory error still halves the batch and restarts the pass.
 """
@@ -34,6 +37,16 @@ import torch
 
 from poskernel_tl.errors import PlanError, UserError
 from poskernel_tl.loading import LoadedModel
+from poskernel_tl.track_b_cost import (
+    FACTOR_RANK_MAX,
+    factors_allowed,
+    gram_factors,
+    gram_fit_bytes,
+    gram_layer_bytes,
+    sides,
+    track_b_seconds,
+    whitened_layer_bytes,
+)
 
 # [head, T, T] float32 tensors alive at once per sequence where scores are materialised
 SCORE_COPIES = 8
@@ -52,19 +65,7 @@ CPU_TOKENS = 8192  # tokens per batch at most on CPU (never below one sequence)
 BUDGET = 0.5  # of the free memory, for resolve_batch_size (analyses)
 AUTO_FRACTION = 0.8  # --max-memory auto: this share of the memory available now
 MARGIN, SLACK = 1.1, 256 << 20  # estimate × MARGIN + SLACK: allocator and temporaries
-GRAM_ROWS = 64  # query rows per block of the Track B accumulator
-FACTOR_RANK_MAX = 256  # Track B keeps factors only up to n_eval·d_head of this
 GiB = 1 << 30
-
-
-def gram_row_blocks(length: int, full: bool, rows: int = GRAM_ROWS
-                    ) -> list[tuple[int, int, int]]:
-    """How the Track B accumulator of one layer is laid out: ``(r0, r1, keys)`` per block
-    of query rows [r0, r1), holding keys [0, keys): ``keys = r1`` (the strictly lower
-    triangle plus the diagonal blocks, ≈ T²/2 + T·rows/2 entries) or, ``full``, every key
-    (T²: the whole matrix, for saving it)."""
-    return [(r0, min(r0 + rows, length), length if full else min(r0 + rows, length))
-            for r0 in range(0, length, rows)]
 
 
 def free_memory(device: torch.device) -> int:
@@ -127,65 +128,6 @@ def mask_kinds(model: LoadedModel) -> int:
     return max(1, len({(s.mask, s.window) for s in layers}))
 
 
-def sides(model: LoadedModel) -> int:
-    """Triangles every fit reads: 1 for a causal model, 2 for a bidirectional one."""
-    return 1 if getattr(model.spec, "causal", True) else 2
-
-
-def gram_factors(model: LoadedModel, length: int, n_eval: int, full: bool) -> bool:
-    """Whether Track B keeps the evaluation sequences' q̃, k̃ rather than an accumulator:
-    where they take less memory than its ≈ T²/2 per head and their fit (O(T·(n·d)²)) stays
-    cheap, i.e. few sequences at long T, and no full matrix is to be returned (a
-    bidirectional model's accumulator holds T² per head: the bar is twice as high)."""
-    s = model.spec
-    rank = n_eval * s.d_head
-    kept = (s.n_heads + s.n_kv_heads) * rank
-    return not full and rank <= FACTOR_RANK_MAX and \
-        kept < s.n_heads * length * sides(model) // 2
-
-
-def gram_layer_bytes(model: LoadedModel, length: int, full: bool, n_eval: int = 0) -> int:
-    """Track B's state for one layer: the float32 accumulator in row blocks, or the
-    factors (:func:`gram_factors`), and the float64 evaluation sums of q and k."""
-    s, T = model.spec, length
-    sums = (s.n_heads + s.n_kv_heads) * T * s.d_head * 8
-    if gram_factors(model, T, n_eval, full):
-        return (s.n_heads + s.n_kv_heads) * n_eval * T * s.d_head * 4 + sums
-    return accumulator_bytes(model, T, full) + sums
-
-
-def accumulator_bytes(model: LoadedModel, length: int, full: bool) -> int:
-    """One layer's float32 Track B accumulator in row blocks (every key where ``full`` or
-    where the model is bidirectional)."""
-    every_key = full or sides(model) == 2
-    acc = sum((r1 - r0) * keys for r0, r1, keys in gram_row_blocks(length, every_key))
-    return model.spec.n_heads * acc * 4
-
-
-def whitened_layer_bytes(model: LoadedModel, length: int) -> int:
-    """``--whiten``'s state for one layer: its Track B accumulator and the float64 sums of
-    the whitened q and k."""
-    s = model.spec
-    vectors = (s.n_heads + s.n_kv_heads) * length * s.d_head
-    return accumulator_bytes(model, length, False) + vectors * 8
-
-
-def gram_fit_bytes(model: LoadedModel, length: int, full: bool, n_eval: int) -> int:
-    """Temporaries of Track B's fit of one layer (the float64 row block and its products,
-    or the running moments of the factors; the corrections' lag sums), for each side the
-    fit reads."""
-    s, T, n_sides = model.spec, length, sides(model)
-    r, m = max(n_eval * s.d_head, 2 * s.d_head), 4 * s.d_head
-    chunks = -(-T // 64)
-    moments = s.n_kv_heads * chunks * (2 * r * r + 2 * r * m) * 8
-    lags = 2 * (s.n_heads + s.n_kv_heads) * 2 * s.d_head * 2 * T * 8 * n_sides
-    if gram_factors(model, T, n_eval, full):
-        return 3 * s.n_heads * T * r * 8 * n_sides + moments + lags
-    rows = min(GRAM_ROWS, T)
-    pad = rows if n_sides == 2 else 0  # the upper side's zero columns
-    return s.n_heads * (T * m * n_sides + 2 * rows * (rows + T + pad)) * 8 + lags
-
-
 def means_bytes(model: LoadedModel, length: int) -> int:
     """One set of per-position means of q and k over every layer, float32 as they are kept
     (their float64 sums in the centering pass are twice this)."""
@@ -198,8 +140,9 @@ def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False
     ``n_seqs`` sequences and Track B for every layer."""
     s, T = model.spec, length
     track_a = sides(model) * n_seqs * s.n_layers * s.n_heads * T * 8  # lag sums per side
-    return track_a + band_bytes(model, T) + s.n_layers * gram_layer_bytes(model, T, full,
-                                                                          n_seqs)
+    factors = gram_factors(model, T, n_seqs, full)
+    return track_a + band_bytes(model, T) + \
+        s.n_layers * gram_layer_bytes(model, T, full, n_seqs, factors)
 
 
 def band_bytes(model: LoadedModel, length: int) -> int:
@@ -221,10 +164,10 @@ class Workload:
     null_draws: int = 0
 
 
-def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int
-                ) -> dict[str, int]:
+def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int,
+                factors: bool = False) -> dict[str, int]:
     """Estimated bytes held in each phase of a measurement with Track B accumulated for
-    ``block_layers`` layers at a time."""
+    ``block_layers`` layers at a time (``factors``: kept as the sequences' factors)."""
     s, T = model.spec, w.length
     # M: one set of float32 means (Track B's reference where there is no centering set);
     # cen: the centering means and the random half's (float64 sums, 2·cen, in their pass)
@@ -237,17 +180,19 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int
              + (s.n_layers * whitened_layer_bytes(model, T) if w.whiten else 0)
              + 2 * (w.null_draws + 1) * s.n_layers * s.n_heads * T * 8 * sides(model))
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
-    gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval)
-    fit = gram_fit_bytes(model, T, w.keep_gram, w.n_eval) + kept // s.n_layers
+    gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval, factors)
+    fit = gram_fit_bytes(model, T, w.n_eval, factors) + kept // s.n_layers
     held = cen + U + extra + M + band_bytes(model, T)  # besides Track B, in pass 2
     return {"centering pass": 2 * cen + per, "evaluation pass": held + gram + per,
             "Track B fit": held + gram + fit + kept,
             "Track A fit": cen + TRACK_A_RESULT_COPIES * U + extra + M + kept}
 
 
-def estimate_peak(model: LoadedModel, w: Workload, batch: int, block_layers: int) -> int:
+def estimate_peak(model: LoadedModel, w: Workload, batch: int, block_layers: int,
+                  factors: bool = False) -> int:
     """The largest phase of :func:`phase_bytes`, with the margin for the allocator."""
-    return int(max(phase_bytes(model, w, batch, block_layers).values()) * MARGIN + SLACK)
+    phases = phase_bytes(model, w, batch, block_layers, factors)
+    return int(max(phases.values()) * MARGIN + SLACK)
 
 
 def layer_blocks(n_layers: int, n_blocks: int) -> tuple[tuple[int, int], ...]:
@@ -267,6 +212,8 @@ class Plan:
     budget: int
     peak: int
     flag: str = "auto"  # --max-memory as given
+    factors: bool = False  # Track B kept as the evaluation sequences' q̃, k̃
+    why: str = ""  # why Track B takes this path (the provenance's "track_b")
 
     @property
     def blocked(self) -> bool:
@@ -305,16 +252,37 @@ def plan_measure(model: LoadedModel, w: Workload, batch_size: int | str = "auto"
     L = model.spec.n_layers
     cap = min(device_cap(model.device, w.length), max(1, w.n_eval, w.n_centering))
     batches = range(cap, 0, -1) if batch_size == "auto" else [batch_size]
+    paths = sorted({f: track_b_seconds(model, w.length, w.n_eval, f) for f in (False, True)
+                    if not f or factors_allowed(model, w.n_eval, w.keep_gram)}.items(),
+                   key=lambda p: p[1])
     for n_blocks in range(1, L + 1):
         size = math.ceil(L / n_blocks)
         if n_blocks > 1 and math.ceil(L / (n_blocks - 1)) == size:
             continue  # no smaller blocks than with one block fewer
-        for b in batches:
-            peak = estimate_peak(model, w, b, size)
-            if peak <= budget:
-                return Plan(b, layer_blocks(L, n_blocks), budget, peak, str(max_memory))
+        for factors, _ in paths:
+            for b in batches:
+                peak = estimate_peak(model, w, b, size, factors)
+                if peak <= budget:
+                    return Plan(b, layer_blocks(L, n_blocks), budget, peak, str(max_memory),
+                                factors, path_reason(dict(paths), factors, n_blocks, budget))
     raise refusal(model, w, batches[-1] if batch_size == "auto" else batch_size, budget,
                   limit is None)
+
+
+def path_reason(seconds: dict[bool, float], factors: bool, n_blocks: int, budget: int
+                ) -> str:
+    """One line: Track B's path and why the plan took it."""
+    name = {True: "the sequences' q/k factors", False: "the [T, T] accumulator"}
+    est = lambda f: f"≈ {seconds[f]:.0f} CPU s estimated"
+    if len(seconds) == 1:
+        return f"{name[factors]} ({est(factors)}; factors only up to n·d_head = " \
+               f"{FACTOR_RANK_MAX}, never for kept matrices)"
+    faster = min(seconds, key=seconds.get)
+    if factors == faster:
+        return f"{name[factors]}: {est(factors)}, against {seconds[not factors]:.0f} s " \
+               f"for {name[not factors]}"
+    return f"{name[factors]} ({est(factors)}): {name[faster]} ({seconds[faster]:.0f} s) " \
+           f"does not fit {gib(budget)} in {n_blocks} pass{'es' if n_blocks > 1 else ''}"
 
 
 def refusal(model: LoadedModel, w: Workload, batch: int, budget: int, auto: bool

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from poskernel_tl import constants as C
-from poskernel_tl.batching import Plan, Workload, gram_factors, plan_measure
+from poskernel_tl.batching import Plan, Workload, plan_measure
 from poskernel_tl.config import MeasureConfig
 from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
@@ -185,6 +185,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
                   "n_eval": len(ev_ids), "n_centering": 0 if cen_ids is None else len(cen_ids),
                   "device": str(dev), "dtype": dtype_name(model.dtype),
                   "attention": getattr(model, "attention", "eager"),
+                  "track_b": plan.why,
                   "seconds": round(time.time() - t0, 1), "notes": notes,
                   "versions": versions()}
     return ConditionResult(
@@ -224,20 +225,20 @@ def plan_run(model: LoadedModel, opts: MeasureConfig, ev_ids: Tokens,
     return plan
 
 
-def gram_reducer(model: LoadedModel, T: int, n: int, centering: Moments | None,
-                 layers: Sequence[int], full: bool) -> GramReducer:
-    """Track B's reducer for ``layers`` of a pass over ``n`` sequences (``full``: every
-    key, to keep the matrices; the sequences' factors where they are the smaller state)."""
+def gram_reducer(model: LoadedModel, T: int, centering: Moments | None,
+                 layers: Sequence[int], full: bool, factors: bool) -> GramReducer:
+    """Track B's reducer for ``layers`` (``full``: every key, to keep the matrices;
+    ``factors``: the sequences' q/k instead of an accumulator, as the plan chose)."""
     s = model.spec
     return GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, T, s.d_head, model.logit_scale,
                        model.device, reference=centering, layers=layers, full=full,
-                       factors=gram_factors(model, T, n, full), causal=s.causal,
-                       max_lags=s.max_lags(T))
+                       factors=factors, causal=s.causal, max_lags=s.max_lags(T))
 
 
 def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
                   wanted: dict[int, int], opts: MeasureConfig,
-                  gram_layers: Sequence[int] | None = None, full: bool = False) -> list:
+                  gram_layers: Sequence[int] | None = None, full: bool = False,
+                  factors: bool = False) -> list:
     """Pass 2's reducers: Track A first, Track B (for ``gram_layers``, default all)
     second, then the optional ones."""
     s, dev = model.spec, model.device
@@ -247,7 +248,7 @@ def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
     windows = s.max_lags(T)
     reds = [TrackAReducer(n, L, H, T, dev, seed=opts.seed, source=source, causal=s.causal,
                           max_lags=windows),
-            gram_reducer(model, T, n, centering, layers, full)]
+            gram_reducer(model, T, centering, layers, full, factors)]
     if model.rotary_pairs is not None:
         reds.append(FreqUsageReducer(L, H, Hkv, *model.rotary_pairs, device=dev))
     if wanted:
@@ -273,15 +274,16 @@ def evaluation_passes(model: LoadedModel, ev_ids: Tokens, centering: Moments | N
     *others, last = plan.layer_blocks
     reds = forward_pass(model, ev_ids,
                         lambda: eval_reducers(model, n, T, centering, wanted, opts,
-                                              range(*last), keep_gram),
+                                              range(*last), keep_gram, plan.factors),
                         plan.batch_size, "evaluation pass", progress, hook_scores,
                         after_batch=lambda reds: reds[0].check_finite())
     fits = {last: reds[1].result(centering, keep_matrices=keep_gram)}
     reds[1] = None
     for block in others:
         (gram,) = forward_pass(
-            model, ev_ids, lambda block=block: [gram_reducer(model, T, n, centering,
-                                                             range(*block), keep_gram)],
+            model, ev_ids, lambda block=block: [gram_reducer(model, T, centering,
+                                                             range(*block), keep_gram,
+                                                             plan.factors)],
             plan.batch_size, f"Track B, layers {block[0]}-{block[1] - 1}", progress,
             layers=range(*block))
         fits[block] = gram.result(centering, keep_matrices=keep_gram)

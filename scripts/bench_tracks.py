@@ -36,6 +36,17 @@ Usage: python scripts/bench_tracks.py [--lengths 256 1024 4096 8192] [--threads 
        [--n-seqs 256:16 1024:8 4096:4 8192:4] [--fwd-seqs 256:8 1024:4 4096:2 8192:1]
        [--rss-seqs 1024:200] [--a-only 8192] [--max-memory auto] [--no-eager]
 
+The few-sequences rows (``--n-seqs 4096:4 8192:2``) are the regime where Track B's path
+matters: the plan picks it by estimated time (the accumulator against the sequences' q/k
+factors), and each row's "whole" column is one `pk.measure` on 2n sequences against 2n
+bare forwards.
+
+``--calibrate`` instead times one layer of Track B's own work on random q/k of the
+model's geometry (the accumulator's update and fit, the factors' fit; at T = 1024,
+4096 and 8192, n = 1, 2, 4) and prints the constants of
+:data:`poskernel_tl.track_b_cost.COST` fitted to them, with each timing's ratio to its
+estimate.
+
 Where n and 2n would keep Track B differently (the q/k factors of few sequences against the
 [T, T] accumulator, or another number of blocks of layers), the A + B marginal would mix two
 methods: the script warns; each row's JSON line names the path 2n took ("track B").
@@ -43,14 +54,17 @@ methods: the script warns; each row's JSON line names the path 2n took ("track B
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
 import sys
 import time
+from functools import partial
 
 import numpy as np
 import torch
+from scipy.optimize import nnls
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -58,7 +72,13 @@ import poskernel_tl as pk  # noqa: E402
 from poskernel_tl import batching  # noqa: E402
 from poskernel_tl.embedded import from_gguf  # noqa: E402
 from poskernel_tl.measure import forward_pass  # noqa: E402
-from poskernel_tl.reducers import FreqUsageReducer, PermNullReducer, TrackAReducer  # noqa: E402
+from poskernel_tl.reducers import (  # noqa: E402
+    FreqUsageReducer,
+    GramReducer,
+    LayerBatch,
+    PermNullReducer,
+    TrackAReducer,
+)
 from poskernel_tl.registry import resolve  # noqa: E402
 from poskernel_tl.toeplitz import shift_invariance_r2  # noqa: E402
 
@@ -133,10 +153,41 @@ def measure_run(model, ids, batch_size: int | str, null_seqs: int = 8,
 def track_b_path(model, T: int, n_eval: int, max_memory: str) -> str:
     """How pk.measure keeps Track B for n_eval evaluation sequences: the sequences' q/k
     factors or the [T, T] accumulator, and in how many blocks of layers."""
-    kind = "factors" if batching.gram_factors(model, T, n_eval, False) else "accumulator"
     w = batching.Workload(T, n_eval, n_eval, False, T <= 256, 0, False, 4)
     plan = batching.plan_measure(model, w, "auto", max_memory)
+    kind = "factors" if plan.factors else "accumulator"
     return f"{kind}, {len(plan.layer_blocks)} block(s) of layers"
+
+
+def calibrate(spec, lengths=(1024, 4096, 8192), counts=(1, 2, 4)) -> dict[str, float]:
+    """COST's constants from one layer of Track B's own work per path (X as wide as three
+    centerings need), per head: the update and the fit by their one unit each, the
+    factors' two terms by non-negative least squares on relative error."""
+    H, kv, d = spec.n_heads, spec.n_kv_heads, spec.d_head
+    units: dict[str, list] = {"update": [], "fit": [], "factors": []}
+    for T in lengths:
+        x = torch.randn(kv, T, 3 * d, dtype=torch.float64)
+        for n in counts:
+            batch = LayerBatch(0, torch.randn(n, T, H, d), torch.randn(n, T, kv, d),
+                               torch.arange(n), 1.0)
+            acc = GramReducer(1, H, kv, T, d, 1.0, full=False)
+            t = timed(partial(acc.update, batch), 1, False)
+            units["update"].append((t / H, T * T / 2 * d * n))
+            units["fit"].append((timed(partial(acc.pieces, 0, x, None, T - 1), 2, False) / H,
+                                 T * T / 2 * d))
+            fac = GramReducer(1, H, kv, T, d, 1.0, full=False, factors=True)
+            fac.update(batch)
+            t = timed(partial(fac.pieces, 0, x, None, T - 1), 2, False) / H
+            units["factors"].append((t, T * n * d * math.log2(2 * T), T * (n * d) ** 2))
+    cost = {k: float(np.median([t / u for t, u in units[k]])) for k in ("update", "fit")}
+    rows = np.array(units["factors"])
+    coef = nnls(rows[:, 1:] / rows[:, :1], np.ones(len(rows)))[0]  # no negative cost
+    cost.update(factor_lags=float(coef[0]), factor_rank=float(coef[1]))
+    print("measured / estimated, per timing (T, n in order):")
+    for k in ("update", "fit"):
+        print(k, " ".join(f"{t / (cost[k] * u):.2f}" for t, u in units[k]))
+    print("factors", " ".join(f"{r[0] / (r[1:] @ coef):.2f}" for r in rows))
+    return cost
 
 
 def one_length(T: int, n: int, n_fwd: int, args) -> dict:
@@ -256,11 +307,16 @@ def main() -> None:
     ap.add_argument("--no-eager", action="store_true",
                     help="leave out the two eager forwards (reference columns, minutes per "
                          "sequence at long T)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="print Track B's cost constants measured on this machine")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rss", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    if args.calibrate:
+        print(f"COST = {calibrate(resolve(args.model))}")
+        return
     if args.one:
         n, n_fwd = per_length(args.n_seqs, args.one, 4), per_length(args.fwd_seqs, args.one, 1)
         print(json.dumps(one_length(args.one, n, n_fwd, args)))

@@ -12,7 +12,7 @@ import torch
 from tiny_models import VOCAB, tiny_loaded
 
 import poskernel_tl as pk
-from poskernel_tl import batching
+from poskernel_tl import track_b_cost
 from poskernel_tl.analyses import spectral as S
 from poskernel_tl.analyses import spectral_io as SIO
 from poskernel_tl.errors import UserError
@@ -389,8 +389,8 @@ def test_plan_counts_every_key(bert):
     sums = (s.n_heads + s.n_kv_heads) * length * s.d_head * 8
     assert held == 4 * s.n_heads * length * length  # every key of every row
     n_eval = 100  # n·d_head beyond the factors' bar: the accumulator it is
-    assert batching.gram_layer_bytes(bert, length, False, n_eval) == held + sums
-    assert batching.gram_layer_bytes(causal, length, False, n_eval) < 0.8 * (held + sums)
+    assert track_b_cost.gram_layer_bytes(bert, length, False, n_eval) == held + sums
+    assert track_b_cost.gram_layer_bytes(causal, length, False, n_eval) < 0.8 * (held + sums)
 
 
 # ------------------------------------------------------------------- spectral analysis

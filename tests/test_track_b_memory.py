@@ -11,7 +11,7 @@ import torch
 from tiny_models import VOCAB, tiny_loaded
 
 import poskernel_tl as pk
-from poskernel_tl import batching
+from poskernel_tl import batching, track_b_cost
 from poskernel_tl.config import MeasureConfig, RunConfig
 from poskernel_tl.errors import PlanError, UserError
 from poskernel_tl.hooks import capture_qk, qk_hook_names
@@ -79,19 +79,48 @@ def test_every_layout_equals_the_full_accumulator_and_float64(rng, n):
     assert np.abs(runs["full"].gram_centered[0] - cen.numpy()).max() < 1e-4
     lower = GramReducer(1, H, HKV, T, D, SCALE, full=False)
     stored = sum(a.numel() for a in lower.acc[0])
-    assert stored == H * sum((r1 - r0) * r1 for r0, r1, _ in batching.gram_row_blocks(T, False))
-    big = sum((r1 - r0) * keys for r0, r1, keys in batching.gram_row_blocks(4096, False))
+    assert stored == H * sum((r1 - r0) * r1 for r0, r1, _ in track_b_cost.gram_row_blocks(T, False))
+    big = sum((r1 - r0) * keys for r0, r1, keys in track_b_cost.gram_row_blocks(4096, False))
     assert big < 0.52 * 4096 ** 2  # T²/2 and the diagonal blocks, not T²
     with pytest.raises(ValueError, match="full=False"):
         lower.result(keep_matrices=True)
 
 
 def test_factors_are_chosen_for_few_sequences_at_long_t(smol_sized):
-    assert batching.gram_factors(smol_sized, 8192, 2, False)
-    assert batching.gram_factors(smol_sized, 4096, 4, False)
-    assert not batching.gram_factors(smol_sized, 4096, 4, True)  # matrices to keep
-    assert not batching.gram_factors(smol_sized, 1024, 100, False)
-    assert not batching.gram_factors(smol_sized, 256, 2, False)  # T²/2 is smaller
+    assert track_b_cost.gram_factors(smol_sized, 8192, 2, False)
+    assert track_b_cost.gram_factors(smol_sized, 4096, 2, False)
+    assert not track_b_cost.gram_factors(smol_sized, 8192, 2, True)  # matrices to keep
+    assert not track_b_cost.gram_factors(smol_sized, 1024, 100, False)  # rank > 256
+    assert not track_b_cost.gram_factors(smol_sized, 256, 2, False)  # T² is small
+    seconds = track_b_cost.track_b_seconds
+    for T in (256, 1024, 4096, 8192):  # the accumulator's fit is O(T²), the factors' O(T)
+        assert seconds(smol_sized, 2 * T, 2, False) > 3.9 * seconds(smol_sized, T, 2, False)
+        assert seconds(smol_sized, 2 * T, 2, True) < 2.3 * seconds(smol_sized, T, 2, True)
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_the_plan_takes_the_faster_path_that_fits(smol_sized, monkeypatch, faster):
+    """Both regimes, by the cost model's constants: the plan keeps Track B the way it
+    estimates faster and says why; a budget the faster path does not fit in one pass
+    takes the other one rather than more passes."""
+    cheap, dear = (1e-12, 1e-8) if faster else (1e-8, 1e-12)
+    monkeypatch.setattr(track_b_cost, "COST", {"update": dear, "fit": dear,
+                                               "factor_lags": cheap, "factor_rank": cheap})
+    w = batching.Workload(2048, 2, 2)
+    plan = batching.plan_measure(smol_sized, w, "auto", "64G")
+    assert plan.factors == faster and not plan.blocked
+    took = "q/k factors" if faster else "accumulator"
+    assert plan.why.startswith(f"the sequences' {took}" if faster else f"the [T, T] {took}")
+    assert "CPU s estimated, against" in plan.why
+    acc = batching.estimate_peak(smol_sized, w, 1, 30, factors=False)
+    fac = batching.estimate_peak(smol_sized, w, 1, 30, factors=True)
+    assert fac < acc
+    if not faster:  # the accumulator does not fit: the factors, in one pass
+        plan = batching.plan_measure(smol_sized, w, "auto", f"{(fac + acc) // 2 >> 20}M")
+        assert plan.factors and not plan.blocked and "does not fit" in plan.why
+    kept = batching.plan_measure(smol_sized, dataclasses.replace(w, keep_gram=True), "auto",
+                                 "64G")
+    assert not kept.factors and "never for kept matrices" in kept.why
 
 
 def test_blocks_of_layers_join_into_the_all_layer_result(rng):
@@ -233,7 +262,7 @@ def test_whitened_gram_holds_what_the_plan_counts(rng, llama):
     _feed(red, q, k)
     acc = sum(a.numel() * a.element_size() for a in red.gram.acc[0])
     assert all(a.dtype == torch.float32 for a in red.gram.acc[0])
-    per_head = batching.accumulator_bytes(llama, T, False) // llama.spec.n_heads
+    per_head = track_b_cost.accumulator_bytes(llama, T, False) // llama.spec.n_heads
     assert acc == H * per_head < H * T * T * 4 * 0.75
     wq, wk = means.whitening()
     white = lambda x, m, w: ((x.double() - m.double()[0].transpose(0, 1)).transpose(1, 2)

@@ -6,7 +6,7 @@ per-position means; float32, as the centering means are saved), the mean removed
 float64 before the products are formed in float32, so the large mean term never enters
 them and there is no cancellation to lose precision to. It is kept either
 
-- as a float32 accumulator in blocks of query rows (:func:`~poskernel_tl.batching.
+- as a float32 accumulator in blocks of query rows (:func:`~poskernel_tl.track_b_cost.
   gram_row_blocks`): rows [r0, r1) with keys [0, r1), i.e. only the strictly lower
   triangle the fit reads plus the diagonal blocks (≈ T²/2 per head), or every key where
   the full matrices are to be returned (T ≤ 256 by default). One in-place batched matmul
@@ -14,7 +14,7 @@ them and there is no cancellation to lose precision to. It is kept either
   contraction); or
 - as the evaluation sequences' q̃, k̃ themselves (``factors=True``), n·T·d_head per head
   instead of T²/2: the smaller state for few sequences at long T
-  (:func:`~poskernel_tl.batching.gram_factors`).
+  (:func:`~poskernel_tl.track_b_cost.gram_factors`).
 
 Every Gram the fit needs then follows exactly from the evaluation means q̄, k̄:
 
@@ -48,7 +48,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.batching import gram_row_blocks
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.reducers.base import LayerBatch
@@ -57,6 +56,7 @@ from poskernel_tl.reducers.moments import Moments, means_in_place
 from poskernel_tl.reducers.two_sided import check_two_sided
 from poskernel_tl.schema import Part, column, stored
 from poskernel_tl.toeplitz import kept_finite, sym_antisym, two_sided
+from poskernel_tl.track_b_cost import gram_row_blocks
 
 
 @dataclass
@@ -282,8 +282,8 @@ class GramReducer:
                     continue
                 u, v = uv[name]
                 vh = v.repeat_interleave(self.group, dim=0)[:, :block.shape[-1]]
-                mat[:, r0:r1] = torch.baddbmm(block, u[:, r0:r1], vh.transpose(1, 2),
-                                              alpha=self.scale)
+                mat[:, r0:r1] = torch.baddbmm(block.double(), u[:, r0:r1],
+                                              vh.transpose(1, 2), alpha=self.scale)
         return keep
 
     def pieces(self, i: int, x: Tensor, keep, max_lag: int) -> Pieces:

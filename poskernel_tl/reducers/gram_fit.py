@@ -32,13 +32,20 @@ reversed), the U·Vᵀ terms with U and V swapped, and B's diagonal for the mean
 """
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lag_sums, lower_sum_squares, windowed
+from poskernel_tl.reducers.lag_sums import (
+    DEFAULT_CHUNK,
+    before,
+    lag_sums,
+    lower_sum_squares,
+    windowed,
+)
 from poskernel_tl.toeplitz import lag_counts, r2_two_sided
 
 ACC = torch.float64
@@ -66,10 +73,10 @@ def lower_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], r0: i
     matrix held in ``buf[:, :, rows:]`` (keys from 0; entries on and above the diagonal
     already zeroed) behind ``rows`` zero columns. The sub-diagonal Δ of the block is the
     strided line buf[i, rows + r0 + i − Δ], read straight from the buffer (the zero
-    columns stand in for keys s < 0)."""
+    columns stand in for keys s < 0). Sums in the buffer's dtype."""
     H, rows, W = buf.shape
     r1 = r0 + rows
-    sq = torch.linalg.vector_norm(buf[:, :, rows:], dim=(-2, -1)).square()
+    sq = torch.linalg.vector_norm(buf[:, :, rows:], dim=(-2, -1), dtype=ACC).square()
     # line e = r1 − 1 − Δ starts at column e + 1 of row 0 and steps one row and one column
     lines = buf.as_strided((H, r1 - 1, rows), (buf.stride(0), 1, buf.stride(1) + 1),
                            buf.storage_offset() + 1)
@@ -78,86 +85,95 @@ def lower_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], r0: i
     return s1, sq
 
 
-def upper_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], r0: int,
-                     length: int) -> tuple[Float[Tensor, "head_index lag"],
-                                           Float[Tensor, " head_index"]]:
-    """Per-lag sums (index j ↔ Δ = −(j+1)) and Σ G² of the query rows [r0, r0 + rows) of a
-    matrix held in ``buf[:, :, rows:rows + T]`` (every key; entries on and below the
-    diagonal already zeroed), between ``rows`` zero columns on either side. The
-    super-diagonal m is the strided line buf[i, rows + r0 + i + m] (the trailing zero
-    columns stand in for keys s ≥ T)."""
-    H, rows, _ = buf.shape
-    sq = torch.linalg.vector_norm(buf[:, :, rows:], dim=(-2, -1)).square()
+def upper_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], length: int
+                     ) -> tuple[Float[Tensor, "head_index lag"], Float[Tensor, " head_index"]]:
+    """Per-lag sums (index j ↔ Δ = −(j+1)) and Σ G² of the query rows [r0, r0 + rows) of
+    a matrix held in ``buf[:, :, :T − r0]`` (keys from r0 = T − (width − rows); entries on
+    and below the diagonal already zeroed) before ``rows`` zero columns. The
+    super-diagonal m is the strided line buf[i, i + m] (the zero columns stand in for
+    keys s ≥ T). Sums in the buffer's dtype."""
+    H, rows, W = buf.shape
+    n_lines = W - rows - 1  # m = 1..T − 1 − r0
+    sq = torch.linalg.vector_norm(buf, dim=(-2, -1), dtype=ACC).square()
     s1 = buf.new_zeros(H, length - 1)
-    n_lines = length - 1 - r0
     if n_lines > 0:
         lines = buf.as_strided((H, n_lines, rows), (buf.stride(0), 1, buf.stride(1) + 1),
-                               buf.storage_offset() + rows + r0 + 1)
+                               buf.storage_offset() + 1)
         s1[:, :n_lines] = lines.sum(-1)
     return s1, sq
 
 
-def _side(G: Tensor, x: Tensor, out: Pieces, r0: int, sums: tuple[Tensor, Tensor],
-          upper: bool) -> None:
-    """Add one row block's sums and B_side·X (``G``: the block, one side zeroed) to
-    ``out``."""
+@lru_cache(maxsize=64)
+def _band_mask(rows: int, width: int, diagonal: int, upper: bool, device: str) -> Tensor:
+    """Bool [rows, width]: entries with c − i ≥ ``diagonal`` (``upper``) or ≤ it."""
+    ones = torch.ones(rows, width, dtype=torch.bool, device=device)
+    return ones.triu(diagonal) if upper else ones.tril(diagonal)
+
+
+def _add(out: Pieces, upper: bool, r0: int, G: Tensor, x: Tensor,
+         sums: tuple[Tensor, Tensor]) -> None:
+    """Add one row block's float32 sums and B_side·X (``G``: the block's kept keys, the
+    rest zeroed; ``x``: X at those keys) to ``out``'s float64 totals."""
     H, rows, keys = G.shape
     kv, m = x.shape[0], x.shape[-1]
-    prod = torch.matmul(G.reshape(kv, H // kv * rows, keys), x[:, :keys]).view(H, rows, m)
-    if upper:
-        out.s1_up += sums[0]
-        out.sq_up += sums[1]
-        out.y_up[:, r0:r0 + rows] = prod
-    else:
-        out.s1 += sums[0]
-        out.sq += sums[1]
-        out.y[:, r0:r0 + rows] = prod
+    prod = torch.matmul(G.reshape(kv, H // kv * rows, keys), x).view(H, rows, m)
+    s1, sq, y = (out.s1_up, out.sq_up, out.y_up) if upper else (out.s1, out.sq, out.y)
+    s1 += sums[0]
+    sq += sums[1]
+    y[:, r0:r0 + rows] = prod
 
 
 def dense_pieces(acc: list[Tensor],
                  blocks: list[tuple[int, int, int]], n: int,
                  x: Float[Tensor, "kv_head_index pos rank"], keep=None,
                  upper: bool = False, max_lag: int | None = None) -> Pieces:
-    """B = acc / n from the accumulator's row blocks ``(r0, r1, keys)``. ``keep(r0, r1,
-    block)``, if given, sees each float64 block whole (before its upper part is zeroed).
-    ``upper``: the upper triangle's pieces too (the blocks must hold every key).
-    ``max_lag``: B_low keeps only the offsets t − s ≤ max_lag (a sliding window), so its
-    sums and B_low·X are the window's."""
+    """B = acc / n from the accumulator's row blocks ``(r0, r1, keys)``, read once: each
+    block's kept keys copied into a float32 buffer with the excluded entries zeroed,
+    their sums and B_low·X formed in float32 and added up in float64 (the division by n
+    applied to the totals). ``keep(r0, r1, block)``, if given, sees each block whole
+    (float32, divided by n). ``upper``: the upper triangle's pieces too (the blocks must
+    hold every key). ``max_lag``: B_low keeps only the offsets t − s ≤ max_lag (a
+    sliding window): the keys before the window are never read."""
     if upper and max_lag is not None:
         raise ValueError("dense_pieces: a window on a two-sided fit is not supported")
     H, T = acc[0].shape[0], blocks[-1][1]
-    m = x.shape[-1]
+    x32, dev = x.float(), str(x.device)
     rows_max = max(r1 - r0 for r0, r1, _ in blocks)
-    flat = x.new_empty(H * rows_max * (rows_max + T + (rows_max if upper else 0)))
-    out = Pieces(x.new_zeros(H, T - 1), x.new_zeros(H), x.new_zeros(H, T, m))
+    flat = torch.empty(H * rows_max * (rows_max + T), dtype=torch.float32, device=x.device)
+    out = Pieces(x.new_zeros(H, T - 1), x.new_zeros(H), x.new_zeros(H, T, x.shape[-1]))
     if upper:
         out.s1_up, out.sq_up = x.new_zeros(H, T - 1), x.new_zeros(H)
-        out.y_up, out.diag = x.new_zeros(H, T, m), x.new_zeros(H, T)
+        out.y_up, out.diag = x.new_zeros(H, T, x.shape[-1]), x.new_zeros(H, T)
     for (r0, r1, keys), a in zip(blocks, acc):
         rows = r1 - r0
         if upper and keys != T:
             raise ValueError(f"dense_pieces(upper=True): block [{r0}, {r1}) holds {keys} "
                              f"of {T} keys")
-        width = rows + keys + (rows if upper else 0)
-        buf = flat[:H * rows * width].view(H, rows, width)
-        buf[:, :, :rows].zero_()
-        buf[:, :, rows + keys:].zero_()
-        G = buf[:, :, rows:rows + keys]
-        G.copy_(a).div_(n)
         if keep is not None:
-            keep(r0, r1, G)
-        if upper:
-            out.diag[:, r0:r1] = G.diagonal(r0, 1, 2)
-        G[:, :, r0:].masked_fill_(torch.ones(rows, keys - r0, dtype=torch.bool,
-                                             device=G.device).triu(), 0.0)
-        if max_lag is not None:  # keys s ≤ t − w of row t = r0 + i: column ≤ i + r0 − w
-            G.masked_fill_(torch.ones(rows, keys, dtype=torch.bool, device=G.device)
-                           .tril(r0 - max_lag - 1), 0.0)
-        _side(G, x, out, r0, lower_block_sums(buf, r0, T), upper=False)
-        if upper:  # the block again, its lower part and diagonal zeroed
-            G.copy_(a).div_(n).masked_fill_(torch.ones(rows, T, dtype=torch.bool,
-                                                       device=G.device).tril(r0), 0.0)
-            _side(G, x, out, r0, upper_block_sums(buf, r0, T), upper=True)
+            keep(r0, r1, a / n)
+        # the lower side: keys [lo, r1) behind ``rows`` zero columns, s ≥ t zeroed
+        lo = 0 if max_lag is None else max(0, r0 - max_lag)
+        buf = flat[:H * rows * (r1 - lo + rows)].view(H, rows, r1 - lo + rows)
+        buf[:, :, :rows].zero_()
+        G = buf[:, :, rows:]
+        G.copy_(a[:, :, lo:r1])
+        G[:, :, r0 - lo:].masked_fill_(_band_mask(rows, rows, 0, True, dev), 0.0)
+        if max_lag is not None and r1 - 1 - lo > max_lag:  # t − s > max_lag zeroed
+            G.masked_fill_(_band_mask(rows, r1 - lo, r0 - lo - max_lag - 1, False, dev), 0.0)
+        _add(out, False, r0, G, x32[:, lo:r1], lower_block_sums(buf, r0 - lo, T))
+        if upper:  # keys [r0, T) before ``rows`` zero columns, s ≤ t zeroed
+            out.diag[:, r0:r1] = a.diagonal(r0, 1, 2)
+            buf = flat[:H * rows * (T - r0 + rows)].view(H, rows, T - r0 + rows)
+            buf[:, :, T - r0:].zero_()
+            G = buf[:, :, :T - r0]
+            G.copy_(a[:, :, r0:]).masked_fill_(_band_mask(rows, T - r0, 0, False, dev), 0.0)
+            _add(out, True, r0, G, x32[:, r0:], upper_block_sums(buf, T))
+    for t in (out.s1, out.y, out.s1_up, out.y_up, out.diag):
+        if t is not None:
+            t.div_(n)
+    for t in (out.sq, out.sq_up):
+        if t is not None:
+            t.div_(n * n)
     return out
 
 
@@ -194,8 +210,7 @@ def _lower_apply(q: Float[Tensor, "pos head_index rank"],
     inner.mul_(torch.ones(C, C, dtype=ACC, device=q.device).tril(-1))
     out = torch.matmul(inner.view(kv, nc, g * C, C), xc)
     moment = torch.matmul(kc.transpose(-1, -2), xc)  # [kv, chunk, r, w]
-    prior = torch.zeros_like(moment)
-    torch.cumsum(moment[:, :-1], dim=1, out=prior[:, 1:])
+    prior = before(moment, 1)
     out.add_(torch.matmul(qc, prior))
     out = out.view(kv, nc, g, C, w).permute(0, 2, 1, 3, 4).reshape(H, nc * C, w)
     return out[:, :T]

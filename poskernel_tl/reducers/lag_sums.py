@@ -117,6 +117,18 @@ def _strict_lower(C: int, device) -> Tensor:
     return _MASKS[key]
 
 
+def before(x: Tensor, dim: int) -> Tensor:
+    """Exclusive prefix sums along ``dim``: out[c] = Σ_{c' < c} x[c'] (a chunk's running
+    moment of the chunks before it). One in-place add per step: on CPU many times faster
+    than ``torch.cumsum`` along a leading dimension of [d, d] blocks."""
+    out = torch.empty_like(x)
+    xs, outs = x.movedim(dim, 0), out.movedim(dim, 0)
+    outs[0].zero_()
+    for c in range(1, xs.shape[0]):
+        torch.add(outs[c - 1], xs[c - 1], out=outs[c])
+    return out
+
+
 def windowed(x: Float[Tensor, "*batch lag"], max_lag: int | None) -> Float[Tensor, "*batch lag"]:
     """``x`` over lags Δ = 1..T−1 with the lags past ``max_lag`` (those a sliding window
     removes) zeroed; ``x`` itself when the window keeps every lag."""
@@ -173,8 +185,7 @@ def _lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
     inner = torch.matmul(qc, kc.transpose(-1, -2)).view(b, kv, nc, g, C, C)
     diag = inner.mul_(_strict_lower(C, q.device)).square_().sum(dim=(2, 4, 5))  # [b, kv, g]
     gram = torch.matmul(kc.transpose(-1, -2), kc)  # [b, kv, chunk, d, d]
-    prior = torch.zeros_like(gram)  # Σ of the keys before each chunk
-    torch.cumsum(gram[:, :, :-1], dim=2, out=prior[:, :, 1:])
+    prior = before(gram, 2)  # Σ of the keys before each chunk
     off = torch.matmul(qc, prior).mul_(qc).view(b, kv, nc, g, C, d).sum(dim=(2, 4, 5))
     return (diag + off).reshape(b, H) * (scale * scale)
 
