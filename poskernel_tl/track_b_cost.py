@@ -10,12 +10,13 @@ from poskernel_tl.loading import LoadedModel
 GRAM_ROWS = 64  # query rows per block of the Track B accumulator
 FACTOR_RANK_MAX = 256  # Track B may keep factors only up to n_eval·d_head of this
 # Track B's CPU seconds per unit of work on one core, by path (``python
-# scripts/bench_tracks.py --calibrate`` measures them; the plan compares the two paths'
+# scripts/bench_tracks.py --calibrate`` measures them, here on the reference 2-core CPU with
+# one thread; the plan compares the two paths'
 # estimates, so on another device only their ratios matter): the accumulator's update per
 # lower-triangle entry·d_head·sequence and its fit per entry·d_head; the factors' fit per
 # position·rank·log2(2T) (lag sums by FFT) and per position·rank² (running moments). The
 # corrections to each centering cost the same on both paths and are left out.
-COST = {"update": 1.0e-11, "fit": 2.2e-11, "factor_lags": 6.6e-10, "factor_rank": 2.6e-11}
+COST = {"update": 2.2e-11, "fit": 7.6e-11, "factor_lags": 5.1e-9, "factor_rank": 3.0e-11}
 
 
 def gram_row_blocks(length: int, full: bool, rows: int = GRAM_ROWS
