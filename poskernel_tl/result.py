@@ -302,12 +302,14 @@ class ConditionResult:
 
     @classmethod
     def load(cls, out: str | Path, model: str | None = None, dataset: str | None = None,
-             length: int | None = None) -> "ConditionResult":
+             length: int | None = None, lazy: bool = False) -> "ConditionResult":
         """Read a saved condition back (exactly). With several conditions under ``out``,
         ``model``/``dataset``/``length`` choose one (given all three, the folder is not
         scanned). Every file is read and checked (shapes against the spec, row counts,
         finiteness) before anything is returned; problems raise ResultFileError naming
-        the file."""
+        the file. ``lazy``: the ``.pt`` files (logits, Gram matrices, means) are mapped,
+        not read: an array's pages are read when it is first touched (a reader that
+        never rewrites the folder while it holds them, such as the report)."""
         if None in (model, dataset, length):
             found = [c for c in cls.conditions(out)
                      if (model is None or c[0] == model) and (dataset is None or c[1] == dataset)
@@ -318,7 +320,7 @@ class ConditionResult:
                     f"{what} under {out} match model={model} dataset={dataset} "
                     f"length={length}; present: {cls.conditions(out) or 'none'}")
             model, dataset, length = found[0]
-        return _load(cls, Path(out), model, dataset, int(length))
+        return _load(cls, Path(out), model, dataset, int(length), lazy)
 
 
 def _build(cls: type[Part], values: dict) -> Part:
@@ -349,10 +351,12 @@ def _meta(out, model: str, dataset: str, length: int) -> dict:
         raise ResultFileError(f"{path}: unreadable ({err})") from err
 
 
-def _load(cls, out: Path, model: str, dataset: str, length: int) -> ConditionResult:
+def _load(cls, out: Path, model: str, dataset: str, length: int, lazy: bool
+          ) -> ConditionResult:
     meta = _meta(out, model, dataset, length)
     spec = ModelSpec.from_dict(meta["spec"])
-    saved = SavedFiles(lambda suffix: C.result_path(out, model, dataset, length, suffix))
+    saved = SavedFiles(lambda suffix: C.result_path(out, model, dataset, length, suffix),
+                       lazy)
     seq_id = saved.array(C.G_ARRAYS, "seq_id")
     probe = cls.__new__(cls)
     probe.spec, probe.length, probe.seq_id = spec, length, seq_id

@@ -82,10 +82,11 @@ def check_values(cls, values: dict[str, Any], dims: dict[str, int], where: str =
 
 
 class SavedFiles:
-    """Reads a saved condition's files once each; every problem names the file."""
+    """Reads a saved condition's files once each; every problem names the file. ``lazy``:
+    ``.pt`` files are memory-mapped (their pages read when touched)."""
 
-    def __init__(self, path_of: Callable[[str], Path]):
-        self.path_of, self.cache = path_of, {}
+    def __init__(self, path_of: Callable[[str], Path], lazy: bool = False):
+        self.path_of, self.cache, self.lazy = path_of, {}, lazy
 
     def exists(self, file: str) -> bool:
         return self.path_of(file).exists()
@@ -100,7 +101,7 @@ class SavedFiles:
                     return {k: z[k] for k in z.files}
             if file.endswith(".csv"):
                 return pd.read_csv(path, float_precision="round_trip")
-            return torch.load(path, weights_only=True, map_location="cpu")
+            return torch.load(path, weights_only=True, map_location="cpu", mmap=self.lazy)
         except Exception as err:  # numpy, pandas and torch raise many types for bad files
             raise ResultFileError(f"{path}: unreadable ({type(err).__name__}: {err})") from err
 

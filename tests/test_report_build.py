@@ -3,6 +3,7 @@
 exploratory spectral result is reported beside the deferred verdict, and the words are a
 reader's."""
 
+import gc
 import re
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from poskernel_tl.analyses import spectral as S
 from poskernel_tl.analyses import spectral_null as SN
 from poskernel_tl.report import build as B
 from poskernel_tl.report.build import ReportIncomplete, build_report
+from poskernel_tl.report.collect import Decoders, read_condition, slim
 from poskernel_tl.result import ConditionResult
 
 SCRIPT = "<script>alert(1)</script>\"quoted\" 'single'"
@@ -196,3 +198,34 @@ def test_permalinks():
     assert B.head_href("smollm2-135m", "prose", 256, 1, 2) == \
         "report.html#smollm2-135m/prose_256/L1H2"
     assert B.head_href("m", "text:/a b/c.txt", 32, 0, 0).startswith("report.html#m/text-c-")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(),
+                    reason="reads the process's memory map (Linux)")
+def test_the_report_maps_matrices_and_lets_them_go(tmp_path):
+    """The report reads logits and Gram matrices lazily: loaded for it, their files are
+    mapped (pages read when touched), the arrays equal an eager load, and once the
+    condition is slimmed after its data file is written nothing stays mapped but the one
+    head's copy it keeps."""
+    r = synthetic(seed=0)
+    lower = np.tril(np.ones((r.length, r.length), bool), -1)
+    r = r.replace(logits={3: np.where(lower, r.gram_centered, np.nan).astype(np.float32)})
+    save_all(tmp_path, [r])
+    key = (r.model, r.dataset, r.length)
+    files = [str(C.result_path(tmp_path, *key, name))
+             for name in (f"{C.VIS_DIR}/seq_3.pt", "gram_centered.pt")]
+    mapped = lambda: [f for f in files if f in Path("/proc/self/maps").read_text()]
+    lazy = ConditionResult.load(tmp_path, *key, lazy=True)
+    assert mapped() == files
+    eager = ConditionResult.load(tmp_path, *key)
+    np.testing.assert_array_equal(lazy.logits[3], eager.logits[3])
+    np.testing.assert_array_equal(lazy.gram_centered, eager.gram_centered)
+    del lazy
+    gc.collect()
+    assert mapped() == []
+    cond = read_condition(tmp_path, key, Decoders())
+    assert mapped() == files
+    cond = slim(cond, (1, 2))
+    gc.collect()
+    assert mapped() == []
+    np.testing.assert_array_equal(cond.grams["gram_centered"], eager.gram_centered[1, 2])

@@ -112,7 +112,7 @@ def read_condition(results_dir: str | Path, key: Key, decoders: Callable
     """Everything the report reads for one condition, or why it cannot be read (the
     condition is named in full, so another condition's damaged files cannot hide it)."""
     try:
-        r = ConditionResult.load(results_dir, *key)
+        r = ConditionResult.load(results_dir, *key, lazy=True)  # one head's pages read
     except Exception as err:  # any failure to read one condition leaves it out, named
         return _damaged(err, key)
     spectral = read_spectral(results_dir, r.model, r.dataset, r.length, r.n_layers, r.n_heads)
