@@ -17,7 +17,7 @@ RANKS = [
      "poskernel_tl.scheme", "poskernel_tl.progress"),
     ("poskernel_tl.hooks", "poskernel_tl.toeplitz", "poskernel_tl.datasets",
      "poskernel_tl.sequences", "poskernel_tl.embedded", "poskernel_tl.loading",
-     "poskernel_tl.batching",
+     "poskernel_tl.batching", "poskernel_tl.track_b_cost",
      "poskernel_tl.pe_kernel", "poskernel_tl.manifest", "poskernel_tl.config",
      "poskernel_tl.inputs"),
     ("poskernel_tl.reducers",),
