@@ -52,8 +52,8 @@ covariance share ``cov_share_<term>`` = Cov(term, A) / Var(A) (sums to 1 with th
 scores A, may be negative). Rows cover every (layer, head); the split columns are filled
 for layer 0 only, the S_PE columns for every layer.
 
-Sinusoidal GPT-2 and BERT models with a planted position→position term, for tests, are
-in :mod:`poskernel_tl.analyses.gk_baseline_planted`.
+Sinusoidal GPT-2 and BERT models with a planted position→position term, the tests'
+ground truth, are in ``tests/planted_gk.py``.
 """
 
 from dataclasses import dataclass

@@ -2,13 +2,13 @@
 
 import numpy as np
 import pandas as pd
+import planted_gk as GP
 import pytest
 import torch
 from matplotlib.figure import Figure
 from tiny_models import SPECS, tiny_hf_model, tiny_loaded
 
 from poskernel_tl.analyses import gk_baseline as G
-from poskernel_tl.analyses import gk_baseline_planted as GP
 from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.loading import LoadedModel, boot_bridge, describe
 from poskernel_tl.pe_kernel import (

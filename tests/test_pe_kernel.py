@@ -4,6 +4,7 @@ G_k."""
 import math
 
 import numpy as np
+import planted_gk as GP
 import pytest
 import torch
 from tiny_models import tiny_hf_model
@@ -15,7 +16,6 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from poskernel_tl.analyses import gk_baseline_planted as GP
 from poskernel_tl.pe_kernel import (
     NoPositionTableError,
     PEKernel,
