@@ -163,7 +163,7 @@ def _quiet_libraries() -> None:
 
 def _spectral_all(out, model=None, dataset=None, length=None, options=None) -> None:
     """Spectral analysis and frequency usage of the chosen conditions under ``out``."""
-    chosen = [c for c in ConditionResult.conditions(out)
+    chosen = [c for c in ConditionResult.conditions(ConditionResult.folder(out))
               if (model is None or c[0] == model) and (dataset is None or c[1] == dataset)
               and (length is None or c[2] == length)]
     if not chosen:

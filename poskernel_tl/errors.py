@@ -32,6 +32,11 @@ class NonFiniteError(UserError, FloatingPointError):
     """A forward pass produced NaN/inf logits (e.g. half precision overflowing)."""
 
 
+class NoConditionError(UserError, FileNotFoundError):
+    """A command that reads a folder of results given one that does not exist or holds no
+    finished condition: the user's mistake, one line and exit status 2."""
+
+
 class PlanError(UserError):
     """A run that cannot fit in the memory or time it is given (names the flag to change)."""
 

@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Int
 
 from poskernel_tl import constants as C
-from poskernel_tl.errors import ResultFileError
+from poskernel_tl.errors import NoConditionError, ResultFileError
 from poskernel_tl.hooks import kv_head_map
 from poskernel_tl.io import save_csv, save_json, save_npz, save_torch
 from poskernel_tl.pe_kernel import PEKernel
@@ -289,6 +289,20 @@ class ConditionResult:
             except (ValueError, KeyError) as err:
                 raise ResultFileError(f"{cfg}: unreadable ({err})") from err
         return found
+
+    @staticmethod
+    def folder(out: str | Path) -> Path:
+        """``out`` as a folder of saved conditions (one ``cfg.json`` at least, readable or
+        not); :class:`~poskernel_tl.errors.NoConditionError` where it does not exist or
+        holds none."""
+        out = Path(out)
+        if not out.is_dir():
+            raise NoConditionError(f"{out} is not a folder: pass the --out folder of a run "
+                                   "or grid")
+        if not any((out / C.RESULTS_DIR).glob(f"*_{C.CFG}")):
+            raise NoConditionError(f"no complete condition under {out}: run `poskernel run` "
+                                   "or `poskernel grid` with --out there first")
+        return out
 
     @staticmethod
     def saved_config(out: str | Path, model: str, dataset: str, length: int) -> dict:

@@ -132,16 +132,22 @@ def spectral(out: Path, plan: list, workers: int) -> float:
 
 
 def report(out: Path, workers: int) -> tuple[float, float, float]:
-    """(wall s, CPU s, peak RSS GB) of build_report in a child process."""
-    code = ("import sys; from poskernel_tl.report.build import build_report; "
-            f"build_report(sys.argv[1], workers={workers})")
+    """(wall s, CPU s, peak RSS GB) of build_report in a child process; the peak is the
+    report process's own or its figure workers', as that child reads it (this process's
+    children include the synthetic build's workers)."""
+    code = ("import resource, sys; from poskernel_tl.report.build import build_report; "
+            f"build_report(sys.argv[1], workers={workers}); "
+            "print('peak', max(resource.getrusage(w).ru_maxrss for w in "
+            "(resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, str(out)], check=True)
+    done = subprocess.run([sys.executable, "-c", code, str(out)], check=True,
+                          capture_output=True, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, after.ru_maxrss / 1e6
+    peak = int(done.stdout.split("peak")[-1])  # KiB on Linux
+    return wall, cpu, peak * 1024 / 1e9
 
 
 def folder_bytes(path: Path) -> int:

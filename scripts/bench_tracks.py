@@ -224,7 +224,7 @@ def one_length(T: int, n: int, n_fwd: int, args) -> dict:
         out["measure whole 2n"] = runs[2 * n] / (2 * n)
     out["rss"] = peak_rss()
     w = batching.Workload(T, n, n, False, T <= 256, 0, False, 4)
-    out["plan"] = batching.estimate_peak(model, w, min(bs, n), model.spec.n_layers)
+    out["plan"] = batching.plan_measure(model, w, min(bs, n), args.max_memory).peak
     ids = tokens(model, n_fwd, T, 3)
     out["bridge sdpa"] = timed(lambda: forward_all(model.bridge, ids, bs),
                                reps, warm, "bridge sdpa") / n_fwd
@@ -268,14 +268,17 @@ def per_length(pairs: list[str], T: int, default: int) -> int:
 
 
 def print_table(rows: list[dict], rss: list[dict]) -> None:
-    print("\nCPU seconds per sequence (× HF sdpa, the floor); peak RSS of load + pk.measure "
-          "on 2n sequences (the plan's estimate of the measurement alone, GiB)")
-    print(f"{'T':>5} {'n':>3} " + " ".join(f"{c:>15}" for c in COLUMNS) + f" {'peak RSS':>17}")
+    print("\nCPU seconds per sequence (× HF sdpa, the floor); \"measure whole 2n\": one "
+          "pk.measure on 2n sequences with its fixed costs, per sequence; peak RSS of load + "
+          "pk.measure on 2n sequences (the plan's estimate of the measurement alone, GiB)")
+    cols = (*COLUMNS, "measure whole 2n")
+    print(f"{'T':>5} {'n':>3} " + " ".join(f"{c[:15]:>15}" for c in cols)
+          + f" {'peak RSS':>17}  Track B")
     for r in rows:
         floor = r["HF sdpa"]
-        cells = [f"{r[c]:7.3f} ({r[c] / floor:4.2f}×)" if r[c] == r[c] else "–" for c in COLUMNS]
+        cells = [f"{r[c]:7.3f} ({r[c] / floor:4.2f}×)" if r[c] == r[c] else "–" for c in cols]
         print(f"{r['T']:>5} {r['n']:>3} " + " ".join(f"{c:>15}" for c in cells)
-              + f" {r['rss']:6.2f} GiB ({r['plan'] / 2**30:4.1f})")
+              + f" {r['rss']:6.2f} GiB ({r['plan'] / 2**30:4.1f})  {r.get('track B', '–')}")
     for r in rss:
         print(f"peak RSS of load + pk.measure at T={r['T']}, N={r['N']}: {r['rss']:.2f} GiB "
               f"({r['seconds']:.0f} CPU s, {r['seconds'] / r['N']:.3f} per sequence with the "

@@ -160,15 +160,18 @@ def test_a_damaged_condition_costs_only_itself(tmp_path):
         build_report(tmp_path / "empty", workers=1)
 
 
+@pytest.mark.parametrize("command", [["report"], ["spectral"], ["spectral", "--length", "64"]])
 @pytest.mark.parametrize("folder", ["empty", "missing"])
-def test_report_on_a_folder_without_conditions_is_a_user_error(folder, tmp_path, capsys):
-    """One line naming the folder and exit status 2, never a traceback."""
+def test_a_folder_without_conditions_is_a_user_error(command, folder, tmp_path, capsys):
+    """Every command that reads a folder of results, given an empty or a missing one: one
+    line naming the folder and exit status 2, never a traceback."""
     from poskernel_tl.cli import main
 
     (tmp_path / "empty").mkdir()
-    assert main(["report", str(tmp_path / folder)]) == 2
+    assert main([*command, str(tmp_path / folder)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(tmp_path / folder) in err, err
+    assert ("is not a folder" if folder == "missing" else "no complete condition") in err
     assert not (tmp_path / "missing").exists()
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from poskernel_tl import constants as C
-from poskernel_tl.errors import UserError
+from poskernel_tl.errors import NoConditionError
 from poskernel_tl.progress import tqdm
 from poskernel_tl.report import extras, figure_nulls, figures, nulls, sections, tables, verdicts
 from poskernel_tl.report.collect import Condition, Damaged, iter_conditions, slim
@@ -39,12 +39,7 @@ from poskernel_tl.report.viewer_data import (
     head_anchor,
     write_data,
 )
-from poskernel_tl.result import ResultFileError
-
-
-class NoConditionError(UserError, FileNotFoundError):
-    """``poskernel report`` on a folder that does not exist or holds no finished
-    condition: the user's mistake, one line and exit status 2."""
+from poskernel_tl.result import ConditionResult, ResultFileError
 
 REPORT_DIR = "report"
 FIG_DIR = "figures"
@@ -238,13 +233,7 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
     report runs no null and every head has its view. Raises :class:`ReportIncomplete` after
     writing when some condition could not be read, :class:`NoConditionError` (a user error)
     when the folder does not exist or holds no condition."""
-    results_dir = Path(results_dir)
-    if not results_dir.is_dir():
-        raise NoConditionError(f"{results_dir} is not a folder: pass the --out folder of a "
-                               "run or grid")
-    if not any((results_dir / C.RESULTS_DIR).glob(f"*_{C.CFG}")):
-        raise NoConditionError(f"no complete condition under {results_dir}: run `poskernel "
-                               "run` or `poskernel grid` with --out there first")
+    results_dir = ConditionResult.folder(results_dir)
     out = Path(out) if out is not None else results_dir / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     for old in OLD_LAYOUT:
