@@ -175,9 +175,7 @@ def run_grid(conds: list[Condition], cfg: GridConfig, load=None) -> pd.DataFrame
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     analyses = [get_analysis(name) for name in cfg.analyses]  # unknown names fail first
-    load = load or (lambda name: load_model(name, device=cfg.device, dtype=cfg.dtype,
-                                            progress=cfg.progress, attention=cfg.attention,
-                                            compatibility_mode=cfg.compatibility_mode))
+    load = load or (lambda name: load_model(dataclasses.replace(cfg, model=name)))
     rows = []
     with FolderLock(out):
         remove_stale_temporaries(out)

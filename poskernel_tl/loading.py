@@ -310,10 +310,16 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def load_model(name: str, device: str | torch.device | None = None,
+# how a run configuration says to load its model: load_model(cfg) reads these, whole
+LOAD_FIELDS = ("device", "dtype", "compatibility_mode", "progress", "attention")
+
+
+def load_model(name, device: str | torch.device | None = None,
                dtype: torch.dtype | str = "auto", compatibility_mode: bool = False,
                progress: bool = True, attention: str = "sdpa") -> LoadedModel:
-    """Load registry model ``name`` (or ``hf:<repo id>``) as a TransformerBridge.
+    """Load registry model ``name`` (or ``hf:<repo id>``) as a TransformerBridge. ``name``
+    may instead be a run configuration (a ``RunConfig``, or anything with ``model`` and
+    the fields :data:`LOAD_FIELDS`): its model, loaded as it says.
 
     ``device=None`` picks CUDA when available. ``dtype``: a torch dtype, its name, or
     ``"auto"`` (float32 on CPU, the model's recommended dtype on CUDA: see
@@ -328,6 +334,8 @@ def load_model(name: str, device: str | torch.device | None = None,
     """
     from poskernel_tl.hooks.fast_attention import check_attention, set_attention
 
+    if not isinstance(name, str):
+        return load_model(name.model, **{f: getattr(name, f) for f in LOAD_FIELDS})
     check_attention(attention)  # before loading anything
     spec = resolve(name)
     dev = resolve_device(device)

@@ -44,9 +44,7 @@ def prepare(cfg: RunConfig, model: LoadedModel | None = None) -> Condition:
     file under ``cfg.out``: what every command working on one condition starts with."""
     cfg.validate(model.spec if model is not None else None)
     if model is None:
-        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype,
-                           compatibility_mode=cfg.compatibility_mode, progress=cfg.progress,
-                           attention=cfg.attention)
+        model = load_model(cfg)
     model.spec.check_length(cfg.length)
     seqs, seq_file, _ = ensure_sequences(
         Path(cfg.out), model.tokenizer, cfg.dataset, cfg.length, cfg.n_seqs, cfg.seed,

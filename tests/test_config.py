@@ -114,3 +114,52 @@ def test_grid_config_makes_each_condition_s_run_config():
     assert (run.model, run.length, run.n_seqs, run.batch_size, run.seed, run.out) == \
         ("m", 1024, 20, 2, 3, "x")
     assert run.save_logits == "no"  # full logits only at T <= 256
+
+
+def _config_reads() -> set[str]:
+    """Names the library reads off a configuration: attributes of ``cfg``/``opts``/``args``
+    outside config.py, the fields a config method reads for them (``cfg.wants_logits()``
+    reads ``save_logits``), pk.measure's keywords (``measure_kwargs`` passes every
+    MeasureConfig field) and the fields ``load_model(cfg)`` takes whole."""
+    import ast
+    import inspect
+    from pathlib import Path
+
+    import poskernel_tl as pk
+    from poskernel_tl.loading import LOAD_FIELDS
+
+    root = Path(__file__).resolve().parents[1]
+    read, config = set(LOAD_FIELDS), ast.parse((root / "poskernel_tl/config.py").read_text())
+    for folder in ("poskernel_tl", "hooks", "analyses"):
+        for path in (root / folder).rglob("*.py"):
+            if path.name != "config.py":
+                read |= {n.attr for n in ast.walk(ast.parse(path.read_text()))
+                         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                         and n.value.id in ("cfg", "opts", "args")}
+    for f in ast.walk(config):
+        if isinstance(f, ast.FunctionDef) and f.name in read:
+            read |= {n.attr for n in ast.walk(f) if isinstance(n, ast.Attribute)
+                     and isinstance(n.value, ast.Name) and n.value.id == "self"}
+    measured = {f.name for f in dataclasses.fields(MeasureConfig)}
+    return read | (measured & set(inspect.signature(pk.measure).parameters))
+
+
+def test_every_field_a_command_accepts_reaches_a_consumer():
+    """A flag that no code reads fails here: every field of the grid's configuration
+    (which holds the run's and the measurement's) is read beyond its definition."""
+    unread = [f.name for f in dataclasses.fields(GridConfig) if f.name not in _config_reads()]
+    assert unread == []
+
+
+def test_a_run_loads_its_model_from_the_configuration_whole(monkeypatch):
+    """`poskernel run` (and every command on one condition) hands load_model the
+    configuration itself, so no loading option can be dropped on the way (the grid, tested
+    in test_grid.py, once lost --compatibility-mode)."""
+    from poskernel_tl import runner
+
+    calls = []
+    monkeypatch.setattr(runner, "load_model", lambda c: calls.append(c) or 1 / 0)
+    cfg = RunConfig(length=16, n_seqs=4, compatibility_mode=True, attention="eager")
+    with pytest.raises(ZeroDivisionError):
+        runner.prepare(cfg)
+    assert calls == [cfg]

@@ -16,6 +16,7 @@ from poskernel_tl import grid
 from poskernel_tl.cli import main
 from poskernel_tl.config import GridConfig
 from poskernel_tl.errors import UserError
+from poskernel_tl.loading import LOAD_FIELDS
 from poskernel_tl.manifest import FolderLock, Manifest
 
 TESTS = Path(__file__).parent
@@ -194,10 +195,10 @@ def test_unknown_analysis_fails_before_any_condition(tmp_path, tiny_tokenizer):
 def test_the_grid_loads_models_with_every_model_option(tmp_path, monkeypatch):
     """What `poskernel grid` accepts for loading (device, dtype, attention, compatibility
     mode, progress) reaches load_model: each field of the configuration has a consumer."""
-    seen = {}
+    seen = []
 
-    def fake_load(name, **kwargs):
-        seen.update(kwargs, name=name)
+    def fake_load(config):
+        seen.append(config)
         raise UserError("stop here")
 
     monkeypatch.setattr(grid, "load_model", fake_load)
@@ -205,5 +206,7 @@ def test_the_grid_loads_models_with_every_model_option(tmp_path, monkeypatch):
                      dtype="float32", device="cpu", progress=False)
     with pytest.raises(UserError, match="stop here"):
         grid.run_grid(CONDS[:1], cfg)
-    assert seen == {"name": CONDS[0].model, "device": "cpu", "dtype": "float32",
-                    "progress": False, "attention": "eager", "compatibility_mode": True}
+    assert [c.model for c in seen] == [CONDS[0].model]
+    assert {f: getattr(seen[0], f) for f in LOAD_FIELDS} == {
+        "device": "cpu", "dtype": "float32", "progress": False, "attention": "eager",
+        "compatibility_mode": True}
