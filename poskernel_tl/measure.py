@@ -44,7 +44,6 @@ from poskernel_tl.pe_kernel import NoPositionTableError, is_post_ln, pe_kernel_p
 from poskernel_tl.progress import tqdm
 from poskernel_tl.reducers import (
     CenteringMeans,
-    FreqUsage,
     FreqUsageReducer,
     GramReducer,
     GramResult,
@@ -52,7 +51,6 @@ from poskernel_tl.reducers import (
     LogitSaver,
     Moments,
     MomentsReducer,
-    PermNull,
     PermNullReducer,
     TrackAReducer,
     WhitenedGramReducer,
@@ -95,23 +93,27 @@ def _is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
-def forward_pass(model: LoadedModel, ids: torch.Tensor, make_reducers: Callable[[], list],
-                 batch_size: int, desc: str, progress: bool = True, hook_scores: bool = False,
-                 after_batch: Callable[[list], None] | None = None, *,
-                 layers: Sequence[int] | None = None) -> list:
+def forward_pass(model: LoadedModel, ids: torch.Tensor,
+                 make_reducers: Callable[[], list | dict], batch_size: int, desc: str,
+                 progress: bool = True, hook_scores: bool = False,
+                 after_batch: Callable[[list | dict], None] | None = None, *,
+                 layers: Sequence[int] | None = None) -> list | dict:
     """Run ``ids`` through the model in batches, feeding fresh reducers from
-    ``make_reducers()`` the q/k of ``layers`` (default: all); each forward stops after the
-    last of them. On out-of-memory the pass restarts with half the batch size."""
+    ``make_reducers()`` (a list, or a dict by name) the q/k of ``layers`` (default: all);
+    each forward stops after the last of them; returns the reducers as made. On
+    out-of-memory the pass restarts with half the batch size."""
     device, scale = model.device, model.logit_scale
     while True:
         reducers = make_reducers()
         workspace = Workspace()
 
-        def on_layer(c, reducers=reducers, workspace=workspace):
+        each = list(reducers.values() if isinstance(reducers, dict) else reducers)
+
+        def on_layer(c, each=each, workspace=workspace):
             index, rows = c.context
             batch = LayerBatch(c.layer, c.q, c.k, index, scale, rows=rows,
                                workspace=workspace, hooked_scores=c.scores)
-            for r in reducers:
+            for r in each:
                 r.update(batch)
 
         try:
@@ -238,47 +240,47 @@ def gram_reducer(model: LoadedModel, T: int, centering: Moments | None,
 def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
                   wanted: dict[int, int], opts: MeasureConfig,
                   gram_layers: Sequence[int] | None = None, full: bool = False,
-                  factors: bool = False) -> list:
-    """Pass 2's reducers: Track A first, Track B (for ``gram_layers``, default all)
-    second, then the optional ones."""
+                  factors: bool = False) -> dict:
+    """Pass 2's reducers by the name of the result part each makes: Track A, Track B (for
+    ``gram_layers``, default all), then the optional ones."""
     s, dev = model.spec, model.device
     L, H, Hkv = s.n_layers, s.n_heads, s.n_kv_heads
     source = "scores" if opts.scores in ("hook", "qk") else "lags"
     layers = range(L) if gram_layers is None else gram_layers
     windows = s.max_lags(T)
-    reds = [TrackAReducer(n, L, H, T, dev, seed=opts.seed, source=source, causal=s.causal,
-                          max_lags=windows),
-            gram_reducer(model, T, centering, layers, full, factors)]
+    reds = {"track_a": TrackAReducer(n, L, H, T, dev, seed=opts.seed, source=source,
+                                     causal=s.causal, max_lags=windows),
+            "track_b": gram_reducer(model, T, centering, layers, full, factors)}
     if model.rotary_pairs is not None:
-        reds.append(FreqUsageReducer(L, H, Hkv, *model.rotary_pairs, device=dev))
+        reds["freq_usage"] = FreqUsageReducer(L, H, Hkv, *model.rotary_pairs, device=dev)
     if wanted:
-        reds.append(LogitSaver(wanted, L, causal=s.causal))
+        reds["saved_logits"] = LogitSaver(wanted, L, causal=s.causal)
     if opts.whiten:
-        reds.append(WhitenedGramReducer(centering, model.logit_scale, causal=s.causal))
+        reds["whitened"] = WhitenedGramReducer(centering, model.logit_scale, causal=s.causal)
     if opts.null_perms > 0:
-        reds.append(PermNullReducer(L, H, T, n_perm=opts.null_perms, max_seqs=opts.null_seqs,
-                                    seed=opts.seed, device=dev, include_identity=False,
-                                    source=source, causal=s.causal, max_lags=windows))
+        reds["perm_null"] = PermNullReducer(L, H, T, n_perm=opts.null_perms,
+                                            max_seqs=opts.null_seqs, seed=opts.seed,
+                                            device=dev, include_identity=False,
+                                            source=source, causal=s.causal, max_lags=windows)
     return reds
 
 
 def evaluation_passes(model: LoadedModel, ev_ids: Tokens, centering: Moments | None,
                       wanted: dict[int, int], opts: MeasureConfig, plan: Plan,
                       keep_gram: bool, hook_scores: bool, progress: bool
-                      ) -> tuple[list, GramResult]:
+                      ) -> tuple[dict, GramResult]:
     """Pass 2 (every reducer; Track B for the plan's last block of layers), then one pass
     per other block (Track B alone, each forward stopped after the block's last layer),
     each block's accumulator fitted and freed before the next is built. Returns pass 2's
-    reducers (Track B's slot emptied) and Track B's result over every layer."""
+    other reducers by name and Track B's result over every layer."""
     n, T = ev_ids.shape
     *others, last = plan.layer_blocks
     reds = forward_pass(model, ev_ids,
                         lambda: eval_reducers(model, n, T, centering, wanted, opts,
                                               range(*last), keep_gram, plan.factors),
                         plan.batch_size, "evaluation pass", progress, hook_scores,
-                        after_batch=lambda reds: reds[0].check_finite())
-    fits = {last: reds[1].result(centering, keep_matrices=keep_gram)}
-    reds[1] = None
+                        after_batch=lambda reds: reds["track_a"].check_finite())
+    fits = {last: reds.pop("track_b").result(centering, keep_matrices=keep_gram)}
     for block in others:
         (gram,) = forward_pass(
             model, ev_ids, lambda block=block: [gram_reducer(model, T, centering,
@@ -291,25 +293,25 @@ def evaluation_passes(model: LoadedModel, ev_ids: Tokens, centering: Moments | N
     return reds, concat_layers([fits[b] for b in plan.layer_blocks])
 
 
-def result_parts(model: LoadedModel, reds: list, track_b: GramResult,
+def result_parts(model: LoadedModel, reds: dict, track_b: GramResult,
                  centering: Moments | None, ev_ids: Tokens) -> tuple[dict, list[str]]:
     """The result's parts from the evaluation pass's reducers and Track B's result, and
     notes. S_PE of a post-LN model (BERT) uses the LayerNorm statistics measured on the
     evaluation sequences ``ev_ids`` (one more forward of them; :mod:`poskernel_tl.pe_kernel`)."""
     T = ev_ids.shape[1]
-    track_a, notes = reds[0], []
+    track_a, notes = reds["track_a"], []
     parts = {"track_a": track_a.result(), "track_b": track_b,
              "centering": CenteringMeans.from_moments(centering)}
+    parts.update({name: red.result() for name, red in reds.items() if name != "track_a"})
     if centering is None:
         parts["track_b"] = dataclasses.replace(parts["track_b"], gram_centered=None)
-    for red in reds[2:]:
-        part = red.result()
-        if isinstance(part, PermNull):  # the unpermuted fit of the same sequences
-            same, _ = track_a.pooled(torch.arange(part.n_seqs, device=model.device))
-            part = dataclasses.replace(part, r2_same_seqs=same.cpu().numpy())
-        if isinstance(part, FreqUsage):
-            part = dataclasses.replace(part, theta=model.spec.rotary_frequencies())
-        parts[part.NAME] = part
+    if "perm_null" in parts:  # the unpermuted fit of the same sequences
+        same, _ = track_a.pooled(torch.arange(parts["perm_null"].n_seqs, device=model.device))
+        parts["perm_null"] = dataclasses.replace(parts["perm_null"],
+                                                 r2_same_seqs=same.cpu().numpy())
+    if "freq_usage" in parts:
+        parts["freq_usage"] = dataclasses.replace(parts["freq_usage"],
+                                                  theta=model.spec.rotary_frequencies())
     if model.spec.pe == "learned-absolute":
         if getattr(model.bridge, "compatibility_mode", False):
             # compatibility mode folds ln_1 into separate q/k modules and leaves the HF
