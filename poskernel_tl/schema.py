@@ -210,16 +210,20 @@ class Part:
             f"{saved.path_of(f.metadata['file'])}: {f.metadata['key'] or 'the array'}"
             if "file" in f.metadata else f"{saved.path_of('*')}: {f.name}"))
         part = cls(**values)
-        part.check(dims, saved.path_of("*"))
+        # a mapped array is checked by whoever reads it: the check would read every page
+        mapped = {f.name for f in dataclasses.fields(cls)
+                  if saved.lazy and str(f.metadata.get("file", "")).endswith(".pt")}
+        part.check(dims, saved.path_of("*"), unchecked=mapped)
         return part
 
-    def check(self, dims: dict[str, int], where: object = "") -> dict[str, int]:
-        """Shapes against ``dims`` and finiteness of the fields that require it."""
+    def check(self, dims: dict[str, int], where: object = "", unchecked=()) -> dict[str, int]:
+        """Shapes against ``dims`` and finiteness of the fields that require it (but
+        ``unchecked``)."""
         prefix = f"{where}: " if where else ""
         check_shapes(self, dims, prefix)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.metadata.get("finite") and value is not None and \
+            if f.metadata.get("finite") and f.name not in unchecked and value is not None and \
                     not np.isfinite(np.asarray(value)).all():
                 raise ResultFileError(f"{prefix}{f.name} holds NaN/inf")
         return dims

@@ -136,7 +136,8 @@ def test_fig4_gate_label_and_matched_peaks(grid):
     assert len(labels) == int(np.sum(res["matched"]))
     # without a kept Gram matrix and with a minimal spectral dict, panel (a) says why
     minimal = {"peaks": np.array([0.5]), "omega": res["omega"], "spectrum": res["spectrum"]}
-    fig = F.fig4_spectral(r, layer, head, minimal, gate_met=None, grams={})
+    kernels = {k: v for k, v in F.head_arrays(r, layer, head).items() if "gram" not in k}
+    fig = F.fig4_spectral(r, layer, head, minimal, gate_met=None, kept=kernels)
     assert any("not kept" in t.get_text() for t in fig.axes[0].texts)
     with pytest.raises(ValueError, match="saved spectrum"):
         F.fig4_spectral(r, layer, head, {"peaks": np.array([0.5])}, gate_met=None)

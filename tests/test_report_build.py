@@ -231,4 +231,6 @@ def test_the_report_maps_matrices_and_lets_them_go(tmp_path):
     cond = slim(cond, (1, 2))
     gc.collect()
     assert mapped() == []
-    np.testing.assert_array_equal(cond.grams["gram_centered"], eager.gram_centered[1, 2])
+    np.testing.assert_array_equal(cond.kept["gram_centered"], eager.gram_centered[1, 2])
+    np.testing.assert_array_equal(cond.kept["g_pooled"], eager.g_pooled[1, 2])
+    assert cond.result.g_pooled.strides == (0, 0, 0) and not cond.result.g_pooled.any()

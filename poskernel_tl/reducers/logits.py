@@ -35,7 +35,7 @@ class SavedLogits(Part):
         part.check(dims, saved.path_of(VIS_DIR))
         return part
 
-    def check(self, dims: dict[str, int], where: object = "") -> dict[str, int]:
+    def check(self, dims: dict[str, int], where: object = "", unchecked=()) -> dict[str, int]:
         shape = tuple(dims[a] for a in ("layer", "head_index", "query_pos", "key_pos"))
         for sid, mat in self.logits.items():
             if tuple(mat.shape) != shape:

@@ -122,8 +122,8 @@ class TrackAResult(Part):
                     self.g_per_seq, self.g_per_seq_back))[2].ravel()
         return cols
 
-    def check(self, dims: dict[str, int], where: object = "") -> dict[str, int]:
-        dims = super().check(dims, where)
+    def check(self, dims: dict[str, int], where: object = "", unchecked=()) -> dict[str, int]:
+        dims = super().check(dims, where, unchecked)
         if not kept_finite(self.g_pooled):  # NaN only past a sliding window's last offset
             raise ResultFileError(f"{where}: g_pooled holds NaN/inf")
         return dims

@@ -114,12 +114,14 @@ def _fig4(conds: list[Condition], out: Path, gate_met) -> tuple[str, str]:
                 f"{esc(cond_text(r))} — <code>poskernel spectral DIR</code>.</p>"), ""
     pk = c.spectral.peaks["trackB"]
     pk = pk[(pk["layer"] == layer) & (pk["head"] == head)]
-    spec = {"omega": c.spectral.omega, "spectrum": c.spectral.spectra["trackB"][layer, head],
+    if c.kept_head != (layer, head):  # slim keeps the head Figure 4 picks: never here
+        raise RuntimeError(f"Figure 4 picked L{layer}H{head}, not the kept {c.kept_head}")
+    spec = {"omega": c.spectral.omega, "spectrum": c.kept["spectrum_trackB"],
             "peaks": pk["omega"].to_numpy(), "matched": pk["matched"].to_numpy(bool),
             "rel_error": pk["rel_error"].to_numpy(float),
             **{k: float(row[k]) for k in ("frac_matched", "p_value", "chance")}}
     fig = figures.fig4_spectral(r, layer, head, spec, gate_met=gate_met,
-                          grams=c.grams if c.gram_head == (layer, head) else {})
+                          kept=c.kept)
     p = spec["p_value"]
     note = (f"Figure 4 head: {r.model}/{dataset_label(r.dataset)}/T={r.length} L{layer}H{head}"
             f", {int(spec['matched'].sum())} of its {len(pk)} top peaks matched a θᵢ " +

@@ -7,6 +7,7 @@ A condition that cannot be read is recorded with the file and the reason
 recomputes: the report only reads.
 """
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -18,7 +19,7 @@ import torch
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral_io import SavedSpectral, read_spectral
-from poskernel_tl.report import extras
+from poskernel_tl.report import extras, figures
 from poskernel_tl.report.tokens import Decoder, token_decoder
 from poskernel_tl.result import ConditionResult
 
@@ -45,8 +46,8 @@ class Condition:
     extras: dict[str, extras.Loaded]
     logits_seq: int | None = None
     tokens: list[str] | None = None
-    grams: dict[str, np.ndarray] = field(default_factory=dict)
-    gram_head: tuple[int, int] | None = None
+    kept: dict = field(default_factory=dict)  # what Figure 4 reads of ``kept_head``
+    kept_head: tuple[int, int] | None = None
 
     @property
     def key(self) -> Key:
@@ -136,19 +137,23 @@ def iter_conditions(results_dir: str | Path, decoders: Mapping[str, Decoder] | N
         yield read_condition(results_dir, key, make)
 
 
-def slim(cond: Condition, gram_head: tuple[int, int] | None = None) -> Condition:
-    """The condition without the arrays nothing after its data file reads (centering means,
-    logits, per-sequence kernels, Gram matrices except ``gram_head``'s, kept in
-    ``cond.grams``)."""
-    r = cond.result
-    if gram_head is not None:
-        cond.gram_head = gram_head
-        cond.grams = {name: np.array(getattr(r, name)[gram_head])
-                      for name in ("gram_centered", "gram_raw") if getattr(r, name) is not None}
-    cond.result = r.replace(
-        mean_q=None, mean_k=None, mean_q_half=None, mean_k_half=None, gram_raw=None,
-        gram_centered=None, logits={},
-        g_per_seq=np.broadcast_to(np.zeros((), np.float32), r.g_per_seq.shape))
+def slim(cond: Condition, head: tuple[int, int] | None = None) -> Condition:
+    """The condition without the arrays nothing after its data file reads: centering
+    means, logits and Gram matrices dropped, every g(Δ) and spectrum a zero placeholder
+    of its shape (no memory behind it); ``head``'s arrays (the head Figure 4 may show)
+    copied into ``cond.kept`` first."""
+    r, spectral = cond.result, cond.spectral
+    if head is not None:
+        cond.kept_head, cond.kept = head, figures.head_arrays(r, *head)
+        cond.kept.update({f"spectrum_{s}": np.array(a[head])
+                          for s, a in spectral.spectra.items()})
+    zero = lambda a: np.broadcast_to(np.float32(0), np.shape(a))  # no memory behind it
+    spectral.spectra = {s: zero(a) for s, a in spectral.spectra.items()}
+    arrays = {f.name: getattr(part, f.name) for part in r.parts.values()
+              for f in dataclasses.fields(part) if f.name.startswith("g_")}
+    kernels = {k: zero(a) for k, a in arrays.items() if isinstance(a, np.ndarray) and a.ndim >= 3}
+    cond.result = r.replace(mean_q=None, mean_k=None, mean_q_half=None, mean_k_half=None,
+                            gram_raw=None, gram_centered=None, logits={}, **kernels)
     return cond
 
 

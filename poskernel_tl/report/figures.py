@@ -269,13 +269,13 @@ def _fig4_gram(fig: Figure, ax, r: ConditionResult, T: int, grams: dict) -> None
     ax.set_title(f"(a) {which} Gram matrix\nstrictly lower triangle s < t", fontsize=9)
 
 
-def _fig4_kernels(ax, r: ConditionResult, layer: int, head: int) -> None:
-    g_b, src = r.g_trackB
-    lags = np.arange(1, r.length)
-    ax.plot(lags, g_b[layer, head], color="C3", lw=1.4, label=f"Track B ({src})", zorder=3)
+def _fig4_kernels(ax, kept: dict, T: int) -> None:
+    lags = np.arange(1, T)
+    ax.plot(lags, kept["g_trackB"], color="C3", lw=1.4,
+            label=f"Track B ({kept['g_trackB_source']})", zorder=3)
     ax.set(xlabel="lag Δ = t − s", ylabel="g(Δ), Track B", xscale="log")
     twin = ax.twinx()
-    twin.plot(lags, r.g_pooled[layer, head], color="C0", lw=1.0, ls="--", alpha=0.8,
+    twin.plot(lags, kept["g_pooled"], color="C0", lw=1.0, ls="--", alpha=0.8,
               label="Track A pooled (right axis)")
     twin.set_ylabel("g(Δ), Track A", color="C0")
     h1, l1 = ax.get_legend_handles_labels()
@@ -319,26 +319,35 @@ def _fig4_spectrum(ax, r: ConditionResult, spectral: dict) -> None:
                  if np.isfinite(frac) else "(c) |ĝ(ω)|²", fontsize=9)
 
 
+def head_arrays(r: ConditionResult, layer: int, head: int) -> dict:
+    """What Figure 4 reads of one head, copied: its Gram matrices where kept
+    (``gram_centered``, ``gram_raw``), Track B's g and its source (``g_trackB``,
+    ``g_trackB_source``) and Track A's pooled g (``g_pooled``)."""
+    g_b, src = r.g_trackB
+    return {**{n: np.array(getattr(r, n)[layer, head]) for n in ("gram_centered", "gram_raw")
+               if getattr(r, n) is not None},
+            "g_trackB": np.array(g_b[layer, head]), "g_trackB_source": src,
+            "g_pooled": np.array(r.g_pooled[layer, head])}
+
+
 def fig4_spectral(r: ConditionResult, layer: int, head: int, spectral: dict | None, *,
-                  gate_met: bool | None, grams: dict | None = None) -> Figure:
+                  gate_met: bool | None, kept: dict | None = None) -> Figure:
     """One head: (a) the centered Gram matrix (raw when the condition is uncentered) on
     its strictly lower triangle, (b) Track B g(Δ) with Track A's on a second axis, (c)
     |ĝ(ω)|² (``spectral``: the saved spectrum ``omega``/``spectrum`` and the head's
     ``peaks``, ``matched``, ``rel_error``, ``frac_matched``, ``chance``, ``p_value``) with
     the model's θᵢ dashed, ±10% bands shaded and the top peaks marked, matched peaks
     labelled with their relative error. Titled "gate not met" when the spectral gate
-    failed. ``grams``: this head's Gram matrices by name (``gram_centered``,
-    ``gram_raw``), read from ``r`` when not given."""
+    failed. ``kept``: this head's arrays (:func:`head_arrays`), read from ``r`` when not
+    given."""
     spectral = spectral or {}
     if "omega" not in spectral or "spectrum" not in spectral:
         raise ValueError("fig4_spectral needs the head's saved spectrum (omega, spectrum)")
-    if grams is None:
-        grams = {n: getattr(r, n)[layer, head] for n in ("gram_centered", "gram_raw")
-                 if getattr(r, n) is not None}
+    kept = head_arrays(r, layer, head) if kept is None else kept
     fig = Figure(figsize=(15, 4.4), layout="constrained")
     ax_a, ax_b, ax_c = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1.1, 1.5]})
-    _fig4_gram(fig, ax_a, r, r.length, grams)
-    _fig4_kernels(ax_b, r, layer, head)
+    _fig4_gram(fig, ax_a, r, r.length, kept)
+    _fig4_kernels(ax_b, kept, r.length)
     _fig4_spectrum(ax_c, r, spectral)
     gate = "" if gate_met else "  —  gate not met" if gate_met is False else \
         "  —  no gate applies"
