@@ -14,7 +14,9 @@ Tables: ``trackA`` has one row per (evaluation sequence, layer, head), ``trackB`
 """
 
 import dataclasses
+import struct
 import typing
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -81,9 +83,36 @@ def check_values(cls, values: dict[str, Any], dims: dict[str, int], where: str =
     return dims
 
 
+def mapped_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file as read-only memory maps where a member is stored
+    uncompressed (``np.savez``: its ``.npy`` bytes lie in the file as they are), else read
+    whole."""
+    out = {}
+    with zipfile.ZipFile(path) as z, open(path, "rb") as fh:
+        for info in z.infolist():
+            name = info.filename.removesuffix(".npy")
+            if info.compress_type != zipfile.ZIP_STORED:
+                out[name] = np.lib.format.read_array(z.open(info))
+                continue
+            fh.seek(info.header_offset + 26)  # the local header's name and extra lengths
+            n, m = struct.unpack("<HH", fh.read(4))
+            fh.seek(info.header_offset + 30 + n + m)
+            version = np.lib.format.read_magic(fh)
+            read = {(1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0}[version]
+            shape, fortran, dtype = read(fh)
+            if dtype.hasobject or 0 in shape:
+                out[name] = np.lib.format.read_array(z.open(info))
+            else:
+                out[name] = np.memmap(path, dtype, "r", fh.tell(), shape,
+                                      "F" if fortran else "C")
+    return out
+
+
 class SavedFiles:
     """Reads a saved condition's files once each; every problem names the file. ``lazy``:
-    ``.pt`` files are memory-mapped (their pages read when touched)."""
+    ``.pt`` files and the members of ``.npz`` files are memory-mapped (their pages read
+    when touched)."""
 
     def __init__(self, path_of: Callable[[str], Path], lazy: bool = False):
         self.path_of, self.cache, self.lazy = path_of, {}, lazy
@@ -96,6 +125,8 @@ class SavedFiles:
         if not path.exists():
             raise ResultFileError(f"{path}: missing")
         try:
+            if file.endswith(".npz") and self.lazy:
+                return mapped_npz(path)
             if file.endswith(".npz"):
                 with np.load(path, allow_pickle=False) as z:
                     return {k: z[k] for k in z.files}
@@ -211,8 +242,7 @@ class Part:
             if "file" in f.metadata else f"{saved.path_of('*')}: {f.name}"))
         part = cls(**values)
         # a mapped array is checked by whoever reads it: the check would read every page
-        mapped = {f.name for f in dataclasses.fields(cls)
-                  if saved.lazy and str(f.metadata.get("file", "")).endswith(".pt")}
+        mapped = {f.name for f in dataclasses.fields(cls) if saved.lazy and "file" in f.metadata}
         part.check(dims, saved.path_of("*"), unchecked=mapped)
         return part
 

@@ -223,6 +223,10 @@ def test_the_report_maps_matrices_and_lets_them_go(tmp_path):
     eager = ConditionResult.load(tmp_path, *key)
     np.testing.assert_array_equal(lazy.logits[3], eager.logits[3])
     np.testing.assert_array_equal(lazy.gram_centered, eager.gram_centered)
+    g_file = str(C.result_path(tmp_path, *key, C.G_ARRAYS))
+    assert g_file in Path("/proc/self/maps").read_text()  # npz members are mapped too
+    np.testing.assert_array_equal(lazy.g_per_seq, eager.g_per_seq)
+    np.testing.assert_array_equal(lazy.g_pooled, eager.g_pooled)
     del lazy
     gc.collect()
     assert mapped() == []
@@ -234,3 +238,22 @@ def test_the_report_maps_matrices_and_lets_them_go(tmp_path):
     np.testing.assert_array_equal(cond.kept["gram_centered"], eager.gram_centered[1, 2])
     np.testing.assert_array_equal(cond.kept["g_pooled"], eager.g_pooled[1, 2])
     assert cond.result.g_pooled.strides == (0, 0, 0) and not cond.result.g_pooled.any()
+
+
+def test_mapped_npz_equals_numpy_load(tmp_path):
+    """Every member as np.load reads it: stored members mapped (C and Fortran order, any
+    dtype), compressed or empty ones read whole."""
+    from poskernel_tl.schema import mapped_npz
+
+    arrays = {"c": np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+              "f": np.asfortranarray(np.random.default_rng(0).random((5, 7))),
+              "i": np.arange(3, dtype=np.int64), "empty": np.zeros((0, 4)),
+              "scalar": np.float64(2.5)}
+    for name, save in (("stored.npz", np.savez), ("packed.npz", np.savez_compressed)):
+        save(tmp_path / name, **arrays)
+        got = mapped_npz(tmp_path / name)
+        assert sorted(got) == sorted(arrays)
+        for k, v in arrays.items():
+            np.testing.assert_array_equal(got[k], v)
+            assert got[k].dtype == np.asarray(v).dtype
+        assert isinstance(got["c"], np.memmap) == (name == "stored.npz")
