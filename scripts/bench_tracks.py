@@ -41,7 +41,8 @@ matters: the plan picks it by estimated time (the accumulator against the sequen
 factors), and each row's "whole" column is one `pk.measure` on 2n sequences against 2n
 bare forwards.
 
-``--calibrate`` instead times one layer of Track B's own work on random q/k of the
+``--calibrate`` instead times Track B's whole fit of one layer (the accumulator's, every
+centering variant, T = 4096, 8 sequences), then one layer of Track B's own work on random q/k of the
 model's geometry (the accumulator's update and fit, the factors' fit; at T = 1024,
 4096 and 8192, n = 1, 2, 4) and prints the constants of
 :data:`poskernel_tl.track_b_cost.COST` fitted to them, with each timing's ratio to its
@@ -76,6 +77,7 @@ from poskernel_tl.reducers import (  # noqa: E402
     FreqUsageReducer,
     GramReducer,
     LayerBatch,
+    MomentsReducer,
     PermNullReducer,
     TrackAReducer,
 )
@@ -159,6 +161,22 @@ def track_b_path(model, T: int, n_eval: int, max_memory: str) -> str:
     return f"{kind}, {len(plan.layer_blocks)} block(s) of layers"
 
 
+def whole_fit(spec, T: int, n: int) -> float:
+    """CPU seconds of one layer's GramReducer.result with centering (every variant) on n
+    random sequences accumulated, the centering means of 4 more (with their half)."""
+    H, kv, d = spec.n_heads, spec.n_kv_heads, spec.d_head
+    g = torch.Generator().manual_seed(0)
+    qk = lambda m: (torch.randn(m, T, H, d, generator=g) + 1, torch.randn(m, T, kv, d,
+                                                                            generator=g))
+    mom = MomentsReducer(4, 1, H, kv, T, d, half_seed=1)
+    mom.update(LayerBatch(0, *qk(4), torch.arange(4), 1.0, rows=(0, 1, 2, 3)))
+    cen = mom.result()
+    red = GramReducer(1, H, kv, T, d, 1 / math.sqrt(d), reference=cen, full=False)
+    for _ in range(n):
+        red.update(LayerBatch(0, *qk(1), torch.arange(1), 1 / math.sqrt(d)))
+    return timed(partial(red.result, cen), 1, False)
+
+
 def calibrate(spec, lengths=(1024, 4096, 8192), counts=(1, 2, 4)) -> dict[str, float]:
     """COST's constants from one layer of Track B's own work per path (X as wide as three
     centerings need), per head: the update and the fit by their one unit each, the
@@ -183,6 +201,8 @@ def calibrate(spec, lengths=(1024, 4096, 8192), counts=(1, 2, 4)) -> dict[str, f
     rows = np.array(units["factors"])
     coef = nnls(rows[:, 1:] / rows[:, :1], np.ones(len(rows)))[0]  # no negative cost
     cost.update(factor_lags=float(coef[0]), factor_rank=float(coef[1]))
+    print(f"Track B's whole fit of one layer (accumulator; raw, centered and half-centered "
+          f"variants; T = 4096, 8 sequences): {whole_fit(spec, 4096, 8):.2f} CPU s")
     print("measured / estimated, per timing (T, n in order):")
     for k in ("update", "fit"):
         print(k, " ".join(f"{t / (cost[k] * u):.2f}" for t, u in units[k]))
