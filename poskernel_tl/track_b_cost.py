@@ -44,11 +44,12 @@ def factors_allowed(model: LoadedModel, n_eval: int, full: bool) -> bool:
 def track_b_seconds(model: LoadedModel, length: int, n_eval: int, factors: bool) -> float:
     """Estimated CPU seconds of Track B over every layer on one path (:data:`COST`): the
     accumulator's updates, O(n·T²·d), and fit, O(T²·d); or the factors' fit,
-    O(T·r·log T + T·r²) with r = n·d_head."""
+    O(T·r·log T + T·r²) with r = n·d_head; each per triangle a fit reads."""
     s, T = model.spec, length
     if factors:
         r = n_eval * s.d_head
-        head = T * r * (COST["factor_lags"] * math.log2(2 * T) + COST["factor_rank"] * r)
+        head = T * r * (COST["factor_lags"] * math.log2(2 * T) + COST["factor_rank"] * r) \
+            * sides(model)
     else:
         head = T * T / 2 * sides(model) * s.d_head * (COST["update"] * n_eval + COST["fit"])
     return s.n_layers * s.n_heads * head
