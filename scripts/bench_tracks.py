@@ -309,7 +309,7 @@ def print_table(rows: list[dict], rss: list[dict]) -> None:
               f"fixed costs; {r['wall']:.0f} s wall)")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m",
                     help="a registry model with GGUF weights (its HF forward is the floor)")
@@ -339,7 +339,11 @@ def main() -> None:
                     help="print Track B's cost constants measured on this machine")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rss", nargs=2, type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     if args.calibrate:
