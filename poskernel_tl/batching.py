@@ -39,12 +39,11 @@ from poskernel_tl.errors import PlanError, UserError
 from poskernel_tl.loading import LoadedModel
 from poskernel_tl.track_b_cost import (
     FACTOR_RANK_MAX,
-    factors_allowed,
     gram_factors,
     gram_fit_bytes,
     gram_layer_bytes,
     sides,
-    track_b_seconds,
+    track_b_paths,
     whitened_layer_bytes,
 )
 
@@ -252,19 +251,17 @@ def plan_measure(model: LoadedModel, w: Workload, batch_size: int | str = "auto"
     L = model.spec.n_layers
     cap = min(device_cap(model.device, w.length), max(1, w.n_eval, w.n_centering))
     batches = range(cap, 0, -1) if batch_size == "auto" else [batch_size]
-    paths = sorted({f: track_b_seconds(model, w.length, w.n_eval, f) for f in (False, True)
-                    if not f or factors_allowed(model, w.n_eval, w.keep_gram)}.items(),
-                   key=lambda p: p[1])
+    paths = track_b_paths(model, w.length, w.n_eval, w.keep_gram)
     for n_blocks in range(1, L + 1):
         size = math.ceil(L / n_blocks)
         if n_blocks > 1 and math.ceil(L / (n_blocks - 1)) == size:
             continue  # no smaller blocks than with one block fewer
-        for factors, _ in paths:
+        for factors in paths:
             for b in batches:
                 peak = estimate_peak(model, w, b, size, factors)
                 if peak <= budget:
                     return Plan(b, layer_blocks(L, n_blocks), budget, peak, str(max_memory),
-                                factors, path_reason(dict(paths), factors, n_blocks, budget))
+                                factors, path_reason(paths, factors, n_blocks, budget))
     raise refusal(model, w, batches[-1] if batch_size == "auto" else batch_size, budget,
                   limit is None)
 

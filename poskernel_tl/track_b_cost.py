@@ -55,12 +55,19 @@ def track_b_seconds(model: LoadedModel, length: int, n_eval: int, factors: bool)
     return s.n_layers * s.n_heads * head
 
 
+def track_b_paths(model: LoadedModel, length: int, n_eval: int, full: bool
+                  ) -> dict[bool, float]:
+    """The paths Track B may take (True: the factors, False: the accumulator), fastest
+    first, with their estimated CPU seconds."""
+    paths = [f for f in (False, True) if not f or factors_allowed(model, n_eval, full)]
+    seconds = {f: track_b_seconds(model, length, n_eval, f) for f in paths}
+    return dict(sorted(seconds.items(), key=lambda p: p[1]))
+
+
 def gram_factors(model: LoadedModel, length: int, n_eval: int, full: bool) -> bool:
     """Track B's faster path where memory allows both: True keeps the evaluation
     sequences' factors (few sequences at long T), False the accumulator."""
-    return factors_allowed(model, n_eval, full) and \
-        track_b_seconds(model, length, n_eval, True) < \
-        track_b_seconds(model, length, n_eval, False)
+    return next(iter(track_b_paths(model, length, n_eval, full)))
 
 
 def gram_layer_bytes(model: LoadedModel, length: int, full: bool, n_eval: int = 0,
