@@ -34,6 +34,7 @@ from poskernel_tl.report import (
     SHARED,
     HeadPageData,
     assets_rel_for,
+    first_display,
     fit_mask,
     head_html,
     write_assets,
@@ -133,10 +134,8 @@ class HeadView:
         """In a notebook the first view carries Plotly, circuitsvis and the viewer; later
         views reuse them (a few hundred kB each instead of ≈ 6 MB). ``to_html()`` and
         ``save()`` stay self-contained."""
-        global _ASSETS_SHOWN
-        html = self.to_html(assets_rel=SHARED if _ASSETS_SHOWN else None)
-        _ASSETS_SHOWN = True
-        return html
+        first = first_display("viewer", carries=("plotly",))
+        return self.to_html(assets_rel=None if first else SHARED)
 
     def save(self, path, *, inline: bool = True) -> Path:
         """Write the view as a standalone HTML page at ``path`` and return the path.
@@ -358,8 +357,5 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
                  error=RuntimeError)
     return view
 
-
-# whether a notebook view has carried the viewer's assets yet (later ones reuse them)
-_ASSETS_SHOWN = False
 
 __all__ = ["HeadView", "check_head", "inspect_head", "token_ids"]

@@ -321,8 +321,8 @@ class ConditionResult:
         ``model``/``dataset``/``length`` choose one (given all three, the folder is not
         scanned). Every file is read and checked (shapes against the spec, row counts,
         finiteness) before anything is returned; problems raise ResultFileError naming
-        the file. ``lazy``: the ``.pt`` files (logits, Gram matrices, means) are mapped,
-        not read: an array's pages are read when it is first touched, and their
+        the file. ``lazy``: the ``.pt`` files (logits, Gram matrices, means) and the
+        uncompressed members of the ``.npz`` files are mapped, not read: an array's pages are read when it is first touched, and their
         finiteness is left to whoever reads them (a reader that never rewrites the folder
         while it holds them and reads few of those arrays, such as the report)."""
         if None in (model, dataset, length):

@@ -17,6 +17,7 @@ import torch
 from browser import find_chromium, load_page
 from tiny_models import tiny_loaded
 
+import poskernel_tl as pk
 from poskernel_tl.errors import UserError
 from poskernel_tl.head_view import HeadView, head_tensors, inspect_head
 from poskernel_tl.head_view_cli import add_inspect_parser, cmd_inspect, dataset_window
@@ -174,14 +175,18 @@ def test_notebook_views_share_the_viewer_assets(llama, tmp_path, monkeypatch):
     only their data (logits and pattern as deflated half-precision display copies);
     ``to_html()`` stays self-contained. Rendered together in Chromium, every view mounts;
     a later view on a page without the first says what to do."""
-    import poskernel_tl.head_view as hv
+    import poskernel_tl.report.html as report_html
 
-    monkeypatch.setattr(hv, "_ASSETS_SHOWN", False)
+    monkeypatch.setattr(report_html, "SHOWN", set())  # a fresh notebook session
     views = [inspect_head(llama, torch.randint(3, 290, (128,), generator=torch.Generator()
                                                .manual_seed(i)), 1, i) for i in range(3)]
     blocks = [v._repr_html_() for v in views]
     assert len(blocks[0]) > 1_000_000 and all(len(b) < 60_000 for b in blocks[1:])
     assert len(views[1].to_html()) > 1_000_000  # standalone: the assets inline
+    figure = pk.plots.r2_heatmap(pk.measure(llama, torch.randint(3, 290, (4, 16)),
+                                            progress=False))
+    assert "plotly" in report_html.SHOWN  # the views carried plotly.js: figures reuse it
+    assert len(figure._repr_mimebundle_()["text/html"]) < 100_000
     if find_chromium() is None:
         pytest.skip("headless Chromium not found: apt-get install chromium")
     page = tmp_path / "notebook.html"

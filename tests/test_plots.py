@@ -6,16 +6,17 @@ import torch
 from tiny_models import arch_loaded
 
 import poskernel_tl as pk
+import poskernel_tl.report.html as report_html
 
 
-def test_figures_are_plotly_objects_of_the_results_arrays(tiny_tokenizer):
+def test_figures_are_plotly_objects_of_the_results_arrays(tiny_tokenizer, monkeypatch):
     model = arch_loaded("gemma3", tiny_tokenizer)
     ids = torch.randint(3, 290, (8, 40), generator=torch.Generator().manual_seed(2))
     res = pk.measure(model, ids[4:], ids[:4], progress=False)
     heat = pk.plots.r2_heatmap(res)
     assert isinstance(heat, go.Figure)
     assert np.array_equal(np.asarray(heat.data[0].z), res.r2_pooled)
-    pk.plots.Figure._plotly_shown = False  # a notebook: plotly.js once, then reused
+    monkeypatch.setattr(report_html, "SHOWN", set())  # a notebook: plotly.js once, reused
     first, later = (f._repr_mimebundle_()["text/html"] for f in (heat, heat))
     assert len(first) > 1_000_000 and len(later) < 100_000 and "src=\"http" not in first
     assert heat.data[0].customdata[2][0] == "rope 1e+06"  # layer 2, the global one

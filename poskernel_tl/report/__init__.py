@@ -2,7 +2,14 @@
 ``report.html`` with the head viewer), and the same viewer for one head in a notebook or a
 standalone page (:class:`HeadPageData`, :func:`head_html`, :func:`write_head_page`)."""
 
-from poskernel_tl.report.html import ASSETS_DIR, escape, json_for_script, relative_url
+from poskernel_tl.report.html import (
+    ASSETS_DIR,
+    SHOWN,
+    escape,
+    first_display,
+    json_for_script,
+    relative_url,
+)
 from poskernel_tl.report.viewer import (
     BUNDLE_NAME,
     PLOTLY_NAME,
@@ -22,9 +29,11 @@ __all__ = [
     "BUNDLE_NAME",
     "PLOTLY_NAME",
     "SHARED",
+    "SHOWN",
     "HeadPageData",
     "assets_rel_for",
     "escape",
+    "first_display",
     "fit_mask",
     "head_html",
     "head_payload",

@@ -17,6 +17,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 ASSETS_DIR = "assets"
+# what a notebook session has displayed so far: "plotly" (plotly.js), "viewer" (plotly.js,
+# circuitsvis and the viewer's script); a later display reuses what an earlier one loaded
+SHOWN: set[str] = set()
+
+
+def first_display(needs: str, carries: tuple[str, ...] = ()) -> bool:
+    """Whether ``needs`` is new to this notebook session; it and what the display
+    ``carries`` besides count as shown from then on."""
+    first = needs not in SHOWN
+    SHOWN.update((needs, *carries))
+    return first
 
 # --------------------------------------------------------------------------- escaping
 
@@ -138,5 +149,6 @@ def write_page(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
-__all__ = ["ASSETS_DIR", "bundle_js", "check_relative_url", "clean_text", "escape",
+__all__ = ["ASSETS_DIR", "SHOWN", "bundle_js", "check_relative_url", "clean_text", "escape",
+           "first_display",
            "json_for_script", "page_html", "relative_url", "report_block", "write_page"]

@@ -15,20 +15,18 @@ import numpy as np
 import plotly.graph_objects as go
 
 from poskernel_tl.analyses.spectral_summary import kernel_spectrum
+from poskernel_tl.report.html import first_display
 from poskernel_tl.result import ConditionResult
 
 
 class Figure(go.Figure):
     """A ``plotly.graph_objects.Figure`` that a notebook shows offline: as HTML carrying
-    plotly.js the first time in the session and reusing it after (no CDN, no MathJax)."""
-
-    _plotly_shown = False
+    plotly.js the first time in the session (unless a head view carried it) and reusing it
+    after (no CDN, no MathJax)."""
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        first = not Figure._plotly_shown
-        Figure._plotly_shown = True
-        return {"text/html": self.to_html(full_html=False, include_plotlyjs=first,
-                                          include_mathjax=False)}
+        return {"text/html": self.to_html(full_html=False, include_mathjax=False,
+                                          include_plotlyjs=first_display("plotly"))}
 
     def _ipython_display_(self):  # IPython asks this before any _repr_ (plotly's renderers)
         from IPython.display import publish_display_data
