@@ -322,9 +322,10 @@ class ConditionResult:
         scanned). Every file is read and checked (shapes against the spec, row counts,
         finiteness) before anything is returned; problems raise ResultFileError naming
         the file. ``lazy``: the ``.pt`` files (logits, Gram matrices, means) and the
-        uncompressed members of the ``.npz`` files are mapped, not read: an array's pages are read when it is first touched, and their
-        finiteness is left to whoever reads them (a reader that never rewrites the folder
-        while it holds them and reads few of those arrays, such as the report)."""
+        uncompressed members of the ``.npz`` files are mapped, not read: an array's pages
+        are read when it is first touched, and its finiteness is left to whoever reads it
+        (a reader that never rewrites the folder while it holds the arrays and reads few
+        of them, such as the report)."""
         if None in (model, dataset, length):
             found = [c for c in cls.conditions(out)
                      if (model is None or c[0] == model) and (dataset is None or c[1] == dataset)

@@ -7,9 +7,9 @@ A condition that cannot be read is recorded with the file and the reason
 recomputes: the report only reads.
 """
 
-import dataclasses
 import json
 import re
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +22,7 @@ from poskernel_tl.analyses.spectral_io import SavedSpectral, read_spectral
 from poskernel_tl.report import extras, figures
 from poskernel_tl.report.tokens import Decoder, token_decoder
 from poskernel_tl.result import ConditionResult
+from poskernel_tl.schema import axes
 
 Key = tuple[str, str, int]
 
@@ -149,9 +150,9 @@ def slim(cond: Condition, head: tuple[int, int] | None = None) -> Condition:
                           for s, a in spectral.spectra.items()})
     zero = lambda a: np.broadcast_to(np.float32(0), np.shape(a))  # no memory behind it
     spectral.spectra = {s: zero(a) for s, a in spectral.spectra.items()}
-    arrays = {f.name: getattr(part, f.name) for part in r.parts.values()
-              for f in dataclasses.fields(part) if f.name.startswith("g_")}
-    kernels = {k: zero(a) for k, a in arrays.items() if isinstance(a, np.ndarray) and a.ndim >= 3}
+    kernels = {name: zero(a) for part in r.parts.values()  # every array over the lags
+               for name, tp in typing.get_type_hints(type(part)).items()
+               if (axes(tp) or ("",))[-1] == "lag" and (a := getattr(part, name)) is not None}
     cond.result = r.replace(mean_q=None, mean_k=None, mean_q_half=None, mean_k_half=None,
                             gram_raw=None, gram_centered=None, logits={}, **kernels)
     return cond
