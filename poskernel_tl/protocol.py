@@ -33,3 +33,25 @@ def early_layers(n_layers: int) -> list[int]:
 def late_layers(n_layers: int) -> list[int]:
     """Layers 4+ (empty for a model of 4 layers or fewer)."""
     return list(range(LATE_FROM, n_layers))
+
+# offset bands of Track A's band fits: Δ in [1, 16], [17, 64], [65, 256], … (×4), the last
+# ending at T − 1; then the cumulative bands Δ in [1, W] for each band's end W past the first
+FIRST_BAND_END = 16
+BAND_RATIO = 4
+
+
+def band_ends(length: int) -> list[int]:
+    """The last offset of each band that partitions Δ = 1..T−1 (ascending, ends at T − 1)."""
+    ends, hi = [], FIRST_BAND_END
+    while hi < length - 1:
+        ends.append(hi)
+        hi *= BAND_RATIO
+    return ends + [length - 1]
+
+
+def offset_bands(length: int) -> list[tuple[int, int]]:
+    """(lo, hi), inclusive, of every band Track A fits at length T: the partition bands,
+    then the cumulative [1, W] of each partition band's end but the first's."""
+    ends = band_ends(length)
+    parts = [(lo + 1, hi) for lo, hi in zip([0] + ends[:-1], ends)]
+    return parts + [(1, hi) for hi in ends[1:]]

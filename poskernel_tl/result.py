@@ -28,6 +28,7 @@ from poskernel_tl.errors import NoConditionError, ResultFileError
 from poskernel_tl.hooks import kv_head_map
 from poskernel_tl.io import save_csv, save_json, save_npz, save_torch
 from poskernel_tl.pe_kernel import PEKernel
+from poskernel_tl.protocol import offset_bands
 from poskernel_tl.reducers import (
     CenteringMeans,
     FreqUsage,
@@ -38,7 +39,7 @@ from poskernel_tl.reducers import (
     WhitenedGramResult,
 )
 from poskernel_tl.registry import ModelSpec
-from poskernel_tl.schema import Part, SavedFiles
+from poskernel_tl.schema import TABLE_ROWS, Part, SavedFiles
 from poskernel_tl.toeplitz import two_sided
 
 PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, WhitenedGramResult,
@@ -201,7 +202,8 @@ class ConditionResult:
         s, T = self.spec, self.length
         dims = {"n_seqs": len(self.seq_id), "layer": s.n_layers, "head_index": s.n_heads,
                 "kv_head_index": s.n_kv_heads, "d_head": s.d_head, "pos": T,
-                "query_pos": T, "key_pos": T, "lag": T - 1}
+                "query_pos": T, "key_pos": T, "lag": T - 1,
+                "band": len(offset_bands(T)) if T > 1 else 0}
         return {k: v for k, v in dims.items() if v}
 
     def check(self) -> None:
@@ -217,20 +219,30 @@ class ConditionResult:
     def to_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The tidy Track A table (one row per eval sequence, layer, head) and Track B
         table (one row per layer, head), with the protocol's columns first."""
-        dims, (n, L, H) = self.dims(), (len(self.seq_id), self.n_layers, self.n_heads)
+        tables = self.tables()
+        return tables["trackA"], tables["trackB"]
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """Every tidy table the parts fill (:data:`~poskernel_tl.schema.TABLE_ROWS`; the
+        offset bands' only where Track A has them), with the condition, layer and head
+        columns first."""
+        dims = self.dims()
         base = dict(model=self.model, dataset=self.dataset, length=self.length)
-        s, layer, head = (g.ravel() for g in np.meshgrid(np.arange(n), np.arange(L),
-                                                          np.arange(H), indexing="ij"))
-        frames = []
-        for table, keys in (("trackA", {"layer": layer, "head": head,
-                                         "seq_id": self.seq_id[s]}),
-                            ("trackB", {"layer": layer[:L * H], "head": head[:L * H]})):
-            cols = {**base, **keys}
+        out = {}
+        for table, rows in TABLE_ROWS.items():
+            if table == "bands" and self.band_lo is None:
+                continue
+            shape = tuple(dims[a] for a in rows)
+            index = dict(zip(rows, (g.ravel() for g in np.meshgrid(
+                *(np.arange(s) for s in shape), indexing="ij"))))
+            cols = {**base, "layer": index["layer"], "head": index["head_index"]}
+            if "n_seqs" in index:
+                cols["seq_id"] = self.seq_id[index["n_seqs"]]
             for part in self.parts.values():
                 cols.update(part.columns(table, dims))
-            cols["kv_head"] = self.kv_head[keys["head"]]
-            frames.append(pd.DataFrame(cols))
-        return frames[0], frames[1]
+            cols["kv_head"] = self.kv_head[cols["head"]]
+            out[table] = pd.DataFrame(cols)
+        return out
 
     def layer_summary(self) -> pd.DataFrame:
         """Mean over heads of each layer: pooled Track A, Track B centered and raw; for a
@@ -258,9 +270,8 @@ class ConditionResult:
         Returns the paths written."""
         path = lambda suffix: C.result_path(out, self.model, self.dataset, self.length,
                                             suffix)
-        a, b = self.to_frames()
-        written = {"trackA": save_csv(a, path(C.TRACK_A_CSV)),
-                   "trackB": save_csv(b, path(C.TRACK_B_CSV))}
+        written = {table: save_csv(df, path(f"{table}.csv"))
+                   for table, df in self.tables().items()}
         files: dict[str, dict] = {C.G_ARRAYS: {"lags": np.arange(1, self.length),
                                                 "seq_id": self.seq_id}}
         for part in self.parts.values():

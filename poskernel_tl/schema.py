@@ -10,7 +10,8 @@ statistic to a reducer's result (one annotated field) is all it takes to save it
 it and see it in the tables.
 
 Tables: ``trackA`` has one row per (evaluation sequence, layer, head), ``trackB`` one per
-(layer, head); a field with fewer axes is repeated along the others.
+(layer, head), ``bands`` one per (offset band, layer, head); a field with fewer axes is
+repeated along the others.
 """
 
 import dataclasses
@@ -27,7 +28,8 @@ import torch
 
 from poskernel_tl.errors import ResultFileError
 
-TABLE_ROWS = {"trackA": ("n_seqs", "layer", "head_index"), "trackB": ("layer", "head_index")}
+TABLE_ROWS = {"trackA": ("n_seqs", "layer", "head_index"), "trackB": ("layer", "head_index"),
+              "bands": ("band", "layer", "head_index")}
 
 
 def stored(file: str, key: str | None = None, *, finite: bool = False,
@@ -232,8 +234,9 @@ class Part:
                     continue
                 values[f.name] = saved.array(meta["file"], meta["key"])
             elif "table" in meta and f.name not in values:
-                if not default_missing and \
-                        meta["column"] not in saved.get(f"{meta['table']}.csv").columns:
+                table = f"{meta['table']}.csv"
+                if not default_missing and (not saved.exists(table) or
+                                            meta["column"] not in saved.get(table).columns):
                     continue  # an optional column this condition does not have
                 names = axes(hints[f.name]) or ()
                 values[f.name] = saved.table_column(meta["table"], meta["column"], dims, names)

@@ -11,9 +11,11 @@ triangle, the per-lag sums S1(Δ) and the total sum of squares. Both follow from
    sum over d_head is taken in the frequency domain: one inverse FFT per head.
 2. The sum of squares of the strictly lower triangle is a running key second moment:
    Σ_{s<t} A[t, s]² = scale² · Σ_t q_tᵀ M_t q_t,  M_t = Σ_{s<t} k_s k_sᵀ (d × d).
-   In chunks [a, a + C) of positions: Σ_{t in chunk} q_tᵀ M_a q_t (M_a, the exclusive
-   prefix sum of the chunks' key Grams, carried across chunks) plus the chunk's own
-   C × C strictly lower triangle, formed explicitly.
+   In chunks c of C positions: Σ_{t in c} q_tᵀ M_c q_t (M_c, the exclusive prefix sum of
+   the chunks' key Grams) plus the chunk's own C × C strictly lower
+   triangle, formed explicitly. The entries with t − s ≤ W (a window, a band of offsets)
+   take the key chunks within W from a difference of two prefix sums and the ≤ 2 chunks W
+   cuts through explicitly: every band end costs about one more whole sum.
 3. Every other block Track A fits touches only the first keys: the key column s = 0 (the
    attention sink), query rows 1–20 and 21–49 (keys s < t < 50) and query rows ≥ 50 with
    keys s < 50. All lie in the strip A[:, :50], formed explicitly (T × 50 per head); its
@@ -44,7 +46,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM
+from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, band_ends
 
 ACC = torch.float64
 DEFAULT_CHUNK = 64
@@ -144,34 +146,44 @@ def lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
                       chunk: int = DEFAULT_CHUNK, max_lag: int | None = None
                       ) -> Float[Tensor, "batch head_index"]:
     """Σ (scale·q_t·k_s)² over 0 < t − s ≤ ``max_lag`` (default: the whole strictly lower
-    triangle), by the chunked running key moment (identity 2 of the module docstring),
-    in float64. A window is the whole triangle less the entries t − s ≥ w = max_lag + 1,
-    which are the strictly lower triangle of q[w−1:] against k[:T−w+1]. Positions are
-    zero-padded to a multiple of ``chunk`` (zero rows add nothing); a kv head's query
-    heads share its chunk products."""
-    total = _lower_sum_squares(q, k, scale, chunk)
-    far = far_sum_squares(q, k, scale, chunk, max_lag)
-    return total if far is None else total - far
-
-
-def far_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
-                    k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                    chunk: int, max_lag: int | None) -> Float[Tensor, "batch head_index"] | None:
-    """Σ (scale·q_t·k_s)² over t − s > ``max_lag`` (the entries a sliding window removes),
-    None when the window removes nothing."""
+    triangle), in float64 (:func:`sum_squares_upto`)."""
     T = q.shape[1]
-    if max_lag is None or max_lag >= T - 1:
-        return None
-    w = max_lag + 1
-    return _lower_sum_squares(q[:, w - 1:], k[:, :T - w + 1], scale, chunk)
+    return sum_squares_upto(q, k, scale, [T - 1 if max_lag is None else max_lag], chunk)[..., 0]
 
 
-def _lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
-                       k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                       chunk: int) -> Float[Tensor, "batch head_index"]:
+def band_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
+                     k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+                     chunk: int = DEFAULT_CHUNK, max_lag: int | None = None
+                     ) -> tuple[Float[Tensor, "batch head_index"],
+                                Float[Tensor, "batch head_index"],
+                                Float[Tensor, "batch head_index part"]]:
+    """Σ (scale·q_t·k_s)² over the whole strictly lower triangle, over t − s ≤ ``max_lag``
+    (the whole again without one) and over each band of offsets of the partition
+    :func:`~poskernel_tl.protocol.band_ends` (0 past ``max_lag``), from one
+    :func:`sum_squares_upto`."""
+    T = q.shape[1]
+    last = T - 1 if max_lag is None else min(max_lag, T - 1)
+    ends = band_ends(T)
+    upto = sum_squares_upto(q, k, scale, [T - 1, last] + [min(e, last) for e in ends], chunk)
+    bands = torch.diff(upto[..., 2:], dim=-1, prepend=torch.zeros_like(upto[..., :1]))
+    return upto[..., 0], upto[..., 1], bands
+
+
+def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
+                     k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+                     ends: list[int], chunk: int = DEFAULT_CHUNK
+                     ) -> Float[Tensor, "batch head_index end"]:
+    """Σ (scale·q_t·k_s)² over 0 < t − s ≤ W for each W of ``ends``, in float64 (identity 2
+    of the module docstring by chunks of C positions). With K_c = Σ_{s in chunk c} k_s k_sᵀ,
+    the key chunks c − j wholly within W of every query t of chunk c (1 ≤ j ≤ J =
+    ⌊(W + 1)/C⌋ − 1) add q_tᵀ (K_{c−J} + … + K_{c−1}) q_t, a difference of two running key
+    moments (d² per query and end); the chunk itself (j = 0) and the ≤ 2 key chunks W cuts
+    through are formed explicitly (C × C per chunk and offset, each formed once for all
+    ends), masked to 1 ≤ t − s ≤ W. Positions are zero-padded to a multiple of C (zero rows add
+    nothing); a kv head's query heads share its key moments."""
     b, T, H, d = q.shape
     if len(parts := _pieces(b, T)) > 1:
-        return torch.cat([_lower_sum_squares(q[p], k[p], scale, chunk) for p in parts])
+        return torch.cat([sum_squares_upto(q[p], k[p], scale, ends, chunk) for p in parts])
     kv = k.shape[2]
     g = H // kv
     C = max(1, min(chunk, T))
@@ -182,12 +194,26 @@ def _lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
     # [b, kv, chunk, group·C, d]: within a chunk, row j·C + i is query head j at offset i
     qc = _as_acc(q.reshape(b, nc, C, kv, g, d), (0, 3, 1, 4, 2, 5)).view(b, kv, nc, g * C, d)
     kc = _as_acc(k.reshape(b, nc, C, kv, d), (0, 3, 1, 2, 4))  # [b, kv, chunk, C, d]
-    inner = torch.matmul(qc, kc.transpose(-1, -2)).view(b, kv, nc, g, C, C)
-    diag = inner.mul_(_strict_lower(C, q.device)).square_().sum(dim=(2, 4, 5))  # [b, kv, g]
-    gram = torch.matmul(kc.transpose(-1, -2), kc)  # [b, kv, chunk, d, d]
-    prior = before(gram, 2)  # Σ of the keys before each chunk
-    off = torch.matmul(qc, prior).mul_(qc).view(b, kv, nc, g, C, d).sum(dim=(2, 4, 5))
-    return (diag + off).reshape(b, H) * (scale * scale)
+    prior = before(torch.matmul(kc.transpose(-1, -2), kc), 2)  # Σ of the keys before c
+    offset = (torch.arange(C, device=q.device)[:, None] - torch.arange(C, device=q.device))
+    squares: dict[int, Tensor] = {}  # chunk offset j -> Σ_c (q_t·k_s)² of key chunk c − j
+    total = {}
+    for W in sorted(set(ends)):
+        full = min(max(0, (W + 1) // C - 1), nc - 1)
+        acc = qc.new_zeros(b, kv, g)
+        if full > 0:  # Σ_t q_tᵀ (M_c − M_{c−J}) q_t
+            c = torch.arange(nc, device=q.device)
+            window = prior - prior[:, :, (c - full).clamp(min=0)] if full < nc - 1 else prior
+            acc += torch.matmul(qc, window).mul_(qc).view(b, kv, nc, g, C, d).sum((2, 4, 5))
+        for j in [0] + list(range(full + 1, min(nc - 1, (W + C - 1) // C) + 1)):
+            if j not in squares:
+                squares[j] = torch.matmul(qc[:, :, j:], kc[:, :, :nc - j].transpose(-1, -2)
+                                          ).square_().sum(2).view(b, kv, g, C, C)
+            lag = j * C + offset
+            acc += (squares[j] * ((lag >= 1) & (lag <= W))).sum((-2, -1))
+        total[W] = acc.reshape(b, H)
+    out = [total[W] for W in ends]
+    return torch.stack(out, -1) * (scale * scale)
 
 
 def key_strip(q: Float[Tensor, "batch pos head_index d_head"],
@@ -251,7 +277,8 @@ class LowerStats:
     rows [1, 21) (``early``), rows [21, 50) (``middle``) and rows ≥ 50 with keys < 50
     (``corner``). All float64. Under a window (``max_lag``) every sum is the window's
     except ``s1``, which keeps every lag (the window is applied by the lag counts), and
-    ``sq_whole`` is Σ A² of the whole triangle (``sq`` itself without a window)."""
+    ``sq_whole`` is Σ A² of the whole triangle (``sq`` itself without a window); ``bands``
+    is Σ A² over each band of :func:`~poskernel_tl.protocol.band_ends`."""
 
     s1: Float[Tensor, "batch head_index lag"]
     sq: Float[Tensor, "batch head_index"]
@@ -261,6 +288,7 @@ class LowerStats:
     early: tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
     middle: tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
     corner: tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
+    bands: Float[Tensor, "batch head_index part"]  # Σ A² of each band of offsets
 
 
 def track_a_stats(q: Float[Tensor, "batch pos head_index d_head"],
@@ -284,24 +312,25 @@ def track_a_stats(q: Float[Tensor, "batch pos head_index d_head"],
     else:
         corner = (torch.zeros_like(c1), torch.zeros_like(csq))
     sink = windowed(strip[:, :, 1:, 0], max_lag)
-    whole = _lower_sum_squares(q, k, scale, chunk)
-    far = far_sum_squares(q, k, scale, chunk, max_lag)
-    return LowerStats(s1=lag_sums(q, k, scale), sq=whole if far is None else whole - far,
-                      sq_whole=whole,
-                      sink=sink, sink_sq=(sink * sink).sum(-1), early=(e1, esq),
-                      middle=(m1, msq), corner=corner)
+    whole, kept, bands = band_sum_squares(q, k, scale, chunk, max_lag)
+    return LowerStats(s1=lag_sums(q, k, scale), sq=kept, sq_whole=whole, sink=sink,
+                      sink_sq=(sink * sink).sum(-1), early=(e1, esq), middle=(m1, msq),
+                      corner=corner, bands=bands)
 
 
 def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
                 k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
                 chunk: int = DEFAULT_CHUNK, max_lag: int | None = None
                 ) -> tuple[Float[Tensor, "batch head_index lag"],
-                           Float[Tensor, "batch head_index"]]:
-    """(S1(Δ), Σ A²) of the strictly lower triangle of scale·q·kᵀ (identities 1, 2), over
-    t − s ≤ ``max_lag`` where given; for the permutation null, pass q[:, π], k[:, π]."""
-    return (windowed(lag_sums(q, k, scale), max_lag),
-            lower_sum_squares(q, k, scale, chunk, max_lag))
+                           Float[Tensor, "batch head_index"],
+                           Float[Tensor, "batch head_index part"]]:
+    """(S1(Δ), Σ A², Σ A² of each band of offsets) of the strictly lower triangle of
+    scale·q·kᵀ (identities 1, 2), over t − s ≤ ``max_lag`` where given; for the
+    permutation null, pass q[:, π], k[:, π]."""
+    _, kept, bands = band_sum_squares(q, k, scale, chunk, max_lag)
+    return windowed(lag_sums(q, k, scale), max_lag), kept, bands
 
 
-__all__ = ["LowerStats", "key_strip", "lag_sums", "lower_stats", "lower_sum_squares",
-           "far_sum_squares", "skew_keys", "strip_lag_stats", "track_a_stats", "windowed"]
+__all__ = ["LowerStats", "band_sum_squares", "key_strip", "lag_sums", "lower_stats",
+           "lower_sum_squares", "skew_keys", "strip_lag_stats", "sum_squares_upto",
+           "track_a_stats", "windowed"]

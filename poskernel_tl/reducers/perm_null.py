@@ -41,11 +41,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
 from poskernel_tl.reducers.two_sided import check_two_sided
 from poskernel_tl.schema import Part, stored
 from poskernel_tl.toeplitz import (
+    band_r2,
+    band_squares,
     layer_lag_counts,
     lower_lag_stats,
     lower_mean_from_qk,
@@ -64,9 +67,19 @@ class PermNull(Part):
                                                                   "r2_perm_null")
     r2_same_seqs: Float[np.ndarray, "layer head_index"] | None = stored(
         "perm_null.npz", "r2_perm_same_seqs")
+    # the same fits restricted to each offset band (protocol.offset_bands)
+    r2_band_null: Float[np.ndarray, "perm band layer head_index"] | None = stored(
+        "perm_null.npz", "r2_perm_null_bands", default=None)
     perms: Int[np.ndarray, "perm pos"] | None = None  # not saved
     n_seqs: int = 0
     seed: int = 0
+
+    def columns(self, table: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
+        """The band table's column of the largest null R² of each band."""
+        cols = super().columns(table, dims)
+        if table == "bands" and self.r2_band_null is not None:
+            cols["R2_null_max"] = self.r2_band_null.max(0).ravel()
+        return cols
 
     def percentile(self, r2: Float[np.ndarray, "layer head_index"]
                    ) -> Float[np.ndarray, "layer head_index"]:
@@ -126,10 +139,12 @@ class PermNullReducer:
         n_draws = len(self.perms)
         self.s1 = torch.zeros(n_draws, n_layers, n_heads, T - 1, **f64)
         self.sq = torch.zeros(n_draws, n_layers, n_heads, **f64)
+        self.bands = torch.zeros(n_draws, n_layers, n_heads, len(band_ends(T)), **f64)
         # bidirectional: the upper triangle of each permuted product too
         self.causal = causal
         self.s1_back = None if causal else torch.zeros_like(self.s1)
         self.sq_back = None if causal else torch.zeros_like(self.sq)
+        self.bands_back = None if causal else torch.zeros_like(self.bands)
         self.n_seen = [0] * n_layers  # host counts: no device sync
 
     def update(self, batch: LayerBatch) -> None:
@@ -168,20 +183,24 @@ class PermNullReducer:
             shift = lower_mean_from_qk(qp, kp, batch.scale)
             A = qk_scores(qp, kp, batch.scale, batch.workspace, "perm_null_scores")
             lower, _ = lower_lag_stats(A, shift, [], work, max_lag=self.max_lags[L])
+            lower = (*lower, band_squares(A, self.max_lags[L]))
             upper = None
             if not self.causal:  # the lower triangle of A'ᵀ
                 upper, _ = lower_lag_stats(A.transpose(-1, -2),
                                            lower_mean_from_qk(kp, qp, batch.scale), [], work)
+                upper = (*upper, band_squares(A.transpose(-1, -2)))
             self._add(p, L, lower, upper)
 
-    def _add(self, p: int, L: int, lower: tuple[Tensor, Tensor],
-             upper: tuple[Tensor, Tensor] | None) -> None:
-        """Add one batch's (S1, Σ A²) of draw ``p`` (and of its upper triangle)."""
-        self.s1[p, L] += lower[0].sum(0)
-        self.sq[p, L] += lower[1].sum(0)
+    def _add(self, p: int, L: int, lower: tuple[Tensor, Tensor, Tensor],
+             upper: tuple[Tensor, Tensor, Tensor] | None) -> None:
+        """Add one batch's (S1, Σ A², Σ A² by band) of draw ``p`` (and of its upper
+        triangle)."""
+        for state, sums in ((self.s1, lower[0]), (self.sq, lower[1]), (self.bands, lower[2])):
+            state[p, L] += sums.sum(0)
         if upper is not None:
-            self.s1_back[p, L] += upper[0].sum(0)
-            self.sq_back[p, L] += upper[1].sum(0)
+            for state, sums in ((self.s1_back, upper[0]), (self.sq_back, upper[1]),
+                                (self.bands_back, upper[2])):
+                state[p, L] += sums.sum(0)
 
     def result(self) -> PermNull:
         n = self.n_seen
@@ -194,8 +213,12 @@ class PermNullReducer:
         back = None if self.causal else (self.s1_back, self.sq_back, counts)
         r2, *_ = r2_two_sided((self.s1, self.sq, counts), back)
         r2 = r2.detach().cpu().numpy()
+        side = lambda s1, bands: None if s1 is None else (s1, counts, bands)
+        r2_bands = band_r2(side(self.s1, self.bands), self.T,
+                           side(self.s1_back, self.bands_back)).permute(0, 3, 1, 2)
         first = 1 if self.include_identity else 0
         return PermNull(r2_null=r2[first:], r2_same_seqs=r2[0] if first else None,
+                        r2_band_null=r2_bands[first:].cpu().numpy(),
                         perms=self.perms_cpu.numpy(), n_seqs=n[0], seed=self.seed)
 
 

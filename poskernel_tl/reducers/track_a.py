@@ -31,7 +31,14 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl.errors import NonFiniteError, ResultFileError
-from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
+from poskernel_tl.protocol import (
+    EARLY_ROWS,
+    INTERIOR_FROM,
+    N_SPLITS,
+    SPLIT_FRACTION,
+    band_ends,
+    offset_bands,
+)
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, track_a_stats, windowed
 from poskernel_tl.reducers.two_sided import (
@@ -43,6 +50,8 @@ from poskernel_tl.reducers.two_sided import (
 from poskernel_tl.schema import TABLE_ROWS, Part, column, stored
 from poskernel_tl.toeplitz import (
     Sums,
+    band_r2,
+    band_squares,
     kept_finite,
     key_block_counts,
     lag_counts,
@@ -94,6 +103,14 @@ class TrackAResult(Part):
         "g.npz", "trackA_per_seq_self", default=None)
     g_pooled_self: Float[np.ndarray, "layer head_index"] | None = stored(
         "g.npz", "trackA_pooled_self", default=None)
+    # the fits restricted to offset bands (protocol.offset_bands; bounds inclusive; a band
+    # past a layer's window is NaN, one that reaches past it holds the kept offsets only)
+    band_lo: Int[np.ndarray, " band"] | None = column("bands", "band_lo", default=None)
+    band_hi: Int[np.ndarray, " band"] | None = column("bands", "band_hi", default=None)
+    r2_band_pooled: Float[np.ndarray, "band layer head_index"] | None = column(
+        "bands", "R2_pooled", default=None)
+    r2_band_per_seq: Float[np.ndarray, "band layer head_index"] | None = column(
+        "bands", "R2_per_seq_mean", default=None)  # the mean over sequences
 
     @property
     def r2_split_mean(self) -> Float[np.ndarray, "layer head_index"]:
@@ -160,6 +177,7 @@ class TrackAReducer:
         # window removes some), and the per-sequence R² with and without the sink
         self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
         self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.bands = torch.zeros(n_seqs, n_layers, n_heads, len(band_ends(T)), **f64)
         self.sq_whole = None if max_lags is None or min(max_lags) >= T - 1 else \
             torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.r2_seq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
@@ -200,19 +218,19 @@ class TrackAReducer:
         if self.sq_whole is not None:
             self.sq_whole[batch.index, batch.layer] = st.sq_whole
         self._store(batch.layer, batch.index, (st.s1, st.sq), st.sink, st.early, st.middle,
-                    st.corner)
+                    st.corner, st.bands)
 
     def _store(self, L: int, idx: Tensor, whole: tuple[Tensor, Tensor], col0: Tensor,
                early: tuple[Tensor, Tensor], middle: tuple[Tensor, Tensor],
-               corner: tuple[Tensor, Tensor]) -> None:
+               corner: tuple[Tensor, Tensor], bands: Tensor) -> None:
         """Keep one batch's sums (the upper triangle's already stored): per sequence the
         whole triangle (``s1`` of every lag, ``sq`` of what the mask keeps) and its R²
         with and without the sink column (``col0[..., Δ−1] = A[Δ, 0]``); summed over the
         batch, the sink column, query rows [1, 21), rows ≥ 50 (whole − rows [1, 21) − rows
-        [21, 50)) and rows ≥ 50 with keys < 50."""
+        [21, 50)) and rows ≥ 50 with keys < 50; per sequence Σ A² of each band of offsets."""
         (s1, sq), (e1, esq), (m1, msq) = whole, early, middle
         col0_sq = (col0 * col0).sum(-1)
-        self.s1[idx, L], self.sq[idx, L] = s1, sq
+        self.s1[idx, L], self.sq[idx, L], self.bands[idx, L] = s1, sq, bands
         s1 = s1 * self.kept[L, 0]  # the lags the window keeps
         counts = self.counts[L, 0]
         back = None if self.upper is None else self.upper.per_seq_sums((idx, L))
@@ -249,7 +267,7 @@ class TrackAReducer:
                                                              work))
         # key s = 0 (the attention sink) for query rows t = 1..T-1, i.e. lag Δ = t
         self._store(L, idx, (s1, sq), windowed(A[:, :, 1:, 0].double(), self.max_lags[L]),
-                    (e1, esq), (m1, msq), (r1, rsq))
+                    (e1, esq), (m1, msq), (r1, rsq), band_squares(A, self.max_lags[L]))
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteError` naming the first bad (sequence, layer, head).
@@ -331,6 +349,21 @@ class TrackAReducer:
             out[:, L] = lag_means(s1[seen, L], counts[L, 0]).float().cpu().numpy()
         return out
 
+    def band_fits(self) -> tuple[Float[Tensor, "band layer head_index"],
+                                 Float[Tensor, "band layer head_index"]]:
+        """The pooled R² of each offset band and its per-sequence mean (a layer at a time:
+        no copy of the whole [n, layer, head, lag] state)."""
+        sel, n = self._selection(None)
+        up, pooled, per_seq = self.upper, [], []
+        for L in range(self.n_layers):
+            front = (self.s1[sel, L], self.counts[L, 0], self.bands[sel, L])
+            back = None if up is None else (up.s1[sel, L], up.per_seq_sums(sel)[2],
+                                            up.bands[sel, L])
+            per_seq.append(band_r2(front, self.T, back).nanmean(0))
+            pool = lambda x: None if x is None else (x[0].sum(0), x[1] * n, x[2].sum(0))
+            pooled.append(band_r2(pool(front), self.T, pool(back)))
+        return (torch.stack(pooled).permute(2, 0, 1), torch.stack(per_seq).permute(2, 0, 1))
+
     def result(self) -> TrackAResult:
         seen, T, up = self._seen_sel(), self.T, self.upper
         dev = self.s1.device
@@ -358,8 +391,12 @@ class TrackAReducer:
                 self.n_layers, 1, -1))
             sides = dict(g_per_seq_back=g_back, g_pooled_back=cpu(g_pool_back),
                          g_per_seq_self=cpu(g_self), g_pooled_self=cpu(g_pool_self))
+        band_pooled, band_per_seq = self.band_fits()
+        lo, hi = zip(*offset_bands(T))
         return TrackAResult(
-            seq_index=seen_idx, r2_per_seq=cpu(self.r2_seq[seen]),
+            band_lo=np.array(lo), band_hi=np.array(hi), r2_band_pooled=cpu(band_pooled),
+            r2_band_per_seq=cpu(band_per_seq), seq_index=seen_idx,
+            r2_per_seq=cpu(self.r2_seq[seen]),
             r2_per_seq_nosink=cpu(self.r2_seq_nosink[seen]), g_per_seq=g_seq,
             r2_pooled=cpu(r2_pool),
             r2_pooled_nosink=cpu(r2_pool_ns), g_pooled=cpu(g_pool),

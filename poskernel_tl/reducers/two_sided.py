@@ -28,16 +28,17 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM
+from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, band_ends
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
+    band_sum_squares,
     key_strip,
     lag_sums,
-    lower_sum_squares,
     skew_keys,
 )
 from poskernel_tl.toeplitz import (
     Sums,
+    band_squares,
     lower_lag_stats,
     lower_mean_from_qk,
     upper_lag_counts,
@@ -50,12 +51,14 @@ Block = tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_i
 class UpperStats:
     """Per (sequence, head), float64: (S1, Σ A²) of the whole upper triangle, of its query
     rows [1, 21) (``early``) and of its query rows ≥ 50 (``late``), index j ↔ Δ = −(j+1);
-    ``diag`` = Σ_t A[t, t]."""
+    ``diag`` = Σ_t A[t, t]; ``bands``, Σ A² over each band of offsets
+    (:func:`~poskernel_tl.protocol.band_ends`)."""
 
     whole: Block
     early: Block
     late: Block
     diag: Float[Tensor, "batch head_index"]
+    bands: Float[Tensor, "batch head_index part"]  # Σ A² of each band of offsets −Δ
 
 
 def check_two_sided(n_heads: int, n_kv_heads: int) -> None:
@@ -85,13 +88,14 @@ def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
     key head per query head (else a UserError)."""
     b, T, H, _ = q.shape
     check_two_sided(H, k.shape[2])
-    whole = (lag_sums(k, q, scale), lower_sum_squares(k, q, scale, chunk))
+    sq, _, bands = band_sum_squares(k, q, scale, chunk)
+    whole = (lag_sums(k, q, scale), sq)
     K = min(INTERIOR_FROM, T)
     # strip of Aᵀ: entry (s, t) = A[t, s] for query rows t < K; skewed: (t, j) = A[t, t+j+1]
     sk = skew_keys(key_strip(k, q, scale, K))
     head = _rows(sk, 0, K)
     late = (whole[0] - head[0], whole[1] - head[1])
-    return UpperStats(whole, _rows(sk, *EARLY_ROWS), late, diagonal_sum(q, k, scale))
+    return UpperStats(whole, _rows(sk, *EARLY_ROWS), late, diagonal_sum(q, k, scale), bands)
 
 
 def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos key_pos"],
@@ -110,7 +114,7 @@ def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos ke
     early = (below_hi[0] - first[0], below_hi[1] - first[1])
     late = (whole[0] - head[0], whole[1] - head[1])
     diag = scores.diagonal(0, -2, -1).double().sum(-1)
-    return UpperStats(whole, early, late, diag)
+    return UpperStats(whole, early, late, diag, band_squares(scores.transpose(-1, -2)))
 
 
 class UpperSums:
@@ -125,6 +129,7 @@ class UpperSums:
         self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
         self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.diag = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.bands = torch.zeros(n_seqs, n_layers, n_heads, len(band_ends(T)), **f64)
         self.early_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
         self.early_sq = torch.zeros(n_layers, n_heads, **f64)
         self.late_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
@@ -133,6 +138,7 @@ class UpperSums:
     def store(self, L: int, idx: Tensor, st: UpperStats) -> None:
         self.s1[idx, L], self.sq[idx, L] = st.whole
         self.diag[idx, L] = st.diag
+        self.bands[idx, L] = st.bands
         self.early_s1[L] += st.early[0].sum(0)
         self.early_sq[L] += st.early[1].sum(0)
         self.late_s1[L] += st.late[0].sum(0)
