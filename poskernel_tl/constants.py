@@ -45,6 +45,7 @@ def result_path(out: str | Path, model: str, dataset: str, length: int, suffix: 
 # suffixes of the per-condition result files
 TRACK_A_CSV = "trackA.csv"
 TRACK_B_CSV = "trackB.csv"
+HEADS_CSV = "heads.csv"
 SPECTRAL_CSV = "spectral.csv"
 SPECTRAL_PEAKS_CSV = "spectral_peaks.csv"
 G_ARRAYS = "g.npz"

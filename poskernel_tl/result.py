@@ -40,7 +40,8 @@ from poskernel_tl.reducers import (
 )
 from poskernel_tl.registry import ModelSpec
 from poskernel_tl.schema import TABLE_ROWS, Part, SavedFiles
-from poskernel_tl.toeplitz import two_sided
+from poskernel_tl.kernel_class import head_kernels
+from poskernel_tl.toeplitz import layer_lag_counts, two_sided
 
 PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, WhitenedGramResult,
                                  FreqUsage, PermNull, SavedLogits, PEKernel)
@@ -244,6 +245,22 @@ class ConditionResult:
             out[table] = pd.DataFrame(cols)
         return out
 
+    def kernels(self) -> pd.DataFrame | None:
+        """One row per (layer, head): the kernel descriptors and class of
+        :mod:`poskernel_tl.kernel_class` (None for a result saved without the sink
+        column's mean)."""
+        if self.g_sink is None:
+            return None
+        counts = layer_lag_counts(self.length, self.spec.max_lags(self.length),
+                                  self.n_layers)[:, 0].numpy()
+        df = head_kernels(np.asarray(self.g_pooled, np.float64),
+                          np.asarray(self.g_sink, np.float64), counts, self.r2_pooled,
+                          self.r2_perm_null, self.g_pooled_back, self.thetas)
+        df.insert(0, "model", self.model)
+        df.insert(1, "dataset", self.dataset)
+        df.insert(2, "length", self.length)
+        return df
+
     def layer_summary(self) -> pd.DataFrame:
         """Mean over heads of each layer: pooled Track A, Track B centered and raw; for a
         model with sliding-window layers also each layer's kind and Track A pooled over the
@@ -272,6 +289,8 @@ class ConditionResult:
                                             suffix)
         written = {table: save_csv(df, path(f"{table}.csv"))
                    for table, df in self.tables().items()}
+        if (heads := self.kernels()) is not None:
+            written["heads"] = save_csv(heads, path(C.HEADS_CSV))
         files: dict[str, dict] = {C.G_ARRAYS: {"lags": np.arange(1, self.length),
                                                 "seq_id": self.seq_id}}
         for part in self.parts.values():

@@ -15,7 +15,7 @@ RANKS = [
     ("poskernel_tl.errors", "poskernel_tl.protocol", "poskernel_tl.constants",
      "poskernel_tl.io", "poskernel_tl.registry", "poskernel_tl.schema",
      "poskernel_tl.scheme", "poskernel_tl.progress"),
-    ("poskernel_tl.hooks", "poskernel_tl.toeplitz", "poskernel_tl.datasets",
+    ("poskernel_tl.hooks", "poskernel_tl.toeplitz", "poskernel_tl.kernel_class", "poskernel_tl.datasets",
      "poskernel_tl.sequences", "poskernel_tl.embedded", "poskernel_tl.loading",
      "poskernel_tl.batching", "poskernel_tl.track_b_cost",
      "poskernel_tl.pe_kernel", "poskernel_tl.manifest", "poskernel_tl.config",

@@ -103,6 +103,10 @@ class TrackAResult(Part):
         "g.npz", "trackA_per_seq_self", default=None)
     g_pooled_self: Float[np.ndarray, "layer head_index"] | None = stored(
         "g.npz", "trackA_pooled_self", default=None)
+    # the key column s = 0 (the attention sink) by query row t = Δ, pooled mean of A[Δ, 0]
+    # (NaN past a window's last kept offset)
+    g_sink: Float[np.ndarray, "layer head_index lag"] | None = stored(
+        "g.npz", "trackA_sink", default=None)
     # the fits restricted to offset bands (protocol.offset_bands; bounds inclusive; a band
     # past a layer's window is NaN, one that reaches past it holds the kept offsets only)
     band_lo: Int[np.ndarray, " band"] | None = column("bands", "band_lo", default=None)
@@ -392,10 +396,12 @@ class TrackAReducer:
             sides = dict(g_per_seq_back=g_back, g_pooled_back=cpu(g_pool_back),
                          g_per_seq_self=cpu(g_self), g_pooled_self=cpu(g_pool_self))
         band_pooled, band_per_seq = self.band_fits()
+        n_seen = int(self.seen.sum())
+        g_sink = torch.where(self.counts > 0, self.sink_s1 / max(n_seen, 1), float("nan"))
         lo, hi = zip(*offset_bands(T))
         return TrackAResult(
             band_lo=np.array(lo), band_hi=np.array(hi), r2_band_pooled=cpu(band_pooled),
-            r2_band_per_seq=cpu(band_per_seq), seq_index=seen_idx,
+            r2_band_per_seq=cpu(band_per_seq), g_sink=cpu(g_sink), seq_index=seen_idx,
             r2_per_seq=cpu(self.r2_seq[seen]),
             r2_per_seq_nosink=cpu(self.r2_seq_nosink[seen]), g_per_seq=g_seq,
             r2_pooled=cpu(r2_pool),
