@@ -52,6 +52,7 @@ from poskernel_tl.reducers import (
     Moments,
     MomentsReducer,
     PermNullReducer,
+    PrevTokenReducer,
     TrackAReducer,
     WhitenedGramReducer,
     Workspace,
@@ -262,6 +263,8 @@ def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
                                             max_seqs=opts.null_seqs, seed=opts.seed,
                                             device=dev, include_identity=False,
                                             source=source, causal=s.causal, max_lags=windows)
+    reds["prev_token"] = PrevTokenReducer(L, H, T, max_seqs=opts.null_seqs, causal=s.causal,
+                                          max_lags=windows)
     return reds
 
 

@@ -27,6 +27,7 @@ from poskernel_tl import constants as C
 from poskernel_tl.errors import NoConditionError, ResultFileError
 from poskernel_tl.hooks import kv_head_map
 from poskernel_tl.io import save_csv, save_json, save_npz, save_torch
+from poskernel_tl.kernel_class import head_kernels
 from poskernel_tl.pe_kernel import PEKernel
 from poskernel_tl.protocol import offset_bands
 from poskernel_tl.reducers import (
@@ -34,17 +35,17 @@ from poskernel_tl.reducers import (
     FreqUsage,
     GramResult,
     PermNull,
+    PrevTokenScore,
     SavedLogits,
     TrackAResult,
     WhitenedGramResult,
 )
 from poskernel_tl.registry import ModelSpec
 from poskernel_tl.schema import TABLE_ROWS, Part, SavedFiles
-from poskernel_tl.kernel_class import head_kernels
 from poskernel_tl.toeplitz import layer_lag_counts, two_sided
 
 PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, WhitenedGramResult,
-                                 FreqUsage, PermNull, SavedLogits, PEKernel)
+                                 FreqUsage, PermNull, SavedLogits, PEKernel, PrevTokenScore)
 # result attribute -> (part, field) where the names differ
 ALIASES = {"r2_perm_null": ("perm_null", "r2_null"),
            "r2_perm_same_seqs": ("perm_null", "r2_same_seqs")}
@@ -259,6 +260,8 @@ class ConditionResult:
         df.insert(0, "model", self.model)
         df.insert(1, "dataset", self.dataset)
         df.insert(2, "length", self.length)
+        if self.tl_prev_token is not None:
+            df["tl_prev_token"] = np.asarray(self.tl_prev_token).ravel()
         return df
 
     def layer_summary(self) -> pd.DataFrame:

@@ -6,10 +6,12 @@ from poskernel_tl.reducers.gram import GramReducer, GramResult
 from poskernel_tl.reducers.logits import LogitSaver, SavedLogits
 from poskernel_tl.reducers.moments import CenteringMeans, Moments, MomentsReducer
 from poskernel_tl.reducers.perm_null import PermNull, PermNullReducer
+from poskernel_tl.reducers.prev_token import PrevTokenReducer, PrevTokenScore
 from poskernel_tl.reducers.track_a import TrackAReducer, TrackAResult
 from poskernel_tl.reducers.whitened_gram import WhitenedGramReducer, WhitenedGramResult
 
 __all__ = ["CenteringMeans", "FreqUsage", "FreqUsageReducer", "GramReducer", "GramResult",
            "LayerBatch", "LogitSaver", "Moments", "MomentsReducer", "PermNull",
-           "PermNullReducer", "Reducer", "SavedLogits", "TrackAReducer", "TrackAResult",
+           "PermNullReducer", "PrevTokenReducer", "PrevTokenScore", "Reducer", "SavedLogits",
+           "TrackAReducer", "TrackAResult",
            "Workspace", "WhitenedGramReducer", "WhitenedGramResult"]
