@@ -21,8 +21,8 @@ Everything is read from Track A's pooled fit of a condition (no forward pass):
 - ``null_max``: the largest pooled R² of the head's permutation null (NaN without one).
 
 The class, first rule that holds (:data:`THRESHOLDS`): ``content`` — R² ≤ null_max (R² <
-0.05 without a null); ``previous-token`` — peak at Δ = 1 and prev_share ≥ 0.3; ``sink``
-— sink_share ≥ 0.5; ``local`` — width ≤ max(2, last/16), half the mass in a sixteenth of
+0.05 without a null); ``previous-token`` — peak at Δ = 1 and prev_share ≥ 0.5 (half the
+row's mass); ``sink`` — sink_share ≥ 0.5; ``local`` — width ≤ max(2, last/16), half the mass in a sixteenth of
 the offsets (a flat kernel's width is ≈ last/4); ``periodic`` — periodic_share ≥ 0.25;
 ``decay`` — decay_slope < 0 and decay_r2 ≥ 0.5; else ``other`` (positional beyond its null,
 none of these shapes).
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float
 
-THRESHOLDS = {"content_r2_without_null": 0.05, "prev_share": 0.3, "sink_share": 0.5,
+THRESHOLDS = {"content_r2_without_null": 0.05, "prev_share": 0.5, "sink_share": 0.5,
               "local_width_fraction": 1 / 16, "periodic_share": 0.25, "decay_r2": 0.5}
 CLASSES = ("content", "previous-token", "sink", "local", "periodic", "decay", "other")
 

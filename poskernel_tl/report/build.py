@@ -25,7 +25,16 @@ import numpy as np
 from poskernel_tl import constants as C
 from poskernel_tl.errors import NoConditionError
 from poskernel_tl.progress import tqdm
-from poskernel_tl.report import extras, figure_nulls, figures, nulls, sections, tables, verdicts
+from poskernel_tl.report import (
+    atlas,
+    extras,
+    figure_nulls,
+    figures,
+    nulls,
+    sections,
+    tables,
+    verdicts,
+)
 from poskernel_tl.report.collect import Condition, Damaged, iter_conditions, slim
 from poskernel_tl.report.html import page_html, report_block, write_page
 from poskernel_tl.report.sections import cond_text, esc, fmt, table_html
@@ -260,6 +269,8 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
     further = extras.report_section(results_dir, results,
                                 lambda fig, name, alt: _figure(fig, out, name, alt),
                                 {c.result.stem(): c.extras for c in conds})
+    further = atlas.section(results_dir, results, out,
+                            lambda fig, name, alt: _figure(fig, out, name, alt)) + further
     write_assets(out)
     body = _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, figs,
                  note4 + " " + _gate_notes(summary, gate), further)
