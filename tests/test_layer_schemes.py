@@ -7,11 +7,18 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from tiny_models import ARCHITECTURES, arch_hf_model, arch_loaded
+from transformer_lens.head_detector import (
+    compute_head_attention_similarity_score,
+    get_previous_token_head_detection_pattern,
+)
 
 import poskernel_tl as pk
+from poskernel_tl import constants as C
+from poskernel_tl.kernel_class import CLASSES
 from poskernel_tl.reducers import GramReducer, LayerBatch, PermNullReducer
 from poskernel_tl.reducers.gram_fit import lower_apply
 from poskernel_tl.reducers.lag_sums import lower_sum_squares, track_a_stats, windowed
@@ -113,6 +120,13 @@ def test_track_a_equals_a_naive_fit_on_hf_eager_attention(arch, tiny_tokenizer):
         got = res.r2_pooled[layer]
         want = naive_r2(A, keep)
         assert np.abs(got - want).max() <= 1e-6, (arch, layer, np.abs(got - want).max())
+        # TransformerLens's previous-token score on HF's own attention pattern
+        pattern = A.masked_fill(~keep, float("-inf")).softmax(-1).float()
+        detect = get_previous_token_head_detection_pattern(ids[:1])
+        tl = [[compute_head_attention_similarity_score(
+            pattern[x, h], detect, exclude_bos=False, exclude_current_token=False,
+            error_measure="mul") for h in range(A.shape[1])] for x in range(len(ids))]
+        assert np.abs(res.tl_prev_token[layer] - np.mean(tl, 0)).max() <= 1e-5
     if arch == "mistral":  # the whole triangle would give other numbers
         whole = naive_r2(ref[0][0], torch.ones(T, T, dtype=torch.bool))
         assert np.abs(res.r2_pooled[0] - whole).max() > 1e-3
@@ -274,6 +288,10 @@ def test_a_windowed_result_round_trips_and_its_spectra_use_each_layer(tmp_path, 
 
     page = build_report(tmp_path, workers=1).read_text()
     assert "Layer kinds (exploratory)" in page and '"kinds":["rope 1e+04, window 16"' in page
+    assert "Figure 5" in page and (tmp_path / "report" / "atlas_classes.csv").exists()
+    heads = pd.read_csv(C.result_path(tmp_path, back.model, back.dataset, T, C.HEADS_CSV))
+    assert len(heads) == 16 and set(heads["kernel_class"]) <= set(CLASSES)
+    assert heads.loc[heads["layer"] != 2, "last_lag"].max() <= 15  # the window's offsets
     g = back.g_pooled.copy()
     g[2, 0, 3] = np.nan  # a hole inside the kept offsets is damage
     from poskernel_tl.toeplitz import kept_finite
