@@ -22,15 +22,17 @@ Everything is read from Track A's pooled fit of a condition (no forward pass):
 
 The class, first rule that holds (:data:`THRESHOLDS`): ``content`` — R² ≤ null_max (R² <
 0.05 without a null); ``previous-token`` — peak at Δ = 1 and prev_share ≥ 0.5 (half the
-row's mass); ``sink`` — sink_share ≥ 0.5; ``local`` — width ≤ max(2, last/16), half the mass in a sixteenth of
-the offsets (a flat kernel's width is ≈ last/4); ``periodic`` — periodic_share ≥ 0.25;
-``decay`` — decay_slope < 0 and decay_r2 ≥ 0.5; else ``other`` (positional beyond its null,
-none of these shapes).
+row's mass); ``sink`` — sink_share ≥ 0.5; ``local`` — width ≤ max(2, last/16), half
+the mass in a sixteenth of the offsets (a flat kernel's width is ≈ last/4);
+``periodic`` — periodic_share ≥ 0.25; ``decay`` — decay_slope < 0 and decay_r2 ≥ 0.5;
+else ``other`` (positional beyond its null, none of these shapes).
 """
 
 import numpy as np
 import pandas as pd
 from jaxtyping import Float
+
+from poskernel_tl.toeplitz import layer_lag_counts
 
 THRESHOLDS = {"content_r2_without_null": 0.05, "prev_share": 0.5, "sink_share": 0.5,
               "local_width_fraction": 1 / 16, "periodic_share": 0.25, "decay_r2": 0.5}
@@ -135,3 +137,20 @@ def head_kernels(g: Float[np.ndarray, "layer head_index lag"],
             d["kernel_class"] = kernel_class(d, d["R2_pooled"])
             rows.append(d)
     return pd.DataFrame(rows)
+
+
+def condition_kernels(r) -> pd.DataFrame | None:
+    """:func:`head_kernels` of a :class:`~poskernel_tl.result.ConditionResult`, with its
+    condition's columns first and TransformerLens's previous-token score where it was
+    saved; None for a result saved without the sink column's mean."""
+    if r.g_sink is None:
+        return None
+    counts = layer_lag_counts(r.length, r.spec.max_lags(r.length), r.n_layers)[:, 0].numpy()
+    df = head_kernels(np.asarray(r.g_pooled, np.float64), np.asarray(r.g_sink, np.float64),
+                      counts, r.r2_pooled, r.r2_perm_null, r.g_pooled_back, r.thetas)
+    for i, (name, value) in enumerate((("model", r.model), ("dataset", r.dataset),
+                                       ("length", r.length))):
+        df.insert(i, name, value)
+    if r.tl_prev_token is not None:
+        df["tl_prev_token"] = np.asarray(r.tl_prev_token).ravel()
+    return df

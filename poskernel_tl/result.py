@@ -27,7 +27,7 @@ from poskernel_tl import constants as C
 from poskernel_tl.errors import NoConditionError, ResultFileError
 from poskernel_tl.hooks import kv_head_map
 from poskernel_tl.io import save_csv, save_json, save_npz, save_torch
-from poskernel_tl.kernel_class import head_kernels
+from poskernel_tl.kernel_class import condition_kernels
 from poskernel_tl.pe_kernel import PEKernel
 from poskernel_tl.protocol import offset_bands
 from poskernel_tl.reducers import (
@@ -41,8 +41,8 @@ from poskernel_tl.reducers import (
     WhitenedGramResult,
 )
 from poskernel_tl.registry import ModelSpec
-from poskernel_tl.schema import TABLE_ROWS, Part, SavedFiles
-from poskernel_tl.toeplitz import layer_lag_counts, two_sided
+from poskernel_tl.schema import Part, SavedFiles, tidy_tables
+from poskernel_tl.toeplitz import two_sided
 
 PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, WhitenedGramResult,
                                  FreqUsage, PermNull, SavedLogits, PEKernel, PrevTokenScore)
@@ -219,50 +219,18 @@ class ConditionResult:
 
     # ------------------------------------------------------------------ tables
     def to_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The tidy Track A table (one row per eval sequence, layer, head) and Track B
-        table (one row per layer, head), with the protocol's columns first."""
-        tables = self.tables()
-        return tables["trackA"], tables["trackB"]
+        """The tidy Track A table (a row per eval sequence, layer, head) and Track B's."""
+        return self.tables()["trackA"], self.tables()["trackB"]
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        """Every tidy table the parts fill (:data:`~poskernel_tl.schema.TABLE_ROWS`; the
-        offset bands' only where Track A has them), with the condition, layer and head
-        columns first."""
-        dims = self.dims()
-        base = dict(model=self.model, dataset=self.dataset, length=self.length)
-        out = {}
-        for table, rows in TABLE_ROWS.items():
-            if table == "bands" and self.band_lo is None:
-                continue
-            shape = tuple(dims[a] for a in rows)
-            index = dict(zip(rows, (g.ravel() for g in np.meshgrid(
-                *(np.arange(s) for s in shape), indexing="ij"))))
-            cols = {**base, "layer": index["layer"], "head": index["head_index"]}
-            if "n_seqs" in index:
-                cols["seq_id"] = self.seq_id[index["n_seqs"]]
-            for part in self.parts.values():
-                cols.update(part.columns(table, dims))
-            cols["kv_head"] = self.kv_head[cols["head"]]
-            out[table] = pd.DataFrame(cols)
-        return out
+        """Every tidy table the parts fill (:func:`~poskernel_tl.schema.tidy_tables`)."""
+        return tidy_tables(self.parts.values(), self.dims(), dict(
+            model=self.model, dataset=self.dataset, length=self.length), self.seq_id,
+            self.kv_head, skip=() if self.band_lo is not None else ("bands",))
 
     def kernels(self) -> pd.DataFrame | None:
-        """One row per (layer, head): the kernel descriptors and class of
-        :mod:`poskernel_tl.kernel_class` (None for a result saved without the sink
-        column's mean)."""
-        if self.g_sink is None:
-            return None
-        counts = layer_lag_counts(self.length, self.spec.max_lags(self.length),
-                                  self.n_layers)[:, 0].numpy()
-        df = head_kernels(np.asarray(self.g_pooled, np.float64),
-                          np.asarray(self.g_sink, np.float64), counts, self.r2_pooled,
-                          self.r2_perm_null, self.g_pooled_back, self.thetas)
-        df.insert(0, "model", self.model)
-        df.insert(1, "dataset", self.dataset)
-        df.insert(2, "length", self.length)
-        if self.tl_prev_token is not None:
-            df["tl_prev_token"] = np.asarray(self.tl_prev_token).ravel()
-        return df
+        """Per head, the kernel descriptors and class (:mod:`poskernel_tl.kernel_class`)."""
+        return condition_kernels(self)
 
     def layer_summary(self) -> pd.DataFrame:
         """Mean over heads of each layer: pooled Track A, Track B centered and raw; for a

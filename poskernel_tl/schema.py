@@ -260,3 +260,24 @@ class Part:
                     not np.isfinite(np.asarray(value)).all():
                 raise ResultFileError(f"{prefix}{f.name} holds NaN/inf")
         return dims
+
+
+def tidy_tables(parts, dims: dict[str, int], base: dict, seq_id: np.ndarray,
+                kv_head: np.ndarray, skip=()) -> dict[str, pd.DataFrame]:
+    """Every table of :data:`TABLE_ROWS` but ``skip`` from the parts' column fields, with the
+    condition's columns (``base``), layer, head (and seq_id) first, kv_head last."""
+    out = {}
+    for table, rows in TABLE_ROWS.items():
+        if table in skip:
+            continue
+        shape = tuple(dims[a] for a in rows)
+        index = dict(zip(rows, (g.ravel() for g in np.meshgrid(
+            *(np.arange(s) for s in shape), indexing="ij"))))
+        cols = {**base, "layer": index["layer"], "head": index["head_index"]}
+        if "n_seqs" in index:
+            cols["seq_id"] = seq_id[index["n_seqs"]]
+        for part in parts:
+            cols.update(part.columns(table, dims))
+        cols["kv_head"] = kv_head[cols["head"]]
+        out[table] = pd.DataFrame(cols)
+    return out

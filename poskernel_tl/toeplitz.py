@@ -32,7 +32,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.protocol import band_ends, offset_bands
 
 
 def skew_lower(
@@ -81,20 +80,6 @@ def lag_sums(
     if max_lag is not None:
         z = z * (torch.arange(1, scores.shape[-1], device=z.device) <= max_lag)
     return z.sum(dim=-2), (z * z).sum(dim=(-2, -1))
-
-
-def band_squares(scores: Float[Tensor, "*batch query_pos key_pos"], max_lag: int | None = None
-                 ) -> Float[Tensor, "*batch part"]:
-    """Σ A² of the strictly lower triangle over each band of offsets of the partition
-    :func:`~poskernel_tl.protocol.band_ends` (0 past ``max_lag``), in float64, from the
-    materialised logits (the reference path of the bands' sums; one padded copy of A)."""
-    T = scores.shape[-1]
-    z = skew_lower(scores).double()
-    per_lag = (z * z).sum(-2)
-    if max_lag is not None:
-        per_lag[..., max_lag:] = 0
-    ends = band_ends(T)
-    return torch.stack([per_lag[..., a:b].sum(-1) for a, b in zip([0] + ends[:-1], ends)], -1)
 
 
 def lag_means(s1: Float[Tensor, "*batch lag"], counts: Float[Tensor, "... lag"]
@@ -187,40 +172,6 @@ def r2_two_sided(front: Sums, back: Sums | None
                          sq.double() + sq_b.double(), counts)
     n = s1.shape[-1]
     return r2, g[..., :n], g[..., n:]
-
-
-Side = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "... lag"], Float[Tensor, "*batch part"]]
-
-
-def band_r2(front: Side, length: int, back: Side | None = None) -> Float[Tensor, "*batch band"]:
-    """R² of the fit restricted to each offset band of
-    :func:`~poskernel_tl.protocol.offset_bands` (g fitted on the band's entries alone, R² the
-    share of their variance it explains), from ``front`` = (S1(Δ), n(Δ), Σ A² over each band
-    of the partition :func:`~poskernel_tl.protocol.band_ends`); ``back``: the upper
-    triangle's (a band then holds the offsets ±Δ). Every band's sums are one product with
-    a [lag, band] indicator, so no per-band copy of the lag axis is made. NaN for a band
-    with no entries or no variance."""
-    bands = offset_bands(length)
-    ends = band_ends(length)
-    lags = torch.arange(1, length, dtype=torch.float64, device=front[0].device)
-    lo, hi = (torch.tensor(x, dtype=torch.float64, device=lags.device) for x in zip(*bands))
-    member = ((lags[:, None] >= lo) & (lags[:, None] <= hi)).double()  # [lag, band]
-    part_end = torch.tensor(ends, dtype=torch.float64, device=lags.device)[:, None]
-    part_lo = torch.tensor([1] + [e + 1 for e in ends[:-1]], dtype=torch.float64,
-                           device=lags.device)[:, None]
-    within = ((part_lo >= lo) & (part_end <= hi)).double()  # [part, band]
-    total = expl = n = sq = 0
-    for s1, counts, sq_parts in [front] + ([] if back is None else [back]):
-        counts = counts.to(s1.device, torch.float64)
-        inv = torch.where(counts > 0, 1 / counts.clamp(min=1), 0.0)
-        s1 = s1.double() * (counts > 0)
-        total = total + s1 @ member
-        expl = expl + (s1 * s1 * inv) @ member
-        n = n + counts @ member
-        sq = sq + sq_parts.double() @ within
-    ss_tot = sq - total * total / torch.where(n > 0, n, 1.0)
-    ok = (n > 0) & (ss_tot > 1e-12 * torch.clamp(sq, min=torch.finfo(torch.float64).tiny))
-    return torch.where(ok, 1 - (sq - expl) / torch.where(ok, ss_tot, 1.0), float("nan"))
 
 
 def shift_invariance_r2_two_sided(

@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from poskernel_tl.bands import band_fits, band_squares
 from poskernel_tl.errors import NonFiniteError, ResultFileError
 from poskernel_tl.protocol import (
     EARLY_ROWS,
@@ -50,8 +51,6 @@ from poskernel_tl.reducers.two_sided import (
 from poskernel_tl.schema import TABLE_ROWS, Part, column, stored
 from poskernel_tl.toeplitz import (
     Sums,
-    band_r2,
-    band_squares,
     kept_finite,
     key_block_counts,
     lag_counts,
@@ -353,21 +352,6 @@ class TrackAReducer:
             out[:, L] = lag_means(s1[seen, L], counts[L, 0]).float().cpu().numpy()
         return out
 
-    def band_fits(self) -> tuple[Float[Tensor, "band layer head_index"],
-                                 Float[Tensor, "band layer head_index"]]:
-        """The pooled R² of each offset band and its per-sequence mean (a layer at a time:
-        no copy of the whole [n, layer, head, lag] state)."""
-        sel, n = self._selection(None)
-        up, pooled, per_seq = self.upper, [], []
-        for L in range(self.n_layers):
-            front = (self.s1[sel, L], self.counts[L, 0], self.bands[sel, L])
-            back = None if up is None else (up.s1[sel, L], up.per_seq_sums(sel)[2],
-                                            up.bands[sel, L])
-            per_seq.append(band_r2(front, self.T, back).nanmean(0))
-            pool = lambda x: None if x is None else (x[0].sum(0), x[1] * n, x[2].sum(0))
-            pooled.append(band_r2(pool(front), self.T, pool(back)))
-        return (torch.stack(pooled).permute(2, 0, 1), torch.stack(per_seq).permute(2, 0, 1))
-
     def result(self) -> TrackAResult:
         seen, T, up = self._seen_sel(), self.T, self.upper
         dev = self.s1.device
@@ -395,7 +379,9 @@ class TrackAReducer:
                 self.n_layers, 1, -1))
             sides = dict(g_per_seq_back=g_back, g_pooled_back=cpu(g_pool_back),
                          g_per_seq_self=cpu(g_self), g_pooled_self=cpu(g_pool_self))
-        band_pooled, band_per_seq = self.band_fits()
+        back = None if up is None else (up.s1[seen], up.per_seq_sums(seen)[2], up.bands[seen])
+        band_pooled, band_per_seq = band_fits(self.s1[seen], self.bands[seen], self.counts,
+                                              T, back)
         n_seen = int(self.seen.sum())
         g_sink = torch.where(self.counts > 0, self.sink_s1 / max(n_seen, 1), float("nan"))
         lo, hi = zip(*offset_bands(T))

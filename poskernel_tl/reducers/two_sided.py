@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.bands import band_squares
 from poskernel_tl.errors import UserError
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, band_ends
 from poskernel_tl.reducers.lag_sums import (
@@ -38,7 +39,6 @@ from poskernel_tl.reducers.lag_sums import (
 )
 from poskernel_tl.toeplitz import (
     Sums,
-    band_squares,
     lower_lag_stats,
     lower_mean_from_qk,
     upper_lag_counts,
