@@ -152,7 +152,8 @@ def test_kill_and_resume_gives_the_same_bytes(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     subprocess.run(cmd(killed), check=True, env=env, timeout=600)
-    assert _csvs(killed) == _csvs(ref) and len(_csvs(ref)) == 6
+    # 3 conditions × (Track A, Track B, bands, heads)
+    assert _csvs(killed) == _csvs(ref) and len(_csvs(ref)) == 12
     leftovers = [p for p in killed.rglob(".tmp-*")]
     assert not leftovers, leftovers
 
