@@ -1,30 +1,14 @@
 """Track A restricted to bands of offsets (:func:`~poskernel_tl.protocol.offset_bands`):
 each band's g fitted on its entries alone, R² the share of their variance it explains,
 from the per-lag sums and counts and Σ A² over each band of the partition — exact, no
-T × T matrix (the q/k path's Σ A² by band:
-:func:`poskernel_tl.reducers.lag_sums.band_sum_squares`)."""
+T × T matrix (Σ A² by band: :func:`poskernel_tl.reducers.lag_sums.band_sum_squares` from
+q/k, :func:`poskernel_tl.toeplitz.lower_lag_stats` from materialised logits)."""
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.protocol import band_ends, offset_bands
-from poskernel_tl.toeplitz import skew_lower
-
-
-def band_squares(scores: Float[Tensor, "*batch query_pos key_pos"], max_lag: int | None = None
-                 ) -> Float[Tensor, "*batch part"]:
-    """Σ A² of the strictly lower triangle over each band of offsets of the partition
-    :func:`~poskernel_tl.protocol.band_ends` (0 past ``max_lag``), in float64, from the
-    materialised logits (the reference path of the bands' sums; one padded copy of A)."""
-    T = scores.shape[-1]
-    z = skew_lower(scores).double()
-    per_lag = (z * z).sum(-2)
-    if max_lag is not None:
-        per_lag[..., max_lag:] = 0
-    ends = band_ends(T)
-    return torch.stack([per_lag[..., a:b].sum(-1) for a, b in zip([0] + ends[:-1], ends)], -1)
-
 
 Side = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "... lag"], Float[Tensor, "*batch part"]]
 

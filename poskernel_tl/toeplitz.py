@@ -32,6 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.errors import UserError
+from poskernel_tl.protocol import band_ends
 
 
 def skew_lower(
@@ -80,6 +81,13 @@ def lag_sums(
     if max_lag is not None:
         z = z * (torch.arange(1, scores.shape[-1], device=z.device) <= max_lag)
     return z.sum(dim=-2), (z * z).sum(dim=(-2, -1))
+
+
+def band_part_sums(x: Float[Tensor, "*batch lag"]) -> Float[Tensor, "*batch part"]:
+    """Sums of ``x`` over Δ = 1..T−1 within each band of the partition
+    :func:`~poskernel_tl.protocol.band_ends`."""
+    ends = band_ends(x.shape[-1] + 1)
+    return torch.stack([x[..., a:b].sum(-1) for a, b in zip([0] + ends[:-1], ends)], -1)
 
 
 def lag_means(s1: Float[Tensor, "*batch lag"], counts: Float[Tensor, "... lag"]
@@ -321,7 +329,8 @@ def lower_lag_stats(
     key_block: tuple[int, int] | None = None,
     key_blocks: Sequence[tuple[int, int]] = (),
     max_lag: int | None = None,
-) -> tuple[tuple[Tensor, Tensor], list[tuple[Tensor, Tensor]]]:
+    bands: bool = False,
+) -> tuple[tuple[Tensor, ...], list[tuple[Tensor, Tensor]]]:
     """Per-lag sums S1(Δ) and sums of squares of the strictly lower triangle, for the
     whole triangle, for a few small blocks of query rows [lo, hi), and optionally for the
     block of keys s < key_hi in query rows t ≥ row_lo (``key_block = (key_hi, row_lo)``,
@@ -334,7 +343,10 @@ def lower_lag_stats(
     one row in the input dtype, and converted back to raw float64 statistics exactly.
     ``work`` is an optional reusable buffer [batch, head_index, 2T, T] whose lower half
     is zero. ``max_lag``: every sum over the entries with t − s ≤ max_lag only (those a
-    sliding window keeps). Returns ``((s1, sq), [(s1_block, sq_block), ...])``.
+    sliding window keeps). ``bands``: the whole triangle's sums also hold Σ A² over each
+    band of offsets of :func:`~poskernel_tl.protocol.band_ends` (:func:`band_part_sums`
+    of the per-lag sums of squares, one more pass over the lags). Returns ``((s1, sq[,
+    bands]), [(s1_block, sq_block), ...])``.
     """
     b, h, T, _ = scores.shape
     if work is None or work.shape != (b, h, 2 * T, T):
@@ -351,7 +363,12 @@ def lower_lag_stats(
                            work.storage_offset() + T)
     s1_shift = diag.sum(-1).double()
     sq_shift = torch.linalg.vector_norm(top, dim=-1).double().pow(2).sum(-1)
-    total = _unshift(s1_shift, sq_shift, lag_counts(T, max_lag=max_lag), c)
+    counts = lag_counts(T, max_lag=max_lag, device=c.device)
+    total = _unshift(s1_shift, sq_shift, counts, c)
+    if bands:  # Σ (a − c)² per lag, unshifted lag by lag
+        sq_lag = torch.linalg.vector_norm(diag, dim=-1).double().pow(2)
+        sq_lag = sq_lag + c[..., None] * (2 * s1_shift + c[..., None] * counts)
+        total = (*total, band_part_sums(sq_lag))
     blocks = [_row_block_stats(top, c, lo, hi, max_lag) for lo, hi in small_blocks]
     for block in ([key_block] if key_block is not None else []) + list(key_blocks):
         blocks.append(_key_block_stats(top, c, *block, max_lag=max_lag))

@@ -41,7 +41,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from poskernel_tl.bands import band_r2, band_squares
+from poskernel_tl.bands import band_r2
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
@@ -181,13 +181,13 @@ class PermNullReducer:
             qp, kp = q.index_select(1, pi), k.index_select(1, pi)
             shift = lower_mean_from_qk(qp, kp, batch.scale)
             A = qk_scores(qp, kp, batch.scale, batch.workspace, "perm_null_scores")
-            lower, _ = lower_lag_stats(A, shift, [], work, max_lag=self.max_lags[L])
-            lower = (*lower, band_squares(A, self.max_lags[L]))
+            lower, _ = lower_lag_stats(A, shift, [], work, max_lag=self.max_lags[L],
+                                       bands=True)
             upper = None
             if not self.causal:  # the lower triangle of A'ᵀ
                 upper, _ = lower_lag_stats(A.transpose(-1, -2),
-                                           lower_mean_from_qk(kp, qp, batch.scale), [], work)
-                upper = (*upper, band_squares(A.transpose(-1, -2)))
+                                           lower_mean_from_qk(kp, qp, batch.scale), [], work,
+                                           bands=True)
             self._add(p, L, lower, upper)
 
     def _add(self, p: int, L: int, lower: tuple[Tensor, Tensor, Tensor],

@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from poskernel_tl.bands import band_fits, band_squares
+from poskernel_tl.bands import band_fits
 from poskernel_tl.errors import NonFiniteError, ResultFileError
 from poskernel_tl.protocol import (
     EARLY_ROWS,
@@ -259,9 +259,9 @@ class TrackAReducer:
         A = batch.scores
         work = batch.workspace.get("track_a", (A.shape[0], A.shape[1], 2 * self.T, self.T),
                                    A, zero=True)  # lower half stays zero
-        (s1, sq), [(e1, esq), (m1, msq), (r1, rsq)] = lower_lag_stats(
+        (s1, sq, bands), [(e1, esq), (m1, msq), (r1, rsq)] = lower_lag_stats(
             A, shift, [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM)], work,
-            key_block=(INTERIOR_FROM, INTERIOR_FROM), max_lag=self.max_lags[L])
+            key_block=(INTERIOR_FROM, INTERIOR_FROM), max_lag=self.max_lags[L], bands=True)
         if self.sq_whole is not None:  # every lag's sums, and Σ A² of the whole triangle
             (s1, self.sq_whole[idx, L]), _ = lower_lag_stats(A, shift, [], work)
         if self.upper is not None:
@@ -270,7 +270,7 @@ class TrackAReducer:
                                                              work))
         # key s = 0 (the attention sink) for query rows t = 1..T-1, i.e. lag Δ = t
         self._store(L, idx, (s1, sq), windowed(A[:, :, 1:, 0].double(), self.max_lags[L]),
-                    (e1, esq), (m1, msq), (r1, rsq), band_squares(A, self.max_lags[L]))
+                    (e1, esq), (m1, msq), (r1, rsq), bands)
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteError` naming the first bad (sequence, layer, head).

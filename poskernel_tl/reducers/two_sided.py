@@ -27,7 +27,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.bands import band_squares
 from poskernel_tl.errors import UserError
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, band_ends
 from poskernel_tl.reducers.lag_sums import (
@@ -108,13 +107,13 @@ def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos ke
     T = scores.shape[-1]
     shift = lower_mean_from_qk(k, q, scale)  # the mean of the upper triangle
     lo, hi = EARLY_ROWS
-    whole, (first, below_hi, head) = lower_lag_stats(
+    (*whole, bands), (first, below_hi, head) = lower_lag_stats(
         scores.transpose(-1, -2), shift, [], work,
-        key_blocks=[(lo, 0), (min(hi, T), 0), (min(INTERIOR_FROM, T), 0)])
+        key_blocks=[(lo, 0), (min(hi, T), 0), (min(INTERIOR_FROM, T), 0)], bands=True)
     early = (below_hi[0] - first[0], below_hi[1] - first[1])
     late = (whole[0] - head[0], whole[1] - head[1])
     diag = scores.diagonal(0, -2, -1).double().sum(-1)
-    return UpperStats(whole, early, late, diag, band_squares(scores.transpose(-1, -2)))
+    return UpperStats(tuple(whole), early, late, diag, bands)
 
 
 class UpperSums:
