@@ -46,6 +46,7 @@ def result_path(out: str | Path, model: str, dataset: str, length: int, suffix: 
 TRACK_A_CSV = "trackA.csv"
 TRACK_B_CSV = "trackB.csv"
 HEADS_CSV = "heads.csv"
+BANDS_CSV = "bands.csv"  # the tables' files are named after them: f"{table}.csv"
 SPECTRAL_CSV = "spectral.csv"
 SPECTRAL_PEAKS_CSV = "spectral_peaks.csv"
 G_ARRAYS = "g.npz"

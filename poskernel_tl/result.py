@@ -220,7 +220,8 @@ class ConditionResult:
     # ------------------------------------------------------------------ tables
     def to_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The tidy Track A table (a row per eval sequence, layer, head) and Track B's."""
-        return self.tables()["trackA"], self.tables()["trackB"]
+        tables = self.tables()
+        return tables["trackA"], tables["trackB"]
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every tidy table the parts fill (:func:`~poskernel_tl.schema.tidy_tables`)."""

@@ -31,7 +31,7 @@ def read_tables(results_dir: Path, results: list[ConditionResult]
     heads, bands, missing = [], [], []
     for r in results:
         paths = [C.result_path(results_dir, r.model, r.dataset, r.length, s)
-                 for s in (C.HEADS_CSV, "bands.csv")]
+                 for s in (C.HEADS_CSV, C.BANDS_CSV)]
         if not all(p.exists() for p in paths):
             missing.append(r.stem())
             continue
@@ -69,7 +69,7 @@ def tl_disagreements(heads: pd.DataFrame) -> pd.DataFrame:
 
 
 def fig5_classes(counts: pd.DataFrame) -> Figure:
-    """One panel per condition: heads of each class, stacked, per layer."""
+    """One panel per condition (of one model): heads of each class, stacked, per layer."""
     conds = list(dict.fromkeys(counts["condition"]))
     fig = Figure(figsize=(7, 1.9 * len(conds) + 0.6), layout="constrained")
     axes = fig.subplots(len(conds), 1, squeeze=False, sharex=True)[:, 0]
@@ -132,8 +132,11 @@ def section(results_dir: Path, results: list[ConditionResult], out: Path, figure
         "(rules in the README, section <i>Kernel classes</i>); the band R² is Track A fitted "
         "on the entries of one band of offsets alone.</p>",
         table_html(totals.reset_index()),
-        figure(fig5_classes(counts), "fig5_classes", "Figure 5, kernel classes per layer"),
-        figure(fig5_bands(bands), "fig5_bands", "Figure 5, R² by offset band per layer"),
+        *(figure(fig5_classes(counts[counts["condition"].isin(conds)]),
+                 f"fig5_classes_{C.model_slug(model)}", f"Figure 5, kernel classes, {model}")
+          + figure(fig5_bands(bands[bands["model"] == model]), f"fig5_bands_{C.model_slug(model)}",
+                   f"Figure 5, R² by offset band, {model}")
+          for model, conds in heads.groupby("model", sort=False)["condition"]),
         f"<p>{esc(tl_text)}</p>", table_html(tl.head(40)) if len(tl) else "",
         '<p class="pk-note">Files: <a href="atlas_classes.csv">classes per layer</a> · '
         '<a href="atlas_bands.csv">band R² per layer</a> · <a href="atlas_tl_disagreements.csv">'
