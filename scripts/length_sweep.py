@@ -10,8 +10,11 @@ the window grows? For each length the script draws 2·n windows of the source as
 Track A alone on the evaluation half (the forward stopped after the last layer; no Track B,
 no null). It prints, per layer, the pooled R² averaged over the layer's heads, then over
 every layer: pooled, pooled without the sink column, and the per-sequence R² (its mean,
-and the spread over sequences of each sequence's mean). Exploratory: no null and no
-threshold is applied. Needs windows of every length within documents (``stdlib-code``
+and the spread over sequences of each sequence's mean); then the same fit restricted to
+each band of offsets (Δ in [1, 16], [17, 64], [65, 256], …, the last band of a length
+ending at T − 1; and the cumulative Δ ≤ 64, ≤ 256, …), the pooled band R² averaged over
+every head, so that a rise with T can be read offset by offset. Exploratory: no null and
+no threshold is applied. Needs windows of every length within documents (``stdlib-code``
 has 199 at T = 8192 with SmolLM2's tokenizer; ``poskernel run`` says how many a source has).
 """
 
@@ -50,6 +53,8 @@ def sweep_length(model, dataset: str, T: int, n_eval: int) -> dict:
             "pooled_nosink": float(r.r2_pooled_nosink.mean()),
             "per_seq_mean": float(per_seq.mean()),
             "per_seq_sd": float(per_seq.std(ddof=1)) if len(per_seq) > 1 else float("nan"),
+            "bands": {f"{lo}-{hi}": float(np.nanmean(b)) for lo, hi, b in
+                      zip(r.band_lo, r.band_hi, r.r2_band_pooled)},
             "documents": sorted({seqs["doc_ids"][i] for i in np.flatnonzero(mask.numpy())}),
             "seconds": time.time() - t0}
 
@@ -67,6 +72,29 @@ def table(rows: list[dict]) -> str:
                    lambda r: f"{r['per_seq_mean']:.3f} ({r['per_seq_sd']:.3f})"}
     for name, cell in summary.items():
         lines.append(f"| {name} | " + " | ".join(cell(r) for r in rows) + " |")
+    return "\n".join(lines)
+
+
+def band_table(rows: list[dict]) -> str:
+    """The markdown table of the pooled band R² (mean over heads): a line per band, keyed
+    by where it starts (partition bands) or ends (cumulative [1, W]); a length's last
+    partition band ends at T − 1, and a cumulative band reaching T − 1 is the whole fit."""
+    def key(band: str) -> tuple[str, int]:
+        lo, hi = (int(x) for x in band.split("-"))
+        return ("Δ ≤ ", hi) if lo == 1 and hi > 16 else ("Δ from ", lo)
+
+    cells: dict[tuple[str, int], dict[int, float]] = {}
+    for r in rows:
+        for band, value in r["bands"].items():
+            lo, hi = (int(x) for x in band.split("-"))
+            if not (lo == 1 and hi == r["T"] - 1 and hi > 16):  # the whole: in the table above
+                cells.setdefault(key(band), {})[r["T"]] = value
+    lines = ["| band | " + " | ".join(f"T={r['T']}" for r in rows) + " |",
+             "|---|" + "---|" * len(rows)]
+    for (word, edge) in sorted(cells, key=lambda k: (k[0] != "Δ from ", k[1])):
+        vals = cells[(word, edge)]
+        lines.append(f"| {word}{edge} | " + " | ".join(
+            f"{vals[r['T']]:.3f}" if r["T"] in vals else "–" for r in rows) + " |")
     return "\n".join(lines)
 
 
@@ -91,6 +119,8 @@ def main() -> None:
     print(f"\n{args.model} on {args.dataset}, Track A pooled R² (mean over each layer's "
           "heads; exploratory)\n")
     print(table(rows))
+    print("\nThe same restricted to bands of offsets (pooled R², mean over every head)\n")
+    print(band_table(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -28,10 +28,15 @@ def test_length_sweep_matches_measure(tmp_path):
     assert [r["T"] for r in rows] == [24, 40] and all(r["n_eval"] == 4 for r in rows)
     model = pk.load_model("smollm2-135m", device="cpu", progress=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("| ")]
-    assert len(lines) == 1 + model.spec.n_layers + 3, proc.stdout
+    bands = [ln for ln in lines if ln.startswith("| Δ ")]
+    assert len(lines) == 2 + model.spec.n_layers + 3 + len(bands), proc.stdout
+    # T = 24 has one band [1, 23] (the whole fit); T = 40 has [1, 16] and [17, 39]
+    assert [ln.split(" |")[0] for ln in bands] == ["| Δ from 1", "| Δ from 17"]
     seqs = build_sequences(model.tokenizer, "random", 40, n_seqs=4, seed=0,
                            model_name="smollm2-135m")
     res = pk.measure(model, seqs["input_ids"], progress=False, null_perms=0)
     np.testing.assert_allclose(rows[1]["layer_pooled"], res.r2_pooled.mean(1), atol=1e-9)
     assert rows[1]["pooled"] == pytest.approx(res.r2_pooled.mean(), abs=1e-9)
     assert rows[1]["per_seq_sd"] > 0
+    assert rows[1]["bands"]["17-39"] == pytest.approx(np.nanmean(
+        res.r2_band_pooled[list(res.band_lo).index(17)]), abs=1e-9)
