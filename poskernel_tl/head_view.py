@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -29,7 +30,9 @@ from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.io import sentence
+from poskernel_tl.kernel_class import head_kernels
 from poskernel_tl.loading import LoadedModel
+from poskernel_tl.reducers.perm_null import joint_permutations
 from poskernel_tl.report import (
     SHARED,
     HeadPageData,
@@ -53,6 +56,7 @@ from poskernel_tl.toeplitz import (
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
 MIN_TOKENS = 3
+VIEW_NULL_PERMS = 19  # permutations of the head view's null (its class's content rule)
 
 
 # ----------------------------------------------------------------------- the view
@@ -68,7 +72,9 @@ class HeadView:
     query), ``g_self`` the diagonal's mean, and the spectrum is that of the two-sided g.
     ``spectrum`` is ``(omega, power)`` of g(Δ), ω in rad/token; ``alignment`` the
     :func:`spectral_alignment` dict for rotary models, else None. ``tokens`` are the
-    token strings, one per position."""
+    token strings, one per position. ``kernel``: the class and descriptors of this
+    sequence's g (:mod:`poskernel_tl.kernel_class`, against a 19-permutation null of this
+    matrix)."""
 
     model_name: str
     layer: int
@@ -91,6 +97,7 @@ class HeadView:
     g_back: Float[np.ndarray, " lag"] | None = None
     g_self: float | None = None
     max_lag: int | None = None  # a sliding window's last kept offset (the fit reads Δ ≤ it)
+    kernel: dict | None = None  # this sequence's kernel descriptors and class
 
     @property
     def two_sided(self) -> bool:
@@ -118,11 +125,15 @@ class HeadView:
                          f"offsets 1 ≤ t − s ≤ {self.max_lag} only (g is not defined past).")
         if self.thetas is not None:
             notes.append(alignment_line(self.alignment))
+        tables = alignment_frames(self.alignment, "this sequence's g(Δ)")
+        if self.kernel is not None:
+            tables["Kernel class of this sequence's g(Δ) (exploratory)"] = \
+                pd.DataFrame([self.kernel])
         return HeadPageData(
             title=self.title, tokens=list(self.tokens), pattern=self.pattern,
             logits=self.logits, g_trackA=self.g, g_trackA_back=self.g_back,
             two_sided=self.two_sided, spectrum=self.spectrum, thetas=self.thetas,
-            tables=alignment_frames(self.alignment, "this sequence's g(Δ)"),
+            tables=tables,
             r2_values={"R² without the sink column (key 0)": self.r2_nosink},
             notes=notes, max_lag=self.max_lag)
 
@@ -303,6 +314,35 @@ def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
             "residual": to_np(residual), "logits": to_np(logits)}
 
 
+def view_null(A: Float[Tensor, "query_pos key_pos"], causal: bool, max_lag: int | None,
+              n_perm: int = VIEW_NULL_PERMS) -> Float[np.ndarray, " perm"]:
+    """R² of the fit to A[π][:, π] for ``n_perm`` joint position permutations π: the run's
+    permutation null (:func:`~poskernel_tl.reducers.perm_null.joint_permutations`, seed
+    0) on this one matrix, fitted as the view fits A."""
+    out = []
+    for pi in joint_permutations(A.shape[-1], n_perm).to(A.device):
+        Ap = A[pi][:, pi]
+        out.append(shift_invariance_r2(Ap, max_lag)[0] if causal else
+                   shift_invariance_r2_two_sided(Ap)[0])
+    return torch.stack(out).double().cpu().numpy()
+
+
+def kernel_of(fit: dict, A: Float[Tensor, "query_pos key_pos"], max_lag: int | None,
+              thetas: np.ndarray | None) -> dict:
+    """:func:`~poskernel_tl.kernel_class.head_kernels` of this one sequence's fit, against
+    :func:`view_null`: class first, then the descriptors."""
+    T = A.shape[-1]
+    causal = fit["g_back"] is None
+    counts = lag_counts(T, max_lag=max_lag).numpy()
+    sink = np.where(counts > 0, A[1:, 0].double().cpu().numpy(), np.nan)
+    back = None if causal else fit["g_back"][None, None]
+    null = view_null(A, causal, max_lag)[:, None, None]
+    row = head_kernels(fit["g"][None, None], sink[None, None], counts[None],
+                       np.array([[fit["r2"]]]), null, back, thetas).iloc[0]
+    return {"kernel_class": row["kernel_class"],
+            **row.drop(["layer", "head", "kernel_class"]).to_dict()}
+
+
 def _usage(model: LoadedModel, q: Tensor, k: Tensor) -> np.ndarray | None:
     """Frequency usage of each rotary pair: mean |q| pair norm × mean |k| pair norm."""
     pairs = model.rotary_pairs
@@ -349,7 +389,7 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
         tokens=token_strings(model.tokenizer, ids.tolist()), token_ids=ids.numpy(),
         logits=fit["logits"], pattern=t["pattern"].float().cpu().numpy(), g=fit["g"],
         r2=fit["r2"], r2_nosink=r2_nosink, residual=fit["residual"], g_back=fit["g_back"],
-        g_self=fit["g_self"], max_lag=max_lag,
+        g_self=fit["g_self"], max_lag=max_lag, kernel=kernel_of(fit, t["scores"], max_lag, thetas),
         spectrum=(omega, power), alignment=alignment, thetas=thetas,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes)
     T = len(ids)  # the view's arrays against the text's length (cheap: shapes only)

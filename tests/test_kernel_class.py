@@ -59,6 +59,16 @@ def test_planted_heads_come_out_in_their_classes(T):
     assert df.iloc[4]["decay_slope"] == pytest.approx(-0.5, abs=0.05)
 
 
+def naive_r2(A: np.ndarray) -> float:
+    """R² of the per-diagonal means over the strictly lower triangle, by loops."""
+    T = len(A)
+    cells = [(t - s, A[t, s]) for t in range(T) for s in range(t)]
+    values = np.array([v for _, v in cells])
+    means = {d: np.mean([v for dd, v in cells if dd == d]) for d in range(1, T)}
+    fitted = np.array([means[d] for d, _ in cells])
+    return 1 - ((values - fitted) ** 2).sum() / ((values - values.mean()) ** 2).sum()
+
+
 def naive_shares(g_ns, g_sink, g_back=None):
     """The mean over rows of the softmax mass on key t − 1 and on key 0, row by row."""
     T = len(g_ns) + 1
@@ -100,3 +110,22 @@ def test_a_flat_or_random_kernel_is_never_previous_token_or_local():
     null = rng.uniform(0.0, 0.02, (9, 1, H))
     df = head_kernels(g, g[..., :], counts, null.max(0) * rng.uniform(0.5, 1.0, (1, H)), null)
     assert set(df["kernel_class"]) == {"content"}
+
+
+@pytest.mark.parametrize("T", [128, 256])
+def test_a_head_view_classes_one_sequence(T):
+    """The head view's class of one sequence's fit, against the view's own permutation
+    null: each planted head of one sequence in its class, and the null equal to naive fits
+    of the permuted matrices."""
+    from poskernel_tl.head_view import fit_one, kernel_of
+
+    A = planted_logits(T, seed=1)[0]
+    got = [kernel_of(fit_one(a, True), a, None, np.array([2 * np.pi / 16]))["kernel_class"]
+           for a in A]
+    assert got == list(PLANTED)
+    from poskernel_tl.head_view import view_null
+    from poskernel_tl.reducers.perm_null import joint_permutations
+
+    a = A[5]
+    naive = [naive_r2(a[p][:, p].numpy()) for p in joint_permutations(T, 19)]
+    assert view_null(a, True, None) == pytest.approx(naive, abs=1e-9)

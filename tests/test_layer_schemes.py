@@ -3,6 +3,7 @@ architectures, and the fits on exactly the entries each layer's mask keeps, agai
 float64 fit on Hugging Face's own eager attention (its q, k, scaling and additive mask)."""
 
 import importlib
+import json
 import subprocess
 import sys
 
@@ -291,6 +292,13 @@ def test_a_windowed_result_round_trips_and_its_spectra_use_each_layer(tmp_path, 
     assert "Figure 5" in page and (tmp_path / "report" / "atlas_classes.csv").exists()
     heads = pd.read_csv(C.result_path(tmp_path, back.model, back.dataset, T, C.HEADS_CSV))
     assert len(heads) == 16 and set(heads["kernel_class"]) <= set(CLASSES)
+    data = (tmp_path / "report" / "data" / f"{back.stem()}.js").read_text(encoding="utf-8")
+    kernel = json.loads(data[data.index(" = {") + 3:-2])["extras"][0]  # the head views' table
+    for row in heads.itertuples():
+        values = kernel["values"][row.layer * 4 + row.head]
+        assert values[-1] == f"class: {row.kernel_class}"
+        assert values[kernel["labels"].index("previous-token share")] == pytest.approx(
+            row.prev_share)
     assert heads.loc[heads["layer"] != 2, "last_lag"].max() <= 15  # the window's offsets
     g = back.g_pooled.copy()
     g[2, 0, 3] = np.nan  # a hole inside the kept offsets is damage
@@ -314,6 +322,7 @@ def test_a_head_view_fits_its_layers_window(tiny_tokenizer):
     A, keep = hf_eager_logits(arch_hf_model("gemma3"), ids)[0]
     assert view.max_lag == 15 and abs(view.r2 - naive_r2(A, keep)[1]) < 1e-6
     assert np.isnan(view.g[15:]).all() and np.isfinite(view.g[:15]).all()
+    assert view.kernel["kernel_class"] in CLASSES and view.kernel["last_lag"] <= 15
     payload = head_payload(view.page_data())
     assert abs(payload["seq"]["r2"] - view.r2) < 1e-9
     assert abs(payload["numbers"][0][2] - view.r2) < 1e-9

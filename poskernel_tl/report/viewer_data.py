@@ -37,6 +37,13 @@ HEAD_FIELDS = ("status", "preregistered", "n_peaks_found", "n_significant", "n_m
                "frac_matched", "criterion_met", "chance", "p_value", "aligned", "fpr",
                "ref_peak_r", "gate_met")
 PEAK_FIELDS = ("omega", "magnitude", "significant", "matched", "nearest_theta", "rel_error")
+KERNEL_FIELDS = (("R2_pooled", "Track A R² (pooled)"), ("null_max", "R² of the null (max)"),
+                 ("prev_share", "previous-token share"), ("sink_share", "sink share"),
+                 ("peak_lag", "peak lag Δ"), ("peak_margin", "peak margin"),
+                 ("width", "local width (offsets)"), ("decay_slope", "decay slope over ln Δ"),
+                 ("decay_r2", "decay R²"), ("periodic_share", "periodic share"),
+                 ("periodic_theta", "matched θᵢ (rad/token)"),
+                 ("tl_prev_token", "TransformerLens previous-token score"))
 
 
 def condition_key(model: str, dataset: str, length: int) -> str:
@@ -147,6 +154,25 @@ def _arrays(cond: Condition) -> dict:
     return out
 
 
+def kernel_rows(r: ConditionResult) -> dict:
+    """The head views' table of kernel descriptors, in the shape of
+    :func:`~poskernel_tl.report.extras.viewer_tables`'s entries: the class is the first
+    row's note ("not run" for a result saved without the sink column's mean)."""
+    entry = {"name": "kernel", "title": "Kernel class and descriptors (exploratory)",
+             "status": "ok", "message": ""}
+    heads = r.kernels()
+    if heads is None:
+        return {**entry, "status": "not run",
+                "message": "measured before kernel classes: run poskernel run again"}
+    cols = [(c, label) for c, label in KERNEL_FIELDS if c in heads.columns]
+    values: list = [None] * (r.n_layers * r.n_heads)
+    for row in heads.to_dict("records"):
+        values[int(row["layer"]) * r.n_heads + int(row["head"])] = \
+            [num(row[c]) for c, _ in cols] + [f"class: {row['kernel_class']}"]
+    return {**entry, "labels": [label for _, label in cols], "values": values,
+            "intervals": [None] * len(values)}
+
+
 def condition_payload(cond: Condition) -> dict:
     """Everything the head views of one condition show (see the module docstring)."""
     r = cond.result
@@ -168,8 +194,8 @@ def condition_payload(cond: Condition) -> dict:
                "seq": None if seq is None else grid(r.r2_per_seq[seq])},
         "g_b_source": b_source, "logits_seq": cond.logits_seq, "tokens": cond.tokens,
         "spectral": {source: _spectral(cond, source) for source in SOURCES},
-        "extras": extras.viewer_tables(cond.extras, r.model, r.dataset, r.length, r.n_layers,
-                                   r.n_heads),
+        "extras": [kernel_rows(r)] + extras.viewer_tables(cond.extras, r.model, r.dataset,
+                                                          r.length, r.n_layers, r.n_heads),
         "arrays": _arrays(cond),
     }
 
