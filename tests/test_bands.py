@@ -115,3 +115,30 @@ def test_null_band_r2_equals_naive_fit_of_the_permuted_product(source):
                 mats = [(q[x][pi][:, h] @ k[x][pi][:, h].T * SCALE).numpy() for x in range(B)]
                 want = naive_r2(sum((band_entries(m, lo, hi, False, T) for m in mats), []))
                 assert res.r2_band_null[p, b, 0, h] == pytest.approx(want, abs=1e-6)
+
+
+def test_the_band_benchmark_switches_band_sums_off_and_back():
+    """scripts/bench_bands.py's variants: without band ends the whole and windowed Σ A²
+    are the shipped ones and the bands zeros; the shipped functions come back after."""
+    import importlib.util
+    from pathlib import Path
+
+    import poskernel_tl.reducers.lag_sums as lag
+    import poskernel_tl.reducers.perm_null as perm_null
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_bands.py"
+    spec = importlib.util.spec_from_file_location("bench_bands", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 40, 4, 8, generator=g), torch.randn(2, 40, 2, 8, generator=g)
+    whole, kept, bands = lag.band_sum_squares(q, k, 0.3, 8, 20)
+    shipped = lag.band_sum_squares, perm_null.lower_stats
+    with bench.variant("none"):
+        w, kp, b = lag.band_sum_squares(q, k, 0.3, 8, 20)
+        assert perm_null.lower_stats is bench.null_stats
+    assert torch.allclose(w, whole) and torch.allclose(kp, kept) and not b.any()
+    assert bands.any() and b.shape == bands.shape
+    with bench.variant("A"):
+        assert lag.band_sum_squares is shipped[0] and perm_null.lower_stats is bench.null_stats
+    assert (lag.band_sum_squares, perm_null.lower_stats) == shipped
