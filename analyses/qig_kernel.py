@@ -34,6 +34,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
+from poskernel_tl.reducers.perm_null import joint_permutations
 from poskernel_tl.toeplitz import lag_counts, r2_from_sums, shift_invariance_r2
 
 _CHUNK_ELEMENTS = 1 << 24  # bounds the [batch, chunk, pos, d] and [batch, perm, pair] temps
@@ -178,12 +179,6 @@ def synthetic_basins(n_seqs: int, length: int, dim: int = 64, *, n_basins: int =
 
 
 # ------------------------------------------------------- joint-permutation null
-def joint_permutations(length: int, n_perm: int, seed: int = 0) -> Int[Tensor, "perm pos"]:
-    """The permutations :func:`permutation_null_r2` uses (seeded, CPU generator)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.stack([torch.randperm(length, generator=g) for _ in range(n_perm)])
-
-
 def permutation_null_r2(
     scores: Float[Tensor, "*batch query_pos key_pos"], n_perm: int = 200, seed: int = 0
 ) -> Float[Tensor, " perm *batch"]:

@@ -13,7 +13,6 @@ from poskernel_tl.analyses.qig_kernel import (
     QIGKernelConfig,
     fisher_rao_distance,
     fisher_rao_distances,
-    joint_permutations,
     kappa_proxy,
     permutation_null_r2,
     phi_proxy,
@@ -26,6 +25,7 @@ from poskernel_tl.analyses.qig_kernel import (
     residual_streams,
     synthetic_basins,
 )
+from poskernel_tl.reducers.perm_null import joint_permutations
 from poskernel_tl.toeplitz import shift_invariance_r2
 
 
