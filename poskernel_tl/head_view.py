@@ -331,14 +331,12 @@ def kernel_of(fit: dict, A: Float[Tensor, "query_pos key_pos"], max_lag: int | N
               thetas: np.ndarray | None) -> dict:
     """:func:`~poskernel_tl.kernel_class.head_kernels` of this one sequence's fit, against
     :func:`view_null`: class first, then the descriptors."""
-    T = A.shape[-1]
     causal = fit["g_back"] is None
-    counts = lag_counts(T, max_lag=max_lag).numpy()
+    counts = lag_counts(A.shape[-1], max_lag=max_lag).numpy()
     sink = np.where(counts > 0, A[1:, 0].double().cpu().numpy(), np.nan)
-    back = None if causal else fit["g_back"][None, None]
-    null = view_null(A, causal, max_lag)[:, None, None]
+    back, null = None if causal else fit["g_back"][None, None], view_null(A, causal, max_lag)
     row = head_kernels(fit["g"][None, None], sink[None, None], counts[None],
-                       np.array([[fit["r2"]]]), null, back, thetas).iloc[0]
+                       np.array([[fit["r2"]]]), null[:, None, None], back, thetas).iloc[0]
     return {"kernel_class": row["kernel_class"],
             **row.drop(["layer", "head", "kernel_class"]).to_dict()}
 
