@@ -128,7 +128,7 @@ class HeadView:
         tables = alignment_frames(self.alignment, "this sequence's g(Δ)")
         if self.kernel is not None:
             tables["Kernel class of this sequence's g(Δ) (exploratory)"] = \
-                pd.DataFrame([self.kernel])
+                pd.DataFrame({"quantity": list(self.kernel), "value": list(self.kernel.values())})
         return HeadPageData(
             title=self.title, tokens=list(self.tokens), pattern=self.pattern,
             logits=self.logits, g_trackA=self.g, g_trackA_back=self.g_back,
@@ -338,7 +338,7 @@ def kernel_of(fit: dict, A: Float[Tensor, "query_pos key_pos"], max_lag: int | N
     row = head_kernels(fit["g"][None, None], sink[None, None], counts[None],
                        np.array([[fit["r2"]]]), null[:, None, None], back, thetas).iloc[0]
     return {"kernel_class": row["kernel_class"],
-            **row.drop(["layer", "head", "kernel_class"]).to_dict()}
+            **row.drop(["layer", "head", "kernel_class"]).rename({"R2_pooled": "R2"}).to_dict()}
 
 
 def _usage(model: LoadedModel, q: Tensor, k: Tensor) -> np.ndarray | None:
