@@ -323,6 +323,7 @@ def test_a_head_view_fits_its_layers_window(tiny_tokenizer):
     assert view.max_lag == 15 and abs(view.r2 - naive_r2(A, keep)[1]) < 1e-6
     assert np.isnan(view.g[15:]).all() and np.isfinite(view.g[:15]).all()
     assert view.kernel["kernel_class"] in CLASSES and view.kernel["last_lag"] <= 15
+    assert np.isfinite(view.kernel["null_max"])  # the null reads unmasked scores
     payload = head_payload(view.page_data())
     assert abs(payload["seq"]["r2"] - view.r2) < 1e-9
     assert abs(payload["numbers"][0][2] - view.r2) < 1e-9
