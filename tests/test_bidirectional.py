@@ -154,7 +154,7 @@ def test_permutation_null_fits_both_triangles(rng):
     perms = joint_permutations(40, 3, 2)
     for source in ("lags", "scores"):
         red = PermNullReducer(1, H, 40, n_perm=3, max_seqs=3, seed=2, source=source,
-                              causal=False)
+                              causal=False, dtype=torch.float64)
         feed(red, q, k)
         res = red.result()
         tol = EXACT if source == "lags" else F32

@@ -257,12 +257,30 @@ def test_perm_null_lags_equal_materialised():
     assert np.abs(a.r2_same_seqs - b.r2_same_seqs).max() < 1e-5
 
 
+def test_perm_null_float32_sums_stay_within_1e6_of_float64():
+    """The default float32 sums (float64 totals) against float64 on the same draws, at a
+    length where running key moments and band windows (Δ ≤ 256) are in play."""
+    T = 600
+    q, k = draw(T, n=2, dtype=torch.float32, seed=3, offset=3.0)
+    kw = dict(n_perm=2, max_seqs=2, seed=5, max_lags=[400])
+    f32, f64 = PermNullReducer(1, H, T, **kw), PermNullReducer(1, H, T, **kw, dtype=torch.float64)
+    assert f32.dtype == torch.float32
+    feed(f32, q, k)
+    feed(f64, q, k)
+    a, b = f32.result(), f64.result()
+    for x, y in ((a.r2_null, b.r2_null), (a.r2_same_seqs, b.r2_same_seqs),
+                 (a.r2_band_null, b.r2_band_null)):
+        assert np.abs(x - y).max() < 1e-6
+    rel = lambda x, y: ((x - y).abs() / y.abs().clamp(min=1e-300)).max().item()
+    assert rel(f32.sq, f64.sq) < 1e-6 and rel(f32.bands, f64.bands) < 1e-6
+
+
 def test_perm_null_lags_match_permuted_full_product():
     """float64: each draw's kept sums equal those of A[π(t), π(s)] read from the full
     product of the original q/k."""
     T = 17
     q, k = draw(T, n=3, seed=9)
-    red = PermNullReducer(1, H, T, n_perm=2, max_seqs=8, seed=1, chunk=4)
+    red = PermNullReducer(1, H, T, n_perm=2, max_seqs=8, seed=1, chunk=4, dtype=torch.float64)
     feed(red, q, k)
     A = full_logits(q, k)
     for p, pi in enumerate(red.perms.numpy()):

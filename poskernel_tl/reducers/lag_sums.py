@@ -75,37 +75,37 @@ def _fft_size(n: int) -> int:
     return best
 
 
-def _as_acc(x: Tensor, dims: tuple[int, ...]) -> Tensor:
-    """``x.permute(dims)`` as a contiguous float64 tensor, cast and transposed in one pass."""
-    out = torch.empty([x.shape[i] for i in dims], dtype=ACC, device=x.device)
+def _as_acc(x: Tensor, dims: tuple[int, ...], dtype: torch.dtype = ACC) -> Tensor:
+    """``x.permute(dims)`` as a contiguous ``dtype`` tensor, cast and transposed in one pass."""
+    out = torch.empty([x.shape[i] for i in dims], dtype=dtype, device=x.device)
     return out.copy_(x.permute(*dims))
 
 
-def _padded_acc(x: Float[Tensor, "batch pos head_index d_head"], n: int
-                ) -> Float[Tensor, "batch head_index d_head fft_pos"]:
-    """x as float64 [b, head, d, n], positions last and zero-padded to n (one pass)."""
+def _padded_acc(x: Float[Tensor, "batch pos head_index d_head"], n: int,
+                dtype: torch.dtype = ACC) -> Float[Tensor, "batch head_index d_head fft_pos"]:
+    """x as ``dtype`` [b, head, d, n], positions last and zero-padded to n (one pass)."""
     b, T, h, d = x.shape
-    out = torch.zeros(b, h, d, n, dtype=ACC, device=x.device)
+    out = torch.zeros(b, h, d, n, dtype=dtype, device=x.device)
     out[..., :T] = x.permute(0, 2, 3, 1)
     return out
 
 
 def lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
-             k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float
-             ) -> Float[Tensor, "batch head_index lag"]:
+             k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+             dtype: torch.dtype = ACC) -> Float[Tensor, "batch head_index lag"]:
     """S1(Δ) = Σ_{t ≥ Δ} scale·q_t·k_{t−Δ} for Δ = 1..T−1, by FFT cross-correlation
-    (identity 1 of the module docstring), in float64."""
+    (identity 1 of the module docstring), in ``dtype``, returned as float64."""
     b, T, H, d = q.shape
     if len(parts := _pieces(b, T)) > 1:
-        return torch.cat([lag_sums(q[p], k[p], scale) for p in parts])
+        return torch.cat([lag_sums(q[p], k[p], scale, dtype) for p in parts])
     kv = k.shape[2]
     n = _fft_size(2 * T - 1)
-    qf = torch.fft.rfft(_padded_acc(q, n))  # [b, H, d, f]
-    kf = torch.fft.rfft(_padded_acc(k, n))  # [b, kv, d, f]
+    qf = torch.fft.rfft(_padded_acc(q, n, dtype))  # [b, H, d, f]
+    kf = torch.fft.rfft(_padded_acc(k, n, dtype))  # [b, kv, d, f]
     f = qf.shape[-1]
     spec = qf.view(b, kv, H // kv, d, f).mul_(kf.conj().unsqueeze(2)).sum(3)
     corr = torch.fft.irfft(spec.reshape(b, H, f), n=n)  # [b, H, n]: lag m at column m
-    return corr[..., 1:T] * scale
+    return corr[..., 1:T].to(ACC) * scale
 
 
 _MASKS: dict = {}
@@ -153,37 +153,41 @@ def lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
 
 def band_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
                      k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                     chunk: int = DEFAULT_CHUNK, max_lag: int | None = None
-                     ) -> tuple[Float[Tensor, "batch head_index"],
+                     chunk: int = DEFAULT_CHUNK, max_lag: int | None = None,
+                     dtype: torch.dtype = ACC) -> tuple[Float[Tensor, "batch head_index"],
                                 Float[Tensor, "batch head_index"],
                                 Float[Tensor, "batch head_index part"]]:
     """Σ (scale·q_t·k_s)² over the whole strictly lower triangle, over t − s ≤ ``max_lag``
     (the whole again without one) and over each band of offsets of the partition
     :func:`~poskernel_tl.protocol.band_ends` (0 past ``max_lag``), from one
-    :func:`sum_squares_upto`."""
+    :func:`sum_squares_upto` (products formed in ``dtype``)."""
     T = q.shape[1]
     last = T - 1 if max_lag is None else min(max_lag, T - 1)
     ends = band_ends(T)
-    upto = sum_squares_upto(q, k, scale, [T - 1, last] + [min(e, last) for e in ends], chunk)
+    upto = sum_squares_upto(q, k, scale, [T - 1, last] + [min(e, last) for e in ends], chunk,
+                            dtype)
     bands = torch.diff(upto[..., 2:], dim=-1, prepend=torch.zeros_like(upto[..., :1]))
     return upto[..., 0], upto[..., 1], bands
 
 
 def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
                      k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                     ends: list[int], chunk: int = DEFAULT_CHUNK
+                     ends: list[int], chunk: int = DEFAULT_CHUNK, dtype: torch.dtype = ACC
                      ) -> Float[Tensor, "batch head_index end"]:
-    """Σ (scale·q_t·k_s)² over 0 < t − s ≤ W for each W of ``ends``, in float64 (identity 2
+    """Σ (scale·q_t·k_s)² over 0 < t − s ≤ W for each W of ``ends`` (identity 2
     of the module docstring by chunks of C positions). With K_c = Σ_{s in chunk c} k_s k_sᵀ,
     the key chunks c − j wholly within W of every query t of chunk c (1 ≤ j ≤ J =
     ⌊(W + 1)/C⌋ − 1) add q_tᵀ (K_{c−J} + … + K_{c−1}) q_t, a difference of two running key
     moments (d² per query and end); the chunk itself (j = 0) and the ≤ 2 key chunks W cuts
     through are formed explicitly (C × C per chunk and offset, each formed once for all
     ends), masked to 1 ≤ t − s ≤ W. Positions are zero-padded to a multiple of C (zero rows add
-    nothing); a kv head's query heads share its key moments."""
+    nothing); a kv head's query heads share its key moments. Products and their per-chunk
+    sums are formed in ``dtype`` (float32 is 2–3× faster on CPU, ~1e-7 relative), the
+    totals over chunks and blocks in float64."""
     b, T, H, d = q.shape
     if len(parts := _pieces(b, T)) > 1:
-        return torch.cat([sum_squares_upto(q[p], k[p], scale, ends, chunk) for p in parts])
+        return torch.cat([sum_squares_upto(q[p], k[p], scale, ends, chunk, dtype)
+                          for p in parts])
     kv = k.shape[2]
     g = H // kv
     C = max(1, min(chunk, T))
@@ -192,25 +196,28 @@ def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
         q = F.pad(q, (0, 0, 0, 0, 0, nc * C - T))
         k = F.pad(k, (0, 0, 0, 0, 0, nc * C - T))
     # [b, kv, chunk, group·C, d]: within a chunk, row j·C + i is query head j at offset i
-    qc = _as_acc(q.reshape(b, nc, C, kv, g, d), (0, 3, 1, 4, 2, 5)).view(b, kv, nc, g * C, d)
-    kc = _as_acc(k.reshape(b, nc, C, kv, d), (0, 3, 1, 2, 4))  # [b, kv, chunk, C, d]
-    prior = before(torch.matmul(kc.transpose(-1, -2), kc), 2)  # Σ of the keys before c
+    qc = _as_acc(q.reshape(b, nc, C, kv, g, d), (0, 3, 1, 4, 2, 5), dtype
+                 ).view(b, kv, nc, g * C, d)
+    kc = _as_acc(k.reshape(b, nc, C, kv, d), (0, 3, 1, 2, 4), dtype)  # [b, kv, chunk, C, d]
+    # Σ of the keys before c, summed in float64 (a window is a difference of two)
+    prior = before(torch.matmul(kc.transpose(-1, -2), kc).to(ACC), 2)
     offset = (torch.arange(C, device=q.device)[:, None] - torch.arange(C, device=q.device))
     squares: dict[int, Tensor] = {}  # chunk offset j -> Σ_c (q_t·k_s)² of key chunk c − j
     total = {}
     for W in sorted(set(ends)):
         full = min(max(0, (W + 1) // C - 1), nc - 1)
-        acc = qc.new_zeros(b, kv, g)
+        acc = qc.new_zeros(b, kv, g, dtype=ACC)
         if full > 0:  # Σ_t q_tᵀ (M_c − M_{c−J}) q_t
             c = torch.arange(nc, device=q.device)
             window = prior - prior[:, :, (c - full).clamp(min=0)] if full < nc - 1 else prior
-            acc += torch.matmul(qc, window).mul_(qc).view(b, kv, nc, g, C, d).sum((2, 4, 5))
+            acc += torch.matmul(qc, window.to(dtype)).mul_(qc).view(b, kv, nc, g, C, d).sum(
+                (2, 4, 5), dtype=ACC)
         for j in [0] + list(range(full + 1, min(nc - 1, (W + C - 1) // C) + 1)):
             if j not in squares:
                 squares[j] = torch.matmul(qc[:, :, j:], kc[:, :, :nc - j].transpose(-1, -2)
                                           ).square_().sum(2).view(b, kv, g, C, C)
             lag = j * C + offset
-            acc += (squares[j] * ((lag >= 1) & (lag <= W))).sum((-2, -1))
+            acc += (squares[j] * ((lag >= 1) & (lag <= W))).sum((-2, -1), dtype=ACC)
         total[W] = acc.reshape(b, H)
     out = [total[W] for W in ends]
     return torch.stack(out, -1) * (scale * scale)
@@ -320,15 +327,16 @@ def track_a_stats(q: Float[Tensor, "batch pos head_index d_head"],
 
 def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
                 k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                chunk: int = DEFAULT_CHUNK, max_lag: int | None = None
+                chunk: int = DEFAULT_CHUNK, max_lag: int | None = None,
+                dtype: torch.dtype = ACC
                 ) -> tuple[Float[Tensor, "batch head_index lag"],
                            Float[Tensor, "batch head_index"],
                            Float[Tensor, "batch head_index part"]]:
     """(S1(Δ), Σ A², Σ A² of each band of offsets) of the strictly lower triangle of
-    scale·q·kᵀ (identities 1, 2), over t − s ≤ ``max_lag`` where given; for the
-    permutation null, pass q[:, π], k[:, π]."""
-    _, kept, bands = band_sum_squares(q, k, scale, chunk, max_lag)
-    return windowed(lag_sums(q, k, scale), max_lag), kept, bands
+    scale·q·kᵀ (identities 1, 2), over t − s ≤ ``max_lag`` where given, formed in
+    ``dtype`` with float64 totals; for the permutation null, pass q[:, π], k[:, π]."""
+    _, kept, bands = band_sum_squares(q, k, scale, chunk, max_lag, dtype)
+    return windowed(lag_sums(q, k, scale, dtype), max_lag), kept, bands
 
 
 __all__ = ["LowerStats", "band_sum_squares", "key_strip", "lag_sums", "lower_stats",
