@@ -130,13 +130,15 @@ def test_long_batches_are_taken_in_pieces(monkeypatch, tokens):
     monkeypatch.setattr(torch.fft, "rfft", lambda x, *a, **kw: seen.append(len(x)) or
                         rfft(x, *a, **kw))
     assert np.abs(lag_sums(q, k, SCALE).numpy() - s1).max() <= 1e-12 * np.abs(s1).max()
-    monkeypatch.setattr(torch, "matmul", lambda x, y, *a, **kw: seen.append(len(x)) or
+    # the key moments' products are chunk-first: [chunk, batch, ...]
+    monkeypatch.setattr(torch, "matmul", lambda x, y, *a, **kw: seen.append(x.shape[1]) or
                         matmul(x, y, *a, **kw))
     assert np.abs(lower_sum_squares(q, k, SCALE, 4).numpy() - sq).max() <= 1e-12 * sq.max()
     step = max(1, tokens // 13)
-    # per piece: 2 FFTs; the key chunk moments, one product with them and 2 explicit chunk
-    # offsets (the chunk itself and the one T − 1 cuts through)
-    assert max(seen) == step and len(seen) == 2 * -(-5 // step) + 4 * -(-5 // step)
+    # per piece: 2 FFTs; the key and query chunk moments, their inner products at chunk
+    # offsets J = 0 and 2 (T − 1 = 12 holds 2 whole key chunks of 4 behind a query's
+    # chunk) and 2 explicit chunk offsets (the chunk itself and the one T − 1 cuts through)
+    assert max(seen) == step and len(seen) == 2 * -(-5 // step) + 6 * -(-5 // step)
 
 
 @pytest.mark.parametrize("T", [3, 4, 21, 49, 50, 64])

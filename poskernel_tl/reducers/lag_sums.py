@@ -14,8 +14,9 @@ triangle, the per-lag sums S1(Δ) and the total sum of squares. Both follow from
    In chunks c of C positions: Σ_{t in c} q_tᵀ M_c q_t (M_c, the exclusive prefix sum of
    the chunks' key Grams) plus the chunk's own C × C strictly lower
    triangle, formed explicitly. The entries with t − s ≤ W (a window, a band of offsets)
-   take the key chunks within W from a difference of two prefix sums and the ≤ 2 chunks W
-   cuts through explicitly: every band end costs about one more whole sum.
+   take the key chunks within W from a difference of two prefix sums, read through each
+   chunk's query moment Σ_{t in c} q_t q_tᵀ (d² per chunk and end), and the ≤ 2 chunks W
+   cuts through explicitly (C × C per chunk and end).
 3. Every other block Track A fits touches only the first keys: the key column s = 0 (the
    attention sink), query rows 1–20 and 21–49 (keys s < t < 50) and query rows ≥ 50 with
    keys s < 50. All lie in the strip A[:, :50], formed explicitly (T × 50 per head); its
@@ -34,7 +35,8 @@ causality is assumed, and the null costs the same as the real fit.
 Cost per sequence and head O(T·d·(d + C + 50) + d·T·log T) and memory
 O(T·(d + C + 50) + (T / C)·d²) (with C = 64 ≈ d, O(T·d)), instead of O(T²·d) time and
 O(T²) memory. Everything is computed in float64 (q/k are cast once per function, in the
-layout it needs); GQA keys are broadcast by folding a kv head's query heads into the row
+layout it needs; the permutation null forms its products in float32, totals in
+float64); GQA keys are broadcast by folding a kv head's query heads into the row
 dimension of each product (or by broadcasting in the frequency domain), never copied per
 query head.
 """
@@ -174,16 +176,18 @@ def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
                      k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
                      ends: list[int], chunk: int = DEFAULT_CHUNK, dtype: torch.dtype = ACC
                      ) -> Float[Tensor, "batch head_index end"]:
-    """Σ (scale·q_t·k_s)² over 0 < t − s ≤ W for each W of ``ends`` (identity 2
-    of the module docstring by chunks of C positions). With K_c = Σ_{s in chunk c} k_s k_sᵀ,
-    the key chunks c − j wholly within W of every query t of chunk c (1 ≤ j ≤ J =
-    ⌊(W + 1)/C⌋ − 1) add q_tᵀ (K_{c−J} + … + K_{c−1}) q_t, a difference of two running key
-    moments (d² per query and end); the chunk itself (j = 0) and the ≤ 2 key chunks W cuts
-    through are formed explicitly (C × C per chunk and offset, each formed once for all
-    ends), masked to 1 ≤ t − s ≤ W. Positions are zero-padded to a multiple of C (zero rows add
-    nothing); a kv head's query heads share its key moments. Products and their per-chunk
-    sums are formed in ``dtype`` (float32 is 2–3× faster on CPU, ~1e-7 relative), the
-    totals over chunks and blocks in float64."""
+    """Σ (scale·q_t·k_s)² over 0 < t − s ≤ W for each W of ``ends`` (identity 2 of the
+    module docstring by chunks of C positions). With K_c = Σ_{s in chunk c} k_s k_sᵀ and
+    Q_c = Σ_{t in chunk c} q_t q_tᵀ, the key chunks c − j wholly within W of every query
+    of chunk c (1 ≤ j ≤ J = ⌊(W + 1)/C⌋ − 1) add ⟨Q_c, K_{c−J} + … + K_{c−1}⟩, a
+    difference of two running key moments: each end costs d² per chunk, not per query
+    (with no such window, the whole triangle's q_tᵀ M_c q_t is taken query by query).
+    The chunk itself (j = 0) and the ≤ 2 key chunks W cuts through are formed explicitly
+    (C × C per chunk and offset, each formed once for all ends), masked to 1 ≤ t − s ≤ W.
+    Positions are zero-padded to a multiple of C (zero rows add nothing); a kv head's
+    query heads share its key moments. Products, the C × C squares and Q_c are formed in
+    ``dtype`` (float32 is 2–3× faster on CPU, ~1e-7 relative), the moments' inner
+    products and every total in float64."""
     b, T, H, d = q.shape
     if len(parts := _pieces(b, T)) > 1:
         return torch.cat([sum_squares_upto(q[p], k[p], scale, ends, chunk, dtype)
@@ -195,27 +199,34 @@ def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
     if nc * C > T:
         q = F.pad(q, (0, 0, 0, 0, 0, nc * C - T))
         k = F.pad(k, (0, 0, 0, 0, 0, nc * C - T))
-    # [b, kv, chunk, group·C, d]: within a chunk, row j·C + i is query head j at offset i
-    qc = _as_acc(q.reshape(b, nc, C, kv, g, d), (0, 3, 1, 4, 2, 5), dtype
-                 ).view(b, kv, nc, g * C, d)
-    kc = _as_acc(k.reshape(b, nc, C, kv, d), (0, 3, 1, 2, 4), dtype)  # [b, kv, chunk, C, d]
-    # Σ of the keys before c, summed in float64 (a window is a difference of two)
-    prior = before(torch.matmul(kc.transpose(-1, -2), kc).to(ACC), 2)
+    # chunk-first [chunk, b, kv, group·C, d] (row j·C + i: query head j at offset i), so
+    # that the chunks c ≥ j are one contiguous slice for every product below
+    qc = _as_acc(q.reshape(b, nc, C, kv, g, d), (1, 0, 3, 4, 2, 5), dtype
+                 ).view(nc, b, kv, g * C, d)
+    kc = _as_acc(k.reshape(b, nc, C, kv, d), (1, 0, 3, 2, 4), dtype)  # [chunk, b, kv, C, d]
+    # M_c = Σ_{c' < c} K_c' in float64; moment[J] = Σ_c Σ_{t in c} q_tᵀ M_{c−J} q_t
+    prior = before(torch.matmul(kc.transpose(-1, -2), kc).to(ACC), 0)
+    fulls = [min(max(0, (W + 1) // C - 1), nc - 1) for W in ends]
+    windows = sorted(set(fulls) - {0, nc - 1})
+    if windows:  # as ⟨Q_c, M_{c−J}⟩: d² per chunk and end, not per query
+        qv = qc.view(nc, b, kv, g, C, d)
+        qm = torch.matmul(qv.transpose(-1, -2), qv).to(ACC).view(nc, b, kv, g, d * d)
+        pv = prior.view(nc, b, kv, d * d, 1)
+        moment = {J: torch.matmul(qm[J:], pv[:nc - J]).sum((0, 4)) for J in [0] + windows}
+    else:
+        moment = {0: torch.matmul(qc, prior.to(dtype)).mul_(qc).view(nc, b, kv, g, C, d).sum(
+            (0, 4, 5), dtype=ACC)}
     offset = (torch.arange(C, device=q.device)[:, None] - torch.arange(C, device=q.device))
     squares: dict[int, Tensor] = {}  # chunk offset j -> Σ_c (q_t·k_s)² of key chunk c − j
     total = {}
-    for W in sorted(set(ends)):
-        full = min(max(0, (W + 1) // C - 1), nc - 1)
+    for W, full in sorted(set(zip(ends, fulls))):
         acc = qc.new_zeros(b, kv, g, dtype=ACC)
-        if full > 0:  # Σ_t q_tᵀ (M_c − M_{c−J}) q_t
-            c = torch.arange(nc, device=q.device)
-            window = prior - prior[:, :, (c - full).clamp(min=0)] if full < nc - 1 else prior
-            acc += torch.matmul(qc, window.to(dtype)).mul_(qc).view(b, kv, nc, g, C, d).sum(
-                (2, 4, 5), dtype=ACC)
+        if full > 0:  # the key chunks c − J .. c − 1
+            acc += moment[0] - (moment[full] if full < nc - 1 else 0)
         for j in [0] + list(range(full + 1, min(nc - 1, (W + C - 1) // C) + 1)):
             if j not in squares:
-                squares[j] = torch.matmul(qc[:, :, j:], kc[:, :, :nc - j].transpose(-1, -2)
-                                          ).square_().sum(2).view(b, kv, g, C, C)
+                squares[j] = torch.matmul(qc[j:], kc[:nc - j].transpose(-1, -2)
+                                          ).square_().sum(0).view(b, kv, g, C, C)
             lag = j * C + offset
             acc += (squares[j] * ((lag >= 1) & (lag <= W))).sum((-2, -1), dtype=ACC)
         total[W] = acc.reshape(b, H)
