@@ -240,6 +240,21 @@ def test_the_report_maps_matrices_and_lets_them_go(tmp_path):
     assert cond.result.g_pooled.strides == (0, 0, 0) and not cond.result.g_pooled.any()
 
 
+def test_freed_memory_is_handed_back_after_each_condition(tmp_path, monkeypatch):
+    """After each condition's data file the report returns the heap pages its transients
+    freed (glibc keeps them otherwise, and the peak would hold every earlier condition's)."""
+    B.release_freed_memory()  # the real call: glibc's malloc_trim, or nothing elsewhere
+    results = [synthetic(seed=0), synthetic(dataset="random", centered=False, seed=1)]
+    save_all(tmp_path, results)
+    written, calls = [], []
+    write = B.write_data
+    monkeypatch.setattr(B, "write_data", lambda out, item: written.append(item) or
+                        write(out, item))
+    monkeypatch.setattr(B, "release_freed_memory", lambda: calls.append(len(written)))
+    build_report(tmp_path, workers=1)
+    assert calls == [1, 2]
+
+
 def test_mapped_npz_equals_numpy_load(tmp_path):
     """Every member as np.load reads it: stored members mapped (C and Fortran order, any
     dtype), compressed or empty ones read whole."""

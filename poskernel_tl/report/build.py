@@ -15,6 +15,7 @@ circuitsvis, the viewer); ``data/{stem}.js`` (one per condition); ``figures/*.pn
 at ``report.html#{model}/{dataset}_{T}/L{layer}H{head}``.
 """
 
+import ctypes
 import os
 import shutil
 from collections.abc import Mapping
@@ -93,10 +94,22 @@ def _read(results_dir: Path, out: Path, decoders, progress: bool
         written.add(write_data(out, item).name)
         top = figures.top_early_heads(item.result, 1)
         conds.append(slim(item, top[0] if top else None))
+        release_freed_memory()
     for old in (out / DATA_DIR).glob("*.js"):
         if old.name not in written:
             old.unlink()
     return conds, damaged
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages freed so far back to the system (glibc's ``malloc_trim``; a
+    no-op elsewhere). A condition's transients are freed once its data file is written,
+    but glibc keeps the pages, so without this the report's peak would hold those of every
+    condition read before."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _figure(fig, out: Path, name: str, alt: str, pdf: bool = True) -> str:
