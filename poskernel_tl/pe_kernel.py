@@ -70,6 +70,7 @@ from torch import Tensor, nn
 
 from poskernel_tl.errors import UserError
 from poskernel_tl.loading import ENCODER_TYPES, position_table
+from poskernel_tl.reducers.lag_sums import lag_sums
 from poskernel_tl.schema import Part, stored
 
 
@@ -284,17 +285,6 @@ def layer_position_vectors(hf_model, T: int, include_bias: bool = False,
 
 
 # ----------------------------------------------------------------- the kernels
-def lag_sums_two_sided(q: Float[Tensor, "head_index pos d_head"],
-                       k: Float[Tensor, "head_index pos d_head"]
-                       ) -> Float[Tensor, "head_index fft_pos"]:
-    """c[m] = Σ_t q(t)·k(t−m) at index m mod 2T (m = −(T−1)..T−1): the forward lags at
-    1..T−1, the diagonal at 0, key-after-query lag j at 2T−j (padding 2T: no wrap)."""
-    T = q.shape[1]
-    qf = torch.fft.rfft(q, n=2 * T, dim=1)
-    kf = torch.fft.rfft(k, n=2 * T, dim=1)
-    return torch.fft.irfft(qf * kf.conj(), n=2 * T, dim=1).sum(-1)
-
-
 def head_projected_pe_kernels(
     hf_model, T: int, include_bias: bool = False, *,
     ln_scale: Float[Tensor, "layer pos"] | None = None,
@@ -309,10 +299,11 @@ def head_projected_pe_kernels(
     with torch.no_grad():
         for layer, x in enumerate(xs):
             maps = qk_maps(hf_model, layer)
-            xc = lag_sums_two_sided(*maps.heads(x, include_bias))
-            fwd.append(xc[:, 1:T] / counts / maps.denom)
-            back.append(xc[:, T + 1:].flip(-1) / counts / maps.denom)
-            diag.append(xc[:, 0] / T / maps.denom)
+            # as one sequence [1, pos, head, d]; S(−j) = Σ_s q_s·k_{s+j} is k's lag sum
+            q, k = (t.transpose(0, 1)[None] for t in maps.heads(x, include_bias))
+            fwd.append(lag_sums(q, k, 1.0)[0] / counts / maps.denom)
+            back.append(lag_sums(k, q, 1.0)[0] / counts / maps.denom)
+            diag.append((q * k).sum((1, 3))[0] / T / maps.denom)
     return torch.stack(fwd).numpy(), torch.stack(back).numpy(), torch.stack(diag).numpy()
 
 
@@ -342,6 +333,6 @@ def pe_kernel_part(hf_model, T: int, ids: Int[Tensor, "batch pos"] | None = None
 
 __all__ = ["NoPositionTableError", "PEKernel", "QKMaps", "head_projected_pe_kernel",
            "head_projected_pe_kernels", "is_bidirectional", "is_post_ln",
-           "lag_sums_two_sided", "layer_position_vectors", "layer_positions", "ln_routes",
+           "layer_position_vectors", "layer_positions", "ln_routes",
            "pe_kernel_from_gram", "pe_kernel_part", "position_ln_stats", "positional_gram",
            "qk_maps", "unwrap"]
