@@ -133,6 +133,35 @@ def test_track_a_equals_a_naive_fit_on_hf_eager_attention(arch, tiny_tokenizer):
         assert np.abs(res.r2_pooled[0] - whole).max() > 1e-3
 
 
+@pytest.mark.parametrize("causal, window", [(True, None), (True, 5), (False, None)])
+def test_prev_token_score_is_transformer_lens_own(causal, window):
+    """The reducer's score against TransformerLens's similarity on the softmax pattern
+    (GQA, a window, two-sided); a causal model's score past ``max_pos`` positions is
+    TransformerLens's score of the sequences cut to ``max_pos`` tokens."""
+    from poskernel_tl.reducers.prev_token import PrevTokenReducer
+
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(3, T, 4, 8, generator=g) * 2, torch.randn(3, T, 2, 8, generator=g) * 2
+    k = k if causal else k.repeat_interleave(2, 2)
+    lag = torch.arange(T)[:, None] - torch.arange(T)[None]
+    for max_pos in (T, 16):
+        red = PrevTokenReducer(1, 4, T, causal=causal, max_lags=None if window is None
+                               else [window], max_pos=max_pos)
+        red.update(LayerBatch(0, q, k, torch.arange(3), 0.3, rows=(0, 1, 2)))
+        n = max_pos if causal else T
+        keep = torch.ones(n, n, dtype=torch.bool) if not causal else lag[:n, :n] >= 0
+        if window is not None:
+            keep &= lag[:n, :n] <= window
+        kx = k.repeat_interleave(4 // k.shape[2], 2)
+        A = torch.einsum("xthd,xshd->xhts", q[:, :n], kx[:, :n]) * 0.3
+        pattern = A.masked_fill(~keep, float("-inf")).softmax(-1)
+        detect = get_previous_token_head_detection_pattern(torch.zeros(1, n))
+        want = [[compute_head_attention_similarity_score(
+            pattern[x, h], detect, exclude_bos=False, exclude_current_token=False,
+            error_measure="mul") for h in range(4)] for x in range(3)]
+        assert np.abs(red.result().tl_prev_token[0] - np.mean(want, 0)).max() <= 1e-6
+
+
 def test_windowed_sums_equal_naive_loops():
     """Every windowed sum (key moments with the window's far part taken off, the strip, the
     lag sums, B_low·X) against the explicit masked matrix, at windows 1 … T − 1."""

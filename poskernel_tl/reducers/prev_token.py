@@ -1,14 +1,18 @@
 """TransformerLens's previous-token-head score of every head, on the evaluation sequences.
 
 ``transformer_lens.head_detector.detect_head(model, seqs, "previous_token_head")`` runs its
-own cached forward on text; here the same score — TransformerLens's own detection pattern
-(``get_previous_token_head_detection_pattern``) and similarity
-(``compute_head_attention_similarity_score``, ``"mul"``: the share of the head's attention
-on key t − 1, BOS and the current token included) — is taken on the attention pattern of
-the measured forward: softmax of scale·q·kᵀ under the layer's mask (causal, and a sliding
-window where the layer has one; none for a bidirectional model), for the first
-``max_seqs`` evaluation sequences, one [T, T] pattern at a time. The kernel classes are
-checked against it (:mod:`poskernel_tl.kernel_class`); nothing else reads it.
+own cached forward on text; here the same score — TransformerLens's detection pattern
+(``get_previous_token_head_detection_pattern``: ones at key t − 1) and similarity
+(``compute_head_attention_similarity_score``, ``"mul"``: Σ pattern · detection / Σ pattern,
+BOS and the current token included) — is taken on the attention pattern of the measured
+forward: softmax of scale·q·kᵀ under the layer's mask (causal, and a sliding window where
+the layer has one; none for a bidirectional model), for the first ``max_seqs`` evaluation
+sequences. Each row of a pattern sums to 1, so the score is the mean over rows of
+pattern[t, t − 1] = exp(A[t, t − 1] − logsumexp_s A[t, s]): one [T, T] product and one
+log-sum-exp per head, no pattern kept. A causal model's score is taken on the first
+``MAX_POS`` positions: exactly TransformerLens's score of the sequences cut to that length
+(a causal row sees no later token), at (MAX_POS / T)² of the cost at long T. The kernel
+classes are checked against it (:mod:`poskernel_tl.kernel_class`); nothing else reads it.
 """
 
 from dataclasses import dataclass
@@ -16,10 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from jaxtyping import Float
-from transformer_lens.head_detector import (
-    compute_head_attention_similarity_score,
-    get_previous_token_head_detection_pattern,
-)
 
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.schema import Part, column
@@ -31,11 +31,15 @@ class PrevTokenScore(Part):
     tl_prev_token: Float[np.ndarray, "layer head_index"] = column("trackB", "tl_prev_token")
 
 
+MAX_POS = 2048
+
+
 class PrevTokenReducer:
     def __init__(self, n_layers: int, n_heads: int, length: int, max_seqs: int = 8,
-                 causal: bool = True, max_lags: list[int] | None = None):
+                 causal: bool = True, max_lags: list[int] | None = None,
+                 max_pos: int = MAX_POS):
         self.max_seqs, self.causal, self.max_lags = max_seqs, causal, max_lags
-        self.detect = get_previous_token_head_detection_pattern(torch.zeros(1, length))
+        self.positions = min(length, max_pos) if causal else length
         self.total = np.zeros((n_layers, n_heads))
         self.n_seen = np.zeros(n_layers, dtype=int)
 
@@ -43,7 +47,7 @@ class PrevTokenReducer:
         keep = [i for i, row in enumerate(batch.rows) if row < self.max_seqs]
         if not keep:
             return
-        T = batch.q.shape[1]
+        T = self.positions
         t = torch.arange(T, device=batch.q.device)
         lag = t[:, None] - t[None]
         masked = torch.zeros(T, T, dtype=torch.bool, device=lag.device)
@@ -52,13 +56,12 @@ class PrevTokenReducer:
         if self.max_lags is not None:
             masked |= lag > self.max_lags[batch.layer]
         group = batch.q.shape[2] // batch.k.shape[2]
-        for x in keep:  # one [T, T] pattern at a time
+        for x in keep:  # one [T, T] matrix of logits at a time
             for h in range(batch.q.shape[2]):
-                A = batch.q[x, :, h].float() @ batch.k[x, :, h // group].float().T
-                pattern = (A * batch.scale).masked_fill_(masked, float("-inf")).softmax(-1)
-                self.total[batch.layer, h] += compute_head_attention_similarity_score(
-                    pattern.cpu(), self.detect, exclude_bos=False,
-                    exclude_current_token=False, error_measure="mul")
+                A = batch.q[x, :T, h].float() @ batch.k[x, :T, h // group].float().T
+                A = A.mul_(batch.scale).masked_fill_(masked, float("-inf"))
+                prev = (A.diagonal(-1) - torch.logsumexp(A[1:], -1)).exp_().sum()
+                self.total[batch.layer, h] += prev.item() / T
         self.n_seen[batch.layer] += len(keep)
 
     def result(self) -> PrevTokenScore:
