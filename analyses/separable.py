@@ -38,6 +38,7 @@ from torch import Tensor
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.measure import choose_scores_path, forward_pass
+from poskernel_tl.toeplitz import shifted_lower
 
 FITS = ("R2_toeplitz", "R2_separable", "R2_toeplitz_separable")
 
@@ -79,17 +80,13 @@ def _lower_stats_into(
 ) -> SeparableStats:
     """Statistics of ``scores`` [B, T, T] using ``work`` [B, 2T, T] (lower half zero)."""
     B, T, _ = scores.shape
-    top = work[:, :T]
     mask = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril(-1)
     # shift by an approximate mean so that sums of squares do not cancel in float32
     n_lower = T * (T - 1) / 2
     approx = torch.where(mask, scores, 0).sum((-2, -1)).double() / n_lower
     c = approx.to(scores.dtype)  # the shift actually subtracted, exactly
-    torch.sub(scores, c[:, None, None], out=top)
-    top.masked_fill_(~mask, 0)
-    # sub-diagonal Δ of the top half is a strided row of the buffer: (Δ, j) → work[Δ+j, j]
-    diag = work.as_strided((B, T - 1, T), (work.stride(0), T, T + 1),
-                           work.storage_offset() + T)
+    top, diag = shifted_lower(scores[:, None], c[:, None], work[:, None])
+    top, diag = top[:, 0], diag[:, 0]
     lag = diag.sum(-1).double()
     row = top.sum(-1)[:, 1:].double()
     col = top.sum(-2)[:, :-1].double()

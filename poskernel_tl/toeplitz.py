@@ -321,6 +321,29 @@ def _key_block_stats(top: Tensor, c: Tensor, key_hi: int, row_lo: int,
                     key_block_counts(T, key_hi, row_lo, max_lag=max_lag), c)
 
 
+def shifted_lower(scores: Float[Tensor, "batch head_index query_pos key_pos"],
+                  shift: Float[Tensor, "batch head_index"], work: Tensor | None = None,
+                  max_lag: int | None = None
+                  ) -> tuple[Float[Tensor, "batch head_index query_pos key_pos"],
+                             Float[Tensor, "batch head_index lag key_pos"]]:
+    """``(top, diag)``: the strictly lower triangle of scores − shift (the rest zeroed, and
+    the offsets past ``max_lag``) in the top half of ``work`` [batch, head_index, 2T, T]
+    (lower half zero; made when None or of another shape), and its sub-diagonals Δ =
+    1..T−1 as strided rows of the buffer (element (Δ, j) is work[Δ + j, j], running past
+    row T − 1 into the zero half)."""
+    b, h, T, _ = scores.shape
+    if work is None or work.shape != (b, h, 2 * T, T):
+        work = torch.zeros(b, h, 2 * T, T, dtype=scores.dtype, device=scores.device)
+    top = work[:, :, :T]
+    torch.sub(scores, shift[..., None, None], out=top)
+    top.masked_fill_(_upper_mask(T, top.device), 0.0)
+    if max_lag is not None and max_lag < T - 1:
+        top.triu_(-max_lag)
+    diag = work.as_strided((b, h, T - 1, T), (work.stride(0), work.stride(1), T, T + 1),
+                           work.storage_offset() + T)
+    return top, diag
+
+
 def lower_lag_stats(
     scores: Float[Tensor, "batch head_index query_pos key_pos"],
     shift: Float[Tensor, "batch head_index"],
@@ -348,19 +371,9 @@ def lower_lag_stats(
     of the per-lag sums of squares, one more pass over the lags). Returns ``((s1, sq[,
     bands]), [(s1_block, sq_block), ...])``.
     """
-    b, h, T, _ = scores.shape
-    if work is None or work.shape != (b, h, 2 * T, T):
-        work = torch.zeros(b, h, 2 * T, T, dtype=scores.dtype, device=scores.device)
-    top = work[:, :, :T]
+    T = scores.shape[-1]
     c = shift.to(torch.float64)
-    torch.sub(scores, c[..., None, None].to(scores.dtype), out=top)
-    top.masked_fill_(_upper_mask(T, top.device), 0.0)
-    if max_lag is not None and max_lag < T - 1:
-        top.triu_(-max_lag)
-    # sub-diagonal Δ of the top half is a strided row of the buffer: element (Δ, j) is
-    # work[Δ + j, j], and runs past row T−1 into the zero half
-    diag = work.as_strided((b, h, T - 1, T), (work.stride(0), work.stride(1), T, T + 1),
-                           work.storage_offset() + T)
+    top, diag = shifted_lower(scores, c.to(scores.dtype), work, max_lag)
     s1_shift = diag.sum(-1).double()
     sq_shift = torch.linalg.vector_norm(top, dim=-1).double().pow(2).sum(-1)
     counts = lag_counts(T, max_lag=max_lag, device=c.device)
