@@ -15,7 +15,8 @@ def band(n: int, window: int, device) -> Tensor:
     key = (n, window, str(device))
     if key not in _BANDS:
         lag = torch.arange(n, device=device)[:, None] - torch.arange(n, device=device)[None]
-        _BANDS.clear()  # one forward's sizes at a time
+        if len(_BANDS) >= 2:  # the forward's and a reducer's (the TL score's) at a time
+            _BANDS.pop(next(iter(_BANDS)))
         _BANDS[key] = (lag >= 0) & (lag < window)
     return _BANDS[key]
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
+from poskernel_tl.hooks.masks import band
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.schema import Part, column
 
@@ -48,18 +49,17 @@ class PrevTokenReducer:
         if not keep:
             return
         T = self.positions
-        t = torch.arange(T, device=batch.q.device)
-        lag = t[:, None] - t[None]
-        masked = torch.zeros(T, T, dtype=torch.bool, device=lag.device)
-        if self.causal:
-            masked |= lag < 0
-        if self.max_lags is not None:
-            masked |= lag > self.max_lags[batch.layer]
+        masked = None  # a bidirectional model's pattern reads every key
+        if self.causal:  # the layer's causal mask, or its window of Δ ≤ max_lag
+            last = T - 1 if self.max_lags is None else min(self.max_lags[batch.layer], T - 1)
+            masked = ~band(T, last + 1, batch.q.device)
         group = batch.q.shape[2] // batch.k.shape[2]
         for x in keep:  # one [T, T] matrix of logits at a time
             for h in range(batch.q.shape[2]):
                 A = batch.q[x, :T, h].float() @ batch.k[x, :T, h // group].float().T
-                A = A.mul_(batch.scale).masked_fill_(masked, float("-inf"))
+                A = A.mul_(batch.scale)
+                if masked is not None:
+                    A.masked_fill_(masked, float("-inf"))
                 prev = (A.diagonal(-1) - torch.logsumexp(A[1:], -1)).exp_().sum()
                 self.total[batch.layer, h] += prev.item() / T
         self.n_seen[batch.layer] += len(keep)
