@@ -165,7 +165,8 @@ class SavedFiles:
             raise ResultFileError(f"{path}: has {len(df)} rows, expected {np.prod(shape)}")
         values = df[name].to_numpy().reshape(shape)
         index = tuple(slice(None) if a in names else 0 for a in rows)
-        return values[index] if names else values[index].item()
+        # a copy: a view would keep the table's whole block of columns alive
+        return values[index].copy() if names else values[index].item()
 
 
 class Part:

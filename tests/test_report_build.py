@@ -15,6 +15,7 @@ from test_report import synthetic
 from poskernel_tl import constants as C
 from poskernel_tl.analyses import spectral as S
 from poskernel_tl.analyses import spectral_null as SN
+from poskernel_tl.errors import ResultFileError
 from poskernel_tl.report import build as B
 from poskernel_tl.report.build import ReportIncomplete, build_report
 from poskernel_tl.report.collect import Decoders, read_condition, slim
@@ -201,6 +202,21 @@ def test_permalinks():
     assert B.head_href("smollm2-135m", "prose", 256, 1, 2) == \
         "report.html#smollm2-135m/prose_256/L1H2"
     assert B.head_href("m", "text:/a b/c.txt", 32, 0, 0).startswith("report.html#m/text-c-")
+
+
+def test_a_lazy_load_leaves_mapped_arrays_unread(tmp_path):
+    """Loaded lazily (as the report does), a mapped array's values are not scanned (the
+    centering means are 4·L·H·T·d floats that no report page shows): NaN means load, and
+    a view of one table column does not keep the table's other columns alive. An eager
+    load still checks them."""
+    r = synthetic(seed=0)
+    save_all(tmp_path, [r.replace(mean_q=np.full_like(r.mean_q, np.nan))])
+    key = (r.model, r.dataset, r.length)
+    lazy = ConditionResult.load(tmp_path, *key, lazy=True)
+    assert np.isnan(lazy.mean_q).all()
+    assert lazy.r2_pooled.base is None and lazy.r2_per_seq.base is None
+    with pytest.raises(ResultFileError, match="mean_q holds NaN"):
+        ConditionResult.load(tmp_path, *key)
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(),

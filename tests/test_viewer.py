@@ -120,6 +120,9 @@ def test_data_file_holds_the_saved_numbers(site):
     t, s = np.tril_indices(T, -1)
     back = lo[..., None] + step[..., None] * codes
     assert np.abs(back - A[..., t, s]).max() <= step.max() / 2 + 1e-6
+    np.testing.assert_array_equal(lo, A[..., t, s].min(-1).astype(np.float32))
+    np.testing.assert_allclose(step, (A[..., t, s].max(-1) - A[..., t, s].min(-1)) / 255,
+                               rtol=1e-6)
     np.testing.assert_array_equal(typed(d["arrays"]["g_seq"]), r.g_per_seq[2])
     assert d["tokens"] == site["tokens"] and d["logits_seq"] == 12
     spec = d["spectral"]["trackB"]

@@ -91,19 +91,21 @@ def quantize_logits(logits: Float[np.ndarray, "layer head_index query_pos key_po
                     causal: bool = True) -> dict:
     """[layer, head_index, T, T] logits (finite on the strict lower triangle, or off the
     diagonal for a bidirectional model: ``causal=False``) as 8-bit codes of those entries,
-    row by row, with each head's ``lo`` and ``step``."""
+    row by row, with each head's ``lo`` and ``step``; one layer's floats at a time."""
     L, H, T, _ = logits.shape
     t, s = np.tril_indices(T, -1) if causal else np.nonzero(~np.eye(T, dtype=bool))
-    x = np.take(np.asarray(logits, np.float32).reshape(L, H, T * T), t * T + s, axis=-1)
-    lo, hi = x.min(axis=-1), x.max(axis=-1)
-    if not (np.isfinite(lo).all() and np.isfinite(hi).all()):  # a damaged matrix: skip NaN
-        lo, hi = np.nanmin(x, axis=-1), np.nanmax(x, axis=-1)
-        x = np.nan_to_num(x, nan=0.0)
-    step = ((hi - lo) / np.float32(255.0)).astype(np.float32)
+    flat = t * T + s
+    codes = np.empty((L, H, len(flat)), np.uint8)
+    lo, step = np.empty((L, H), np.float32), np.empty((L, H), np.float32)
+    for layer in range(L):
+        x = np.take(np.asarray(logits[layer], np.float32).reshape(H, T * T), flat, axis=-1)
+        # nanmin/nanmax: a damaged matrix's NaN are skipped
+        lo[layer], hi = np.nanmin(x, axis=-1), np.nanmax(x, axis=-1)
+        step[layer] = (hi - lo[layer]) / np.float32(255.0)
+        x = np.nan_to_num(x - lo[layer][:, None], nan=0.0, copy=False)
+        x /= np.where(step[layer] > 0, step[layer], 1.0)[:, None]
+        codes[layer] = np.clip(np.rint(x, out=x), 0, 255, out=x)
     step[~(step > 0)] = 1.0
-    x -= lo[..., None]
-    x /= step[..., None]
-    codes = np.clip(np.rint(x, out=x), 0, 255, out=x).astype(np.uint8)
     return {"logits": typed(codes, "u1", deflate=True), "logits_lo": typed(lo, "f4"),
             "logits_step": typed(step, "f4")}
 
