@@ -15,7 +15,7 @@ from poskernel_tl import batching, track_b_cost
 from poskernel_tl.config import MeasureConfig, RunConfig
 from poskernel_tl.errors import PlanError, UserError
 from poskernel_tl.hooks import capture_qk, qk_hook_names
-from poskernel_tl.reducers import GramReducer, LayerBatch, MomentsReducer
+from poskernel_tl.reducers import GramReducer, LayerBatch, MomentsReducer, gram_fit
 from poskernel_tl.reducers.gram import concat_layers
 from poskernel_tl.registry import resolve
 from poskernel_tl.toeplitz import shift_invariance_r2
@@ -298,3 +298,32 @@ def test_means_are_taken_in_place_once(rng):
     for reducer in (mom, red):
         with pytest.raises(RuntimeError, match="after the means"):
             _feed(reducer, q, k)
+
+
+def _rotated(rng, n: int, heads: int, T: int, d: int = 64) -> torch.Tensor:
+    """n sequences of one fixed vector per head rotated by RoPE at every position: each
+    sequence's q_t·k_s is a function of t − s alone."""
+    v = torch.randn(n, heads, d // 2, 2, generator=rng, dtype=torch.float64)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(0, d, 2, dtype=torch.float64) / d)
+    c, s = torch.cos(angle)[None, :, None], torch.sin(angle)[None, :, None]
+    x, y = v[:, None, ..., 0], v[:, None, ..., 1]
+    return torch.stack([x * c - y * s, x * s + y * c], -1).flatten(-2).float()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_factor_fit_of_an_exact_rope_gram(rng, monkeypatch, dtype, tol):
+    """The factors' fit at T = 4096 with products in ``dtype`` (float32 by default, totals
+    in float64): a Gram matrix that is exactly Toeplitz has R² = 1 within ``tol`` and the
+    g of a float64 fit."""
+    T, n = 4096, 2
+    q, k = _rotated(rng, n, 2, T), _rotated(rng, n, 1, T)
+    fits = {}
+    for run in (torch.float64, dtype):
+        monkeypatch.setattr(gram_fit, "FIT_DTYPE", run)
+        red = GramReducer(1, 2, 1, T, 64, 0.125, full=False, factors=True)
+        red.update(LayerBatch(0, q, k, torch.arange(n), 0.125))
+        fits[run] = red.result(None)
+    assert np.abs(fits[dtype].r2_gram_raw - 1).max() < tol
+    np.testing.assert_allclose(fits[dtype].g_gram_raw, fits[torch.float64].g_gram_raw,
+                               rtol=0, atol=1e-9)

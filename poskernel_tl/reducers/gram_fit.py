@@ -49,6 +49,7 @@ from poskernel_tl.reducers.lag_sums import (
 from poskernel_tl.toeplitz import lag_counts, r2_two_sided
 
 ACC = torch.float64
+FIT_DTYPE = torch.float32
 
 
 @dataclass
@@ -180,38 +181,39 @@ def dense_pieces(acc: list[Tensor],
 def lower_apply(q: Float[Tensor, "pos head_index rank"],
                 k: Float[Tensor, "pos kv_head_index rank"],
                 x: Float[Tensor, "pos kv_head_index width"], chunk: int = DEFAULT_CHUNK,
-                max_lag: int | None = None) -> Float[Tensor, "head_index pos width"]:
+                max_lag: int | None = None, dtype: torch.dtype = ACC
+                ) -> Float[Tensor, "head_index pos width"]:
     """Y[h, t] = Σ_{s<t} (q_t·k_s)·x_s (query head h reads key/value head h // group), in
-    float64, in chunks of positions: the chunk's own strictly lower C × C products, plus
-    q_t against the running Σ k_s x_sᵀ of the chunks before. ``max_lag``: only the keys
-    t − s ≤ max_lag, i.e. less the same product of q[w−1:] against k[:T−w+1] (w = max_lag
-    + 1) placed at rows t ≥ w − 1."""
+    chunks of positions: the chunk's own strictly lower C × C products, plus q_t against
+    the running Σ k_s x_sᵀ of the chunks before (products in ``dtype``, the running sums
+    and the result in float64). ``max_lag``: only the keys t − s ≤ max_lag, i.e. less the
+    same product of q[w−1:] against k[:T−w+1] (w = max_lag + 1) placed at rows
+    t ≥ w − 1."""
     T = q.shape[0]
-    out = _lower_apply(q, k, x, chunk)
+    out = _lower_apply(q, k, x, chunk, dtype)
     if max_lag is not None and max_lag < T - 1:
         w = max_lag + 1
-        out[:, w - 1:] -= _lower_apply(q[w - 1:], k[:T - w + 1], x[:T - w + 1], chunk)
+        out[:, w - 1:] -= _lower_apply(q[w - 1:], k[:T - w + 1], x[:T - w + 1], chunk, dtype)
     return out
 
 
 def _lower_apply(q: Float[Tensor, "pos head_index rank"],
                  k: Float[Tensor, "pos kv_head_index rank"],
-                 x: Float[Tensor, "pos kv_head_index width"], chunk: int
-                 ) -> Float[Tensor, "head_index pos width"]:
+                 x: Float[Tensor, "pos kv_head_index width"], chunk: int,
+                 dtype: torch.dtype = ACC) -> Float[Tensor, "head_index pos width"]:
     T, H, r = q.shape
     kv, w = k.shape[1], x.shape[-1]
     g, C = H // kv, max(1, min(chunk, T))
     nc = -(-T // C)
-    pad = lambda t: F.pad(t.to(ACC), (0, 0, 0, 0, 0, nc * C - T))
+    pad = lambda t: F.pad(t.to(dtype), (0, 0, 0, 0, 0, nc * C - T))
     qc = pad(q).view(nc, C, kv, g, r).permute(2, 0, 3, 1, 4).reshape(kv, nc, g * C, r)
     kc = pad(k).view(nc, C, kv, r).permute(2, 0, 1, 3)  # [kv, chunk, C, r]
     xc = pad(x).view(nc, C, kv, w).permute(2, 0, 1, 3)
     inner = torch.matmul(qc, kc.transpose(-1, -2)).view(kv, nc, g, C, C)
-    inner.mul_(torch.ones(C, C, dtype=ACC, device=q.device).tril(-1))
-    out = torch.matmul(inner.view(kv, nc, g * C, C), xc)
-    moment = torch.matmul(kc.transpose(-1, -2), xc)  # [kv, chunk, r, w]
-    prior = before(moment, 1)
-    out.add_(torch.matmul(qc, prior))
+    inner.mul_(torch.ones(C, C, dtype=dtype, device=q.device).tril(-1))
+    out = torch.matmul(inner.view(kv, nc, g * C, C), xc).to(ACC)
+    prior = before(torch.matmul(kc.transpose(-1, -2), xc).to(ACC), 1)  # [kv, chunk, r, w]
+    out.add_(torch.matmul(qc, prior.to(dtype)))
     out = out.view(kv, nc, g, C, w).permute(0, 2, 1, 3, 4).reshape(H, nc * C, w)
     return out[:, :T]
 
@@ -230,8 +232,8 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
     side = lambda t: t.permute(1, 2, 0, 3).reshape(1, T, t.shape[2], n * d)  # [1, T, ·, n·d]
     qs, ks = side(q.to(ACC)) / n, side(k.to(ACC))
     xs = x.transpose(0, 1)
-    out = Pieces(s1, lower_sum_squares(qs, ks, 1.0, max_lag=max_lag)[0],
-                 lower_apply(qs[0], ks[0], xs, max_lag=max_lag))
+    out = Pieces(s1, lower_sum_squares(qs, ks, 1.0, max_lag=max_lag, dtype=FIT_DTYPE)[0],
+                 lower_apply(qs[0], ks[0], xs, max_lag=max_lag, dtype=FIT_DTYPE))
     if upper:
         out.s1_up = lag_sums(k, q, 1.0).sum(0) / n
         out.sq_up = lower_sum_squares(ks, qs, 1.0)[0]
@@ -260,7 +262,7 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
         s1 = s1 + scale * windowed(lag_sums(ut, vt, 1.0)[0], max_lag)
         cross = (u * w).sum(dim=(1, 2))
         sq = sq + 2 * scale * cross + scale * scale * lower_sum_squares(
-            ut, vt, 1.0, max_lag=max_lag)[0]
+            ut, vt, 1.0, max_lag=max_lag, dtype=FIT_DTYPE)[0]
         if s1_up is not None:  # Gᵀ = Bᵀ + scale·V·Uᵀ
             s1_up = s1_up + scale * lag_sums(vt, ut, 1.0)[0]
             sq_up = sq_up + 2 * scale * (u * w_up).sum(dim=(1, 2)) + \

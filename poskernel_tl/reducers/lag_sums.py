@@ -145,12 +145,13 @@ def windowed(x: Float[Tensor, "*batch lag"], max_lag: int | None) -> Float[Tenso
 
 def lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
                       k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                      chunk: int = DEFAULT_CHUNK, max_lag: int | None = None
-                      ) -> Float[Tensor, "batch head_index"]:
+                      chunk: int = DEFAULT_CHUNK, max_lag: int | None = None,
+                      dtype: torch.dtype = ACC) -> Float[Tensor, "batch head_index"]:
     """Σ (scale·q_t·k_s)² over 0 < t − s ≤ ``max_lag`` (default: the whole strictly lower
-    triangle), in float64 (:func:`sum_squares_upto`)."""
+    triangle), products in ``dtype``, totals in float64 (:func:`sum_squares_upto`)."""
     T = q.shape[1]
-    return sum_squares_upto(q, k, scale, [T - 1 if max_lag is None else max_lag], chunk)[..., 0]
+    ends = [T - 1 if max_lag is None else max_lag]
+    return sum_squares_upto(q, k, scale, ends, chunk, dtype)[..., 0]
 
 
 def band_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
