@@ -58,6 +58,12 @@ class AnalysisSpec:
     # ``{column}_lo`` / ``{column}_hi`` exist
     head_rows: tuple[tuple[str, str], ...] = ()
     columns: tuple[str, ...] = field(default=())  # besides layer and head; checked on read
+    # (column, label) of the report's per-layer means: an analysis with any is shown in
+    # the report's "Further analyses" and in the head views. A label ending in "*" is
+    # averaged over the heads where ``valid``'s boolean column holds
+    layer_means: tuple[tuple[str, str], ...] = ()
+    # (boolean column, the head view's note where it is False)
+    valid: tuple[str, str] | None = None
     file: str | None = None  # the CSV suffix, default ``{name}.csv``
     # True: defined for bidirectional (encoder) models too; False: reads the causal
     # triangle only, and an encoder is refused rather than given a one-sided answer

@@ -195,9 +195,10 @@ def plot_kernel_patching(table: pd.DataFrame, title: str = "") -> Figure:
         ax.set_ylabel("layer")
         ax.set_title(label, fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.suptitle(title or f"kernel patching ({table['mode'].iloc[0]} g, "
-                 f"{int(table['n_seqs'].iloc[0])} sequences; grey: ablation not significant)",
-                 fontsize=10)
+    mode = table["mode"].iloc[0] if "mode" in table else "pooled"
+    n = f", {int(table['n_seqs'].iloc[0])} sequences" if "n_seqs" in table else ""
+    fig.suptitle(f"{title or 'kernel patching'} ({mode} g{n}; grey: ablation not "
+                 "significant)", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -212,6 +213,9 @@ SPEC = AnalysisSpec(
     name="kernel-patching", title="Kernel patching", compute=analyze,
     options=KernelPatchingOptions, needs_result=True, figure=plot_kernel_patching,
     columns=("dloss_patched", "dloss_ablated", "dloss_ratio"),
+    layer_means=(("dloss_patched", "Δloss kernel"), ("dloss_ablated", "Δloss ablated"),
+                 ("dloss_ratio", "kernel / ablation*")),
+    valid=("ablation_matters", "ablation's interval reaches 0: the ratio means little"),
     head_rows=(("dloss_patched", "Δloss, kernel patched (nats)"),
                ("dloss_patched_sink", "Δloss, kernel patched, sink kept (nats)"),
                ("dloss_ablated", "Δloss, mean-ablated (nats)"),

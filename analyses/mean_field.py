@@ -345,6 +345,8 @@ SPEC = AnalysisSpec(
     name="mean-field", title="Mean field", compute=analyze, options=MeanFieldOptions,
     needs_result=True, figure=plot_mean_field,
     columns=("R2_meanfield", "share_meanfield", "share_cross", "share_centered"),
+    layer_means=(("R2_meanfield", "R² mean field"), ("share_meanfield", "share MF"),
+                 ("share_cross", "share cross"), ("share_centered", "share centered")),
     head_rows=(("R2_meanfield", "R² of the mean field μ_q μ_kᵀ"),
                ("share_meanfield", "share: mean field"),
                ("share_cross", "share: cross"),

@@ -378,6 +378,8 @@ def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
 SPEC = AnalysisSpec(
     name="separable", title="Separable baseline", compute=analyze, figure=plot_separable,
     columns=("R2_toeplitz", "R2_separable", "R2_toeplitz_separable"),
+    layer_means=(("R2_toeplitz", "R² Toeplitz"), ("R2_separable", "R² separable"),
+                 ("R2_toeplitz_separable", "R² T + S")),
     head_rows=(("R2_toeplitz", "R² Toeplitz g(t − s)"),
                ("R2_separable", "R² separable r(t) + c(s)"),
                ("R2_toeplitz_separable", "R² Toeplitz + separable")),

@@ -14,6 +14,8 @@ from poskernel_tl import constants as C
 from poskernel_tl.analyses import kernel_patching as KP
 from poskernel_tl.analyses import mean_field as MF
 from poskernel_tl.analyses import separable as SEP
+from poskernel_tl.analyses.base import AnalysisSpec
+from poskernel_tl.analyses.registry import REGISTRY as ANALYSES
 from poskernel_tl.registry import REGISTRY
 from poskernel_tl.report import extras as EX
 from poskernel_tl.report.build import build_report
@@ -120,10 +122,10 @@ def read(path) -> str:
 
 def test_report_has_section_figures_and_layer_table(built):
     text = read(built["page"])
-    assert f"<h2>{EX.SECTION_TITLE}</h2>" in text
-    section = text[text.index(EX.SECTION_TITLE):text.index("<h2>Limitations")]
+    assert f"<h2>{EX.section_title()}</h2>" in text
+    section = text[text.index(EX.section_title()):text.index("<h2>Limitations")]
     prose = built["prose"]
-    for a in EX.ANALYSES:
+    for a in EX.shown():
         png = built["report"] / "figures" / f"further_{prose.stem()}_{a.name}.png"
         assert png.is_file() and png.stat().st_size > 1000
         assert png.read_bytes()[:8] == PNG
@@ -149,7 +151,7 @@ def extras_of(built, r) -> dict:
 
 def test_malformed_csv_is_a_note(built):
     text = read(built["page"])
-    section = text[text.index(EX.SECTION_TITLE):text.index("<h2>Limitations")]
+    section = text[text.index(EX.section_title()):text.index("<h2>Limitations")]
     assert "unreadable — missing column dloss_ablated" in section
     rows = extras_of(built, built["rand"])
     assert rows["kernel-patching"]["status"] == EX.UNREADABLE
@@ -162,7 +164,7 @@ def test_head_views_carry_each_heads_values(built):
     at = 1 * H + 0  # L1H0
     for name, col in (("kernel-patching", "dloss_patched"), ("kernel-patching", "dloss_ablated"),
                       ("separable", "R2_separable"), ("mean-field", "share_cross")):
-        labels = dict(EX.HEAD_QUANTITIES[name])
+        labels = dict(ANALYSES[name].head_rows)
         i = rows[name]["labels"].index(labels[col])
         assert rows[name]["values"][at][i] == pytest.approx(PLANTED[col]), col
     kp = built["tables"]["kernel-patching"].set_index(["layer", "head"]).loc[(1, 0)]
@@ -188,12 +190,12 @@ def test_report_without_csvs_has_no_section(tmp_path):
     r = make_result(spec(), T, dataset="prose", n_seqs=N)
     r.save(tmp_path)
     text = read(build_report(tmp_path, workers=1))
-    assert EX.SECTION_TITLE not in text
+    assert EX.section_title() not in text
     assert not list((tmp_path / "report" / "figures").glob("further_*"))
 
 
 def test_read_table_problems(tmp_path):
-    a = EX.BY_NAME["separable"]
+    a = ANALYSES["separable"]
     path = tmp_path / "x.csv"
     assert EX.read_table(a, path).status == EX.NOT_RUN
     path.write_bytes(b"")
@@ -238,3 +240,31 @@ def test_figures_drawn_in_parallel_equal_those_drawn_in_one_process(tmp_path):
                           for p in page.parent.rglob("*") if p.is_file()
                           and p.suffix in (".html", ".js", ".png")}
     assert len(files[1]) > 8 and files[1] == files[2]
+
+
+def test_a_registered_analysis_is_reported_without_report_edits(tmp_path, monkeypatch):
+    """A new spec with per-layer means (and a validity column) in the analysis registry:
+    the report shows its section, its layer means (the starred one over the valid heads
+    only, with their count) and its rows in the head views, with no report code naming
+    it."""
+    toy = AnalysisSpec(name="toy", title="Toy analysis", guide="Planted per-head numbers.",
+                       compute=lambda inputs, options: pd.DataFrame(), needs_model=False,
+                       columns=("x",), layer_means=(("x", "mean x"), ("x", "valid x*")),
+                       valid=("ok", "not ok here"), head_rows=(("x", "x of the head"),),
+                       figure=lambda table, title: SEP.plot_separable(
+                           separable_csv(np.random.default_rng(0)), title))
+    monkeypatch.setitem(ANALYSES, "toy", toy)
+    r = make_result(spec(), T, dataset="prose", n_seqs=N)
+    r.save(tmp_path)
+    table = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+                          "x": [1.0, 3.0, 5.0, 7.0], "ok": [True, False, True, True]})
+    write_csv(tmp_path, r, "toy", table)
+    text = read(build_report(tmp_path, workers=1))
+    assert EX.section_title().endswith(", toy analysis")
+    section = text[text.index(EX.section_title()):text.index("<h2>Limitations")]
+    assert "valid x*" in section and "<td>1</td>" in section  # layer 0 over its valid head
+    assert "<td>2</td>" in section and "<td>1/2</td>" in section  # mean x; ok count
+    assert "Toy analysis: over the heads where ok" in section
+    rows = extras_of({"report": tmp_path / "report"}, r)["toy"]
+    assert rows["labels"] == ["x of the head"]
+    assert rows["values"][1] == [3.0, "not ok here"] and rows["values"][2] == [5.0, ""]

@@ -1,9 +1,9 @@
-"""Further analyses: the per-head tables of ``poskernel analyze kernel-patching``,
-``separable`` and ``mean-field`` in the report and in the head views.
+"""Further analyses: the per-head tables of the registered analyses that declare per-layer
+means (``AnalysisSpec.layer_means``) in the report and in the head views.
 
 Each analysis writes ``results/{model}_{dataset}_{T}_{NAME}.csv`` (one row per layer and
 head; see :func:`poskernel_tl.analyze.run_analysis`). For one condition,
-:func:`load_condition` finds which of the three exist and reads them; the columns this
+:func:`load_condition` finds which of them exist and reads them; the columns this
 module shows are checked, and a file that lacks them (or cannot be parsed, or names heads
 the condition does not have) is kept as a note instead of a table. From there:
 
@@ -28,26 +28,17 @@ from poskernel_tl.analyses.registry import REGISTRY
 from poskernel_tl.report.figures import model_label
 from poskernel_tl.report.html import escape
 
-SECTION_TITLE = "Further analyses: kernel patching, separable baseline, mean field"
 OK, NOT_RUN, UNREADABLE = "ok", "not run", "unreadable"  # a file's status
 
+def shown() -> tuple[AnalysisSpec, ...]:
+    """The analyses this section shows: the registered ones with per-layer means (spectral
+    has its own), read from the registry at each call."""
+    return tuple(s for s in REGISTRY.values() if s.layer_means)
 
-# the analyses this section shows: those with per-head rows (spectral has its own)
-ANALYSES: tuple[AnalysisSpec, ...] = tuple(
-    spec for name, spec in REGISTRY.items() if name in ("kernel-patching", "separable",
-                                                        "mean-field"))
-BY_NAME = {a.name: a for a in ANALYSES}
-# (column, label) of the head views' rows; an interval is shown where _lo/_hi exist
-HEAD_QUANTITIES = {a.name: a.head_rows for a in ANALYSES}
-# (column, label) of the per-layer means in the report
-LAYER_MEANS = {
-    "kernel-patching": (("dloss_patched", "Δloss kernel"), ("dloss_ablated", "Δloss ablated"),
-                        ("dloss_ratio", "kernel / ablation")),
-    "separable": (("R2_toeplitz", "R² Toeplitz"), ("R2_separable", "R² separable"),
-                  ("R2_toeplitz_separable", "R² T + S")),
-    "mean-field": (("R2_meanfield", "R² mean field"), ("share_meanfield", "share MF"),
-                   ("share_cross", "share cross"), ("share_centered", "share centered")),
-}
+
+def section_title() -> str:
+    return "Further analyses: " + ", ".join(a.title[:1].lower() + a.title[1:]
+                                            for a in shown())
 
 
 def _esc(text: object) -> str:
@@ -142,8 +133,8 @@ def read_table(analysis: AnalysisSpec, path: Path, n_layers: int | None = None,
     if dup.any():
         out.notes.append(f"{int(dup.sum())} duplicate (layer, head) rows: the first is used")
         df = df[~dup].copy()
-    if "ablation_matters" in df.columns:
-        df["ablation_matters"] = _as_bool(df["ablation_matters"])
+    if analysis.valid and analysis.valid[0] in df.columns:
+        df[analysis.valid[0]] = _as_bool(df[analysis.valid[0]])
     if "note" in df.columns:
         text = df["note"].fillna("").astype(str).str.strip()
         out.notes += sorted({t for t in text if t})
@@ -154,11 +145,11 @@ def read_table(analysis: AnalysisSpec, path: Path, n_layers: int | None = None,
 def load_condition(results_dir: str | Path, model: str, dataset: str, length: int,
                    n_layers: int | None = None, n_heads: int | None = None
                    ) -> dict[str, Loaded]:
-    """The three analyses' CSVs of one condition, by CLI name (missing ones included,
+    """The analyses' CSVs of one condition, by CLI name (missing ones included,
     with status "not run")."""
     return {a.name: read_table(a, C.result_path(results_dir, model, dataset, length,
                                                 a.suffix), n_layers, n_heads)
-            for a in ANALYSES}
+            for a in shown()}
 
 
 def _load(results_dir, r) -> dict[str, Loaded]:
@@ -175,12 +166,11 @@ def _finite(x) -> float | None:
 
 
 def _head_notes(a: AnalysisSpec, t: pd.DataFrame) -> list[str]:
-    notes = [""] * len(t)
-    if a.name == "kernel-patching" and "ablation_matters" in t.columns:
-        notes = ["" if ok else "ablation's interval reaches 0: the ratio means little"
-                 for ok in t["ablation_matters"]]
-    if a.name == "mean-field" and "note" in t.columns:
-        notes = [n.strip() if isinstance(n, str) else "" for n in t["note"]]
+    """Per row: the table's own ``note``, or the spec's note where its ``valid`` is False."""
+    notes = [n.strip() if isinstance(n, str) else "" for n in t["note"]] \
+        if "note" in t.columns else [""] * len(t)
+    if a.valid and a.valid[0] in t.columns:
+        notes = [n if ok else a.valid[1] for n, ok in zip(notes, t[a.valid[0]])]
     return notes
 
 
@@ -192,14 +182,14 @@ def viewer_tables(loaded: dict[str, Loaded], model: str, dataset: str, length: i
     layer × n_heads + head; None where the file has no row), the ``values``, the 95%
     ``intervals`` (None where the file has none) and a ``note``."""
     out = []
-    for a in ANALYSES:
+    for a in shown():
         item = loaded.get(a.name) or Loaded(a, Path())
         entry = {"name": a.name, "title": a.title, "status": item.status,
                  "message": command(a.name, model, dataset, length) if item.status == NOT_RUN
                  else f"{item.path.name}: {item.problem}" if item.status == UNREADABLE else ""}
         if item.table is not None:
             t = item.table
-            cols = [(c, label) for c, label in HEAD_QUANTITIES[a.name] if c in t.columns]
+            cols = [(c, label) for c, label in a.head_rows if c in t.columns]
             entry["labels"] = [label for _, label in cols]
             values: list = [None] * (n_layers * n_heads)
             intervals: list = [None] * (n_layers * n_heads)
@@ -218,27 +208,26 @@ def viewer_tables(loaded: dict[str, Loaded], model: str, dataset: str, length: i
 # ---------------------------------------------------------------------- the report
 def _layer_means(loaded: dict[str, Loaded]) -> tuple[list[tuple[str, list[str]]], pd.DataFrame]:
     """Per-layer means over heads of each readable table: ([(analysis title, column
-    labels)], frame indexed by layer). The ratio is averaged over the heads where
-    ablation matters (all heads where the table does not say)."""
+    labels)], frame indexed by layer). A label ending in "*" is averaged over the heads
+    where the spec's ``valid`` column holds (all heads where the table lacks it), and
+    that column's count per layer is added."""
     groups, cols = [], []
-    for a in ANALYSES:
-        item = loaded[a.name]
-        if item.table is None:
+    for a in shown():
+        t = loaded[a.name].table
+        if t is None:
             continue
-        t = item.table
+        valid = a.valid[0] if a.valid and a.valid[0] in t.columns else None
         labels = []
-        for col, label in LAYER_MEANS[a.name]:
-            values = t[col]
-            if col == "dloss_ratio" and "ablation_matters" in t.columns:
-                values = values.where(t["ablation_matters"])
-                label += "*"
+        for col, label in a.layer_means:
+            values = t[col].where(t[valid]) if valid and label.endswith("*") else t[col]
             cols.append(values.groupby(t["layer"]).mean().rename(label))
             labels.append(label)
-        if a.name == "kernel-patching" and "ablation_matters" in t.columns:
-            n = t.groupby("layer")["ablation_matters"]
+        if valid:
+            n = t.groupby("layer")[valid]
+            label = valid.replace("_", " ")
             cols.append((n.sum().astype(int).astype(str) + "/" + n.size().astype(str))
-                        .rename("ablation matters"))
-            labels.append("ablation matters")
+                        .rename(label))
+            labels.append(label)
         groups.append((a.title, labels))
     frame = pd.concat(cols, axis=1).sort_index() if cols else pd.DataFrame()
     return groups, frame
@@ -283,10 +272,6 @@ def _figure(item: Loaded, r) -> tuple[object | None, str]:
     a = item.analysis
     t = item.table
     title = f"{_fig_label(r)} — {a.title.lower()}"
-    if a.name == "kernel-patching":
-        mode = t["mode"].iloc[0] if "mode" in t.columns else "pooled"
-        n = f", {int(t['n_seqs'].iloc[0])} sequences" if "n_seqs" in t.columns else ""
-        title += f" ({mode} g{n}; grey: ablation not significant)"
     try:
         return a.figure(t, title), ""
     except Exception as err:  # a table the figure cannot draw: say so, keep the report
@@ -297,7 +282,7 @@ def report_section(results_dir: str | Path, results: Sequence,
                    figure: Callable[[object, str, str], str],
                    loaded: dict[str, dict[str, Loaded]] | None = None) -> str:
     """The report's "Further analyses" section as HTML, or "" when no condition in
-    ``results`` has any of the three CSVs. ``figure(fig, name, alt)`` writes a figure
+    ``results`` has any of their CSVs. ``figure(fig, name, alt)`` writes a figure
     next to the report and returns its HTML (the report's own figure writer); ``loaded``:
     the files already read (:func:`load_condition` by stem), read here otherwise."""
     loaded = {r.stem(): (loaded or {}).get(r.stem()) or _load(results_dir, r)
@@ -305,9 +290,9 @@ def report_section(results_dir: str | Path, results: Sequence,
     if not any(item.exists for per in loaded.values() for item in per.values()):
         return ""
     guides = "".join(f"<li><b>{_esc(a.title)}</b> (<code>poskernel analyze {a.name}</code>)"
-                     f": {_esc(a.guide)}</li>" for a in ANALYSES)
-    parts = [f"<h2>{_esc(SECTION_TITLE)}</h2>",
-             '<p class="pk-note">Three per-head analyses beyond the pre-registered protocol, '
+                     f": {_esc(a.guide)}</li>" for a in shown())
+    parts = [f"<h2>{_esc(section_title())}</h2>",
+             '<p class="pk-note">Per-head analyses beyond the pre-registered protocol, '
              "read from <code>results/{model}_{dataset}_{T}_{NAME}.csv</code> where they were "
              "run (<code>DIR</code> in the commands: the folder this report reads). Each "
              "head's own values are in its head view.</p>",
@@ -334,15 +319,16 @@ def report_section(results_dir: str | Path, results: Sequence,
         groups, frame = _layer_means(per)
         if groups:
             body.append("<p>Mean over heads per layer.</p>" + _layer_table_html(groups, frame))
-            if any(label.endswith("*") for _, labels in groups for label in labels):
-                body.append('<p class="pk-note">* over the heads whose ablation interval '
-                            "lies above 0 (ablation matters).</p>")
+            body += [f'<p class="pk-note">* {_esc(a.title)}: over the heads where '
+                     f"{_esc(a.valid[0].replace('_', ' '))}.</p>" for a in shown()
+                     if a.valid and per[a.name].table is not None
+                     and any(label.endswith("*") for _, label in a.layer_means)]
         parts.append("\n".join(body))
     if without:
-        parts.append('<p class="pk-note">None of the three analyses was run for: '
+        parts.append('<p class="pk-note">None of these analyses was run for: '
                      + "; ".join(_esc(w) for w in without) + ".</p>")
     return "\n".join(parts)
 
 
-__all__ = ["ANALYSES", "SECTION_TITLE", "Loaded", "command", "load_condition", "read_table",
-           "report_section", "viewer_tables"]
+__all__ = ["Loaded", "command", "load_condition", "read_table",
+           "report_section", "section_title", "shown", "viewer_tables"]
