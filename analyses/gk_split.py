@@ -31,6 +31,7 @@ from poskernel_tl.pe_kernel import (
     head_projected_pe_kernels,
     is_bidirectional,
     is_post_ln,
+    lag_means,
     layer_position_vectors,
     layer_positions,
     position_ln_stats,
@@ -38,7 +39,6 @@ from poskernel_tl.pe_kernel import (
     qk_maps,
     unwrap,
 )
-from poskernel_tl.toeplitz import shift_invariance_r2
 
 TERMS = ("semantic", "tok_pos", "pos_tok", "pos_pos", "key_bias", "query_bias")
 LN_STATS = ("auto", "own", "data")
@@ -222,7 +222,7 @@ def projected_pe_kernels(model, length: int,
     for layer in range(model.bridge.cfg.n_layers):
         x, W_Q, W_K, scale = _positions(model, layer, length, ln_scale)
         q, k = torch.einsum("tm,hmd->htd", x, W_Q), torch.einsum("tm,hmd->htd", x, W_K)
-        out.append(shift_invariance_r2(q @ k.transpose(1, 2) * scale)[1])
+        out.append(lag_means(q, k, scale)[0])
     return torch.stack(out), None
 
 

@@ -294,17 +294,26 @@ def head_projected_pe_kernels(
     float64, whatever device the model is on; ``ln_scale`` from :func:`position_ln_stats`
     for the real LayerNorm statistics (module docstring)."""
     xs = layer_position_vectors(hf_model, T, include_bias, ln_scale)
-    counts = torch.arange(T - 1, 0, -1, dtype=torch.float64)  # T−|Δ| pairs, |Δ| = 1..T−1
-    fwd, back, diag = [], [], []
+    kernels = []
     with torch.no_grad():
         for layer, x in enumerate(xs):
             maps = qk_maps(hf_model, layer)
-            # as one sequence [1, pos, head, d]; S(−j) = Σ_s q_s·k_{s+j} is k's lag sum
-            q, k = (t.transpose(0, 1)[None] for t in maps.heads(x, include_bias))
-            fwd.append(lag_sums(q, k, 1.0)[0] / counts / maps.denom)
-            back.append(lag_sums(k, q, 1.0)[0] / counts / maps.denom)
-            diag.append((q * k).sum((1, 3))[0] / T / maps.denom)
-    return torch.stack(fwd).numpy(), torch.stack(back).numpy(), torch.stack(diag).numpy()
+            kernels.append(lag_means(*maps.heads(x, include_bias), 1.0 / maps.denom))
+    return tuple(torch.stack(k).numpy() for k in zip(*kernels))
+
+
+def lag_means(q: Float[Tensor, "head_index pos d_head"],
+              k: Float[Tensor, "head_index pos d_head"], scale: float
+              ) -> tuple[Float[Tensor, "head_index lag"], Float[Tensor, "head_index lag"],
+                         Float[Tensor, " head_index"]]:
+    """(S(Δ), S(−Δ)) for Δ = 1..T−1 and S(0): the mean over query positions of the
+    position-only logits scale·q_t·k_{t−Δ} (one sequence; S(−j) is k's lag sum against q),
+    by FFT cross-correlation in float64."""
+    T = q.shape[1]
+    counts = torch.arange(T - 1, 0, -1, dtype=torch.float64)  # T−|Δ| pairs, |Δ| = 1..T−1
+    q, k = q.transpose(0, 1)[None], k.transpose(0, 1)[None]  # one sequence [1, pos, head, d]
+    return (lag_sums(q, k, scale)[0] / counts, lag_sums(k, q, scale)[0] / counts,
+            (q.double() * k.double()).sum((1, 3))[0] * scale / T)
 
 
 def head_projected_pe_kernel(hf_model, T: int, include_bias: bool = False, *,
@@ -332,7 +341,7 @@ def pe_kernel_part(hf_model, T: int, ids: Int[Tensor, "batch pos"] | None = None
 
 
 __all__ = ["NoPositionTableError", "PEKernel", "QKMaps", "head_projected_pe_kernel",
-           "head_projected_pe_kernels", "is_bidirectional", "is_post_ln",
+           "head_projected_pe_kernels", "is_bidirectional", "is_post_ln", "lag_means",
            "layer_position_vectors", "layer_positions", "ln_routes",
            "pe_kernel_from_gram", "pe_kernel_part", "position_ln_stats", "positional_gram",
            "qk_maps", "unwrap"]
