@@ -5,7 +5,7 @@ centered Gram's g, over both signs of Δ for a bidirectional model.
 Two numbers per g source:
 
 * ``r_pe_<source>``: Pearson's r between the power spectra, processed as
-  :func:`poskernel_tl.analyses.spectral_align.pe_spectrum_correlations` does (detrended,
+  :func:`poskernel_tl.analyses.spectral.align.pe_spectrum_correlations` does (detrended,
   tapered, compared above 2π/span): the number the spectral table reports for an analysed
   head, here for every head;
 * ``corr_pe_<source>``: Pearson's r between S_PE(Δ) and g(Δ) themselves, over the lags
@@ -14,7 +14,7 @@ Two numbers per g source:
 For a causal model both run over Δ = 1..T−1. For a bidirectional one (``s_pe_back``
 given, and the source's g on the other side too) they run over both signs: the spectra
 over Δ = −(T−1)..T−1 with Δ = 0 bridged by the mean of the values at ±1, as the spectral
-analysis does (:func:`~poskernel_tl.analyses.spectral_processing.two_sided_for_spectrum`;
+analysis does (:func:`~poskernel_tl.analyses.spectral.processing.two_sided_for_spectrum`;
 the diagonal, where a token meets itself, is no shift-invariant value), the direct r over
 the 2T − 2 lags Δ ≠ 0 (:func:`signed_lags`). Where the g of the other side is missing (a
 result saved before both triangles were fitted) the source falls back to Δ > 0, and
@@ -28,8 +28,8 @@ import pandas as pd
 from jaxtyping import Float
 
 from poskernel_tl.analyses.base import AnalysisSpec
-from poskernel_tl.analyses.spectral_align import pe_spectrum_correlations
-from poskernel_tl.analyses.spectral_processing import span, two_sided_for_spectrum
+from poskernel_tl.analyses.spectral.align import pe_spectrum_correlations
+from poskernel_tl.analyses.spectral.processing import span, two_sided_for_spectrum
 from poskernel_tl.config import option
 from poskernel_tl.errors import UserError
 

@@ -46,7 +46,7 @@ from transformer_lens.model_bridge.generalized_components.position_embeddings_at
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.hooks.masks import band, causal_window, is_plain_causal  # noqa: F401
+from poskernel_tl.hooks.masks import band, causal_window
 
 # TransformerLens versions whose attention forwards these subclasses were checked against
 VERIFIED_TL_VERSIONS: tuple[str, ...] = ("4.3.0",)

@@ -3,7 +3,7 @@
 The public API, re-exported from the layers below (the package's top layer).
 """
 
-from poskernel_tl.analyses.spectral import spectral_alignment
+from poskernel_tl.analyses.spectral.align import spectral_alignment
 from poskernel_tl.constants import VERSION
 from poskernel_tl.errors import UserError
 from poskernel_tl.head_view import HeadView, inspect_head

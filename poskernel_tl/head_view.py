@@ -24,8 +24,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from poskernel_tl.analyses.spectral_processing import two_sided_for_spectrum
-from poskernel_tl.analyses.spectral_summary import alignment_frames, alignment_line, kernel_spectrum
+from poskernel_tl.analyses.spectral.processing import two_sided_for_spectrum
+from poskernel_tl.analyses.spectral.summary import alignment_frames, alignment_line, kernel_spectrum
 from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.hooks.names import scores_hook_is_logits

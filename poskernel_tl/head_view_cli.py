@@ -13,7 +13,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from poskernel_tl.analyses.spectral_summary import alignment_line
+from poskernel_tl.analyses.spectral.summary import alignment_line
 from poskernel_tl.constants import model_slug
 from poskernel_tl.datasets import DataError, check_dataset_name
 from poskernel_tl.errors import UserError

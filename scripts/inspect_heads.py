@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 import poskernel_tl as pk  # noqa: E402
-from poskernel_tl.analyses.spectral_summary import alignment_line  # noqa: E402
+from poskernel_tl.analyses.spectral.summary import alignment_line  # noqa: E402
 from poskernel_tl.head_view import inspect_head  # noqa: E402
 from poskernel_tl.sequences import build_sequences, centering_mask, eval_mask  # noqa: E402
 

@@ -14,7 +14,8 @@ from tiny_models import VOCAB, tiny_loaded
 import poskernel_tl as pk
 from poskernel_tl import track_b_cost
 from poskernel_tl.analyses import spectral as S
-from poskernel_tl.analyses import spectral_io as SIO
+from poskernel_tl.analyses.spectral import io as SIO
+from poskernel_tl.analyses.spectral import table as ST
 from poskernel_tl.errors import UserError
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers import (
@@ -398,7 +399,7 @@ def test_two_sided_spectrum_finds_a_planted_frequency():
     lags = np.arange(-(T - 1), T)
     g = np.cos(0.9 * lags + 0.6)[None, None]  # one sinusoid, neither even nor odd
     mags = {}
-    table, peaks = S.spectral_table(g, np.full((1, 1), 0.9), None, T, two_sided=True,
+    table, peaks = ST.spectral_table(g, np.full((1, 1), 0.9), None, T, two_sided=True,
                                     n_null=20, magnitudes=mags)
     assert mags["spectrum"].shape == (1, 1, 4 * T + 1) and len(mags["omega"]) == 4 * T + 1
     assert int(table["length"][0]) == T

@@ -15,7 +15,7 @@ from transformer_lens.model_bridge.generalized_components.position_embeddings_at
     PositionEmbeddingsAttentionBridge,
 )
 
-from poskernel_tl.hooks import capture_qk
+from poskernel_tl.hooks import capture_qk, masks
 from poskernel_tl.hooks import fast_attention as fa
 from poskernel_tl.loading import LoadedModel, load_model
 
@@ -180,17 +180,17 @@ def test_cached_decoding_matches_eager(tiny_tokenizer):
 def test_plain_causal_mask_check():
     T, low = 5, torch.finfo(torch.float32).min
     causal = torch.full((T, T), low).triu(1)[None, None].expand(3, 1, T, T).clone()
-    assert fa.is_plain_causal(None, T)
-    assert fa.is_plain_causal(causal, T)
-    assert fa.is_plain_causal(causal.masked_fill(causal < 0, -torch.inf), T)
-    assert fa.is_plain_causal(torch.ones(T, T, dtype=torch.bool).tril()[None, None], T)
-    assert not fa.is_plain_causal(causal, T - 1)
-    assert not fa.is_plain_causal(causal[:, 0], T)  # not 4D
+    assert masks.is_plain_causal(None, T)
+    assert masks.is_plain_causal(causal, T)
+    assert masks.is_plain_causal(causal.masked_fill(causal < 0, -torch.inf), T)
+    assert masks.is_plain_causal(torch.ones(T, T, dtype=torch.bool).tril()[None, None], T)
+    assert not masks.is_plain_causal(causal, T - 1)
+    assert not masks.is_plain_causal(causal[:, 0], T)  # not 4D
     causal[1, 0, 3, 0] = low  # one padded key: checked again after the in-place edit
-    assert not fa.is_plain_causal(causal, T)
-    assert not fa.is_plain_causal(torch.zeros(1, 1, T, T), T)  # bidirectional
+    assert not masks.is_plain_causal(causal, T)
+    assert not masks.is_plain_causal(torch.zeros(1, 1, T, T), T)  # bidirectional
     with torch.inference_mode():  # inference tensors have no version counter
-        assert fa.is_plain_causal(torch.full((T, T), low).triu(1)[None, None], T)
+        assert masks.is_plain_causal(torch.full((T, T), low).triu(1)[None, None], T)
 
 
 def test_inference_mode(tiny_tokenizer, sdpa_calls):
@@ -303,8 +303,8 @@ def test_causal_window_reads_the_mask():
     lag = torch.arange(T)[:, None] - torch.arange(T)[None]
     for w in (1, 5, 11):
         band = ((lag >= 0) & (lag < w))[None, None]
-        assert fa.causal_window(band, T) == w
-        assert fa.causal_window(torch.zeros(1, 1, T, T).masked_fill(~band, -torch.inf), T) == w
-    assert fa.causal_window(((lag >= 0) & (lag < T))[None, None], T) == 0
+        assert masks.causal_window(band, T) == w
+        assert masks.causal_window(torch.zeros(1, 1, T, T).masked_fill(~band, -torch.inf), T) == w
+    assert masks.causal_window(((lag >= 0) & (lag < T))[None, None], T) == 0
     chunked = (lag >= 0) & (torch.arange(T)[:, None] // 4 == torch.arange(T)[None] // 4)
-    assert fa.causal_window(chunked[None, None], T) is None
+    assert masks.causal_window(chunked[None, None], T) is None

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from poskernel_tl.analyses import fourier_kernel as F
+from poskernel_tl.analyses.fourier_kernel import fit as FF
 
 # RoPE θ_i = 1e4^(−2i/64); at T = 512 the θ_i above 4π/T are i = 0..12.
 T = 512
@@ -35,7 +36,7 @@ def test_planted_rope_frequencies_above_resolution_limit():
 ])
 def test_fit_recovers_planted_cosines_exactly(init, planted):
     g = planted_g(planted)
-    fit = F.fit_cosine_series(g, K=len(planted), init=init)
+    fit = FF.fit_cosine_series(g, K=len(planted), init=init)
     assert fit.r2 == pytest.approx(1.0, abs=1e-10), fit.r2
     np.testing.assert_allclose(fit.freqs, [THETAS[i] for i, _, _ in planted], rtol=1e-8)
     np.testing.assert_allclose(fit.amplitudes, [c for _, c, _ in planted], rtol=1e-7)
@@ -49,27 +50,27 @@ def test_fit_from_given_frequencies_and_with_noise():
     rng = np.random.default_rng(0)
     truth = np.array([THETAS[i] for i, _, _ in PLANTED])
     init = truth * (1 + 0.002 * rng.standard_normal(len(truth)))
-    fit = F.fit_cosine_series(planted_g(), init_freqs=init)
+    fit = FF.fit_cosine_series(planted_g(), init_freqs=init)
     assert fit.K == len(PLANTED) and fit.r2 > 1 - 1e-10
     noisy = planted_g() + 0.3 * rng.standard_normal(len(LAGS))
-    fit = F.fit_cosine_series(noisy, K=3)
+    fit = FF.fit_cosine_series(noisy, K=3)
     np.testing.assert_allclose(fit.freqs, truth[:3], rtol=2e-3)
     assert 0.8 < fit.r2 < 1.0
 
 
 def test_r2_grows_with_K_and_max_lag_restricts_the_fit():
     g = planted_g()
-    r2 = [F.fit_cosine_series(g, K=k).r2 for k in range(5)]
+    r2 = [FF.fit_cosine_series(g, K=k).r2 for k in range(5)]
     assert r2[0] == pytest.approx(0.0, abs=1e-12)
     assert all(b >= a - 1e-12 for a, b in zip(r2, r2[1:])) and r2[-1] > 1 - 1e-10
-    fit = F.fit_cosine_series(g, K=2, max_lag=100)
+    fit = FF.fit_cosine_series(g, K=2, max_lag=100)
     assert fit.max_lag == 100 and fit.fitted.shape == g.shape
 
 
 def test_non_finite_kernel_gives_nan_fit():
     g = planted_g()
     g[10] = np.nan
-    fit = F.fit_cosine_series(g, K=2)
+    fit = FF.fit_cosine_series(g, K=2)
     assert np.isnan(fit.r2) and np.isnan(fit.freqs).all() and not fit.success
 
 
@@ -239,7 +240,7 @@ def test_constant_features_give_a_cosine_series_kernel_that_the_fit_recovers():
     scores = F.fourier_kernel_scores(q, k, a, b, c, torch.arange(n, dtype=torch.float64))[0, 0]
     g = torch.stack([scores.diagonal(-d).mean() for d in range(1, n)]).numpy()
     assert torch.stack([scores.diagonal(-d).std() for d in range(1, n - 1)]).max() < 1e-12
-    fit = F.fit_cosine_series(g, K=3)
+    fit = FF.fit_cosine_series(g, K=3)
     assert fit.r2 > 1 - 1e-10
     np.testing.assert_allclose(np.sort(fit.freqs), np.sort(freqs.numpy()), rtol=1e-8)
     np.testing.assert_allclose(fit.amplitudes, 2 * c[0].numpy(), rtol=1e-7)

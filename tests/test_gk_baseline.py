@@ -10,13 +10,16 @@ from tiny_models import SPECS, tiny_hf_model, tiny_loaded
 
 from poskernel_tl.analyses import gk_baseline as G
 from poskernel_tl.analyses.base import AnalysisInputs
+from poskernel_tl.analyses.gk_baseline import split as GS
 from poskernel_tl.loading import LoadedModel, boot_bridge, describe
 from poskernel_tl.pe_kernel import (
+    NoPositionTableError,
     head_projected_pe_kernel,
     head_projected_pe_kernels,
     position_ln_stats,
 )
 from poskernel_tl.sequences import build_sequences
+from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
 
 T = 40
 SPLIT_TOL = 1e-5
@@ -65,15 +68,15 @@ def layer0_scores(model: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("compatibility_mode", [False, True])
 def test_terms_sum_to_hooked_scores(gpt2_models, tokens, compatibility_mode):
     model = gpt2_models[compatibility_mode]
-    terms = G.split_layer0_scores(G.block_parts(model, 0), tokens[:3])
-    assert terms.shape == (len(G.TERMS), 3, 4, T, T)
+    terms = GS.split_layer0_scores(GS.block_parts(model, 0), tokens[:3])
+    assert terms.shape == (len(GS.TERMS), 3, 4, T, T)
     lower = torch.ones(T, T, dtype=torch.bool).tril(-1)
     err = (terms.sum(0) - layer0_scores(model, tokens[:3]))[..., lower].abs().max().item()
     assert err < SPLIT_TOL, f"split vs hook_attn_scores: max diff {err:.2e}"
     # each term is non-trivial here (LayerNorm β and q/k biases are random)
     assert (terms[..., lower].abs().amax((1, 2, 3)) > 1e-4).all()
     # the bias terms depend on one side only
-    kb, qb = terms[G.TERMS.index("key_bias")], terms[G.TERMS.index("query_bias")]
+    kb, qb = terms[GS.TERMS.index("key_bias")], terms[GS.TERMS.index("query_bias")]
     assert torch.allclose(kb, kb[:, :, :1, :].expand_as(kb))
     assert torch.allclose(qb, qb[..., :1].expand_as(qb))
 
@@ -86,22 +89,22 @@ def test_reducer_records_split_error_and_shares(gpt2_models, tokens, compatibili
     np.testing.assert_allclose(res.cov_share.sum(0), 1.0, atol=1e-4)
     # pooled R² of layer 0 equals shift_invariance_r2 on the hooked scores of all sequences
     A = layer0_scores(gpt2_models[compatibility_mode], tokens)
-    s1, sq = G.lag_sums(torch.where(torch.ones(T, T, dtype=torch.bool).tril(-1), A, 0.0))
-    r2, _ = G.r2_from_sums(s1.sum(0), sq.sum(0), G.lag_counts(T) * len(tokens))
+    s1, sq = lag_sums(torch.where(torch.ones(T, T, dtype=torch.bool).tril(-1), A, 0.0))
+    r2, _ = r2_from_sums(s1.sum(0), sq.sum(0), lag_counts(T) * len(tokens))
     np.testing.assert_allclose(res.r2_scores[0], r2.numpy(), atol=1e-9)
 
 
 def test_spe_matches_pe_kernel_and_projected_gram(gpt2_models):
     """S_PE from the bridge's weights equals pe_kernel's (unprocessed model), is the same
     with compatibility mode on, and is the trace of the head-projected G_k."""
-    plain = G.projected_pe_kernel(gpt2_models[False], T).numpy()
+    plain = GS.projected_pe_kernel(gpt2_models[False], T).numpy()
     ref = head_projected_pe_kernel(gpt2_models[False].hf_model, T)
     np.testing.assert_allclose(plain, ref, rtol=1e-9, atol=1e-12)
-    folded = G.projected_pe_kernel(gpt2_models[True], T).numpy()
+    folded = GS.projected_pe_kernel(gpt2_models[True], T).numpy()
     np.testing.assert_allclose(folded, ref, rtol=1e-6, atol=1e-9)
     for layer in (0, 1):
         for k in (1, 5, T - 1):
-            pg = G.projected_gram(gpt2_models[False], k, T, layer=layer)
+            pg = GS.projected_gram(gpt2_models[False], k, T, layer=layer)
             assert pg.shape == (4, 16, 16)
             trace = torch.diagonal(pg, dim1=-2, dim2=-1).sum(-1).numpy()
             np.testing.assert_allclose(trace, ref[layer, :, k - 1], rtol=1e-9, atol=1e-12)
@@ -121,22 +124,22 @@ def test_planted_position_term_is_the_planted_kernel(planted, planted_result, to
     res = planted_result
     assert res.split_max_abs_err.max() < SPLIT_TOL
     # the real pos→pos term is exactly Toeplitz with the planted kernel
-    terms = G.split_layer0_scores(G.block_parts(planted, 0), tokens[:2])
-    _, g = G.shift_invariance_r2(terms[G.TERMS.index("pos_pos")])
+    terms = GS.split_layer0_scores(GS.block_parts(planted, 0), tokens[:2])
+    _, g = shift_invariance_r2(terms[GS.TERMS.index("pos_pos")])
     expect = GP.planted_pos_pos_kernel(planted.hf_model, T)
     # (the table and weights are stored in float32)
     np.testing.assert_allclose(g.numpy(), np.broadcast_to(expect, g.shape), atol=1e-6)
     np.testing.assert_allclose(res.r2_pos_pos, 1.0, atol=1e-9)
     # the cross terms vanish by construction, and so do the bias terms
     for term in ("tok_pos", "pos_tok", "key_bias", "query_bias"):
-        assert res.share[G.TERMS.index(term)].max() < 1e-12, term
+        assert res.share[GS.TERMS.index(term)].max() < 1e-12, term
     # LN(p) alone is normalised by σ_p² = 1/4, the real input by σ² = 1/2: gain 1/2
     np.testing.assert_allclose(res.pos_pos_gk_gain, 0.5, rtol=1e-4)
 
 
 def test_planted_heads_r2_after_subtraction(planted_result):
     res = planted_result
-    sem, pp = G.TERMS.index("semantic"), G.TERMS.index("pos_pos")
+    sem, pp = GS.TERMS.index("semantic"), GS.TERMS.index("pos_pos")
     # head 0 is mostly positional: Toeplitz until the position term is removed
     assert res.share[pp, 0] > 0.99
     assert res.r2_scores[0, 0] > 0.99
@@ -156,12 +159,12 @@ def test_analyze_table_and_figure(planted, tokens):
     assert {"layer", "head", "R2_scores", "R2_minus_gk", "R2_minus_pos_pos",
             "share_pos_pos", "cov_share_semantic", "split_max_abs_err"} <= set(table.columns)
     zero = table[table.layer == 0]
-    np.testing.assert_allclose(zero[[f"share_{t}" for t in G.TERMS]].sum(1), 1.0, atol=1e-9)
+    np.testing.assert_allclose(zero[[f"share_{t}" for t in GS.TERMS]].sum(1), 1.0, atol=1e-9)
     assert table.loc[table.layer == 1, "share_pos_pos"].isna().all()
     assert table["R2_scores"].notna().all() and table["spe_std"].notna().all()
     for column in ("share", "cov_share"):
         fig = G.plot_term_shares(table, column)
-        assert isinstance(fig, Figure) and len(fig.axes[0].patches) == 4 * len(G.TERMS)
+        assert isinstance(fig, Figure) and len(fig.axes[0].patches) == 4 * len(GS.TERMS)
 
 
 @pytest.mark.parametrize("arch", ["llama", "nope"])
@@ -169,8 +172,8 @@ def test_rotary_and_nope_models_raise(tiny_tokenizer, arch, tokens):
     model = tiny_loaded(arch, tiny_tokenizer)
     with pytest.raises(ValueError, match="no additive position table"):
         G.SPEC.run(AnalysisInputs(model, None, tokens, progress=False))
-    with pytest.raises(G.NoPositionTableError):
-        G.block_parts(model, 0)
+    with pytest.raises(NoPositionTableError):
+        GS.block_parts(model, 0)
 
 
 def test_gk_table_is_tidy(planted_result):
@@ -233,12 +236,12 @@ def naive_two_sided_r2(A: np.ndarray) -> np.ndarray:
 
 
 def test_bert_terms_sum_to_qk_scores_on_both_triangles(bert, tokens):
-    terms = G.split_layer0_scores(G.block_parts(bert, 0), tokens[:3])
+    terms = GS.split_layer0_scores(GS.block_parts(bert, 0), tokens[:3])
     err = (terms.sum(0) - layer0_qk_scores(bert, tokens[:3])).abs().max().item()
     assert err < SPLIT_TOL, f"split vs q·kᵀ: max diff {err:.2e}"
     assert (terms.abs().amax((1, 2, 3, 4)) > 1e-4).all()
     with pytest.raises(ValueError, match="layer 0 only"):
-        G.block_parts(bert, 1)
+        GS.block_parts(bert, 1)
 
 
 def test_bert_reducer_fits_both_triangles(bert, tokens):
@@ -273,7 +276,7 @@ def test_bert_planted_two_sided_kernel(planted_bert, tokens, ln_stats, gain):
     np.testing.assert_allclose(res.spe_back[0] * gain, expect[1], atol=1e-6)
     np.testing.assert_allclose(res.spe_back[0, 2], -res.spe[0, 2], atol=1e-6)
     for term in ("tok_pos", "pos_tok", "key_bias", "query_bias"):
-        assert res.share[G.TERMS.index(term)].max() < 1e-12, term
+        assert res.share[GS.TERMS.index(term)].max() < 1e-12, term
     assert (res.r2_minus_pos_pos < 0.05).all()
     table = G.gk_table(res)
     assert table["two_sided"].all() and (table["ln_stats"] == ln_stats).all()
@@ -281,12 +284,12 @@ def test_bert_planted_two_sided_kernel(planted_bert, tokens, ln_stats, gain):
 
 
 def test_bert_projected_gram_both_signs(planted_bert, tokens):
-    scale = G.position_scale(planted_bert, tokens)
-    spe, spe_back = G.projected_pe_kernels(planted_bert, T, scale)
+    scale = GS.position_scale(planted_bert, tokens)
+    spe, spe_back = GS.projected_pe_kernels(planted_bert, T, scale)
     for layer in (0, 1):
         for k in (1, 5, T - 1):
             for sign, ref in ((1, spe), (-1, spe_back)):
-                pg = G.projected_gram(planted_bert, sign * k, T, layer=layer, ln_scale=scale)
+                pg = GS.projected_gram(planted_bert, sign * k, T, layer=layer, ln_scale=scale)
                 trace = torch.diagonal(pg, dim1=-2, dim2=-1).sum(-1).numpy()
                 np.testing.assert_allclose(trace, ref[layer, :, k - 1].numpy(), rtol=1e-9,
                                            atol=1e-12)

@@ -3,6 +3,7 @@ analyses → report → applications (grid, head view, CLI). No cycle, no import
 function to dodge one, no private name imported across modules."""
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,14 @@ def test_no_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject lists its packages one by one: a package folder missing there installs
+    from a checkout but not from a wheel."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join([package, *init.parent.relative_to(ROOT / folder).parts])
+             for folder, package in PACKAGES.items()
+             for init in (ROOT / folder).rglob("__init__.py")}
+    assert found == listed

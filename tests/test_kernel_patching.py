@@ -11,9 +11,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import poskernel_tl as pk
 from poskernel_tl.analyses import kernel_patching as kp
-from poskernel_tl.analyses import kernel_patching_passes as kpp
 from poskernel_tl.analyses.base import AnalysisInputs
-from poskernel_tl.analyses.kernel_patching_kernels import shift_invariant_part
+from poskernel_tl.analyses.kernel_patching import passes as kpp
+from poskernel_tl.analyses.kernel_patching.kernels import shift_invariant_part
 from poskernel_tl.loading import LoadedModel, boot_bridge, describe
 from poskernel_tl.registry import ModelSpec
 

@@ -286,7 +286,8 @@ def test_the_whole_triangle_stays_a_diagnostic(scores, tiny_tokenizer):
 def test_a_windowed_result_round_trips_and_its_spectra_use_each_layer(tmp_path, tiny_tokenizer):
     """Saved and loaded exactly (g NaN past the window is valid there, nowhere else); the
     spectral analysis reads each layer on its own θ and its kept offsets."""
-    from poskernel_tl.analyses.spectral import layer_groups, run_spectral
+    from poskernel_tl.analyses.spectral import run_spectral
+    from poskernel_tl.analyses.spectral.table import layer_groups
     from poskernel_tl.errors import ResultFileError
     from poskernel_tl.result import ConditionResult
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from poskernel_tl.analyses import pe_correlation as PC
-from poskernel_tl.analyses.spectral_align import pe_spectrum_correlations
-from poskernel_tl.analyses.spectral_processing import two_sided_for_spectrum
+from poskernel_tl.analyses.spectral.align import pe_spectrum_correlations
+from poskernel_tl.analyses.spectral.processing import two_sided_for_spectrum
 from poskernel_tl.errors import UserError
 
 T = 48

@@ -121,7 +121,7 @@ def test_fig3_one_panel_per_populated_cell(grid):
 
 
 def test_fig4_gate_label_and_matched_peaks(grid):
-    from poskernel_tl.analyses.spectral import spectral_alignment
+    from poskernel_tl.analyses.spectral.align import spectral_alignment
 
     r, layer, head = F.pick_spectral_head(grid)
     assert r.spec.pe == "rope" and layer in (0, 1)

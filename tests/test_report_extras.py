@@ -15,6 +15,7 @@ from poskernel_tl.analyses import kernel_patching as KP
 from poskernel_tl.analyses import mean_field as MF
 from poskernel_tl.analyses import separable as SEP
 from poskernel_tl.analyses.base import AnalysisSpec
+from poskernel_tl.analyses.kernel_patching import passes as KPP
 from poskernel_tl.analyses.registry import REGISTRY as ANALYSES
 from poskernel_tl.registry import REGISTRY
 from poskernel_tl.report import extras as EX
@@ -50,7 +51,7 @@ def patching_csv(rng) -> pd.DataFrame:
     losses = {"patched": row[..., None] + rng.uniform(0.0, 0.2, (n, L, H)),
               "patched_sink": row[..., None] + rng.uniform(0.0, 0.1, (n, L, H)),
               "ablated": row[..., None] + rng.uniform(0.1, 0.5, (n, L, H))}
-    res = KP.PatchingResult(clean, row, losses, "pooled", "fit", 0, 1, "result.g_pooled",
+    res = KPP.PatchingResult(clean, row, losses, "pooled", "fit", 0, 1, "result.g_pooled",
                             True, 4, 0.1)
     return KP.patching_table(res, {"R2_pooled": rng.uniform(0, 1, (L, H))}, n_boot=50)
 

@@ -7,8 +7,9 @@ from matplotlib.figure import Figure
 from tiny_models import tiny_loaded
 
 from poskernel_tl.analyses import sequence_pca as S
-from poskernel_tl.analyses import sequence_pca_compression as SC
 from poskernel_tl.analyses.base import AnalysisInputs
+from poskernel_tl.analyses.sequence_pca import compression as SC
+from poskernel_tl.analyses.sequence_pca import stats as SS
 from poskernel_tl.reducers import LayerBatch
 
 THETAS = (0.9, 0.45, 0.2)  # rad/token, planted
@@ -27,8 +28,8 @@ def tokens() -> torch.Tensor:
 
 @pytest.mark.parametrize("length", [64, 100])
 def test_rope_head_components_are_planted_sinusoids(length):
-    q = S.synthetic_rope_queries(64, length, THETAS, AMPLITUDES, noise=0.1, seed=1)
-    pca = S.sequence_pca(q.reshape(64, length, -1), 2 * len(THETAS))
+    q = SS.synthetic_rope_queries(64, length, THETAS, AMPLITUDES, noise=0.1, seed=1)
+    pca = SS.sequence_pca(q.reshape(64, length, -1), 2 * len(THETAS))
     freqs = pca.dominant_frequencies()  # cycles/token, rfft bins of width 1/T
     for i, theta in enumerate(THETAS):  # each θ gives a cos/sin pair, largest first
         for c in (2 * i, 2 * i + 1):
@@ -42,7 +43,7 @@ def test_pca_matches_svd_and_transform_inverts():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 12, 7, generator=g, dtype=torch.float64)
     x = x + torch.linspace(0, 3, 12, dtype=torch.float64)[:, None]
-    pca = S.sequence_pca(x)
+    pca = SS.sequence_pca(x)
     samples = x.permute(0, 2, 1).reshape(-1, 12)  # (sequence, channel) × position
     centered = samples - samples.mean(0)
     _, sv, vt = torch.linalg.svd(centered, full_matrices=False)
@@ -57,13 +58,13 @@ def test_pca_matches_svd_and_transform_inverts():
 
 
 def test_streaming_reducer_equals_one_shot():
-    q = S.synthetic_rope_queries(6, 20, THETAS, AMPLITUDES, noise=0.3)
-    red = S.SequenceCovReducer(1, 20, "cpu", "q")
+    q = SS.synthetic_rope_queries(6, 20, THETAS, AMPLITUDES, noise=0.3)
+    red = SS.SequenceCovReducer(1, 20, "cpu", "q")
     for start in (0, 4):
         chunk = q[start:start + 4]
         red.update(LayerBatch(0, chunk, chunk[:, :, :1], torch.arange(len(chunk)), 0.25))
     streamed = red.result(4)[0]
-    direct = S.sequence_pca(q.reshape(6, 20, -1), 4)
+    direct = SS.sequence_pca(q.reshape(6, 20, -1), 4)
     np.testing.assert_allclose(streamed.components.numpy(), direct.components.numpy(),
                                atol=1e-6)
     np.testing.assert_allclose(streamed.explained_variance.numpy(),
@@ -80,13 +81,13 @@ def test_probes_recover_a_planted_position_code():
                                   (torch.sin, torch.cos)], -1)  # [T, 7]
     mix = torch.randn(code.shape[1], d, generator=g)
     feats = lambda m: code @ mix + 0.01 * torch.randn(m, T, d, generator=g)
-    mom = S.ProbeMomentsReducer(1, n, T, d, "cpu", per_seq=T)
-    mom.update(S.StreamBatch(0, "resid", feats(n), torch.arange(n)))
-    linear = S.fit_linear_probes(mom, ridge=1e-4)
-    mlp = S.train_mlp_probe(mom.sample[0].reshape(-1, d), mom.pick.reshape(-1), T,
+    mom = SS.ProbeMomentsReducer(1, n, T, d, "cpu", per_seq=T)
+    mom.update(SS.StreamBatch(0, "resid", feats(n), torch.arange(n)))
+    linear = SS.fit_linear_probes(mom, ridge=1e-4)
+    mlp = SS.train_mlp_probe(mom.sample[0].reshape(-1, d), mom.pick.reshape(-1), T,
                             steps=300, seed=0)
-    err = S.ProbeErrorReducer(linear, [mlp], T, "cpu")
-    err.update(S.StreamBatch(0, "resid", feats(4), torch.arange(4)))
+    err = SS.ProbeErrorReducer(linear, [mlp], T, "cpu")
+    err.update(SS.StreamBatch(0, "resid", feats(4), torch.arange(4)))
     mae = (err.err / err.count[None, :, None]).mean(-1)[:, 0]
     chance = np.abs(np.arange(T) - (T - 1) / 2).mean()
     assert mae[0] < 1.0, mae  # linear: the code holds t/T exactly
@@ -95,15 +96,15 @@ def test_probes_recover_a_planted_position_code():
 
 def test_mlp_probe_is_seeded():
     x, y = torch.randn(64, 8), torch.randint(0, 10, (64,))
-    a = S.train_mlp_probe(x, y, 10, steps=20, seed=3)
-    b = S.train_mlp_probe(x, y, 10, steps=20, seed=3)
+    a = SS.train_mlp_probe(x, y, 10, steps=20, seed=3)
+    b = SS.train_mlp_probe(x, y, 10, steps=20, seed=3)
     assert torch.equal(a(x), b(x))
 
 
 def test_analyze_on_a_tiny_rotary_model(llama, tokens):
     table = S.SPEC.run(AnalysisInputs(llama, None, tokens[6:], tokens[:6], progress=False))
     assert len(table) == (2 + 1) * 2  # residual layers 0..n_layers, two probes
-    assert set(table.probe) == set(S.PROBES)
+    assert set(table.probe) == set(SS.PROBES)
     assert {"layer", "probe", "mae_tokens", "mae_chance", "resid_ev_1", "q_freq_1"} \
         <= set(table.columns)
     assert table.mae_tokens.between(0, 31).all()

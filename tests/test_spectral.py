@@ -12,7 +12,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from poskernel_tl.analyses import spectral as S
-from poskernel_tl.analyses import spectral_null as N
+from poskernel_tl.analyses.spectral import align as SA
+from poskernel_tl.analyses.spectral import null as N
+from poskernel_tl.analyses.spectral import processing as SP
+from poskernel_tl.analyses.spectral import table as ST
 from poskernel_tl.registry import ModelSpec
 
 T = 256
@@ -44,30 +47,30 @@ def rope_head(thetas: np.ndarray, length: int, seed: int) -> tuple[np.ndarray, n
 # ------------------------------------------------------------------ processing and peaks
 def test_raw_spectrum_is_the_seeds_zero_padded_fft():
     g = np.random.default_rng(0).standard_normal(T - 1)
-    mag = S.spectrum(g, T, raw_spectrum=True)
+    mag = SP.spectrum(g, T, raw_spectrum=True)
     assert mag.shape == (N_FFT // 2 + 1,)
     padded = np.zeros(N_FFT)
     padded[1:T] = g  # g(Δ) at index Δ instead of Δ−1: only the phase changes
     np.testing.assert_allclose(mag, np.abs(np.fft.fft(padded))[: N_FFT // 2 + 1], atol=1e-9)
-    assert S.frequency_grid(T)[-1] == pytest.approx(np.pi)
-    demeaned = S.spectrum(g, T, raw_spectrum=True, demean=True)
+    assert SP.frequency_grid(T)[-1] == pytest.approx(np.pi)
+    demeaned = SP.spectrum(g, T, raw_spectrum=True, demean=True)
     assert demeaned[0] == pytest.approx(0, abs=1e-9)
 
 
 def test_default_processing_removes_quadratic_trends_and_tapers():
     trend = 3.0 - 0.02 * LAGS + 1e-4 * LAGS ** 2
-    assert not S.prepare(trend, T).any()  # a constant or quadratic g leaves nothing
-    assert S.spectral_alignment(trend, SMOL)["n_peaks_found"] == 0
-    w = S.lag_window(T)
+    assert not SP.prepare(trend, T).any()  # a constant or quadratic g leaves nothing
+    assert SA.spectral_alignment(trend, SMOL)["n_peaks_found"] == 0
+    w = SP.lag_window(T)
     assert w[T // 2 - 1] == pytest.approx(1.0) and w[0] < 1e-3 and w[-1] < 1e-3
     cosine = np.cos(0.5 * LAGS)
-    h = S.prepare(cosine + trend, T)
-    np.testing.assert_allclose(h, S.prepare(cosine, T), atol=1e-9)  # linear in g
+    h = SP.prepare(cosine + trend, T)
+    np.testing.assert_allclose(h, SP.prepare(cosine, T), atol=1e-9)  # linear in g
     # batch axes are processed row by row
     batch = np.stack([cosine, trend, cosine + trend])
-    np.testing.assert_allclose(S.prepare(batch, T)[0], S.prepare(cosine, T), atol=1e-12)
+    np.testing.assert_allclose(SP.prepare(batch, T)[0], SP.prepare(cosine, T), atol=1e-12)
     with pytest.raises(ValueError, match="lags"):
-        S.prepare(cosine[:-1], T)
+        SP.prepare(cosine[:-1], T)
 
 
 @pytest.mark.parametrize("length", [256, 1024])
@@ -76,7 +79,7 @@ def test_interpolated_peaks_are_precise(length):
     planted = np.array([0.2037, 0.5213, 0.9871, 1.6042, 2.4519])
     lags = np.arange(1, length)
     g = np.cos(np.outer(lags, planted) + [0.3, 1.2, 2.0, 0.1, 2.9]) @ [1.0, 0.8, 1.2, 0.9, 1.1]
-    res = S.spectral_alignment(g, planted, length=length)
+    res = SA.spectral_alignment(g, planted, length=length)
     assert res["n_peaks_found"] == 5 and res["significant"].all()
     found = np.sort(res["peaks"])
     assert np.abs(found - planted).max() < 0.01 * 2 * np.pi / length, found - planted
@@ -86,12 +89,12 @@ def test_interpolated_peaks_are_precise(length):
 
 def test_peaks_need_prominence_and_sit_above_the_trend_region():
     g = np.cos(0.6 * LAGS) + 0.1 * np.cos(1.3 * LAGS) + 0.01 * np.cos(2.0 * LAGS)
-    res = S.spectral_alignment(g, SMOL)
+    res = SA.spectral_alignment(g, SMOL)
     # the 1% component's peak is 1% of the largest: below the 5% prominence floor
     assert res["n_peaks_found"] == 2
     np.testing.assert_allclose(np.sort(res["peaks"]), [0.6, 1.3], atol=0.01 * BIN)
     for bins in (1.0, 2.0, 3.0):  # inside the trend region: its side lobes are no evidence
-        low = S.spectral_alignment(np.cos(bins * BIN * LAGS), SMOL)
+        low = SA.spectral_alignment(np.cos(bins * BIN * LAGS), SMOL)
         assert (low["peaks"] >= 4 * BIN).all() and low["n_significant"] == 0
         assert not low["aligned"]
 
@@ -101,13 +104,13 @@ def test_peaks_need_prominence_and_sit_above_the_trend_region():
                                                 (thetas_of(1e4, 128), 5)])
 def test_issue_flat_kernel_matches_only_in_the_raw_spectrum(thetas, raw_matched):
     flat = np.ones(T - 1)
-    raw = S.spectral_alignment(flat, thetas, raw_spectrum=True)
+    raw = SA.spectral_alignment(flat, thetas, raw_spectrum=True)
     # the Dirichlet side lobes ≈ 1 bin apart pass as peaks, as the issue reports
     np.testing.assert_allclose(raw["peaks"], [0.0368, 0.0614, 0.0859, 0.1104, 0.1350],
                                atol=5e-4)
     assert raw["n_matched"] == raw_matched and raw["criterion_met"]
     assert raw["chance"] > 0.5  # and the criterion's chance level says why
-    new = S.spectral_alignment(flat, thetas)
+    new = SA.spectral_alignment(flat, thetas)
     assert new["n_peaks_found"] == 0 and new["frac_matched"] == 0.0
     assert not new["criterion_met"] and not new["aligned"]
 
@@ -117,17 +120,17 @@ def test_issue_reference_score_follows_structure_not_low_frequency_power():
     exponential decay ≈ 0.67; the usage-weighted peak-shape score gives neither credit and
     recognises a pure RoPE head."""
     ref_equal = thetas_of(1e4, 64)
-    flat = S.spectral_alignment(np.ones(T - 1), ref_equal)
+    flat = SA.spectral_alignment(np.ones(T - 1), ref_equal)
     assert flat["pearson_literal"] > 0.99
     for tau in (5.0, 20.0, 100.0):
-        res = S.spectral_alignment(np.exp(-LAGS / tau), ref_equal)
+        res = SA.spectral_alignment(np.exp(-LAGS / tau), ref_equal)
         assert abs(res["ref_peak_r"]) < 0.15, (tau, res["ref_peak_r"])
         assert not res["aligned"]
-    assert S.spectral_alignment(np.exp(-LAGS / 20), ref_equal)["pearson_literal"] > 0.6
+    assert SA.spectral_alignment(np.exp(-LAGS / 20), ref_equal)["pearson_literal"] > 0.6
     own = []
     for seed in range(10):
         g, usage = rope_head(ref_equal, T, seed)
-        res = S.spectral_alignment(g, ref_equal, usage=usage)
+        res = SA.spectral_alignment(g, ref_equal, usage=usage)
         own.append(res["ref_peak_r"])
         assert res["aligned"], seed
     assert np.median(own) > 0.9, own
@@ -142,19 +145,19 @@ def test_issue_chance_and_p_value_do_not_depend_on_other_heads():
               np.random.default_rng(3).standard_normal(T - 1)]
     rows = []
     for other in others:
-        table, _ = S.spectral_table(np.stack([[g_a, other]]), np.array([[0.9, 0.9]]), SMOL, T,
+        table, _ = ST.spectral_table(np.stack([[g_a, other]]), np.array([[0.9, 0.9]]), SMOL, T,
                                     gate_met=True, n_null=500)
         rows.append(table.iloc[0])
     for row in rows[1:]:
         for col in ("chance", "p_value", "statistic", "n_matched", "ref_peak_r"):
             assert row[col] == rows[0][col], col
-    alone = S.spectral_alignment(g_a, SMOL, n_null=500)
+    alone = SA.spectral_alignment(g_a, SMOL, n_null=500)
     assert rows[0]["p_value"] == alone["p_value"] and rows[0]["chance"] == alone["chance"]
 
 
 def test_issue_frac_matched_counts_out_of_five():
     g = np.cos(SMOL[1] * LAGS) + 0.7 * np.cos(SMOL[4] * LAGS + 1.0)
-    res = S.spectral_alignment(g, SMOL)
+    res = SA.spectral_alignment(g, SMOL)
     assert res["n_peaks_found"] == 2 and res["matched"].all()
     assert res["n_matched"] == 2 and res["frac_matched"] == pytest.approx(0.4)
     assert not res["criterion_met"]  # 2 of 5, although both peaks found match
@@ -216,16 +219,16 @@ def test_llama3_frequencies_match_hf_and_decide_matching():
     j, length = 15, 32768
     assert abs(used[j] - plain[j]) / plain[j] > 0.3
     g = np.cos(used[j] * np.arange(1, length))
-    scaled = S.spectral_alignment(g, used, tau_rel=0.05, n_null=200, references=False)
+    scaled = SA.spectral_alignment(g, used, tau_rel=0.05, n_null=200, references=False)
     assert scaled["theta_index"][0] == j and scaled["matched"][0] and scaled["aligned"]
-    unscaled = S.spectral_alignment(g, plain, tau_rel=0.05, n_null=200, references=False)
+    unscaled = SA.spectral_alignment(g, plain, tau_rel=0.05, n_null=200, references=False)
     assert not unscaled["matched"][0] and not unscaled["aligned"]
 
 
 def test_nope_has_no_matching_but_reports_peak_to_median():
     g = np.cos(0.7 * LAGS) + 0.1 * np.random.default_rng(0).standard_normal(T - 1)
     for thetas in (None, np.zeros(0)):
-        res = S.spectral_alignment(g, thetas)
+        res = SA.spectral_alignment(g, thetas)
         assert not res["aligned"] and not res["matched"].any()
         assert np.isnan(res["frac_matched"]) and np.isnan(res["p_value"])
         assert np.isnan(res["chance"]) and np.isnan(res["ref_peak_r"])
@@ -241,13 +244,13 @@ def test_pe_spectrum_correlations_on_a_planted_sinusoidal_pe():
     sources = {"trackA_pooled": 1.5 * s_pe + content + 0.2 * r.standard_normal(T - 1),
                "gram_raw": s_pe + content,
                "gram_centered": content + 0.2 * r.standard_normal(T - 1)}
-    out = S.pe_spectrum_correlations(s_pe, sources)
+    out = SA.pe_spectrum_correlations(s_pe, sources)
     assert set(out) == {"r_pe_trackA_pooled", "r_pe_gram_raw", "r_pe_gram_centered"}
     assert out["r_pe_trackA_pooled"] > 0.95 and out["r_pe_gram_raw"] > 0.95
     assert abs(out["r_pe_gram_centered"]) < 0.2, out
-    raw = S.pe_spectrum_correlations(s_pe, {"gram_raw": s_pe}, raw_spectrum=True)
+    raw = SA.pe_spectrum_correlations(s_pe, {"gram_raw": s_pe}, raw_spectrum=True)
     assert raw["r_pe_gram_raw"] == pytest.approx(1.0)
-    assert np.isnan(S.pe_spectrum_correlations(s_pe, {"x": s_pe[:-1]})["r_pe_x"])
+    assert np.isnan(SA.pe_spectrum_correlations(s_pe, {"x": s_pe[:-1]})["r_pe_x"])
 
 
 # --------------------------------------------------------------------- condition table
@@ -256,7 +259,7 @@ def test_spectral_table_gate_labels():
                   for layer in range(2)])
     r2 = np.array([[0.9, 0.8], [0.7, 0.3]])
     mags = {}
-    table, peaks = S.spectral_table(g, r2, SMOL, T, gate_met=True, model="m", dataset="d",
+    table, peaks = ST.spectral_table(g, r2, SMOL, T, gate_met=True, model="m", dataset="d",
                                     pe="rope", source="gram_centered", n_null=200,
                                     magnitudes=mags)
     # every head is analysed; only the gated ones are in the pre-registered analysis
@@ -266,38 +269,38 @@ def test_spectral_table_gate_labels():
     assert (table["n_peaks_found"] == 5).all() and table["aligned"].all()
     assert len(peaks) == 20 and (peaks.groupby(["layer", "head"]).size() == 5).all()
     assert (peaks["marginal"] == (peaks["matched"] & (peaks["rel_error"] > 0.05))).all()
-    assert list(table.columns) == S.HEAD_COLUMNS and list(peaks.columns) == S.PEAK_COLUMNS
+    assert list(table.columns) == ST.HEAD_COLUMNS and list(peaks.columns) == ST.PEAK_COLUMNS
     # the spectra handed back are those analysed, one per head, on the frequency grid
     assert mags["spectrum"].shape == (2, 2, 2 * T + 1)
-    np.testing.assert_allclose(mags["spectrum"][1, 0], S.spectrum(g[1, 0], T), atol=1e-9)
-    np.testing.assert_array_equal(mags["omega"], S.frequency_grid(T))
+    np.testing.assert_allclose(mags["spectrum"][1, 0], SP.spectrum(g[1, 0], T), atol=1e-9)
+    np.testing.assert_array_equal(mags["omega"], SP.frequency_grid(T))
     # the test's false-positive rate: about alpha for heads with significant peaks
     assert table["fpr"].between(0.03, 0.05).all(), table["fpr"].tolist()
-    one = S.spectral_alignment(g[0, 1], SMOL, n_null=200)
+    one = SA.spectral_alignment(g[0, 1], SMOL, n_null=200)
     row = table.iloc[1]
     for col in ("p_value", "chance", "fpr", "n_matched", "ref_peak_r", "pearson_literal"):
         assert row[col] == pytest.approx(one[col], rel=1e-9, abs=1e-12), col
 
     # explore=False keeps the pre-registered analysis alone
-    table, peaks = S.spectral_table(g, r2, SMOL, T, gate_met=False, n_null=50, explore=False)
+    table, peaks = ST.spectral_table(g, r2, SMOL, T, gate_met=False, n_null=50, explore=False)
     assert not table["analysed"].any() and len(peaks) == 0
     assert (table["status"] == "skipped: gate not met").all()
-    table, _ = S.spectral_table(g, r2, SMOL, T, gate_met=False, n_null=50)
+    table, _ = ST.spectral_table(g, r2, SMOL, T, gate_met=False, n_null=50)
     assert table["analysed"].all() and not table["preregistered"].any()
     assert (table["status"] == "exploratory: gate not met").all()
-    table, _ = S.spectral_table(g, r2, SMOL, T, gate_met=False, force=True, n_null=50)
+    table, _ = ST.spectral_table(g, r2, SMOL, T, gate_met=False, force=True, n_null=50)
     assert table["analysed"].all() and table["forced"].all()
     assert (table["status"] == "ungated").all()
-    table, _ = S.spectral_table(g, r2, SMOL, T, gate_met=True, force=True, n_null=50)
+    table, _ = ST.spectral_table(g, r2, SMOL, T, gate_met=True, force=True, n_null=50)
     assert table["status"].tolist() == ["gated"] * 3 + ["ungated"]
-    table, _ = S.spectral_table(g, r2, None, T, gate_met=None, pe="none", n_null=50)
+    table, _ = ST.spectral_table(g, r2, None, T, gate_met=None, pe="none", n_null=50)
     assert table["status"].tolist() == ["ungated"] * 3 + ["exploratory: R2 <= 0.40"]
     assert table["frac_matched"].isna().all() and not table["aligned"].fillna(False).any()
     assert table["fpr"].isna().all()  # no rotary frequencies: no test to be wrong
     bad = g.copy()
     bad[0, 0, 3] = np.nan
     mags = {}
-    table, _ = S.spectral_table(bad, r2, SMOL, T, gate_met=True, n_null=50, magnitudes=mags)
+    table, _ = ST.spectral_table(bad, r2, SMOL, T, gate_met=True, n_null=50, magnitudes=mags)
     assert table["status"][0] == "skipped: non-finite g" and not table["analysed"][0]
     assert np.isnan(mags["spectrum"][0, 0]).all() and np.isfinite(mags["spectrum"][0, 1]).all()
 
@@ -315,7 +318,7 @@ def test_false_positive_rate_of_the_test():
     assert none["fpr"] == 0.0 and np.isnan(none["p_value"])
     # across white-noise kernels the aligned share stays near the mean rate the table reports
     r = np.random.default_rng(8)
-    rows = [S.spectral_alignment(r.standard_normal(T - 1), SMOL, n_null=400, seed=s,
+    rows = [SA.spectral_alignment(r.standard_normal(T - 1), SMOL, n_null=400, seed=s,
                                  references=False) for s in range(120)]
     rate = np.mean([x["aligned"] for x in rows])
     fpr = np.mean([x["fpr"] for x in rows])

@@ -9,6 +9,9 @@ from synthetic import make_result
 from test_spectral import LAGS, SMOL, T, rope_head
 
 from poskernel_tl.analyses import spectral as S
+from poskernel_tl.analyses.spectral import io as SIO
+from poskernel_tl.analyses.spectral import processing as SP
+from poskernel_tl.analyses.spectral import table as ST
 from poskernel_tl.constants import SPECTRAL_CSV, SPECTRAL_PEAKS_CSV, result_path
 from poskernel_tl.registry import ModelSpec
 
@@ -58,9 +61,9 @@ def test_run_spectral_rotary(tmp_path):
     assert len(peaks) == 20 and not table["raw_spectrum"].any()
     assert summary["mean_frac_matched_early"] == pytest.approx(table["frac_matched"].mean())
     # the usage file weights the reference, in θ order: same scores as from the arrays
-    direct, _ = S.spectral_table(g, r2, SMOL, T, usage=usage, gate_met=True, n_null=50)
+    direct, _ = ST.spectral_table(g, r2, SMOL, T, usage=usage, gate_met=True, n_null=50)
     np.testing.assert_allclose(done["ref_peak_r"], direct["ref_peak_r"][:3], rtol=1e-5)
-    equal, _ = S.spectral_table(g, r2, SMOL, T, gate_met=True, n_null=50)
+    equal, _ = ST.spectral_table(g, r2, SMOL, T, gate_met=True, n_null=50)
     assert (done["ref_peak_r"].to_numpy() > equal["ref_peak_r"][:3].to_numpy()).all()
 
     # a failed gate: nothing pre-registered, every head still analysed (exploratory)
@@ -78,7 +81,6 @@ def test_both_sources_are_written_and_read_back(tmp_path):
     """Track B (pre-registered) and Track A (exploratory) tables, peaks and spectra are
     saved with the condition; read_spectral gives back what run_spectral returned, and says
     what is missing or damaged instead of raising."""
-    from poskernel_tl.analyses import spectral_io as SIO
 
     spec = rope_spec()
     g = np.array([[rope_head(SMOL, T, 10 * layer + h)[0] for h in range(2)]
@@ -96,9 +98,9 @@ def test_both_sources_are_written_and_read_back(tmp_path):
     assert (a["status"] == "exploratory").all() and not a["preregistered"].any()
     assert (a["source"] == "trackA_pooled").all() and (a["aligned"] == 0).all()
     assert summary["trackA_frac_aligned_early"] == 0.0 and summary["frac_aligned_early"] == 1
-    np.testing.assert_allclose(saved.spectra["trackB"][0, 1], S.spectrum(g[0, 1], T),
+    np.testing.assert_allclose(saved.spectra["trackB"][0, 1], SP.spectrum(g[0, 1], T),
                                rtol=1e-6, atol=1e-9)
-    np.testing.assert_array_equal(saved.omega, S.frequency_grid(T))
+    np.testing.assert_array_equal(saved.omega, SP.frequency_grid(T))
     assert saved.head("trackB", 1, 0)["layer"] == 1
 
     where = SIO.paths(tmp_path, spec.name, "wikipedia", T)

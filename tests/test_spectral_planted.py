@@ -8,8 +8,8 @@ aligned beyond the nominal 5%; sums of 3–6 of the model's resolvable θ_i must
 import numpy as np
 import pytest
 
-from poskernel_tl.analyses import spectral as S
-from poskernel_tl.analyses import spectral_null as N
+from poskernel_tl.analyses.spectral import align as SA
+from poskernel_tl.analyses.spectral import null as N
 from poskernel_tl.registry import ModelSpec
 
 LLAMA3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
@@ -33,7 +33,7 @@ NULL = 200  # null draws per head in these tests (the default is 2000)
 
 
 def align(g: np.ndarray, thetas: np.ndarray, seed: int = 0) -> dict:
-    return S.spectral_alignment(g, thetas, n_null=NULL, seed=seed, references=False,
+    return SA.spectral_alignment(g, thetas, n_null=NULL, seed=seed, references=False,
                                 keep_spectrum=False)
 
 
@@ -69,7 +69,7 @@ def test_smooth_kernels_have_no_significant_peaks(length, name):
     for label, g in kernels.items():
         res = align(g, THETAS[name])
         assert res["n_significant"] == 0 and not res["aligned"], label
-        raw = S.spectral_alignment(g, THETAS[name], raw_spectrum=True, n_null=NULL,
+        raw = SA.spectral_alignment(g, THETAS[name], raw_spectrum=True, n_null=NULL,
                                    references=False)
         assert not raw["aligned"], label
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from poskernel_tl import constants as C
-from poskernel_tl.analyses.spectral_io import SavedSpectral, read_spectral
+from poskernel_tl.analyses.spectral.io import SavedSpectral, read_spectral
 from poskernel_tl.report import extras, figures
 from poskernel_tl.report.tokens import Decoder, token_decoder
 from poskernel_tl.result import ConditionResult

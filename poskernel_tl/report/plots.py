@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from poskernel_tl.analyses.spectral_summary import kernel_spectrum
+from poskernel_tl.analyses.spectral.summary import kernel_spectrum
 from poskernel_tl.report.html import first_display
 from poskernel_tl.result import ConditionResult
 

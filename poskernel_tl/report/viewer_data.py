@@ -22,7 +22,7 @@ import numpy as np
 from jaxtyping import Float
 
 from poskernel_tl import constants as C
-from poskernel_tl.analyses.spectral_io import LABELS, SOURCES
+from poskernel_tl.analyses.spectral.io import LABELS, SOURCES
 from poskernel_tl.report import extras
 from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.figures import model_label

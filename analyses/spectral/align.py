@@ -1,12 +1,12 @@
 """One head's spectral alignment: :func:`spectral_alignment` on g(Δ), or
 :func:`align_spectrum` on an already processed |ĝ| (the condition table computes every
 head's spectrum in one batch). See :mod:`poskernel_tl.analyses.spectral` for what is
-computed and why; the null is :mod:`.spectral_null`."""
+computed and why; the null is :mod:`.null`."""
 
 import numpy as np
 from jaxtyping import Float
 
-from poskernel_tl.analyses.spectral_null import (
+from poskernel_tl.analyses.spectral.null import (
     ALPHA,
     N_NULL,
     PRECISION_BINS,
@@ -16,7 +16,7 @@ from poskernel_tl.analyses.spectral_null import (
     peak_significance,
     rotation_null,
 )
-from poskernel_tl.analyses.spectral_processing import (
+from poskernel_tl.analyses.spectral.processing import (
     N_PEAKS,
     OMEGA_MIN_BINS,
     frequency_grid,
@@ -109,7 +109,7 @@ def spectral_alignment(
     rotary PE). ``usage`` weights the reference kernel, one value per θ_i, same order.
     ``two_sided``: g runs over Δ = −(T−1)..T−1 (a bidirectional model; T = (len(g) + 1)/2
     by default) and is processed over that whole span
-    (:func:`~poskernel_tl.analyses.spectral_processing.span`).
+    (:func:`~poskernel_tl.analyses.spectral.processing.span`).
 
     Keys: ``peaks`` (ω of the top peaks, largest first), ``peak_magnitude``,
     ``significant``, ``n_peaks_found``, ``n_significant``; per peak ``matched``,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from poskernel_tl.analyses.sequence_pca_stats import SequencePCA, cpu_threads, sequence_pca
+from poskernel_tl.analyses.sequence_pca.stats import SequencePCA, cpu_threads, sequence_pca
 from poskernel_tl.progress import tqdm
 from poskernel_tl.sequences import build_sequences
 

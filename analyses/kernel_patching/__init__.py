@@ -38,10 +38,9 @@ costs nothing. So by default a second patch, ``patched_sink``, runs beside the f
 same kernel with the first ``sink_keys`` (default 1) key columns kept at their clean
 values and left out of the fit (``dloss_patched_sink``, ``dloss_ratio_sink``).
 
-The forward passes, their batching and cost are in
-:mod:`poskernel_tl.analyses.kernel_patching_passes`, the kernels in
-:mod:`poskernel_tl.analyses.kernel_patching_kernels`; this module makes the table, the
-figure and the ``poskernel analyze kernel-patching`` entry.
+The forward passes, their batching and cost are in :mod:`.passes`, the kernels in
+:mod:`.kernels`; this module makes the table, the figure and the
+``poskernel analyze kernel-patching`` entry.
 """
 
 import warnings
@@ -53,7 +52,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
-from poskernel_tl.analyses.kernel_patching_passes import PatchingResult, run_kernel_patching
+from poskernel_tl.analyses.kernel_patching.passes import PatchingResult, run_kernel_patching
 from poskernel_tl.config import option
 from poskernel_tl.inputs import as_tokens, check_tokens
 

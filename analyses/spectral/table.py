@@ -7,15 +7,15 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float
 
-from poskernel_tl.analyses.spectral_align import (
+from poskernel_tl.analyses.spectral.align import (
     PER_PEAK,
     align_spectrum,
     pe_spectrum_correlations,
     reference_scores,
     usable_thetas,
 )
-from poskernel_tl.analyses.spectral_null import ALPHA, N_NULL, PRECISION_BINS, TAU_REL
-from poskernel_tl.analyses.spectral_processing import (
+from poskernel_tl.analyses.spectral.null import ALPHA, N_NULL, PRECISION_BINS, TAU_REL
+from poskernel_tl.analyses.spectral.processing import (
     N_PEAKS,
     frequency_grid,
     signed_lags,

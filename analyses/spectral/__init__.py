@@ -2,11 +2,12 @@
 Step 2), for two sources of g: Track B's centered Gram (the pre-registered analysis) and
 Track A's pooled fit (exploratory).
 
-The science is in array functions that read no files: :func:`spectral_alignment` (one head),
-:func:`pe_spectrum_correlations` (GPT-2) and :func:`spectral_table` (one condition, one g
-source); :func:`run_spectral` analyses both sources of one condition and writes them
-(:mod:`.spectral_io`). Processing: :mod:`.spectral_processing`; matching and the null:
-:mod:`.spectral_null`.
+The science is in array functions that read no files: ``spectral_alignment`` (one head)
+and ``pe_spectrum_correlations`` (GPT-2) in :mod:`.align`, ``spectral_table`` (one
+condition, one g source) in :mod:`.table`; :func:`run_spectral` analyses both sources of one
+condition and writes them (:mod:`.io`). Processing: :mod:`.processing`; matching and the
+null: :mod:`.null`; summaries for people: :mod:`.summary`. :data:`SPEC` is the analysis
+as the registry lists it (``poskernel analyze spectral``).
 
 **What is removed before the FFT, and why.** Taken literally (zero-padded FFT of g), the
 spectrum is mostly not about periodicity: a constant g has a Dirichlet spectrum whose side
@@ -50,52 +51,31 @@ has its peaks; verdicts read only ``preregistered`` rows. Track A's rows are all
 ``exploratory``.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from jaxtyping import Float
 
-from poskernel_tl.analyses import spectral_io as SIO
-from poskernel_tl.analyses.spectral_align import (  # noqa: F401  (re-exported)
-    NOISE_FACTOR,
-    PER_PEAK,
-    align_spectrum,
-    pe_spectrum_correlations,
-    reference_scores,
-    spectral_alignment,
-    usable_thetas,
-)
-from poskernel_tl.analyses.spectral_null import N_NULL
-from poskernel_tl.analyses.spectral_processing import (  # noqa: F401  (re-exported)
-    DETREND_DEGREE,
-    LOG_POWER_FLOOR,
-    N_PEAKS,
-    OMEGA_MIN_BINS,
-    PROMINENCE_REL,
+from poskernel_tl import constants as C
+from poskernel_tl import protocol
+from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
+from poskernel_tl.analyses.spectral import io as SIO
+from poskernel_tl.analyses.spectral.align import spectral_alignment
+from poskernel_tl.analyses.spectral.null import N_NULL
+from poskernel_tl.analyses.spectral.processing import (
     frequency_grid,
-    lag_window,
-    log_power,
-    log_power_r,
-    n_fft_for,
-    pearson,
-    pick_peaks,
-    prepare,
     reference_kernel,
-    signed_lags,
     span,
     spectrum,
     two_sided_for_spectrum,
 )
-from poskernel_tl.analyses.spectral_table import (  # noqa: F401  (re-exported)
-    HEAD_COLUMNS,
-    PEAK_COLUMNS,
-    head_status,
-    layer_groups,
-    spectral_table,
-    spectral_table_by_layers,
-)
+from poskernel_tl.analyses.spectral.table import layer_groups, spectral_table_by_layers
+from poskernel_tl.config import option
+from poskernel_tl.errors import ResultFileError
 from poskernel_tl.protocol import EARLY_LAYERS, GATE_THRESHOLD
+from poskernel_tl.result import ConditionResult
 
 
 def gate_value(r2: Float[np.ndarray, "layer head_index"],
@@ -172,7 +152,7 @@ def run_spectral(result, out: Path | None = None, *, force: bool = False,
     pre-registered analysis) and Track A's pooled g (exploratory). Returns Track B's per-head
     table, its per-peak table and a summary of both sources (Track A's keys prefixed
     ``trackA_``); with ``out`` also writes every table and the spectra there
-    (:func:`poskernel_tl.analyses.spectral_io.write_spectral`). ``gate_met``: the grid's gate
+    (:func:`poskernel_tl.analyses.spectral.io.write_spectral`). ``gate_met``: the grid's gate
     (:func:`grid_gate`); default: this condition's own gate (rotary models only)."""
     cond = condition_inputs(result)
     spec, r2, length = cond["spec"], cond["r2"], result.length
@@ -250,3 +230,60 @@ def plot_head_spectrum(result, layer: int, head: int, raw_spectrum: bool = False
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- the analysis (registry)
+def folder_gate(out: str | Path | None, result: ConditionResult) -> bool | None:
+    """The protocol's gate over every rotary condition saved under ``out`` (and
+    ``result``): mean pooled Track A R² of the early-layer heads > the gate threshold.
+    None without rotary conditions. Reads only the other conditions' spec and pooled
+    R² column, so it stays cheap on a large grid."""
+    early = [result.r2_pooled[protocol.early_layers(result.n_layers)].ravel()] \
+        if result.spec.pe == "rope" else []
+    for model, dataset, length in ConditionResult.conditions(out) if out else []:
+        if (model, dataset, length) == (result.model, result.dataset, result.length):
+            continue
+        path = C.result_path(out, model, dataset, length, C.TRACK_A_CSV)
+        try:
+            spec = ConditionResult.saved_spec(out, model, dataset, length)
+            if spec.pe != "rope":
+                continue
+            a = pd.read_csv(path, usecols=["layer", "head", "R2_pooled"])
+        except (OSError, ValueError) as err:
+            raise ResultFileError(f"{path}: unreadable ({err})") from err
+        a = a.drop_duplicates(["layer", "head"])
+        early.append(a.loc[a["layer"].isin(protocol.EARLY_LAYERS), "R2_pooled"].to_numpy())
+    if not early:
+        return None
+    return bool(np.nanmean(np.concatenate(early)) > protocol.GATE_THRESHOLD)
+
+
+@dataclass(frozen=True)
+class SpectralOptions:
+    force: bool = option(False, "analyse all heads, ignoring the gate (labelled ungated)")
+    raw_spectrum: bool = option(False, "the literal spectrum (mean kept, no taper) instead "
+                                       "of the detrended, tapered one; for comparison only")
+    demean: bool = option(False, "with --raw-spectrum: remove g's mean before the FFT")
+
+
+def analyze(inputs: AnalysisInputs, options: SpectralOptions) -> dict[str, pd.DataFrame]:
+    """``poskernel analyze spectral``: spectral alignment of g(Δ) with the
+    positional-encoding frequencies for both g sources, gated over every rotary condition
+    saved beside this one (:func:`folder_gate`); :func:`run_spectral` writes its tables and
+    spectra itself (:mod:`.io`), so none is returned."""
+    run_spectral(
+        inputs.result, Path(inputs.out) if inputs.out is not None else None,
+        force=options.force, raw_spectrum=options.raw_spectrum,
+        demean=options.demean, gate_met=folder_gate(inputs.out, inputs.result))
+    return {}
+
+
+SPEC = AnalysisSpec(
+    bidirectional=True,
+    name="spectral", title="Spectral alignment", compute=analyze, options=SpectralOptions,
+    needs_model=False, needs_result=True, file=C.SPECTRAL_CSV,
+    columns=("analysed", "aligned", "frac_matched"),
+    head_rows=(("frac_matched", "fraction of top peaks matched to a θᵢ"),
+               ("p_value", "alignment p-value")),
+    guide="The DFT of g(Δ) against the positional-encoding frequencies θᵢ: peaks that are "
+          "significant and lie within the matching tolerance of a θᵢ.")

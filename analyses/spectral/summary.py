@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float
 
-from poskernel_tl.analyses import spectral
+from poskernel_tl.analyses.spectral.align import spectral_alignment
+from poskernel_tl.analyses.spectral.processing import frequency_grid, spectrum
 
 
 def kernel_spectrum(
@@ -19,17 +20,17 @@ def kernel_spectrum(
     """``(omega, power, alignment, note)`` for one g(Δ), Δ = 1..T−1 (``two_sided``: over
     Δ = −(T−1)..T−1, a bidirectional model's g).
 
-    The power spectrum is the spectral analysis' own (``analyses.spectral.spectrum``,
+    The power spectrum is the spectral analysis' own (``analyses.spectral.processing.spectrum``,
     squared: detrended, tapered, zero-padded to 4T, or 8T two-sided); ``alignment`` is
     ``spectral_alignment(g, thetas, usage=usage)`` for rotary models (``thetas`` given),
     else None; ``note`` is kept empty (for callers that show one)."""
     g = np.asarray(g, dtype=np.float64)
     n = len(g) + 1  # the span: T, or 2T for a two-sided g
-    omega = np.asarray(spectral.frequency_grid(n), dtype=np.float64)
-    power = np.asarray(spectral.spectrum(g, n), dtype=np.float64) ** 2
+    omega = np.asarray(frequency_grid(n), dtype=np.float64)
+    power = np.asarray(spectrum(g, n), dtype=np.float64) ** 2
     alignment = None
     if thetas is not None and len(thetas):
-        alignment = spectral.spectral_alignment(g, thetas, usage=usage, two_sided=two_sided)
+        alignment = spectral_alignment(g, thetas, usage=usage, two_sided=two_sided)
     return omega, power, alignment, ""
 
 

@@ -14,7 +14,7 @@ large one's sidelobes is still found). Neighbouring a_k are kept ≥ π/T apart,
 grow with K; a component on the floor π/T models a trend (e.g. a recency decay). Components
 are reported largest amplitude first; R² = 1 − SS_res/SS_tot over the fitted lags. This
 one-kernel fit (:func:`fit_cosine_series`, :class:`CosineFit`) lives in
-:mod:`poskernel_tl.analyses.fourier_kernel_fit`.
+:mod:`.fit`.
 
 :func:`cosine_fit_table` fits every head of g [layer, head_index, lag] for several K and
 returns two tidy tables (:class:`CosineFitTables`): ``fits``, one row per (layer, head, K),
@@ -53,7 +53,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
-from poskernel_tl.analyses.fourier_kernel_fit import (  # noqa: F401  (re-exported)
+from poskernel_tl.analyses.fourier_kernel.fit import (
     PAD_FACTOR,
     CosineFit,
     fit_cosine_series,

@@ -23,11 +23,11 @@ position error in tokens (Haviv et al. 2022), beside chance (always predicting t
 
 **Compression experiment** (not run by ``analyze``): seed 002's positional decoder on
 temporal components of the input embeddings, in
-:mod:`poskernel_tl.analyses.sequence_pca_compression`.
+:mod:`.compression`.
 
 The numerical core (the sequence PCA from streamed moments, the probes' fits and their
-reducers) is in :mod:`poskernel_tl.analyses.sequence_pca_stats`; its names are importable
-from here too. This module runs the model: the passes, the table and the figures.
+reducers) is in :mod:`.stats`. This module runs the model: the passes, the table and the
+figures.
 """
 
 import math
@@ -41,19 +41,14 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
-from poskernel_tl.analyses.sequence_pca_stats import (  # noqa: F401  (re-exported)
+from poskernel_tl.analyses.sequence_pca.stats import (
     PROBES,
-    PositionPredictor,
     ProbeErrorReducer,
     ProbeMomentsReducer,
     SequenceCovReducer,
     SequencePCA,
     StreamBatch,
-    cpu_threads,
     fit_linear_probes,
-    pca_from_moments,
-    sequence_pca,
-    synthetic_rope_queries,
     train_mlp_probe,
 )
 from poskernel_tl.hooks import qk_hook_names

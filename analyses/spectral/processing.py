@@ -21,7 +21,7 @@ import numpy as np
 from jaxtyping import Float
 from scipy.signal import find_peaks
 
-from poskernel_tl.analyses.spectral_null import PAD_FACTOR, local_background
+from poskernel_tl.analyses.spectral.null import PAD_FACTOR, local_background
 
 N_PEAKS = 5
 DETREND_DEGREE = 2

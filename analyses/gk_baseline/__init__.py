@@ -4,7 +4,7 @@ For a model that adds a position table to its token embeddings (GPT-2's learned 
 BERT's ``embeddings.position_embeddings``, or a sinusoidal table), the input of layer 0's
 q/k is LN(x(t)) with x(t) = e(t) + p(t): GPT-2's block-0 ``ln_1``, BERT's embeddings
 LayerNorm (post-LN; e(t) there is the word embedding plus the token-type row, see
-:mod:`poskernel_tl.analyses.gk_split`). Seed 000 expands the logit
+:mod:`poskernel_tl.analyses.gk_baseline.split`). Seed 000 expands the logit
 (e_x + P(i))ᵀ W_Q W_Kᵀ (e_y + P(j)) into a semantic, a token→position, a position→token
 and a position→position term, and takes the average positional contribution at distance
 k, G_k = mean_i P(i+k) P(i)ᵀ, as the baseline to subtract. LayerNorm is not linear in
@@ -29,9 +29,9 @@ fitted). Note that p̃(t) carries 1/σ(t), which depends on the token at t: the 
 position→position term is not a function of positions alone.
 
 Seed 000's baseline is G_k projected per head through the query/key maps:
-W_Q,hᵀ G̃_k W_K,h · scale (:func:`projected_gram`; k < 0, a key after the query, uses
+W_Q,hᵀ G̃_k W_K,h · scale (:func:`.split.projected_gram`; k < 0, a key after the query, uses
 G̃_|k|ᵀ), with G̃_k = positional_gram(P̃, k) from :mod:`poskernel_tl.pe_kernel`; its trace
-is S_PE(k), the head-projected kernel (:func:`projected_pe_kernels`). P̃ is the position
+is S_PE(k), the head-projected kernel (:func:`.split.projected_pe_kernels`). P̃ is the position
 table through the LayerNorm(s) on the way to each layer's q/k, normalised either by the
 position vector's own statistics (``ln_stats="own"``, GPT-2's default) or by the real
 per-position factor measured on the analysed sequences (``"data"``, the default for a
@@ -67,22 +67,19 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
-from poskernel_tl.analyses.gk_split import (
+from poskernel_tl.analyses.gk_baseline.split import (
     TERMS,
     BlockParts,
     additive_kind,
     block_parts,
     position_scale,
-    projected_gram,
-    projected_pe_kernel,
     projected_pe_kernels,
     split_layer0_scores,
 )
 from poskernel_tl.config import option
 from poskernel_tl.inputs import as_tokens, check_tokens
 from poskernel_tl.measure import choose_scores_path, forward_pass
-from poskernel_tl.pe_kernel import NoPositionTableError
-from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
+from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums
 
 
 # ------------------------------------------------------------------- reducer
@@ -90,7 +87,7 @@ from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_inva
 class GkBaselineResult:
     """Pooled statistics (numpy, float64); ``spe`` is S_PE[layer, head, Δ−1] and, for a
     bidirectional model, ``spe_back`` S_PE[layer, head, j] at Δ = −(j+1) (the fits then
-    cover both triangles). ``ln_stats``: ``own`` or ``data`` (:mod:`gk_split`)."""
+    cover both triangles). ``ln_stats``: ``own`` or ``data`` (:mod:`.split`)."""
 
     r2_scores: Float[np.ndarray, "layer head_index"]
     r2_minus_gk: Float[np.ndarray, "layer head_index"]
@@ -213,7 +210,7 @@ def gk_baseline(model, tokens, *, batch_size: int = 4, progress: bool = True,
     :class:`poskernel_tl.LoadedModel` with an additive position table, and fit every
     layer's scores with and without the head-projected G_k baseline S_PE (both signs of
     Δ for a bidirectional model), its position vectors on the ``ln_stats`` statistics
-    (:mod:`poskernel_tl.analyses.gk_split`)."""
+    (:mod:`poskernel_tl.analyses.gk_baseline.split`)."""
     parts = block_parts(model, 0)
     ids = as_tokens(model, tokens)
     check_tokens(model, ids, "tokens")
@@ -298,8 +295,5 @@ SPEC = AnalysisSpec(
           "E[P(i+k)P(i)ᵀ] and its share of the skip-k logits, split into four terms.")
 
 
-__all__ = ["SPEC", "TERMS", "GkBaselineReducer", "GkBaselineResult", "GkOptions",
-           "BlockParts", "NoPositionTableError", "analyze", "gk_baseline", "gk_table",
-           "block_parts", "projected_pe_kernel", "projected_pe_kernels", "plot_term_shares",
-           "projected_gram", "split_layer0_scores", "lag_counts", "lag_sums", "r2_from_sums",
-           "shift_invariance_r2"]
+__all__ = ["SPEC", "GkBaselineReducer", "GkBaselineResult", "GkOptions", "analyze",
+           "gk_baseline", "gk_table", "plot_term_shares"]

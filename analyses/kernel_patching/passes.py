@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from poskernel_tl.analyses.kernel_patching_kernels import (
+from poskernel_tl.analyses.kernel_patching.kernels import (
     causal_masks,
     pooled_kernels,
     replace_mask,
