@@ -15,7 +15,7 @@ from poskernel_tl.analyses import kernel_patching as KP
 from poskernel_tl.analyses import mean_field as MF
 from poskernel_tl.analyses import separable as SEP
 from poskernel_tl.analyses.kernel_patching import passes as KPP
-from poskernel_tl.registry import REGISTRY
+from poskernel_tl.models.registry import REGISTRY
 from poskernel_tl.report import extras as EX
 from poskernel_tl.report.build import build_report
 
