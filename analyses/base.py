@@ -20,8 +20,8 @@ from jaxtyping import Int
 from matplotlib.figure import Figure
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.loading import LoadedModel
-from poskernel_tl.result import ConditionResult
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.loading import LoadedModel
 
 
 @dataclass

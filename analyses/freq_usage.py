@@ -1,6 +1,6 @@
 """Rotary frequency usage per head (Barbero et al., ICLR 2025, "Round and Round We Go").
 
-Lays out a :class:`~poskernel_tl.result.ConditionResult`'s frequency usage (the mean
+Lays out a :class:`~poskernel_tl.measurement.result.ConditionResult`'s frequency usage (the mean
 norm of q and k inside each rotary 2-D pair, pairs read from the model's own
 ``hook_cos``) per (layer, head, pair) ordered by rotation frequency θ: large norms in the
 highest-frequency pairs mark positional heads; large norms in the lowest-frequency pairs
@@ -17,7 +17,7 @@ from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.constants import FREQ_USAGE_CSV, result_path
 from poskernel_tl.errors import UserError
 from poskernel_tl.io import save_csv
-from poskernel_tl.result import ConditionResult
+from poskernel_tl.measurement.result import ConditionResult
 
 COLUMNS = ["layer", "head", "kv_head", "rank", "pair", "theta", "dim_a", "dim_b", "q_norm",
            "k_norm", "q_share"]

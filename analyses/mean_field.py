@@ -25,7 +25,7 @@ would attribute to it), so a share can be negative or exceed 1 when parts cancel
 ``share_*_ss`` are the same without demeaning (fractions of ⟨Ḡ, Ḡ⟩_F).
 
 Two routes to the parts. ``source="pass"`` (the exact one, used by the command line) runs
-the evaluation sequences once through :func:`poskernel_tl.measure.forward_pass` with
+the evaluation sequences once through :func:`poskernel_tl.measurement.measure.forward_pass` with
 :class:`MeanFieldReducer`, accumulating Σ_x (q_x − μ_q)(k_x − μ_k)ᵀ and Σ_x q_x, Σ_x k_x
 in float64 (cost: one q·kᵀ per head and sequence on top of the forward; memory
 L·H·T²·8 bytes, 141 MB for SmolLM2 at T = 256), so Ḡ = M + X + C holds to float64
@@ -47,10 +47,10 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
-from poskernel_tl.config import option
-from poskernel_tl.inputs import as_tokens, check_tokens
-from poskernel_tl.measure import forward_pass
-from poskernel_tl.toeplitz import shift_invariance_r2
+from poskernel_tl.data.inputs import as_tokens, check_tokens
+from poskernel_tl.fit.toeplitz import shift_invariance_r2
+from poskernel_tl.measurement.measure import forward_pass
+from poskernel_tl.plan.config import option
 
 PARTS = ("meanfield", "cross", "centered")
 NO_MEANS = ("no centering means (uncentered condition, e.g. random tokens): the mean-field "

@@ -1,5 +1,5 @@
 """S_PE against the measured g(Δ): per head, the head-projected positional kernel
-(:mod:`poskernel_tl.pe_kernel`) against Track A's pooled g, the raw Gram's g and the
+(:mod:`poskernel_tl.measurement.pe_kernel`) against Track A's pooled g, the raw Gram's g and the
 centered Gram's g, over both signs of Δ for a bidirectional model.
 
 Two numbers per g source:
@@ -30,8 +30,8 @@ from jaxtyping import Float
 from poskernel_tl.analyses.base import AnalysisSpec
 from poskernel_tl.analyses.spectral.align import pe_spectrum_correlations
 from poskernel_tl.analyses.spectral.processing import span, two_sided_for_spectrum
-from poskernel_tl.config import option
 from poskernel_tl.errors import UserError
+from poskernel_tl.plan.config import option
 
 # g source → the ConditionResult fields of its forward and back arrays
 SOURCES = {"trackA_pooled": ("g_pooled", "g_pooled_back"),
@@ -93,7 +93,7 @@ def pe_correlations(
 
 
 def pe_correlation_table(result, *, raw_spectrum: bool = False) -> pd.DataFrame:
-    """:func:`pe_correlations` of a :class:`~poskernel_tl.result.ConditionResult` with
+    """:func:`pe_correlations` of a :class:`~poskernel_tl.measurement.result.ConditionResult` with
     S_PE (learned absolute positions): one row per (layer, head)."""
     if getattr(result, "s_pe", None) is None:
         raise UserError(f"{result.model}: no S_PE in this condition (learned absolute "

@@ -34,8 +34,8 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
+from poskernel_tl.fit.toeplitz import lag_counts, r2_from_sums, shift_invariance_r2
 from poskernel_tl.reducers.perm_null import joint_permutations
-from poskernel_tl.toeplitz import lag_counts, r2_from_sums, shift_invariance_r2
 
 _CHUNK_ELEMENTS = 1 << 24  # bounds the [batch, chunk, pos, d] and [batch, perm, pair] temps
 
@@ -226,7 +226,7 @@ class PermutationNull:
 def r2_vs_permutation_null(
     scores: Float[Tensor, "*batch query_pos key_pos"], n_perm: int = 200, seed: int = 0
 ) -> PermutationNull:
-    """Toeplitz R² of ``scores`` (:func:`poskernel_tl.toeplitz.shift_invariance_r2`) and
+    """Toeplitz R² of ``scores`` (:func:`poskernel_tl.fit.toeplitz.shift_invariance_r2`) and
     its percentile within :func:`permutation_null_r2`."""
     r2, _ = shift_invariance_r2(scores)
     null = permutation_null_r2(scores, n_perm, seed)

@@ -37,8 +37,8 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
-from poskernel_tl.measure import choose_scores_path, forward_pass
-from poskernel_tl.toeplitz import shifted_lower
+from poskernel_tl.fit.toeplitz import shifted_lower
+from poskernel_tl.measurement.measure import choose_scores_path, forward_pass
 
 FITS = ("R2_toeplitz", "R2_separable", "R2_toeplitz_separable")
 

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from poskernel_tl.hooks.names import QKSource, qk_source, scores_hook_name
 from poskernel_tl.hooks.rotary import hooked_angles, pair_angles, rotate
-from poskernel_tl.scheme import LayerScheme
+from poskernel_tl.models.scheme import LayerScheme
 
 
 @dataclass

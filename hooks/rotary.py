@@ -1,7 +1,7 @@
 """Which head dimensions a layer rotates together, and rotary applied from a layer's
 scheme where the bridge hooks only the queries and keys before it.
 
-A layer's :class:`~poskernel_tl.scheme.LayerScheme` names its pair layout and rotated
+A layer's :class:`~poskernel_tl.models.scheme.LayerScheme` names its pair layout and rotated
 share r of d_head: ``"rotate_half"`` (Llama, GPT-NeoX, Phi-3, Gemma) pairs dimension i with
 i + r/2, ``"interleaved"`` (GPT-J) pairs 2i with 2i + 1, and dimensions ≥ r pass through.
 Pair j rotates by the angle θ_j·t at position t:
@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.scheme import LayerScheme
+from poskernel_tl.models.scheme import LayerScheme
 
 
 def pair_indices(scheme: LayerScheme) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,9 +8,6 @@ DATA_DIR = "data"
 RESULTS_DIR = "results"
 MANIFEST = "manifest.json"
 
-# the protocol's definitions (splits, boundary rows, ...) live in poskernel_tl.protocol
-from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION  # noqa: E402,F401  (track_a)
-
 VERSION = "0.2.0"
 GRAM_SAVE_MAX_T = 256  # full T×T Gram matrices are written only up to this length
 

@@ -84,6 +84,16 @@ def save_npz(path: Path, **arrays: np.ndarray) -> Path:
     return atomic_write(path, write)
 
 
+def save_arrays(path: Path, arrays: dict) -> Path:
+    """Named arrays into an ``.npz`` file, or a ``.pt`` file: one tensor where the only
+    name is None, else a dict of tensors."""
+    if path.suffix == ".npz":
+        return save_npz(path, **arrays)
+    if list(arrays) == [None]:
+        return save_torch(torch.from_numpy(np.asarray(arrays[None])), path)
+    return save_torch({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}, path)
+
+
 def save_json(obj: Any, path: Path) -> Path:
     return atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, default=str)))
 

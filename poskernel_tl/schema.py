@@ -1,6 +1,6 @@
 """Result parts: dataclasses whose fields say where they are saved.
 
-A :class:`ConditionResult <poskernel_tl.result.ConditionResult>` is composed of parts
+A :class:`ConditionResult <poskernel_tl.measurement.result.ConditionResult>` is composed of parts
 (Track A, Track B, the centering means, frequency usage, the permutation null, saved
 logits, …), each the result dataclass of the reducer that computes it. A part's field
 declares, in its metadata, where it is stored — an array in a file (:func:`stored`) or a

@@ -35,8 +35,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from poskernel_tl import constants as C  # noqa: E402
 from poskernel_tl.analyses.spectral import run_spectral  # noqa: E402
-from poskernel_tl.registry import REGISTRY  # noqa: E402
-from poskernel_tl.result import ConditionResult  # noqa: E402
+from poskernel_tl.measurement.result import ConditionResult  # noqa: E402
+from poskernel_tl.models.registry import REGISTRY  # noqa: E402
 
 MODELS = ("gpt2", "gpt2-medium", "olmo-1b", "llama-3.2-1b", "tinyllama-1.1b",
           "tinyllama-nope-1.1b")

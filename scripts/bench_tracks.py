@@ -14,7 +14,7 @@ length T it prints seconds per sequence of
 
 with each one's ratio to the floor, and the peak RSS of a process that loads the model
 and runs `pk.measure` (A + B) on 2n sequences, next to the plan's estimate
-(:func:`poskernel_tl.batching.plan_measure`). The measurement's forwards stop once the
+(:func:`poskernel_tl.plan.batching.plan_measure`). The measurement's forwards stop once the
 last layer's q/k are captured (nothing reads the output); the forwards timed here run
 whole. Targets: A + B ≤ 1.05× the floor at T = 256, ≤ 1.20× at 1024 (peak RSS ≤ 4 GiB at
 N = 200), ≤ 1.30× at 4096 (≤ 12 GiB); at 8192 A only ≤ 1.20× (≤ 20 GiB).
@@ -45,7 +45,7 @@ bare forwards.
 centering variant, T = 4096, 8 sequences), then one layer of Track B's own work on random q/k of the
 model's geometry (the accumulator's update and fit, the factors' fit; at T = 1024,
 4096 and 8192, n = 1, 2, 4) and prints the constants of
-:data:`poskernel_tl.track_b_cost.COST` fitted to them, with each timing's ratio to its
+:data:`poskernel_tl.plan.track_b_cost.COST` fitted to them, with each timing's ratio to its
 estimate.
 
 Where n and 2n would keep Track B differently (the q/k factors of few sequences against the
@@ -70,9 +70,11 @@ from scipy.optimize import nnls
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import poskernel_tl as pk  # noqa: E402
-from poskernel_tl import batching  # noqa: E402
-from poskernel_tl.embedded import from_gguf  # noqa: E402
-from poskernel_tl.measure import forward_pass  # noqa: E402
+from poskernel_tl.fit.toeplitz import shift_invariance_r2  # noqa: E402
+from poskernel_tl.measurement.measure import forward_pass  # noqa: E402
+from poskernel_tl.models.embedded import from_gguf  # noqa: E402
+from poskernel_tl.models.registry import resolve  # noqa: E402
+from poskernel_tl.plan import batching  # noqa: E402
 from poskernel_tl.reducers import (  # noqa: E402
     FreqUsageReducer,
     GramReducer,
@@ -81,8 +83,6 @@ from poskernel_tl.reducers import (  # noqa: E402
     PermNullReducer,
     TrackAReducer,
 )
-from poskernel_tl.registry import resolve  # noqa: E402
-from poskernel_tl.toeplitz import shift_invariance_r2  # noqa: E402
 
 COLUMNS = ("HF sdpa", "HF eager", "bridge eager", "bridge sdpa", "A only", "A + B")
 

@@ -24,8 +24,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import poskernel_tl as pk  # noqa: E402
-from poskernel_tl.loading import LoadedModel, boot_bridge, describe  # noqa: E402
-from poskernel_tl.registry import placeholder_spec  # noqa: E402
+from poskernel_tl.models.loading import LoadedModel, boot_bridge, describe  # noqa: E402
+from poskernel_tl.models.registry import placeholder_spec  # noqa: E402
 
 
 def placeholder_tokenizer():

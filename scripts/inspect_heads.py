@@ -44,8 +44,8 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 import poskernel_tl as pk  # noqa: E402
 from poskernel_tl.analyses.spectral.summary import alignment_line  # noqa: E402
-from poskernel_tl.head_view import inspect_head  # noqa: E402
-from poskernel_tl.sequences import build_sequences, centering_mask, eval_mask  # noqa: E402
+from poskernel_tl.apps.head_view import inspect_head  # noqa: E402
+from poskernel_tl.data.sequences import build_sequences, centering_mask, eval_mask  # noqa: E402
 
 
 def output_folder() -> Path:
@@ -138,7 +138,7 @@ views["most"]
 # %%
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from poskernel_tl.loading import boot_bridge  # noqa: E402
+from poskernel_tl.models.loading import boot_bridge  # noqa: E402
 
 tok = model.tokenizer
 config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,

@@ -29,10 +29,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import poskernel_tl as pk  # noqa: E402
-from poskernel_tl.batching import device_cap  # noqa: E402
-from poskernel_tl.measure import forward_pass  # noqa: E402
+from poskernel_tl.data.sequences import build_sequences, eval_mask  # noqa: E402
+from poskernel_tl.measurement.measure import forward_pass  # noqa: E402
+from poskernel_tl.plan.batching import device_cap  # noqa: E402
 from poskernel_tl.reducers import TrackAReducer  # noqa: E402
-from poskernel_tl.sequences import build_sequences, eval_mask  # noqa: E402
 
 
 def sweep_length(model, dataset: str, T: int, n_eval: int) -> dict:

@@ -21,8 +21,8 @@ import torch  # noqa: E402
 
 import poskernel_tl as pk  # noqa: E402
 import poskernel_tl.reducers as reducers  # noqa: E402
-from poskernel_tl.batching import device_cap  # noqa: E402
-from poskernel_tl.measure import forward_pass  # noqa: E402
+from poskernel_tl.measurement.measure import forward_pass  # noqa: E402
+from poskernel_tl.plan.batching import device_cap  # noqa: E402
 
 SECONDS: dict[str, float] = collections.defaultdict(float)
 

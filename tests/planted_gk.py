@@ -1,5 +1,5 @@
 """Planted ground truth for the G_k baseline (:mod:`poskernel_tl.analyses.gk_baseline`) and
-S_PE (:mod:`poskernel_tl.pe_kernel`): tiny GPT-2 and BERT models whose position table is
+S_PE (:mod:`poskernel_tl.measurement.pe_kernel`): tiny GPT-2 and BERT models whose position table is
 sinusoidal, with a known layer-0 position→position term when planted
 (:func:`sinusoidal_gpt2`, :func:`sinusoidal_bert` with ``planted=True``,
 :func:`planted_pos_pos_kernel`; a BERT's kernel has both signs of Δ, and its odd heads

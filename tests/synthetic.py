@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from poskernel_tl.registry import ModelSpec
-from poskernel_tl.result import ConditionResult
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.registry import ModelSpec
 
 
 def make_result(spec: ModelSpec, length: int, *, g: np.ndarray | None = None,

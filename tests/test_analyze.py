@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 from tiny_models import tiny_loaded
 
-from poskernel_tl import cli
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.base import AnalysisSpec
 from poskernel_tl.analyses.registry import REGISTRY, get
-from poskernel_tl.analyze import run_analysis
-from poskernel_tl.config import RunConfig, cli_fields
+from poskernel_tl.apps import cli
 from poskernel_tl.errors import UserError
+from poskernel_tl.plan.config import RunConfig, cli_fields
+from poskernel_tl.run.analyze import run_analysis
 
 
 @pytest.mark.parametrize("name", ["separable", "fourier-kernel", "qig-control", "spectral"])
@@ -82,7 +82,7 @@ def test_causal_only_analyses_refuse_an_encoder(name, tiny_tokenizer, tmp_path, 
     with pytest.raises(UserError, match="bidirectional"):
         run_analysis(name, cfg, model=model)
     # a registered encoder is refused before anything loads
-    monkeypatch.setattr("poskernel_tl.analyze.prepare", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr("poskernel_tl.run.analyze.prepare", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(UserError, match="minilm-l6 is a bidirectional encoder"):
         run_analysis(name, dataclasses.replace(cfg, model="minilm-l6"))
 

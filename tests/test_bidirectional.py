@@ -12,11 +12,18 @@ import torch
 from tiny_models import VOCAB, tiny_loaded
 
 import poskernel_tl as pk
-from poskernel_tl import track_b_cost
 from poskernel_tl.analyses import spectral as S
 from poskernel_tl.analyses.spectral import io as SIO
 from poskernel_tl.analyses.spectral import table as ST
 from poskernel_tl.errors import UserError
+from poskernel_tl.fit.toeplitz import (
+    shift_invariance_r2_two_sided,
+    sym_antisym,
+    two_sided,
+    upper_lag_counts,
+)
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.plan import track_b_cost
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers import (
     CenteringMeans,
@@ -29,13 +36,6 @@ from poskernel_tl.reducers import (
 )
 from poskernel_tl.reducers.moments import random_half
 from poskernel_tl.reducers.perm_null import joint_permutations
-from poskernel_tl.result import ConditionResult
-from poskernel_tl.toeplitz import (
-    shift_invariance_r2_two_sided,
-    sym_antisym,
-    two_sided,
-    upper_lag_counts,
-)
 
 B, T, H, D = 5, 64, 3, 6
 SCALE = 0.41

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from poskernel_tl import cli
-from poskernel_tl.config import (
+from poskernel_tl.apps import cli
+from poskernel_tl.errors import UserError
+from poskernel_tl.plan.config import (
     PER_CONDITION,
     GridConfig,
     MeasureConfig,
@@ -16,7 +17,6 @@ from poskernel_tl.config import (
     cli_fields,
     from_args,
 )
-from poskernel_tl.errors import UserError
 
 IGNORED = {"help", "command"}
 
@@ -82,7 +82,7 @@ def test_empty_or_binary_text_fails_before_the_model_loads(tmp_path, content, ca
                                                            monkeypatch):
     path = tmp_path / "bad.txt"
     path.write_bytes(content)
-    monkeypatch.setattr("poskernel_tl.runner.load_model",
+    monkeypatch.setattr("poskernel_tl.run.runner.load_model",
                         lambda *a, **k: pytest.fail("the model was loaded"))
     t0 = time.time()
     rc = cli.main(["run", "--dataset", f"text:{path}", "--out", str(tmp_path / "o")])
@@ -126,10 +126,10 @@ def _config_reads() -> set[str]:
     from pathlib import Path
 
     import poskernel_tl as pk
-    from poskernel_tl.loading import LOAD_FIELDS
+    from poskernel_tl.models.loading import LOAD_FIELDS
 
     root = Path(__file__).resolve().parents[1]
-    read, config = set(LOAD_FIELDS), ast.parse((root / "poskernel_tl/config.py").read_text())
+    read, config = set(LOAD_FIELDS), ast.parse((root / "poskernel_tl/plan/config.py").read_text())
     for folder in ("poskernel_tl", "hooks", "analyses"):
         for path in (root / folder).rglob("*.py"):
             if path.name != "config.py":
@@ -155,7 +155,7 @@ def test_a_run_loads_its_model_from_the_configuration_whole(monkeypatch):
     """`poskernel run` (and every command on one condition) hands load_model the
     configuration itself, so no loading option can be dropped on the way (the grid, tested
     in test_grid.py, once lost --compatibility-mode)."""
-    from poskernel_tl import runner
+    from poskernel_tl.run import runner
 
     calls = []
     monkeypatch.setattr(runner, "load_model", lambda c: calls.append(c) or 1 / 0)

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from poskernel_tl import constants
-from poskernel_tl.datasets import (
+from poskernel_tl.data.datasets import (
     HUB_DATASETS,
     OFFLINE_DATASETS,
-    DataError,
     iter_documents,
+    special_token_ids,
     split_wikitext,
 )
-from poskernel_tl.sequences import (
+from poskernel_tl.data.sequences import (
     build_sequences,
     centering_mask,
     collect_windows,
@@ -25,8 +25,8 @@ from poskernel_tl.sequences import (
     eval_mask,
     load_sequences,
     save_sequences,
-    special_token_ids,
 )
+from poskernel_tl.errors import DataError
 
 WIKITEXT = Path(__file__).parents[2] / "shared/data/wikitext2_test_raw.txt"
 OFFLINE_NAMES = ("prose", "stdlib-code", "random", "text:PATH")

@@ -6,11 +6,11 @@ import torch
 from tiny_models import VOCAB, tiny_loaded
 
 import poskernel_tl as pk
-from poskernel_tl import batching
 from poskernel_tl.hooks.fast_attention import set_attention
-from poskernel_tl.loading import forward_dtype
-from poskernel_tl.measure import choose_scores_path
-from poskernel_tl.registry import resolve
+from poskernel_tl.measurement.measure import choose_scores_path
+from poskernel_tl.models.loading import forward_dtype
+from poskernel_tl.models.registry import resolve
+from poskernel_tl.plan import batching
 
 
 def _tokens(n, T, seed):

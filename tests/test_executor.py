@@ -7,10 +7,10 @@ import pytest
 from tiny_models import load_for_grid
 
 from poskernel_tl import constants as C
-from poskernel_tl import executor, grid
-from poskernel_tl.cli import main
-from poskernel_tl.config import GridConfig
-from poskernel_tl.manifest import Manifest
+from poskernel_tl.apps.cli import main
+from poskernel_tl.plan.config import GridConfig
+from poskernel_tl.run import executor, grid
+from poskernel_tl.run.manifest import Manifest
 
 TESTS = Path(__file__).parent
 CONDS = [grid.Condition("tiny-llama", "random", 32, 6),

@@ -17,7 +17,7 @@ from transformer_lens.model_bridge.generalized_components.position_embeddings_at
 
 from poskernel_tl.hooks import capture_qk, masks
 from poskernel_tl.hooks import fast_attention as fa
-from poskernel_tl.loading import LoadedModel, load_model
+from poskernel_tl.models.loading import LoadedModel, load_model
 
 TOL = 1e-5  # float32, sdpa vs TransformerLens's eager attention, 2 tiny layers (seen ≤ 3e-7)
 SMOLLM2_LOGPROB_TOL = 5e-4  # logits and log-probs, float32, 30 layers, T = 64 (seen 8e-5)
@@ -283,7 +283,7 @@ def test_fast_path_covers_sliding_windows_and_qk_norm(arch, tiny_tokenizer, sdpa
     hooks, logits and q/k as TransformerLens's own attention, at a length past the window."""
     from tiny_models import arch_hf_model
 
-    from poskernel_tl.loading import boot_bridge
+    from poskernel_tl.models.loading import boot_bridge
 
     bridge = boot_bridge(arch_hf_model(arch), tiny_tokenizer)
     model = type("M", (), {"bridge": bridge, "spec": type("S", (), {"n_layers": 4})})

@@ -11,7 +11,7 @@ import torch
 from test_layer_schemes import hf_eager_logits, naive_r2
 
 import poskernel_tl as pk
-from poskernel_tl.embedded import from_gguf
+from poskernel_tl.models.embedded import from_gguf
 
 pytestmark = pytest.mark.gemma3
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext2_test_raw.txt"

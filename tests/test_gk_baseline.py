@@ -11,15 +11,15 @@ from tiny_models import SPECS, tiny_hf_model, tiny_loaded
 from poskernel_tl.analyses import gk_baseline as G
 from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.analyses.gk_baseline import split as GS
-from poskernel_tl.loading import LoadedModel, boot_bridge, describe
-from poskernel_tl.pe_kernel import (
+from poskernel_tl.data.sequences import build_sequences
+from poskernel_tl.fit.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
+from poskernel_tl.measurement.pe_kernel import (
     NoPositionTableError,
     head_projected_pe_kernel,
     head_projected_pe_kernels,
     position_ln_stats,
 )
-from poskernel_tl.sequences import build_sequences
-from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
+from poskernel_tl.models.loading import LoadedModel, boot_bridge, describe
 
 T = 40
 SPLIT_TOL = 1e-5

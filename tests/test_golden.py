@@ -13,7 +13,7 @@ import pytest
 import torch
 from golden.make_golden import GOLDEN, run
 
-from poskernel_tl.result import ConditionResult
+from poskernel_tl.measurement.result import ConditionResult
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "v0.2.0"
 STEM = "tiny-llama_prose_64"

@@ -12,12 +12,12 @@ import pytest
 from tiny_models import tiny_loaded
 
 from poskernel_tl import constants as C
-from poskernel_tl import grid
-from poskernel_tl.cli import main
-from poskernel_tl.config import GridConfig
+from poskernel_tl.apps.cli import main
 from poskernel_tl.errors import UserError
-from poskernel_tl.loading import LOAD_FIELDS
-from poskernel_tl.manifest import FolderLock, Manifest
+from poskernel_tl.models.loading import LOAD_FIELDS
+from poskernel_tl.plan.config import GridConfig
+from poskernel_tl.run import grid
+from poskernel_tl.run.manifest import FolderLock, Manifest
 
 TESTS = Path(__file__).parent
 CONDS = [grid.Condition("tiny-llama", "random", 32, 6),
@@ -127,8 +127,8 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from conftest import make_tiny_tokenizer
     from tiny_models import tiny_loaded
-    from poskernel_tl import grid
-    from poskernel_tl.config import GridConfig
+    from poskernel_tl.run import grid
+    from poskernel_tl.plan.config import GridConfig
     conds = [grid.Condition("tiny-llama", "random", t, 20) for t in (48, 64, 96)]
     model = tiny_loaded("llama", make_tiny_tokenizer(sys.argv[2]))
     grid.run_grid(conds, GridConfig(out=sys.argv[1], batch_size=1, progress=False),
@@ -164,7 +164,7 @@ def test_merge_combines_shards(tiny_tokenizer, tmp_path):
     assert grid.merge([tmp_path / "s0", tmp_path / "s1"], tmp_path / "all") == 3
     merged = Manifest(tmp_path / "all")
     assert all(merged.status(n, e["key"]) == "complete" for n, e in merged.entries.items())
-    from poskernel_tl.result import ConditionResult
+    from poskernel_tl.measurement.result import ConditionResult
 
     assert len(ConditionResult.conditions(tmp_path / "all")) == 3
 

@@ -18,10 +18,10 @@ from browser import find_chromium, load_page
 from tiny_models import tiny_loaded
 
 import poskernel_tl as pk
+from poskernel_tl.apps.head_view import HeadView, head_tensors, inspect_head
+from poskernel_tl.apps.head_view_cli import add_inspect_parser, cmd_inspect, dataset_window
 from poskernel_tl.errors import UserError
-from poskernel_tl.head_view import HeadView, head_tensors, inspect_head
-from poskernel_tl.head_view_cli import add_inspect_parser, cmd_inspect, dataset_window
-from poskernel_tl.toeplitz import shift_invariance_r2
+from poskernel_tl.fit.toeplitz import shift_invariance_r2
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIL = "<script>alert(1)</script>"
@@ -94,7 +94,7 @@ def test_numbers_equal_the_hooked_scores(arch, llama, gpt2, monkeypatch):
     omega, power = view.spectrum
     assert omega.shape == power.shape and (power >= 0).all()
     if arch == "llama":  # without hook_pattern: the softmax of the causal logits
-        monkeypatch.setattr("poskernel_tl.head_view.PATTERN_HOOK", "no.such.hook{layer}")
+        monkeypatch.setattr("poskernel_tl.apps.head_view.PATTERN_HOOK", "no.such.hook{layer}")
         soft = head_tensors(model, ids, 1, 3)
         assert soft["pattern_from"] == "softmax of the causal logits"
         np.testing.assert_allclose(soft["pattern"].numpy(), pattern.numpy(), atol=1e-6)
@@ -215,7 +215,7 @@ def test_cli_checks_arguments_before_loading(monkeypatch, tmp_path):
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr("poskernel_tl.head_view_cli.load_model", no_load)
+    monkeypatch.setattr("poskernel_tl.apps.head_view_cli.load_model", no_load)
     cases = [
         (["--layer", "30", "--head", "0", "--text", "hello"], ValueError, r"layers 0\.\.29"),
         (["--layer", "0", "--head", "9", "--text", "hello"], ValueError, r"heads 0\.\.8"),
@@ -242,7 +242,7 @@ def test_cli_checks_arguments_before_loading(monkeypatch, tmp_path):
 
 
 def test_cli_writes_pages(monkeypatch, tmp_path, llama, capsys):
-    monkeypatch.setattr("poskernel_tl.head_view_cli.load_model", lambda *a, **k: llama)
+    monkeypatch.setattr("poskernel_tl.apps.head_view_cli.load_model", lambda *a, **k: llama)
     src = tmp_path / "in.txt"
     src.write_text(TEXT, encoding="utf-8")
     runs = [["--text", TEXT], ["--file", str(src), "--shared-assets"],

@@ -1,6 +1,9 @@
-"""The package's import graph points one way: hooks → reducers → measure / result →
-analyses → report → applications (grid, head view, CLI). No cycle, no import hidden in a
-function to dodge one, no private name imported across modules."""
+"""The package's import graph points one way, folder by folder: the core (the modules
+directly under ``poskernel_tl/``) → models and hooks → data → fit and plan → reducers →
+measurement → analyses → report → run → apps and the public API. No cycle, no import
+hidden in a function to dodge one, no private name imported across modules, and every
+name imported from the module that defines it (no re-exports, but for a package's public
+``__init__``)."""
 
 import ast
 import tomllib
@@ -11,24 +14,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"poskernel_tl": "poskernel_tl", "hooks": "poskernel_tl.hooks",
             "analyses": "poskernel_tl.analyses"}
-# lower rank = lower layer; a module may import modules of its own rank or below
+# The layers above the core, lowest first: each names folders (subpackages of poskernel_tl,
+# with everything inside them). A module may import its own layer or any below; the core
+# (rank 0: errors, protocol, constants, io, schema, progress) imports only the core, so a
+# module that needs a folder belongs in a folder. The package's own ``__init__`` (the
+# public API) is the top.
 RANKS = [
-    ("poskernel_tl.errors", "poskernel_tl.protocol", "poskernel_tl.constants",
-     "poskernel_tl.io", "poskernel_tl.registry", "poskernel_tl.schema",
-     "poskernel_tl.scheme", "poskernel_tl.progress"),
-    ("poskernel_tl.hooks", "poskernel_tl.toeplitz", "poskernel_tl.bands",
-     "poskernel_tl.kernel_class", "poskernel_tl.datasets", "poskernel_tl.sequences",
-     "poskernel_tl.embedded", "poskernel_tl.loading",
-     "poskernel_tl.batching", "poskernel_tl.track_b_cost",
-     "poskernel_tl.manifest", "poskernel_tl.config", "poskernel_tl.inputs"),
-    ("poskernel_tl.reducers", "poskernel_tl.pe_kernel"),
-    ("poskernel_tl.measure", "poskernel_tl.result",
-     "poskernel_tl.runner"),
-    ("poskernel_tl.analyses", "poskernel_tl.analyze"),
-    ("poskernel_tl.report",),
-    ("poskernel_tl.head_view", "poskernel_tl.head_view_cli", "poskernel_tl.grid",
-     "poskernel_tl.executor", "poskernel_tl.cli", "poskernel_tl"),
+    ("models", "hooks"),  # the model and the capture of its q/k (each reads the other)
+    ("data",),
+    ("fit", "plan"),
+    ("reducers",),
+    ("measurement",),
+    ("analyses",),
+    ("report",),
+    ("run",),
+    ("apps",),
 ]
+CORE, TOP = 0, len(RANKS) + 1
 
 
 def modules() -> dict[str, Path]:
@@ -42,15 +44,15 @@ def modules() -> dict[str, Path]:
 
 
 def rank(module: str) -> int:
-    best = None
-    for i, prefixes in enumerate(RANKS):
-        for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and (
-                    best is None or len(p) > best[1]):
-                best = (i, len(p))
-    if best is None:
-        raise AssertionError(f"{module} has no layer in RANKS: add it")
-    return best[0]
+    if module == "poskernel_tl":
+        return TOP
+    folder = module.split(".")[1]
+    for i, folders in enumerate(RANKS):
+        if folder in folders:
+            return i + 1
+    if module.count(".") == 1 and MODS[module].name != "__init__.py":
+        return CORE
+    raise AssertionError(f"{module} is in no folder of RANKS: add its folder")
 
 
 def edges(mods: dict[str, Path]):
@@ -95,7 +97,7 @@ def test_imports_point_down():
 
 # imports deferred for their cost, not to dodge a cycle (they point down like the rest):
 # the fast attention classes subclass TransformerLens's, whose import takes ~10 s
-DEFERRED = {("poskernel_tl.loading", "poskernel_tl.hooks.fast_attention")}
+DEFERRED = {("poskernel_tl.models.loading", "poskernel_tl.hooks.fast_attention")}
 
 
 def test_no_function_local_imports():
@@ -144,3 +146,50 @@ def test_every_package_is_in_the_wheel():
              for folder, package in PACKAGES.items()
              for init in (ROOT / folder).rglob("__init__.py")}
     assert found == listed
+
+
+def test_no_module_imports_its_own_package():
+    """A package's ``__init__`` runs before its modules and may import them: a module that
+    reads names from the ``__init__`` of a package holding it closes a cycle."""
+    inward = [f"{a} line {n}: {b}" for a, b, _, _, n in EDGES if a.startswith(b + ".")]
+    assert not inward, "modules importing their own package:\n" + "\n".join(inward)
+
+
+def defined(tree: ast.Module) -> set[str]:
+    """The names a module binds itself at its top level: not those it imports, but for an
+    import it chooses under an ``if`` or ``try``."""
+    names: set[str] = set()
+    body = list(tree.body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and node not in tree.body:
+            # an import under a top-level if/try chooses the binding (progress.tqdm)
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For)):
+            body += node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+            body += [n for h in getattr(node, "handlers", []) for n in h.body]
+    return names
+
+
+def test_names_come_from_the_module_that_defines_them():
+    """``from M import name`` reads ``name`` where it is defined: no module re-exports
+    another's names. A package's ``__init__`` may gather its own submodules' names (its
+    API: ``poskernel_tl.reducers``, ``poskernel_tl.hooks``)."""
+    trees = {m: ast.parse(p.read_text()) for m, p in MODS.items()}
+    found = [f"{a} line {n}: {b}.{name}" for a, b, name, _, n in EDGES
+             if name and name not in defined(trees[b])
+             and not (MODS[b].name == "__init__.py" and any(
+                 src.startswith(b + ".") for src in imported_from(trees[b], name)))]
+    assert not found, "names imported from a module that does not define them:\n" + \
+        "\n".join(found)
+
+
+def imported_from(tree: ast.Module, name: str) -> list[str]:
+    """The modules ``tree`` imports ``name`` from."""
+    return [node.module for node in tree.body if isinstance(node, ast.ImportFrom)
+            and node.module and any((a.asname or a.name) == name for a in node.names)]

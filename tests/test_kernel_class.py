@@ -6,9 +6,9 @@ import pytest
 import torch
 from test_toeplitz import naive_r2
 
-from poskernel_tl.kernel_class import head_kernels, row_shares
+from poskernel_tl.fit.kernel_class import head_kernels, row_shares
+from poskernel_tl.fit.toeplitz import lag_counts
 from poskernel_tl.reducers import LayerBatch, PermNullReducer, TrackAReducer
-from poskernel_tl.toeplitz import lag_counts
 
 B = 8
 PLANTED = ("previous-token", "sink", "local", "periodic", "decay", "content")
@@ -108,7 +108,7 @@ def test_a_head_view_classes_one_sequence(T):
     """The head view's class of one sequence's fit, against the view's own permutation
     null: each planted head of one sequence in its class, and the null equal to naive fits
     of the permuted matrices."""
-    from poskernel_tl.head_view import fit_one, kernel_of, view_null
+    from poskernel_tl.apps.head_view import fit_one, kernel_of, view_null
     from poskernel_tl.reducers.perm_null import joint_permutations
 
     A = planted_logits(T, seed=1)[0]

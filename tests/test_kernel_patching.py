@@ -14,8 +14,8 @@ from poskernel_tl.analyses import kernel_patching as kp
 from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.analyses.kernel_patching import passes as kpp
 from poskernel_tl.analyses.kernel_patching.kernels import shift_invariant_part
-from poskernel_tl.loading import LoadedModel, boot_bridge, describe
-from poskernel_tl.registry import ModelSpec
+from poskernel_tl.models.loading import LoadedModel, boot_bridge, describe
+from poskernel_tl.models.registry import ModelSpec
 
 D_HEAD = 16
 

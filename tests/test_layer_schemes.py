@@ -19,12 +19,17 @@ from transformer_lens.head_detector import (
 
 import poskernel_tl as pk
 from poskernel_tl import constants as C
-from poskernel_tl.kernel_class import CLASSES
+from poskernel_tl.fit.kernel_class import CLASSES
+from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, shift_invariance_r2
+from poskernel_tl.models.scheme import (
+    UnreadableSchemeError,
+    attention_modules,
+    read_layers,
+    summary,
+)
 from poskernel_tl.reducers import GramReducer, LayerBatch, PermNullReducer
 from poskernel_tl.reducers.gram_fit import lower_apply
 from poskernel_tl.reducers.lag_sums import lower_sum_squares, track_a_stats, windowed
-from poskernel_tl.scheme import UnreadableSchemeError, attention_modules, read_layers, summary
-from poskernel_tl.toeplitz import lower_lag_stats, lower_mean_from_qk, shift_invariance_r2
 
 T = 40
 
@@ -236,8 +241,8 @@ def test_soft_capped_logits_are_refused_in_one_line():
     softmax reads, so the model is refused rather than measured under a guess."""
     import transformers as tf
 
-    from poskernel_tl.loading import describe
-    from poskernel_tl.registry import placeholder_spec
+    from poskernel_tl.models.loading import describe
+    from poskernel_tl.models.registry import placeholder_spec
 
     cfg = tf.Gemma2Config(vocab_size=300, hidden_size=64, intermediate_size=96,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
@@ -254,7 +259,7 @@ def test_an_hf_folder_runs_with_its_own_schemes(tmp_path, tiny_tokenizer):
     command line prints every layer's scheme and the run records it in its provenance."""
     arch_hf_model("gemma3").save_pretrained(tmp_path / "gemma")
     tiny_tokenizer.save_pretrained(tmp_path / "gemma")
-    cmd = [sys.executable, "-m", "poskernel_tl.cli", "models", f"hf:{tmp_path / 'gemma'}"]
+    cmd = [sys.executable, "-m", "poskernel_tl.apps.cli", "models", f"hf:{tmp_path / 'gemma'}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "layer   2: rope 1e+06" in out and "window 16" in out and "QK-norm" in out
     model = pk.load_model(f"hf:{tmp_path / 'gemma'}", progress=False)
@@ -289,7 +294,7 @@ def test_a_windowed_result_round_trips_and_its_spectra_use_each_layer(tmp_path, 
     from poskernel_tl.analyses.spectral import run_spectral
     from poskernel_tl.analyses.spectral.table import layer_groups
     from poskernel_tl.errors import ResultFileError
-    from poskernel_tl.result import ConditionResult
+    from poskernel_tl.measurement.result import ConditionResult
 
     model = arch_loaded("gemma3", tiny_tokenizer)
     ids = torch.randint(3, 290, (8, T), generator=torch.Generator().manual_seed(6))
@@ -332,7 +337,7 @@ def test_a_windowed_result_round_trips_and_its_spectra_use_each_layer(tmp_path, 
     assert heads.loc[heads["layer"] != 2, "last_lag"].max() <= 15  # the window's offsets
     g = back.g_pooled.copy()
     g[2, 0, 3] = np.nan  # a hole inside the kept offsets is damage
-    from poskernel_tl.toeplitz import kept_finite
+    from poskernel_tl.fit.toeplitz import kept_finite
     assert kept_finite(back.g_pooled) and not kept_finite(g)
     with pytest.raises(ResultFileError):
         back.track_a.__class__.check(

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.smollm2
 def test_length_sweep_matches_measure(tmp_path):
     import poskernel_tl as pk
-    from poskernel_tl.sequences import build_sequences
+    from poskernel_tl.data.sequences import build_sequences
 
     out = tmp_path / "sweep.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

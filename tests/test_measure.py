@@ -10,10 +10,10 @@ from tiny_models import tiny_hf_model, tiny_loaded
 
 import poskernel_tl as pk
 from poskernel_tl import constants as C
-from poskernel_tl.cli import main
-from poskernel_tl.errors import UserError
-from poskernel_tl.loading import boot_bridge
-from poskernel_tl.result import ALIASES, OWNER, ResultFileError
+from poskernel_tl.apps.cli import main
+from poskernel_tl.errors import ResultFileError, UserError
+from poskernel_tl.measurement.result import ALIASES, OWNER
+from poskernel_tl.models.loading import boot_bridge
 
 T, N = 24, 6
 
@@ -61,7 +61,7 @@ def test_permutation_null_reuses_track_a_for_the_unpermuted_fit(llama, measured)
     from poskernel_tl.reducers import PermNullReducer
 
     standalone = PermNullReducer(2, 4, T, n_perm=4, max_seqs=8, seed=0)
-    from poskernel_tl.measure import forward_pass
+    from poskernel_tl.measurement.measure import forward_pass
 
     (red,) = forward_pass(llama, _tokens(0), lambda: [standalone], 4, "null", False)
     res = red.result()
@@ -166,7 +166,7 @@ def test_load_validates_and_names_the_file(measured, tmp_path, problem):
     (["--n-seqs", "3"], "--n-seqs 3"),
 ])
 def test_cli_refuses_bad_input_before_loading(args, message, capsys, monkeypatch):
-    import poskernel_tl.loading as loading
+    import poskernel_tl.models.loading as loading
 
     if "cuda" in args and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -181,7 +181,7 @@ def test_cli_refuses_bad_input_before_loading(args, message, capsys, monkeypatch
 
 
 def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
-    import poskernel_tl.cli as cli
+    import poskernel_tl.apps.cli as cli
 
     def interrupted(args):
         raise KeyboardInterrupt

@@ -7,13 +7,13 @@ import pytest
 import torch
 from test_models import hf_bert_qk
 
-from poskernel_tl.embedded import wheel_dir
+from poskernel_tl.data.sequences import build_sequences
 from poskernel_tl.hooks import capture_qk, logit_scale, qk_hook_names
 from poskernel_tl.hooks.names import scores_hook_is_logits
-from poskernel_tl.loading import position_table
+from poskernel_tl.models.embedded import wheel_dir
+from poskernel_tl.models.loading import position_table
+from poskernel_tl.models.registry import REGISTRY
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.registry import REGISTRY
-from poskernel_tl.sequences import build_sequences
 
 pytestmark = pytest.mark.minilm
 QK_TOL = 1e-5  # bridge hook_q/hook_k vs HF's query/key projections, float32

@@ -193,7 +193,7 @@ def test_rotation_from_a_layer_scheme_equals_hugging_face():
 
     from poskernel_tl.hooks import pair_indices, rotate
     from poskernel_tl.hooks.rotary import pair_angles
-    from poskernel_tl.scheme import LayerScheme
+    from poskernel_tl.models.scheme import LayerScheme
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 7, 3, 16, generator=g, dtype=torch.float64)  # [batch pos head d]

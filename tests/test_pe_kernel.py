@@ -16,7 +16,8 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from poskernel_tl.pe_kernel import (
+from poskernel_tl.data.sequences import build_sequences
+from poskernel_tl.measurement.pe_kernel import (
     NoPositionTableError,
     PEKernel,
     head_projected_pe_kernel,
@@ -28,7 +29,6 @@ from poskernel_tl.pe_kernel import (
     positional_gram,
 )
 from poskernel_tl.schema import SavedFiles
-from poskernel_tl.sequences import build_sequences
 
 T = 40
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from poskernel_tl import cli
 from poskernel_tl.analyses import registry
+from poskernel_tl.apps import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden" / "v0.2.0"

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import poskernel_tl as pk
-from poskernel_tl import embedded, loading
-from poskernel_tl.cli import main
+from poskernel_tl.apps.cli import main
 from poskernel_tl.hooks import capture_qk
-from poskernel_tl.registry import REGISTRY, UnknownModelError, resolve
+from poskernel_tl.models import embedded, loading
+from poskernel_tl.models.registry import REGISTRY, UnknownModelError, resolve
 
 SEED_MODELS = ["gpt2", "gpt2-medium", "olmo-1b", "llama-3.2-1b", "tinyllama-1.1b",
                "tinyllama-nope-1.1b", "smollm2-135m"]

@@ -10,15 +10,15 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.registry import REGISTRY
 from poskernel_tl.reducers import LayerBatch
 from poskernel_tl.reducers.perm_null import PermNullReducer
-from poskernel_tl.registry import REGISTRY
 from poskernel_tl.report import figure_nulls as FN
 from poskernel_tl.report import figures as F
 from poskernel_tl.report import nulls as N
 from poskernel_tl.report import tables as TB
 from poskernel_tl.report import verdicts as V
-from poskernel_tl.result import ConditionResult
 
 SCRIPT = "<script>alert(1)</script>\"quoted\" 'single'"
 
@@ -159,7 +159,7 @@ def test_fig_nulls_with_and_without_permutation_null(grid, tmp_path):
 # ----------------------------------------------------------------------------- nulls
 @pytest.mark.parametrize("n_seqs", [1, 3])
 def test_analytic_null_mean_matches_simulation(n_seqs):
-    from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums
+    from poskernel_tl.fit.toeplitz import lag_counts, lag_sums, r2_from_sums
 
     T, reps = 12, 4000
     gen = torch.Generator().manual_seed(0)

@@ -19,10 +19,10 @@ from poskernel_tl.analyses.spectral import null as SN
 from poskernel_tl.analyses.spectral import processing as SP
 from poskernel_tl.analyses.spectral import table as ST
 from poskernel_tl.errors import ResultFileError
+from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import build as B
 from poskernel_tl.report.build import ReportIncomplete, build_report
 from poskernel_tl.report.collect import Decoders, read_condition, slim
-from poskernel_tl.result import ConditionResult
 
 SCRIPT = "<script>alert(1)</script>\"quoted\" 'single'"
 
@@ -170,7 +170,7 @@ def test_a_damaged_condition_costs_only_itself(tmp_path):
 def test_a_folder_without_conditions_is_a_user_error(command, folder, tmp_path, capsys):
     """Every command that reads a folder of results, given an empty or a missing one: one
     line naming the folder and exit status 2, never a traceback."""
-    from poskernel_tl.cli import main
+    from poskernel_tl.apps.cli import main
 
     (tmp_path / "empty").mkdir()
     assert main([*command, str(tmp_path / folder)]) == 2

@@ -17,7 +17,7 @@ from poskernel_tl.analyses import separable as SEP
 from poskernel_tl.analyses.base import AnalysisSpec
 from poskernel_tl.analyses.kernel_patching import passes as KPP
 from poskernel_tl.analyses.registry import REGISTRY as ANALYSES
-from poskernel_tl.registry import REGISTRY
+from poskernel_tl.models.registry import REGISTRY
 from poskernel_tl.report import extras as EX
 from poskernel_tl.report.build import build_report
 

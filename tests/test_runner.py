@@ -10,10 +10,11 @@ from tiny_models import tiny_loaded
 
 import poskernel_tl as pk
 from poskernel_tl import constants as C
-from poskernel_tl.cli import main
+from poskernel_tl.apps.cli import main
+from poskernel_tl.data.sequences import load_sequences
 from poskernel_tl.hooks import scores_hook_name
-from poskernel_tl.runner import RunConfig, run_condition
-from poskernel_tl.sequences import load_sequences
+from poskernel_tl.plan.config import RunConfig
+from poskernel_tl.run.runner import run_condition
 
 TRACK_A_COLS = ["model", "dataset", "length", "layer", "head", "seq_id", "R2_per_seq",
                 "R2_pooled"]
@@ -93,7 +94,7 @@ def test_length_above_context_fails_before_forward(tiny_tokenizer, tmp_path):
 @pytest.mark.smollm2
 def test_cli_run_on_smollm2(smollm2, tmp_path, monkeypatch, capsys):
     """The CLI path with the real model (loaded once per session) and a small N."""
-    from poskernel_tl import runner
+    from poskernel_tl.run import runner
 
     monkeypatch.setattr(runner, "load_model", lambda *a, **k: smollm2)
     rc = main(["run", "--model", "smollm2-135m", "--dataset", "prose", "--length", "64",
@@ -135,7 +136,7 @@ def test_gpt2_run_writes_positional_kernel_for_spectral(tiny_tokenizer, tmp_path
     assert s_pe.shape == (2, 4, 31)
     from tiny_models import tiny_hf_model
 
-    from poskernel_tl.pe_kernel import head_projected_pe_kernel
+    from poskernel_tl.measurement.pe_kernel import head_projected_pe_kernel
 
     pristine = head_projected_pe_kernel(tiny_hf_model("gpt2"), 32)  # same seed, not booted
     assert np.abs(s_pe - pristine).max() < 1e-6

@@ -18,7 +18,7 @@ from poskernel_tl.analyses.separable import (
     separable_stats,
     separable_table,
 )
-from poskernel_tl.toeplitz import shift_invariance_r2
+from poskernel_tl.fit.toeplitz import shift_invariance_r2
 
 TOL = 1e-9
 

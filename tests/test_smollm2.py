@@ -19,7 +19,7 @@ def test_spec_and_frequencies(smollm2):
 
 
 def test_greedy_generation_is_sensible(smollm2):
-    from poskernel_tl.embedded import from_gguf
+    from poskernel_tl.models.embedded import from_gguf
 
     tok = smollm2.tokenizer
     ids = tok("The capital of France is", return_tensors="pt").input_ids.to(smollm2.device)

@@ -16,7 +16,7 @@ from poskernel_tl.analyses.spectral import align as SA
 from poskernel_tl.analyses.spectral import null as N
 from poskernel_tl.analyses.spectral import processing as SP
 from poskernel_tl.analyses.spectral import table as ST
-from poskernel_tl.registry import ModelSpec
+from poskernel_tl.models.registry import ModelSpec
 
 T = 256
 N_FFT = 4 * T

@@ -13,7 +13,7 @@ from poskernel_tl.analyses.spectral import io as SIO
 from poskernel_tl.analyses.spectral import processing as SP
 from poskernel_tl.analyses.spectral import table as ST
 from poskernel_tl.constants import SPECTRAL_CSV, SPECTRAL_PEAKS_CSV, result_path
-from poskernel_tl.registry import ModelSpec
+from poskernel_tl.models.registry import ModelSpec
 
 
 def rope_spec(n_layers: int = 2, n_heads: int = 2) -> ModelSpec:

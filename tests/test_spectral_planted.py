@@ -10,7 +10,7 @@ import pytest
 
 from poskernel_tl.analyses.spectral import align as SA
 from poskernel_tl.analyses.spectral import null as N
-from poskernel_tl.registry import ModelSpec
+from poskernel_tl.models.registry import ModelSpec
 
 LLAMA3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}

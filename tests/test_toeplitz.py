@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import poskernel_tl as pk
-from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
+from poskernel_tl.fit.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
 
 TOL = 1e-6
 
@@ -117,7 +117,7 @@ def test_runtime_shape_checks_are_on():
     """pytest runs with jaxtyping's import hook: a wrong rank is a type-check error."""
     from jaxtyping import TypeCheckError
 
-    from poskernel_tl.toeplitz import lower_mean_from_qk
+    from poskernel_tl.fit.toeplitz import lower_mean_from_qk
 
     with pytest.raises(TypeCheckError):
         lower_mean_from_qk(torch.zeros(2, 8, 4), torch.zeros(2, 8, 4), 1.0)  # rank 3, not 4

@@ -11,14 +11,14 @@ import torch
 from tiny_models import VOCAB, tiny_loaded
 
 import poskernel_tl as pk
-from poskernel_tl import batching, track_b_cost
-from poskernel_tl.config import MeasureConfig, RunConfig
 from poskernel_tl.errors import PlanError, UserError
+from poskernel_tl.fit.toeplitz import shift_invariance_r2
 from poskernel_tl.hooks import capture_qk, qk_hook_names
+from poskernel_tl.models.registry import resolve
+from poskernel_tl.plan import batching, track_b_cost
+from poskernel_tl.plan.config import MeasureConfig, RunConfig
 from poskernel_tl.reducers import GramReducer, LayerBatch, MomentsReducer, gram_fit
 from poskernel_tl.reducers.gram import concat_layers
-from poskernel_tl.registry import resolve
-from poskernel_tl.toeplitz import shift_invariance_r2
 
 H, HKV, D = 4, 2, 8
 SCALE = 1 / math.sqrt(D)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from poskernel_tl.constants import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.errors import NonFiniteError
+from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers import (
     FreqUsageReducer,
     GramReducer,
@@ -182,7 +182,7 @@ def test_float32_gram_keeps_float64_precision(rng, centered):
     res = gram.result(means)
     qd, kd = q.double(), k.double().repeat_interleave(H // HKV, dim=2)
     ref_raw = torch.einsum("bthd,bshd->hts", qd, kd) / n * SCALE
-    from poskernel_tl.toeplitz import shift_invariance_r2
+    from poskernel_tl.fit.toeplitz import shift_invariance_r2
 
     assert np.abs(res.r2_gram_raw[0] - shift_invariance_r2(ref_raw)[0].numpy()).max() < 1e-6
     if centered:

@@ -19,10 +19,10 @@ from browser import find_chromium, load_page, screenshot
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses import spectral as S
-from poskernel_tl.registry import REGISTRY
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.registry import REGISTRY
 from poskernel_tl.report.build import build_report
 from poskernel_tl.report.viewer_data import condition_key, head_anchor
-from poskernel_tl.result import ConditionResult
 
 L, H, T, N = 2, 3, 64, 6
 NASTY = ["</script>", "<img src=x onerror=alert(2)>", '"q" \'s\'', "&amp;", "</div>",

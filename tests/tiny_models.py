@@ -12,8 +12,8 @@ from transformers import (
     OlmoForCausalLM,
 )
 
-from poskernel_tl.loading import LoadedModel, apply_nope, boot_bridge, describe
-from poskernel_tl.registry import ModelSpec
+from poskernel_tl.models.loading import LoadedModel, apply_nope, boot_bridge, describe
+from poskernel_tl.models.registry import ModelSpec
 
 VOCAB = 300
 N_CTX = 128
@@ -134,7 +134,7 @@ def arch_hf_model(arch: str, seed: int = 0):
 def arch_loaded(arch: str, tokenizer, seed: int = 0) -> LoadedModel:
     """``arch`` booted as a bridge with everything read from the model (as ``hf:`` does)."""
     from poskernel_tl.hooks.fast_attention import set_attention
-    from poskernel_tl.registry import placeholder_spec
+    from poskernel_tl.models.registry import placeholder_spec
 
     hf = arch_hf_model(arch, seed)
     spec = describe(hf, placeholder_spec(f"tiny-{arch}", None))

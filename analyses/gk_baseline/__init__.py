@@ -30,12 +30,12 @@ position→position term is not a function of positions alone.
 
 Seed 000's baseline is G_k projected per head through the query/key maps:
 W_Q,hᵀ G̃_k W_K,h · scale (:func:`.split.projected_gram`; k < 0, a key after the query, uses
-G̃_|k|ᵀ), with G̃_k = positional_gram(P̃, k) from :mod:`poskernel_tl.pe_kernel`; its trace
+G̃_|k|ᵀ), with G̃_k = positional_gram(P̃, k) from :mod:`poskernel_tl.measurement.pe_kernel`; its trace
 is S_PE(k), the head-projected kernel (:func:`.split.projected_pe_kernels`). P̃ is the position
 table through the LayerNorm(s) on the way to each layer's q/k, normalised either by the
 position vector's own statistics (``ln_stats="own"``, GPT-2's default) or by the real
 per-position factor measured on the analysed sequences (``"data"``, the default for a
-post-LN model; see :mod:`poskernel_tl.pe_kernel` for both and for what P̃ means in BERT's
+post-LN model; see :mod:`poskernel_tl.measurement.pe_kernel` for both and for what P̃ means in BERT's
 layers > 0). ``pos_pos_gk_gain`` is the least-squares slope of the real term's lag means
 on layer 0's S_PE: σ_p² / σ_x² on own statistics when e and p are orthogonal with
 constant norms, and close to 1 on the data's (exactly 1 when σ(t) does not vary with
@@ -76,10 +76,10 @@ from poskernel_tl.analyses.gk_baseline.split import (
     projected_pe_kernels,
     split_layer0_scores,
 )
-from poskernel_tl.config import option
-from poskernel_tl.inputs import as_tokens, check_tokens
-from poskernel_tl.measure import choose_scores_path, forward_pass
-from poskernel_tl.toeplitz import lag_counts, lag_sums, r2_from_sums
+from poskernel_tl.data.inputs import as_tokens, check_tokens
+from poskernel_tl.fit.toeplitz import lag_counts, lag_sums, r2_from_sums
+from poskernel_tl.measurement.measure import choose_scores_path, forward_pass
+from poskernel_tl.plan.config import option
 
 
 # ------------------------------------------------------------------- reducer

@@ -8,13 +8,14 @@ holds under ``enable_compatibility_mode()``, which folds ln_1 into W_Q. BERT (po
 layer 0's input is LN_emb(word[tok] + pos[t] + type[0]); the token-type row (every
 sequence here is one segment, type 0) is a per-token embedding like the word's, so the
 split counts it with the token: e(t) = word[tok] + type[0]. Its S_PE, for every layer and
-both signs of Δ (bidirectional), comes from :func:`poskernel_tl.pe_kernel.head_projected_pe_kernels`
-with p̃ along each layer's LayerNorm route (the direct route; layers > 0 are the
-approximation that module documents).
+both signs of Δ (bidirectional), comes from
+:func:`poskernel_tl.measurement.pe_kernel.head_projected_pe_kernels` with p̃ along each
+layer's LayerNorm route (the direct route; layers > 0 are the approximation that module
+documents).
 
 LayerNorm statistics (``ln_stats``): ``own`` normalises the position vector by its own
 σ (GPT-2's definition so far); ``data`` uses the real per-position factor measured on the
-analysed sequences (:func:`poskernel_tl.pe_kernel.position_ln_stats`); ``auto`` is
+analysed sequences (:func:`poskernel_tl.measurement.pe_kernel.position_ln_stats`); ``auto`` is
 ``data`` for a post-LN model and ``own`` for a pre-LN one.
 """
 
@@ -26,7 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.pe_kernel import (
+from poskernel_tl.measurement.pe_kernel import (
     NoPositionTableError,
     head_projected_pe_kernels,
     is_bidirectional,
@@ -160,7 +161,7 @@ def split_layer0_scores(
 # ---------------------------------------------------------- S_PE from the weights
 def position_scale(model, ids: Int[Tensor, "batch pos"], ln_stats: str = "auto",
                    batch_size: int = 8) -> Float[Tensor, "layer pos"] | None:
-    """The real-statistics factor of :func:`poskernel_tl.pe_kernel.position_ln_stats` on
+    """The real-statistics factor of :func:`poskernel_tl.measurement.pe_kernel.position_ln_stats` on
     ``ids`` when ``ln_stats`` asks for the data's statistics (module docstring), else None
     (own statistics)."""
     if ln_stats not in LN_STATS:
@@ -212,7 +213,7 @@ def projected_pe_kernels(model, length: int,
     """(S_PE(Δ), S_PE(−Δ)) for Δ = 1..length−1: the lag means of the position-only logits
     scale·q_p(t)·k_p(s) (the traces of :func:`projected_gram`); the second is None for a
     causal model. GPT-2's are read from the bridge's weights, so they hold with or without
-    compatibility mode (equal to :func:`poskernel_tl.pe_kernel.head_projected_pe_kernel`
+    compatibility mode (equal to :func:`poskernel_tl.measurement.pe_kernel.head_projected_pe_kernel`
     on an unprocessed model); BERT's are pe_kernel's."""
     hf = model.hf_model
     if additive_kind(hf) == "bert":

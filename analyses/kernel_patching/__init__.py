@@ -53,8 +53,8 @@ from matplotlib.figure import Figure
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
 from poskernel_tl.analyses.kernel_patching.passes import PatchingResult, run_kernel_patching
-from poskernel_tl.config import option
-from poskernel_tl.inputs import as_tokens, check_tokens
+from poskernel_tl.data.inputs import as_tokens, check_tokens
+from poskernel_tl.plan.config import option
 
 MAX_SEQS = 16  # evaluation sequences patched by default from a notebook
 

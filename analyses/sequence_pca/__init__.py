@@ -8,9 +8,9 @@ covariance is S/n − (s/n)(s/n)ᵀ and its top eigenvectors are the *temporal c
 so across channels they are sinusoids at θ_i with random phases, whose covariance
 Σ_i a_i² cos(θ_i (t − s)) has cos/sin eigenvectors at the planted θ_i (tested on
 :func:`synthetic_rope_queries`). Sources: a layer's ``q`` or ``k`` (post-rotary, heads
-pooled as channels; :func:`qk_sequence_pca` via :func:`poskernel_tl.measure.forward_pass`)
-or the residual stream ``resid`` (``blocks.{L}.hook_resid_pre``; layer n_layers is the
-last block's ``hook_resid_post``).
+pooled as channels; :func:`qk_sequence_pca` via
+:func:`poskernel_tl.measurement.measure.forward_pass`) or the residual stream ``resid``
+(``blocks.{L}.hook_resid_pre``; layer n_layers is the last block's ``hook_resid_post``).
 
 **Positional probes.** Per residual layer, a linear probe (ridge least squares on the
 standardised features, from streamed moments) and the seed's small MLP
@@ -51,9 +51,9 @@ from poskernel_tl.analyses.sequence_pca.stats import (
     fit_linear_probes,
     train_mlp_probe,
 )
+from poskernel_tl.data.inputs import as_tokens, check_tokens
 from poskernel_tl.hooks import qk_hook_names
-from poskernel_tl.inputs import as_tokens, check_tokens
-from poskernel_tl.measure import forward_pass
+from poskernel_tl.measurement.measure import forward_pass
 from poskernel_tl.progress import tqdm
 
 N_REPORT = 3  # temporal components reported per layer in the table

@@ -23,8 +23,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from poskernel_tl.analyses.sequence_pca.stats import SequencePCA, cpu_threads, sequence_pca
+from poskernel_tl.data.sequences import build_sequences
 from poskernel_tl.progress import tqdm
-from poskernel_tl.sequences import build_sequences
 
 CONDITIONS = ("full", "pca_decoder", "pca_raw", "pool", "none")
 

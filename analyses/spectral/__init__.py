@@ -72,10 +72,10 @@ from poskernel_tl.analyses.spectral.processing import (
     two_sided_for_spectrum,
 )
 from poskernel_tl.analyses.spectral.table import layer_groups, spectral_table_by_layers
-from poskernel_tl.config import option
 from poskernel_tl.errors import ResultFileError
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.plan.config import option
 from poskernel_tl.protocol import EARLY_LAYERS, GATE_THRESHOLD
-from poskernel_tl.result import ConditionResult
 
 
 def gate_value(r2: Float[np.ndarray, "layer head_index"],
@@ -88,11 +88,12 @@ def gate_value(r2: Float[np.ndarray, "layer head_index"],
 
 # ---------------------------------------------------------------- file layer (one condition)
 def condition_inputs(result) -> dict:
-    """What the spectral stage reads from a :class:`~poskernel_tl.result.ConditionResult`:
-    Track B's g (centered, or raw where uncentered) and its name, Track A's pooled g, the
-    GPT-2 g sources, pooled R², S_PE and the frequency usage |q|·|k| per rotary pair in θ
-    order. For a bidirectional model every g is two-sided (``two_sided`` true: signed lags
-    Δ = −(T−1)..T−1, Δ = 0 bridged by :func:`two_sided_for_spectrum`)."""
+    """What the spectral stage reads from a
+    :class:`~poskernel_tl.measurement.result.ConditionResult`: Track B's g (centered, or
+    raw where uncentered) and its name, Track A's pooled g, the GPT-2 g sources, pooled R²,
+    S_PE and the frequency usage |q|·|k| per rotary pair in θ order. For a bidirectional
+    model every g is two-sided (``two_sided`` true: signed lags Δ = −(T−1)..T−1, Δ = 0
+    bridged by :func:`two_sided_for_spectrum`)."""
     two = not getattr(result.spec, "causal", True)
     side = lambda fwd, back: two_sided_for_spectrum(fwd, back) if two else fwd
     g, source = result.g_trackB

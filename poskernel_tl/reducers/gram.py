@@ -6,7 +6,7 @@ per-position means; float32, as the centering means are saved), the mean removed
 float64 before the products are formed in float32, so the large mean term never enters
 them and there is no cancellation to lose precision to. It is kept either
 
-- as a float32 accumulator in blocks of query rows (:func:`~poskernel_tl.track_b_cost.
+- as a float32 accumulator in blocks of query rows (:func:`~poskernel_tl.plan.track_b_cost.
   gram_row_blocks`): rows [r0, r1) with keys [0, r1), i.e. only the strictly lower
   triangle the fit reads plus the diagonal blocks (≈ T²/2 per head), or every key where
   the full matrices are to be returned (T ≤ 256 by default). One in-place batched matmul
@@ -14,7 +14,7 @@ them and there is no cancellation to lose precision to. It is kept either
   contraction); or
 - as the evaluation sequences' q̃, k̃ themselves (``factors=True``), n·T·d_head per head
   instead of T²/2: the smaller state for few sequences at long T
-  (:func:`~poskernel_tl.track_b_cost.gram_factors`).
+  (:func:`~poskernel_tl.plan.track_b_cost.gram_factors`).
 
 Every Gram the fit needs then follows exactly from the evaluation means q̄, k̄:
 
@@ -37,7 +37,7 @@ for a causal model.
 
 A reducer may cover only some layers (``layers``): a run that does not fit its memory
 budget accumulates Track B in blocks of layers, one evaluation pass each
-(:func:`poskernel_tl.measure.measure`); :func:`concat_layers` joins their results.
+(:func:`poskernel_tl.measurement.measure.measure`); :func:`concat_layers` joins their results.
 """
 
 from collections.abc import Sequence
@@ -50,13 +50,13 @@ from torch import Tensor
 
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
 from poskernel_tl.errors import ResultFileError
+from poskernel_tl.fit.toeplitz import kept_finite, sym_antisym, two_sided
+from poskernel_tl.plan.track_b_cost import gram_row_blocks
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, variant_fit
 from poskernel_tl.reducers.moments import Moments, means_in_place
 from poskernel_tl.reducers.two_sided import check_two_sided
 from poskernel_tl.schema import Part, column, stored
-from poskernel_tl.toeplitz import kept_finite, sym_antisym, two_sided
-from poskernel_tl.track_b_cost import gram_row_blocks
 
 
 @dataclass
@@ -103,7 +103,7 @@ class GramResult(Part):
 
     def asymmetry(self, centered: bool = True) -> Float[np.ndarray, "layer head_index"]:
         """Per head, the share of the two-sided g's variance that is antisymmetric
-        (:func:`~poskernel_tl.toeplitz.sym_antisym`) for the centered (NaN where not
+        (:func:`~poskernel_tl.fit.toeplitz.sym_antisym`) for the centered (NaN where not
         centered) or raw Gram; NaN for a causal result."""
         g, back = (self.g_gram, self.g_gram_back) if centered else \
             (self.g_gram_raw, self.g_gram_raw_back)

@@ -5,7 +5,7 @@ Every Gram Track B fits is G = B + scale·U·Vᵀ: B the mean of the products ab
 reference (the accumulator, or the kept products' factors), U (per query head) and V (per
 key/value head) the rank-2·d_head correction to a given centering (see
 :mod:`poskernel_tl.reducers.gram`). The fit of g(Δ) on the strictly lower triangle needs
-the per-lag sums and the sum of squares (:mod:`poskernel_tl.toeplitz`), and both split:
+the per-lag sums and the sum of squares (:mod:`poskernel_tl.fit.toeplitz`), and both split:
 
     S1_G(Δ) = S1_B(Δ) + scale·S1_UVᵀ(Δ),
     Σ G²    = Σ B² + 2·scale·Σ_t U_t·(B_low V)_t + scale²·Σ (U·Vᵀ)²,
@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.fit.toeplitz import lag_counts, r2_two_sided
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
     before,
@@ -46,7 +47,6 @@ from poskernel_tl.reducers.lag_sums import (
     lower_sum_squares,
     windowed,
 )
-from poskernel_tl.toeplitz import lag_counts, r2_two_sided
 
 ACC = torch.float64
 FIT_DTYPE = torch.float32

@@ -1,7 +1,7 @@
 """Track A's sufficient statistics straight from q and k, without the T×T logits.
 
 With A[t, s] = scale·q_t·k_s (query head h reads key/value head h // (H / H_kv)), every
-Track A fit (:mod:`poskernel_tl.toeplitz`) needs, per block of the strictly lower
+Track A fit (:mod:`poskernel_tl.fit.toeplitz`) needs, per block of the strictly lower
 triangle, the per-lag sums S1(Δ) and the total sum of squares. Both follow from q and k:
 
 1. Per-lag sums are a cross-correlation along positions, summed over d_head:

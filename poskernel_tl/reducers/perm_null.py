@@ -42,18 +42,18 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from poskernel_tl.bands import band_r2
-from poskernel_tl.protocol import band_ends
-from poskernel_tl.reducers.base import LayerBatch, qk_scores
-from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
-from poskernel_tl.reducers.two_sided import check_two_sided
-from poskernel_tl.schema import Part, stored
-from poskernel_tl.toeplitz import (
+from poskernel_tl.fit.bands import band_r2
+from poskernel_tl.fit.toeplitz import (
     layer_lag_counts,
     lower_lag_stats,
     lower_mean_from_qk,
     r2_two_sided,
 )
+from poskernel_tl.protocol import band_ends
+from poskernel_tl.reducers.base import LayerBatch, qk_scores
+from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
+from poskernel_tl.reducers.two_sided import check_two_sided
+from poskernel_tl.schema import Part, stored
 
 
 @dataclass

@@ -12,7 +12,7 @@ pattern[t, t − 1] = exp(A[t, t − 1] − logsumexp_s A[t, s]): one [T, T] pro
 log-sum-exp per head, no pattern kept. A causal model's score is taken on the first
 ``MAX_POS`` positions: exactly TransformerLens's score of the sequences cut to that length
 (a causal row sees no later token), at (MAX_POS / T)² of the cost at long T. The kernel
-classes are checked against it (:mod:`poskernel_tl.kernel_class`); nothing else reads it.
+classes are checked against it (:mod:`poskernel_tl.fit.kernel_class`); nothing else reads it.
 """
 
 from dataclasses import dataclass

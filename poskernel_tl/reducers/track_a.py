@@ -2,7 +2,7 @@
 
 Per evaluation sequence x and (layer, head) it keeps the per-lag sums S1_x(Δ) and the
 total sum of squares of the strictly lower triangle of A_x = q·kᵀ·scale, in a few
-passes over A (:func:`poskernel_tl.toeplitz.lower_lag_stats`). From those:
+passes over A (:func:`poskernel_tl.fit.toeplitz.lower_lag_stats`). From those:
 per-sequence R²_x and g_x(Δ); the pooled R² (all sequences' entries fitted by one g);
 five random 80/20 subsets of the pooled fit; the fit restricted to query rows 1–20 vs
 50+ (boundary effect) and to the interior sub-matrix A[50:, 50:] (boundary keys left out
@@ -30,8 +30,22 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from poskernel_tl.bands import band_fits
 from poskernel_tl.errors import NonFiniteError, ResultFileError
+from poskernel_tl.fit.bands import band_fits
+from poskernel_tl.fit.toeplitz import (
+    Sums,
+    kept_finite,
+    key_block_counts,
+    lag_counts,
+    lag_means,
+    layer_lag_counts,
+    lower_lag_stats,
+    lower_mean_from_qk,
+    r2_two_sided,
+    sym_antisym,
+    two_sided,
+    upper_lag_counts,
+)
 from poskernel_tl.protocol import (
     EARLY_ROWS,
     INTERIOR_FROM,
@@ -49,20 +63,6 @@ from poskernel_tl.reducers.two_sided import (
     upper_stats_from_scores,
 )
 from poskernel_tl.schema import TABLE_ROWS, Part, column, stored
-from poskernel_tl.toeplitz import (
-    Sums,
-    kept_finite,
-    key_block_counts,
-    lag_counts,
-    lag_means,
-    layer_lag_counts,
-    lower_lag_stats,
-    lower_mean_from_qk,
-    r2_two_sided,
-    sym_antisym,
-    two_sided,
-    upper_lag_counts,
-)
 
 
 @dataclass
@@ -150,7 +150,7 @@ class TrackAResult(Part):
 
     def asymmetry(self) -> Float[np.ndarray, "layer head_index"]:
         """Per head, the share of the pooled two-sided g's variance that is antisymmetric
-        (:func:`~poskernel_tl.toeplitz.sym_antisym`); NaN for a causal result."""
+        (:func:`~poskernel_tl.fit.toeplitz.sym_antisym`); NaN for a causal result."""
         if self.g_pooled_back is None:
             return np.full(self.r2_pooled.shape, np.nan)
         return sym_antisym(two_sided(self.g_pooled, self.g_pooled_back))[2]

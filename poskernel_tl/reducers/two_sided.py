@@ -18,7 +18,7 @@ The diagonal A[t, t] (Δ = 0) is kept apart as its sum, never fitted. Swapping q
 needs one key head per query head: grouped-query attention with a bidirectional model is
 refused (:func:`check_two_sided`). ``source="scores"`` reads the same sums from the
 materialised logits (the reference path): the upper triangle is the lower one of the
-transposed view, swept by :func:`poskernel_tl.toeplitz.lower_lag_stats`.
+transposed view, swept by :func:`poskernel_tl.fit.toeplitz.lower_lag_stats`.
 """
 
 from dataclasses import dataclass
@@ -28,6 +28,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.errors import UserError
+from poskernel_tl.fit.toeplitz import (
+    Sums,
+    lower_lag_stats,
+    lower_mean_from_qk,
+    upper_lag_counts,
+)
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, band_ends
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
@@ -35,12 +41,6 @@ from poskernel_tl.reducers.lag_sums import (
     key_strip,
     lag_sums,
     skew_keys,
-)
-from poskernel_tl.toeplitz import (
-    Sums,
-    lower_lag_stats,
-    lower_mean_from_qk,
-    upper_lag_counts,
 )
 
 Block = tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
@@ -120,7 +120,7 @@ class UpperSums:
     """Track A's running upper-triangle state (on the reducer's device, float64): per
     sequence the whole triangle and the diagonal sum, summed over sequences query rows
     [1, 21) and rows ≥ 50. Each ``*_sums`` method returns ``(S1, Σ A², n(Δ))`` for
-    :func:`poskernel_tl.toeplitz.r2_two_sided`."""
+    :func:`poskernel_tl.fit.toeplitz.r2_two_sided`."""
 
     def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int, device):
         f64 = dict(dtype=torch.float64, device=device)

@@ -3,7 +3,7 @@ layer, for every condition side by side (Figure 5), Track A's R² by offset band
 and the kernel classes against TransformerLens's previous-token-head score.
 
 Reads the tables each condition saved beside its Track A and Track B tables
-(``{stem}_heads.csv``: :mod:`poskernel_tl.kernel_class`; ``{stem}_bands.csv``: the band
+(``{stem}_heads.csv``: :mod:`poskernel_tl.fit.kernel_class`; ``{stem}_bands.csv``: the band
 fits); a condition saved without them is left out of the atlas and named.
 """
 
@@ -14,11 +14,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from poskernel_tl import constants as C
-from poskernel_tl.kernel_class import CLASSES
+from poskernel_tl.fit.kernel_class import CLASSES
+from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report.figures import condition_label
 from poskernel_tl.report.sections import esc, table_html
 from poskernel_tl.report.tables import write_table
-from poskernel_tl.result import ConditionResult
 
 COLORS = {"content": "#bbbbbb", "previous-token": "#d62728", "sink": "#9467bd",
           "local": "#ff7f0e", "periodic": "#2ca02c", "decay": "#1f77b4", "other": "#8c564b"}

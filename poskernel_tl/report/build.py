@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from poskernel_tl import constants as C
-from poskernel_tl.errors import NoConditionError
+from poskernel_tl.errors import NoConditionError, ResultFileError
+from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.progress import tqdm
 from poskernel_tl.report import (
     atlas,
@@ -49,7 +50,6 @@ from poskernel_tl.report.viewer_data import (
     head_anchor,
     write_data,
 )
-from poskernel_tl.result import ConditionResult, ResultFileError
 
 REPORT_DIR = "report"
 FIG_DIR = "figures"

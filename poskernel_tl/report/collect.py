@@ -19,9 +19,9 @@ import torch
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import SavedSpectral, read_spectral
+from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import extras, figures
 from poskernel_tl.report.tokens import Decoder, token_decoder
-from poskernel_tl.result import ConditionResult
 from poskernel_tl.schema import axes
 
 Key = tuple[str, str, int]

@@ -2,7 +2,7 @@
 means (``AnalysisSpec.layer_means``) in the report and in the head views.
 
 Each analysis writes ``results/{model}_{dataset}_{T}_{NAME}.csv`` (one row per layer and
-head; see :func:`poskernel_tl.analyze.run_analysis`). For one condition,
+head; see :func:`poskernel_tl.run.analyze.run_analysis`). For one condition,
 :func:`load_condition` finds which of them exist and reads them; the columns this
 module shows are checked, and a file that lacks them (or cannot be parsed, or names heads
 the condition does not have) is kept as a note instead of a table. From there:

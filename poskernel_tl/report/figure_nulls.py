@@ -4,9 +4,9 @@ the reference nulls (:func:`fig_nulls`)."""
 import numpy as np
 from matplotlib.figure import Figure
 
+from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import nulls
 from poskernel_tl.report.figures import condition_label
-from poskernel_tl.result import ConditionResult
 
 
 def fig_nulls(r: ConditionResult, nope: np.ndarray | None = None) -> Figure:

@@ -22,9 +22,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.protocol import EARLY_LAYERS
 from poskernel_tl.report import nulls
-from poskernel_tl.report.tables import EARLY_LAYERS, dataset_label, depth_slope
-from poskernel_tl.result import ConditionResult
+from poskernel_tl.report.tables import dataset_label, depth_slope
 
 CELLS = [(("rope", "rmsnorm"), "RoPE + RMSNorm"), (("rope", "layernorm"), "RoPE + LayerNorm"),
          (("none", "rmsnorm"), "NoPE + RMSNorm"),

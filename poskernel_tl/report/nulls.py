@@ -20,8 +20,8 @@ import pandas as pd
 from jaxtyping import Float
 from scipy import stats
 
+from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.reducers.perm_null import null_percentile
-from poskernel_tl.result import ConditionResult
 
 THRESHOLDS = (0.40, 0.80)
 

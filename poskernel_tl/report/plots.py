@@ -1,7 +1,8 @@
-"""Plotly figures of a :class:`~poskernel_tl.result.ConditionResult` for notebooks: objects
-to restyle and combine (``fig.show()``, ``fig.update_layout(...)``), drawn from the same
-arrays as the report's viewer with its styling (Viridis R² on 0–1, layer 0 at the top,
-white lines between grouped-query kv groups, lags on a log axis, θᵢ as dashed lines).
+"""Plotly figures of a :class:`~poskernel_tl.measurement.result.ConditionResult` for
+notebooks: objects to restyle and combine (``fig.show()``, ``fig.update_layout(...)``),
+drawn from the same arrays as the report's viewer with its styling (Viridis R² on 0–1,
+layer 0 at the top, white lines between grouped-query kv groups, lags on a log axis, θᵢ as
+dashed lines).
 
     import poskernel_tl as pk
     pk.plots.r2_heatmap(res).show()
@@ -15,8 +16,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from poskernel_tl.analyses.spectral.summary import kernel_spectrum
+from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report.html import first_display
-from poskernel_tl.result import ConditionResult
 
 
 class Figure(go.Figure):

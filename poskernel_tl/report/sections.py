@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import figures, nulls, tables, verdicts
 from poskernel_tl.report.collect import Damaged
 from poskernel_tl.report.html import escape
 from poskernel_tl.report.tables import dataset_label
-from poskernel_tl.result import ConditionResult
 
 PROTOCOL = "the pre-registered protocol (Experiment 1)"
 PROTOCOL_HTML = (

@@ -1,7 +1,7 @@
 """Table 1 (Phase 6 of the protocol) and the per-condition summary the verdicts are computed from.
 
-:func:`condition_summary` turns each :class:`~poskernel_tl.result.ConditionResult` into one
-row of numbers (early-layer means, depth slope, Track A vs B, per-sequence spread, the
+:func:`condition_summary` turns each :class:`~poskernel_tl.measurement.result.ConditionResult`
+into one row of numbers (early-layer means, depth slope, Track A vs B, per-sequence spread, the
 spectral outcome); :func:`table1` keeps the protocol's columns; :func:`write_table` writes any
 such frame as CSV and Markdown. "Early" is layers 0–1, "late" layers 4+ (the protocol's
 expected-results table); the depth slope is the least-squares slope of the per-layer mean
@@ -17,8 +17,8 @@ import pandas as pd
 from jaxtyping import Float
 
 from poskernel_tl.io import atomic_write, save_csv
+from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.protocol import EARLY_LAYERS, GATE_THRESHOLD, LATE_FROM
-from poskernel_tl.result import ConditionResult
 
 NATURAL_EXCLUDE = ("random",)  # datasets that are not natural text
 

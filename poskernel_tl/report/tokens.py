@@ -5,7 +5,7 @@ a full tokenizer costs tens of seconds for the embedded GGUF model (the vocabula
 converted to a fast tokenizer), so the report reads only what it needs:
 
 - GGUF checkpoints (``spec.loader == "gguf"``): the ``tokenizer.ggml.tokens`` array from
-  the file's metadata (:func:`poskernel_tl.embedded.gguf_vocabulary`), decoded as
+  the file's metadata (:func:`poskernel_tl.models.embedded.gguf_vocabulary`), decoded as
   byte-level BPE (``gpt2``) or
   SentencePiece (``llama``) pieces (:func:`piece_text`);
 - hub checkpoints: the cached ``tokenizer.json`` through the ``tokenizers`` library.
@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from poskernel_tl.embedded import gguf_vocabulary, weights_path
 from poskernel_tl.errors import ModelUnavailableError
+from poskernel_tl.models.embedded import gguf_vocabulary, weights_path
 
 Decoder = Callable[[Sequence[int]], list[str]]
 

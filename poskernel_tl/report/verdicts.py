@@ -3,7 +3,7 @@
 :func:`evaluate` is a pure function of the per-condition summary
 (:func:`poskernel_tl.report.tables.condition_summary`, or a hand-built frame with the same
 columns); :func:`verdicts` runs it on a list of
-:class:`~poskernel_tl.result.ConditionResult`. Each criterion gets one of ``met``,
+:class:`~poskernel_tl.measurement.result.ConditionResult`. Each criterion gets one of ``met``,
 ``partial``, ``failed`` or ``not computable``, the value it was judged on, the numbers
 behind it (per condition) and, when not computable, why.
 
@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from poskernel_tl.protocol import GATE_THRESHOLD
 from poskernel_tl.report.tables import (
-    GATE_THRESHOLD,
     Key,
     condition_summary,
     spectral_gate,

@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from jaxtyping import Bool, Float
 
+from poskernel_tl.fit.toeplitz import shift_invariance_r2, shift_invariance_r2_two_sided
 from poskernel_tl.report.html import (
     ASSETS_DIR,
     bundle_js,
@@ -34,7 +35,6 @@ from poskernel_tl.report.html import (
     write_page,
 )
 from poskernel_tl.report.viewer_data import num, typed
-from poskernel_tl.toeplitz import shift_invariance_r2, shift_invariance_r2_two_sided
 
 PLOTLY_NAME = "plotly.min.js"
 BUNDLE_NAME = "circuitsvis.js"

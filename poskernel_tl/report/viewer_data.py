@@ -23,12 +23,12 @@ from jaxtyping import Float
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import LABELS, SOURCES
+from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import extras
 from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.figures import model_label
 from poskernel_tl.report.html import json_for_script
 from poskernel_tl.report.tables import dataset_label
-from poskernel_tl.result import ConditionResult
 
 DATA_DIR = "data"
 GLOBAL = "PK_DATA"

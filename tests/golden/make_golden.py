@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import make_tiny_tokenizer  # noqa: E402
 from tiny_models import tiny_loaded  # noqa: E402
 
-from poskernel_tl.runner import RunConfig, run_condition  # noqa: E402
+from poskernel_tl.plan.config import RunConfig  # noqa: E402
+from poskernel_tl.run.runner import run_condition  # noqa: E402
 
 GOLDEN = dict(model="tiny-llama", dataset="prose", length=64, n_seqs=16, batch_size=4,
               save_logits="yes", progress=False)

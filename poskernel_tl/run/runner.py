@@ -1,5 +1,5 @@
 """One condition (model, dataset, length) end to end: sequence file → :func:`measure`
-→ :meth:`ConditionResult.save`. The configuration (:class:`~poskernel_tl.config.RunConfig`)
+→ :meth:`ConditionResult.save`. The configuration (:class:`~poskernel_tl.plan.config.RunConfig`)
 is saved with the result.
 """
 
@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from poskernel_tl import protocol
-from poskernel_tl.config import RunConfig
-from poskernel_tl.loading import LoadedModel, load_model
-from poskernel_tl.measure import measure
-from poskernel_tl.result import ConditionResult
-from poskernel_tl.sequences import centering_mask, ensure_sequences, eval_mask
+from poskernel_tl.data.sequences import centering_mask, ensure_sequences, eval_mask
+from poskernel_tl.measurement.measure import measure
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.loading import LoadedModel, load_model
+from poskernel_tl.plan.config import RunConfig
 
 
 @dataclass
@@ -69,4 +69,4 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None
     return result, written
 
 
-__all__ = ["Condition", "RunConfig", "prepare", "run_condition"]
+__all__ = ["Condition", "prepare", "run_condition"]

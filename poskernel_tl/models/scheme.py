@@ -101,7 +101,7 @@ def _inner(hf_model: nn.Module) -> nn.Module | None:
 
 def original(module: nn.Module | None) -> nn.Module | None:
     """The Hugging Face module itself where a TransformerLens bridge wraps it (a model
-    read after it was booted, e.g. :meth:`~poskernel_tl.loading.LoadedModel.from_bridge`)."""
+    read after it was booted, e.g. :meth:`~poskernel_tl.models.loading.LoadedModel.from_bridge`)."""
     inner = getattr(module, "original_component", None)
     return inner if isinstance(inner, nn.Module) else module
 

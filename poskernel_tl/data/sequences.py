@@ -30,20 +30,19 @@ import torch
 from jaxtyping import Int
 
 from poskernel_tl import constants, protocol
-from poskernel_tl.datasets import (
+from poskernel_tl.data.datasets import (
     HUB_DATASETS,
-    DataError,
     check_dataset_name,
     describe_source,
     iter_documents,
     random_token_ids,
-    special_token_ids,
 )
+from poskernel_tl.errors import DataError
 from poskernel_tl.io import save_torch
 
-__all__ = ["FORMAT_VERSION", "TooFewWindowsError", "DataError", "build_sequences",
-           "centering_mask", "ensure_sequences", "eval_mask", "load_sequences",
-           "random_token_ids", "save_sequences", "sequence_frame", "special_token_ids"]
+__all__ = ["FORMAT_VERSION", "TooFewWindowsError", "build_sequences", "centering_mask",
+           "ensure_sequences", "eval_mask", "load_sequences", "save_sequences",
+           "sequence_frame"]
 
 FORMAT_VERSION = 1
 

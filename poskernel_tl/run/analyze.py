@@ -15,14 +15,14 @@ import pandas as pd
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
 from poskernel_tl.analyses.registry import get
-from poskernel_tl.batching import resolve_batch_size
-from poskernel_tl.config import RunConfig
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.io import save_csv
-from poskernel_tl.loading import LoadedModel
-from poskernel_tl.registry import REGISTRY
-from poskernel_tl.result import ConditionResult
-from poskernel_tl.runner import prepare, run_condition
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.models.registry import REGISTRY
+from poskernel_tl.plan.batching import resolve_batch_size
+from poskernel_tl.plan.config import RunConfig
+from poskernel_tl.run.runner import prepare, run_condition
 
 
 def saved_result(cfg: RunConfig) -> ConditionResult | None:

@@ -2,8 +2,8 @@
 
 A preset names a list of conditions (model × dataset × length × N). The grid plans them
 (which weights and datasets this machine has), loads each model once, runs its
-conditions through :func:`poskernel_tl.runner.run_condition`, and records each finished
-condition in the folder's manifest (:mod:`poskernel_tl.manifest`); a rerun skips what is
+conditions through :func:`poskernel_tl.run.runner.run_condition`, and records each finished
+condition in the folder's manifest (:mod:`poskernel_tl.run.manifest`); a rerun skips what is
 complete and valid and redoes the rest. ``--shard I/N`` keeps the I-th of N contiguous,
 balanced blocks of the planned list (0-based I; conditions are ordered model by model,
 so the seed grid's 36 conditions in 6 shards give each shard one model), so a
@@ -23,24 +23,23 @@ import pandas as pd
 from poskernel_tl import constants as C
 from poskernel_tl import protocol
 from poskernel_tl.analyses.registry import get as get_analysis
-from poskernel_tl.analyze import run_analysis
-from poskernel_tl.config import GridConfig, RunConfig
-from poskernel_tl.datasets import HUB_DATASETS, DataError, hub_offline
-from poskernel_tl.embedded import weights_identity as wheel_identity
-from poskernel_tl.embedded import weights_path
-from poskernel_tl.errors import UserError
+from poskernel_tl.data.datasets import HUB_DATASETS, hub_offline
+from poskernel_tl.data.sequences import TooFewWindowsError, ensure_sequences
+from poskernel_tl.errors import DataError, ModelUnavailableError, UserError
 from poskernel_tl.io import place_file, remove_stale_temporaries, save_csv
-from poskernel_tl.loading import (
-    ModelUnavailableError,
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.embedded import weights_identity as wheel_identity
+from poskernel_tl.models.embedded import weights_path
+from poskernel_tl.models.loading import (
     dtype_name,
     load_model,
 )
-from poskernel_tl.manifest import FolderLock, Manifest, key_of, sha256
+from poskernel_tl.models.registry import EMBEDDED_DEFAULT, REGISTRY, resolve
+from poskernel_tl.plan.config import GridConfig, RunConfig
 from poskernel_tl.progress import tqdm
-from poskernel_tl.registry import EMBEDDED_DEFAULT, REGISTRY, resolve
-from poskernel_tl.result import ConditionResult
-from poskernel_tl.runner import run_condition
-from poskernel_tl.sequences import TooFewWindowsError, ensure_sequences
+from poskernel_tl.run.analyze import run_analysis
+from poskernel_tl.run.manifest import FolderLock, Manifest, key_of, sha256
+from poskernel_tl.run.runner import run_condition
 
 SEED_MODELS = ("gpt2", "gpt2-medium", "olmo-1b", "llama-3.2-1b", "tinyllama-1.1b",
                "tinyllama-nope-1.1b")

@@ -8,7 +8,7 @@ import torch
 from jaxtyping import Int
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.loading import LoadedModel
+from poskernel_tl.models.loading import LoadedModel
 
 Tokens = Int[torch.Tensor, "batch pos"]
 CenteringTokens = Int[torch.Tensor, "n_centering pos"]  # another count, the same length

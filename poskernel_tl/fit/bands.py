@@ -2,7 +2,7 @@
 each band's g fitted on its entries alone, R² the share of their variance it explains,
 from the per-lag sums and counts and Σ A² over each band of the partition — exact, no
 T × T matrix (Σ A² by band: :func:`poskernel_tl.reducers.lag_sums.band_sum_squares` from
-q/k, :func:`poskernel_tl.toeplitz.lower_lag_stats` from materialised logits)."""
+q/k, :func:`poskernel_tl.fit.toeplitz.lower_lag_stats` from materialised logits)."""
 
 import torch
 from jaxtyping import Float

@@ -7,7 +7,7 @@ logit matrices) from the same hooked tensors. Nothing is written to disk.
 
 Every forward stops once the last layer's q/k are captured (nothing reads the model's
 output). The run is planned against a memory budget before it starts
-(:func:`poskernel_tl.batching.plan_measure`): where Track B's accumulator for every layer
+(:func:`poskernel_tl.plan.batching.plan_measure`): where Track B's accumulator for every layer
 does not fit, pass 2 carries it for the last block of layers only and one more pass per
 other block accumulates Track B alone, its forward stopped after the block's last layer.
 The numbers are the same either way.
@@ -34,13 +34,15 @@ import numpy as np
 import torch
 
 from poskernel_tl import constants as C
-from poskernel_tl.batching import Plan, Workload, plan_measure
-from poskernel_tl.config import MeasureConfig
+from poskernel_tl.data.inputs import CenteringTokens, Tokens, checked_tokens
 from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import capture_qk, scores_hook_name
-from poskernel_tl.inputs import CenteringTokens, Tokens, checked_tokens
-from poskernel_tl.loading import LoadedModel, dtype_name
-from poskernel_tl.pe_kernel import NoPositionTableError, is_post_ln, pe_kernel_part
+from poskernel_tl.measurement.pe_kernel import NoPositionTableError, is_post_ln, pe_kernel_part
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.loading import LoadedModel, dtype_name
+from poskernel_tl.models.scheme import summary as scheme_summary
+from poskernel_tl.plan.batching import Plan, Workload, plan_measure
+from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.progress import tqdm
 from poskernel_tl.reducers import (
     CenteringMeans,
@@ -58,8 +60,6 @@ from poskernel_tl.reducers import (
     Workspace,
 )
 from poskernel_tl.reducers.gram import concat_layers
-from poskernel_tl.result import ConditionResult
-from poskernel_tl.scheme import summary as scheme_summary
 
 ScoresPath = str  # "auto" | "hook" | "qk"
 
@@ -148,7 +148,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     ``centering_tokens`` (none: Track B uncentered, as the protocol does for random
     tokens).
 
-    ``options`` are the fields of :class:`~poskernel_tl.config.MeasureConfig`:
+    ``options`` are the fields of :class:`~poskernel_tl.plan.config.MeasureConfig`:
     ``batch_size`` (sequences per forward or ``"auto"``; halved on out-of-memory),
     ``seed`` (the 80/20 subsets, the random half of the centering set, the null),
     ``whiten``, ``scores`` (``auto``: Track A from q and k without the T×T logits;
@@ -300,7 +300,8 @@ def result_parts(model: LoadedModel, reds: dict, track_b: GramResult,
                  centering: Moments | None, ev_ids: Tokens) -> tuple[dict, list[str]]:
     """The result's parts from the evaluation pass's reducers and Track B's result, and
     notes. S_PE of a post-LN model (BERT) uses the LayerNorm statistics measured on the
-    evaluation sequences ``ev_ids`` (one more forward of them; :mod:`poskernel_tl.pe_kernel`)."""
+    evaluation sequences ``ev_ids`` (one more forward of them;
+    :mod:`poskernel_tl.measurement.pe_kernel`)."""
     T = ev_ids.shape[1]
     track_a, notes = reds["track_a"], []
     parts = {"track_a": track_a.result(), "track_b": track_b,

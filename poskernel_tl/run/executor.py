@@ -1,7 +1,7 @@
 """``poskernel grid --executor slurm``: the grid as cluster jobs, through submitit.
 
 One job per model (the model is loaded once and runs all its conditions; the seed grid
-is then 6 jobs for 6 GPUs). Each job runs :func:`poskernel_tl.grid.run_grid` into its
+is then 6 jobs for 6 GPUs). Each job runs :func:`poskernel_tl.run.grid.run_grid` into its
 own folder ``OUT/jobs/<model>`` (a manifest and lock of its own, so a resubmission
 resumes it), and when every job has finished the submitting process merges the job
 folders into ``OUT`` (hard links: no second copy on disk) and writes the summary table.
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from poskernel_tl.config import GridConfig
 from poskernel_tl.errors import UserError
-from poskernel_tl.grid import SUMMARY_CSV, Condition, merge, run_grid
 from poskernel_tl.io import save_csv
+from poskernel_tl.plan.config import GridConfig
 from poskernel_tl.progress import tqdm
+from poskernel_tl.run.grid import SUMMARY_CSV, Condition, merge, run_grid
 
 JOBS_DIR = "jobs"
 SUBMITIT_DIR = "submitit"

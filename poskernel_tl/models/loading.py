@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from poskernel_tl import embedded
 from poskernel_tl.errors import ModelUnavailableError, UserError
 from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
-from poskernel_tl.registry import ModelSpec, placeholder_spec, resolve
-from poskernel_tl.scheme import ENCODER_TYPES, original, read_layers
+from poskernel_tl.models import embedded
+from poskernel_tl.models.registry import ModelSpec, placeholder_spec, resolve
+from poskernel_tl.models.scheme import ENCODER_TYPES, original, read_layers
 
 
 @dataclass
@@ -247,7 +247,7 @@ def position_table(hf_model: nn.Module) -> nn.Module | None:
 
 def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
     """Fill the spec from the loaded model: every layer's positional scheme
-    (:func:`poskernel_tl.scheme.read_layers`: RoPE frequencies, rotated share and pair
+    (:func:`poskernel_tl.models.scheme.read_layers`: RoPE frequencies, rotated share and pair
     layout, mask, QK-norm) and the model's rotary frequencies (its first RoPE layer's),
     and for a placeholder spec (``hf:`` ids, :meth:`LoadedModel.from_bridge`) the
     geometry, PE scheme and norm type read from the config and modules."""

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from poskernel_tl.batching import check_batch_size, parse_memory
-from poskernel_tl.datasets import check_dataset, saves_logits_by_default
+from poskernel_tl.data.datasets import check_dataset, saves_logits_by_default
 from poskernel_tl.errors import UserError
-from poskernel_tl.loading import resolve_device
-from poskernel_tl.registry import EMBEDDED_DEFAULT, ModelSpec, resolve
+from poskernel_tl.models.loading import resolve_device
+from poskernel_tl.models.registry import EMBEDDED_DEFAULT, ModelSpec, resolve
+from poskernel_tl.plan.batching import check_batch_size, parse_memory
 
 
 def option(default, help: str, flag: str | None = None, **extra) -> Any:

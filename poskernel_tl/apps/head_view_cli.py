@@ -3,7 +3,7 @@
 :func:`add_inspect_parser` adds the subcommand to the CLI; :func:`cmd_inspect` checks the
 arguments before the model loads (:func:`check_inspect_args`), picks the text (``--text``,
 ``--file`` or a :func:`dataset_window`), runs
-:func:`poskernel_tl.head_view.inspect_head` and saves the view.
+:func:`poskernel_tl.apps.head_view.inspect_head` and saves the view.
 """
 
 import argparse
@@ -14,13 +14,13 @@ from jaxtyping import Int
 from torch import Tensor
 
 from poskernel_tl.analyses.spectral.summary import alignment_line
+from poskernel_tl.apps.head_view import MIN_TOKENS, check_head, inspect_head
 from poskernel_tl.constants import model_slug
-from poskernel_tl.datasets import DataError, check_dataset_name
-from poskernel_tl.errors import UserError
-from poskernel_tl.head_view import MIN_TOKENS, check_head, inspect_head
-from poskernel_tl.loading import load_model, resolve_device
-from poskernel_tl.registry import EMBEDDED_DEFAULT, resolve
-from poskernel_tl.sequences import build_sequences, collect_windows, sequence_frame
+from poskernel_tl.data.datasets import check_dataset_name
+from poskernel_tl.data.sequences import build_sequences, collect_windows, sequence_frame
+from poskernel_tl.errors import DataError, UserError
+from poskernel_tl.models.loading import load_model, resolve_device
+from poskernel_tl.models.registry import EMBEDDED_DEFAULT, resolve
 
 
 def add_inspect_parser(subparsers) -> argparse.ArgumentParser:

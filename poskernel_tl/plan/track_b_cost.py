@@ -1,11 +1,11 @@
 """What Track B holds and costs, by path: the evaluation sequences' q/k factors or the
-[T, T] accumulator in row blocks. The memory plan (:mod:`poskernel_tl.batching`) sums
+[T, T] accumulator in row blocks. The memory plan (:mod:`poskernel_tl.plan.batching`) sums
 these bytes with the rest of a measurement and picks the path by :func:`track_b_seconds`
 where both fit."""
 
 import math
 
-from poskernel_tl.loading import LoadedModel
+from poskernel_tl.models.loading import LoadedModel
 
 GRAM_ROWS = 64  # query rows per block of the Track B accumulator
 FACTOR_RANK_MAX = 256  # Track B may keep factors only up to n_eval·d_head of this

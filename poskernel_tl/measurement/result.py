@@ -20,15 +20,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from jaxtyping import Int
 
 from poskernel_tl import constants as C
 from poskernel_tl.errors import NoConditionError, ResultFileError
+from poskernel_tl.fit.kernel_class import condition_kernels
+from poskernel_tl.fit.toeplitz import two_sided
 from poskernel_tl.hooks import kv_head_map
-from poskernel_tl.io import save_csv, save_json, save_npz, save_torch
-from poskernel_tl.kernel_class import condition_kernels
-from poskernel_tl.pe_kernel import PEKernel
+from poskernel_tl.io import save_arrays, save_csv, save_json
+from poskernel_tl.measurement.pe_kernel import PEKernel
+from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.protocol import offset_bands
 from poskernel_tl.reducers import (
     CenteringMeans,
@@ -40,9 +41,7 @@ from poskernel_tl.reducers import (
     TrackAResult,
     WhitenedGramResult,
 )
-from poskernel_tl.registry import ModelSpec
 from poskernel_tl.schema import Part, SavedFiles, tidy_tables
-from poskernel_tl.toeplitz import two_sided
 
 PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, WhitenedGramResult,
                                  FreqUsage, PermNull, SavedLogits, PEKernel, PrevTokenScore)
@@ -179,7 +178,7 @@ class ConditionResult:
 
     def g_two_sided(self, source: str = "trackA") -> np.ndarray | None:
         """g over signed lags Δ = −(T−1)..T−1 [layer, head_index, 2T−1] with the diagonal's
-        mean at Δ = 0 (:func:`~poskernel_tl.toeplitz.two_sided`) for ``trackA`` (pooled)
+        mean at Δ = 0 (:func:`~poskernel_tl.fit.toeplitz.two_sided`) for ``trackA`` (pooled)
         or ``trackB`` (the g of :attr:`g_trackB`); None for a causal model."""
         if source not in ("trackA", "trackB"):
             raise ValueError(f"source={source!r}: choose trackA or trackB")
@@ -232,7 +231,7 @@ class ConditionResult:
             self.kv_head, skip=() if self.band_lo is not None else ("bands",))
 
     def kernels(self) -> pd.DataFrame | None:
-        """Per head, the kernel descriptors and class (:mod:`poskernel_tl.kernel_class`)."""
+        """Per head, the kernel descriptors and class (:mod:`poskernel_tl.fit.kernel_class`)."""
         return condition_kernels(self)
 
     def layer_summary(self) -> pd.DataFrame:
@@ -271,7 +270,7 @@ class ConditionResult:
             for file, arrays in part.arrays().items():
                 files.setdefault(file, {}).update(arrays)
         for file, arrays in files.items():
-            written[file] = _write(path(file), arrays)
+            written[file] = save_arrays(path(file), arrays)
         meta = {"model": self.model, "dataset": self.dataset, "length": self.length,
                 "spec": self.spec.to_dict(), "centered": bool(self.centered),
                 "n_eval": len(self.seq_id), "n_centering": int(self.n_centering),
@@ -352,14 +351,6 @@ def _build(cls: type[Part], values: dict) -> Part:
     return cls(**values)
 
 
-def _write(path: Path, arrays: dict) -> Path:
-    if path.suffix == ".npz":
-        return save_npz(path, **arrays)
-    if list(arrays) == [None]:
-        return save_torch(torch.from_numpy(np.asarray(arrays[None])), path)
-    return save_torch({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}, path)
-
-
 def _meta(out, model: str, dataset: str, length: int) -> dict:
     path = C.result_path(out, model, dataset, length, C.CFG)
     try:
@@ -402,4 +393,4 @@ def _load(cls, out: Path, model: str, dataset: str, length: int, lazy: bool
                            config=meta.get("config", {}), provenance=meta.get("provenance", {}))
 
 
-__all__ = ["ALIASES", "PARTS", "ConditionResult", "ResultFileError"]
+__all__ = ["ALIASES", "PARTS", "ConditionResult"]

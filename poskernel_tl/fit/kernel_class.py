@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float
 
-from poskernel_tl.toeplitz import layer_lag_counts
+from poskernel_tl.fit.toeplitz import layer_lag_counts
 
 THRESHOLDS = {"content_r2_without_null": 0.05, "prev_share": 0.5, "sink_share": 0.5,
               "local_width_fraction": 1 / 16, "periodic_share": 0.25, "decay_r2": 0.5}
@@ -140,7 +140,7 @@ def head_kernels(g: Float[np.ndarray, "layer head_index lag"],
 
 
 def condition_kernels(r) -> pd.DataFrame | None:
-    """:func:`head_kernels` of a :class:`~poskernel_tl.result.ConditionResult`, with its
+    """:func:`head_kernels` of a :class:`~poskernel_tl.measurement.result.ConditionResult`, with its
     condition's columns first and TransformerLens's previous-token score where it was
     saved; None for a result saved without the sink column's mean."""
     if r.g_sink is None:

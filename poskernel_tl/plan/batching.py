@@ -1,7 +1,7 @@
 """Memory: the batch size, and a plan that fits a measurement into a memory budget.
 
 :func:`plan_measure` estimates, before anything runs, the peak memory of each phase of
-:func:`poskernel_tl.measure.measure` besides the loaded model — the centering pass, the
+:func:`poskernel_tl.measurement.measure.measure` besides the loaded model — the centering pass, the
 evaluation pass(es) and the final fits — from the tensors each phase holds:
 
 - what grows with the batch (:func:`per_sequence_bytes`): the forward's activations, the
@@ -9,10 +9,10 @@ evaluation pass(es) and the final fits — from the tensors each phase holds:
   ``hook``/``qk`` score paths; not the sdpa path with Track A from lag sums, which needs
   O(T·d_head) per head), and Track A's float64 work on q/k;
 - what does not: the centering means, Track A's per-sequence lag sums, the optional
-  reducers, and Track B (:mod:`poskernel_tl.track_b_cost`): its accumulator, ≈ T²/2
+  reducers, and Track B (:mod:`poskernel_tl.plan.track_b_cost`): its accumulator, ≈ T²/2
   float32 per head and layer in blocks of query rows, or T² where the full matrices are
   kept, or the evaluation sequences' q/k factors, whichever the plan estimates faster
-  (:func:`~poskernel_tl.track_b_cost.track_b_seconds`) among those that fit.
+  (:func:`~poskernel_tl.plan.track_b_cost.track_b_seconds`) among those that fit.
 
 A bidirectional model (``model.spec.causal`` false) fits both triangles: Track B's
 accumulator holds every key (T² per head), its fit carries the upper triangle's pieces
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from poskernel_tl.errors import PlanError, UserError
-from poskernel_tl.loading import LoadedModel
-from poskernel_tl.track_b_cost import (
+from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.plan.track_b_cost import (
     FACTOR_RANK_MAX,
     gram_factors,
     gram_fit_bytes,

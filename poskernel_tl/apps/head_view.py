@@ -8,7 +8,7 @@ shift-invariant fit g(Δ) with its R² and residual, and the spectrum of g(Δ) w
 spectral alignment against the rotary frequencies θᵢ. The result, a :class:`HeadView`,
 renders in Jupyter (``_repr_html_``) and saves as a standalone HTML page.
 
-The ``poskernel inspect`` subcommand (:mod:`poskernel_tl.head_view_cli`) does the same
+The ``poskernel inspect`` subcommand (:mod:`poskernel_tl.apps.head_view_cli`) does the same
 from the command line.
 """
 
@@ -26,12 +26,21 @@ from torch import Tensor
 
 from poskernel_tl.analyses.spectral.processing import two_sided_for_spectrum
 from poskernel_tl.analyses.spectral.summary import alignment_frames, alignment_line, kernel_spectrum
+from poskernel_tl.data.sequences import sequence_frame, token_strings
 from poskernel_tl.errors import UserError
+from poskernel_tl.fit.kernel_class import head_kernels
+from poskernel_tl.fit.toeplitz import (
+    lag_counts,
+    lag_sums,
+    r2_two_sided,
+    shift_invariance_r2,
+    shift_invariance_r2_two_sided,
+    two_sided,
+)
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.io import sentence
-from poskernel_tl.kernel_class import head_kernels
-from poskernel_tl.loading import LoadedModel
+from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.reducers.perm_null import joint_permutations
 from poskernel_tl.report import (
     SHARED,
@@ -44,15 +53,6 @@ from poskernel_tl.report import (
     write_head_page,
 )
 from poskernel_tl.schema import check_shapes
-from poskernel_tl.sequences import sequence_frame, token_strings
-from poskernel_tl.toeplitz import (
-    lag_counts,
-    lag_sums,
-    r2_two_sided,
-    shift_invariance_r2,
-    shift_invariance_r2_two_sided,
-    two_sided,
-)
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
 MIN_TOKENS = 3
@@ -73,7 +73,7 @@ class HeadView:
     ``spectrum`` is ``(omega, power)`` of g(Δ), ω in rad/token; ``alignment`` the
     :func:`spectral_alignment` dict for rotary models, else None. ``tokens`` are the
     token strings, one per position. ``kernel``: the class and descriptors of this
-    sequence's g (:mod:`poskernel_tl.kernel_class`, against a 19-permutation null of this
+    sequence's g (:mod:`poskernel_tl.fit.kernel_class`, against a 19-permutation null of this
     matrix)."""
 
     model_name: str
@@ -182,7 +182,7 @@ def token_ids(model: LoadedModel, text_or_tokens, max_tokens: int | None = None
               ) -> Int[Tensor, " pos"]:
     """One sequence of token ids: a string (tokenized without special tokens; an
     encoder's framed ``[CLS]`` … ``[SEP]`` as its sequences are, see
-    :func:`~poskernel_tl.sequences.sequence_frame`), a list or 1-D array of ids, or a
+    :func:`~poskernel_tl.data.sequences.sequence_frame`), a list or 1-D array of ids, or a
     [1, pos] tensor; cut to ``max_tokens`` (the frame included); 3 ≤ T ≤ context."""
     x = text_or_tokens
     prefix, suffix = (), ()
@@ -329,7 +329,7 @@ def view_null(A: Float[Tensor, "query_pos key_pos"], causal: bool, max_lag: int 
 
 def kernel_of(fit: dict, A: Float[Tensor, "query_pos key_pos"], max_lag: int | None,
               thetas: np.ndarray | None) -> dict:
-    """:func:`~poskernel_tl.kernel_class.head_kernels` of this one sequence's fit, against
+    """:func:`~poskernel_tl.fit.kernel_class.head_kernels` of this one sequence's fit, against
     :func:`view_null`: class first, then the descriptors."""
     causal = fit["g_back"] is None
     counts = lag_counts(A.shape[-1], max_lag=max_lag).numpy()

@@ -69,7 +69,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.loading import ENCODER_TYPES, position_table
+from poskernel_tl.models.loading import position_table
+from poskernel_tl.models.scheme import ENCODER_TYPES
 from poskernel_tl.reducers.lag_sums import lag_sums
 from poskernel_tl.schema import Part, stored
 

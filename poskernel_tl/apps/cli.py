@@ -1,6 +1,6 @@
 """The ``poskernel`` command. Each subcommand is a thin wrapper over a library call; the
 flags of ``run``, ``grid`` and ``analyze NAME`` are derived from the configuration
-dataclasses (:mod:`poskernel_tl.config`) and the analyses' options.
+dataclasses (:mod:`poskernel_tl.plan.config`) and the analyses' options.
 
 Errors: a :class:`~poskernel_tl.errors.UserError` (bad input) is one line and exit 2;
 anything else is a bug: its traceback, one line asking to report it, exit 1."""
@@ -14,20 +14,20 @@ import traceback
 from poskernel_tl import constants as C
 from poskernel_tl import protocol
 from poskernel_tl.analyses.registry import REGISTRY
-from poskernel_tl.analyze import run_analysis
-from poskernel_tl.config import GridConfig, RunConfig, add_flags, from_args
-from poskernel_tl.embedded import install_lines
+from poskernel_tl.apps.head_view_cli import add_inspect_parser, cmd_inspect
+from poskernel_tl.data.sequences import ensure_sequences
 from poskernel_tl.errors import BUG_HINT, ResultFileError, UserError
-from poskernel_tl.executor import GridJobError, submit_grid
-from poskernel_tl.grid import check_plan, merge, plan, run_grid
-from poskernel_tl.head_view_cli import add_inspect_parser, cmd_inspect
-from poskernel_tl.loading import load_model, load_tokenizer
-from poskernel_tl.registry import REGISTRY as MODELS
-from poskernel_tl.registry import resolve
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.embedded import install_lines
+from poskernel_tl.models.loading import load_model, load_tokenizer
+from poskernel_tl.models.registry import REGISTRY as MODELS
+from poskernel_tl.models.registry import resolve
+from poskernel_tl.plan.config import GridConfig, RunConfig, add_flags, from_args
 from poskernel_tl.report.build import build_report
-from poskernel_tl.result import ConditionResult
-from poskernel_tl.runner import run_condition
-from poskernel_tl.sequences import ensure_sequences
+from poskernel_tl.run.analyze import run_analysis
+from poskernel_tl.run.executor import GridJobError, submit_grid
+from poskernel_tl.run.grid import check_plan, merge, plan, run_grid
+from poskernel_tl.run.runner import run_condition
 
 CONDITION = ("model", "dataset", "length", "n_seqs", "out", "seed", "allow_cross_doc")
 # run's flags that an analysis does not take (they shape the measurement, not the analysis)

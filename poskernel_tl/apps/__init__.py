@@ -1,0 +1,1 @@
+"""The applications: the ``poskernel`` command and the interactive head view."""

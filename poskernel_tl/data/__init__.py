@@ -1,0 +1,2 @@
+"""The sequences: text sources by dataset name, the sequence files built from them and
+what ``pk.measure`` accepts as sequences."""
