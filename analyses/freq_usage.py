@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.constants import FREQ_USAGE_CSV, result_path
@@ -43,22 +42,7 @@ def freq_usage_table(result: ConditionResult) -> pd.DataFrame:
         "k_norm": kn[layer, kv, pair], "q_share": share[layer, head, pair]})[COLUMNS]
 
 
-def plot_freq_usage(table: pd.DataFrame, layer: int, title: str = "") -> Figure:
-    """Heatmap of q-norm share per (head, pair) for one layer, pairs ordered by θ
-    (highest frequency on the left)."""
-    sub = table[table.layer == layer].pivot(index="head", columns="rank", values="q_share")
-    thetas = table[(table.layer == layer) & (table["head"] == 0)].sort_values("rank")["theta"]
-    fig = Figure(figsize=(8, 0.35 * len(sub) + 1.5))
-    ax = fig.subplots()
-    im = ax.imshow(sub.to_numpy(), aspect="auto", cmap="viridis")
-    ticks = np.linspace(0, len(thetas) - 1, min(8, len(thetas))).astype(int)
-    ax.set_xticks(ticks, [f"{thetas.iloc[i]:.2g}" for i in ticks])
-    ax.set_xlabel("rotary pair, by θ (rad/token, high → low)")
-    ax.set_ylabel("head")
-    ax.set_title(title or f"layer {layer}: share of |q| per rotary pair")
-    fig.colorbar(im, ax=ax, label="share of summed |q|")
-    fig.tight_layout()
-    return fig
+
 
 
 def write_freq_usage(result: ConditionResult, out: str | Path) -> Path | None:

@@ -8,11 +8,8 @@ its ``__init__`` holding the entry points and the ``SPEC``; then add the ``SPEC`
 :data:`REGISTRY` below.
 """
 
-from pathlib import Path
 
-import pandas as pd
 
-from poskernel_tl import constants as C
 from poskernel_tl.analyses import (
     fourier_kernel,
     freq_usage,
@@ -26,7 +23,7 @@ from poskernel_tl.analyses import (
     spectral,
 )
 from poskernel_tl.analyses.base import AnalysisSpec
-from poskernel_tl.errors import ResultFileError, UnknownNameError
+from poskernel_tl.errors import UnknownNameError
 
 REGISTRY: dict[str, AnalysisSpec] = {s.name: s for s in (
     spectral.SPEC, freq_usage.SPEC, gk_baseline.SPEC, fourier_kernel.SPEC, sequence_pca.SPEC,
@@ -40,20 +37,3 @@ def get(name: str) -> AnalysisSpec:
         raise UnknownNameError(f"unknown analysis {name!r}; choose one of "
                                f"{', '.join(REGISTRY)}")
     return REGISTRY[name]
-
-
-def read_table(spec: AnalysisSpec, out: str | Path, model: str, dataset: str,
-               length: int) -> pd.DataFrame | None:
-    """The saved table of ``spec`` for a condition, None when it was not run; a
-    ResultFileError names the file when it cannot be read or lacks the spec's columns."""
-    path = C.result_path(out, model, dataset, length, spec.suffix)
-    if not path.exists():
-        return None
-    try:
-        table = pd.read_csv(path)
-    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise ResultFileError(f"{path}: unreadable ({err})") from err
-    missing = [c for c in spec.columns if c not in table.columns]
-    if missing:
-        raise ResultFileError(f"{path}: lacks columns {missing}")
-    return table

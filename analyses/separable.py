@@ -307,10 +307,6 @@ class SeparableReducer:
             **{f"{k}_per_seq": cpu(v) for k, v in per_seq.items()},
         )
 
-    def state_dict(self) -> dict:
-        return {k: v for k, v in vars(self).items()
-                if isinstance(v, Tensor) and not k.startswith("_")}
-
 
 # ----------------------------------------------------------------- table, figure
 def separable_table(result: SeparableResult, model: str, dataset: str,

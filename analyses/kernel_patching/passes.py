@@ -79,16 +79,8 @@ class PatchingResult:
         return self.losses["patched"]
 
     @property
-    def loss_ablated(self) -> Float[np.ndarray, "n_seqs layer head_index"]:
-        return self.losses["ablated"]
-
-    @property
     def dloss_patched(self) -> Float[np.ndarray, "n_seqs layer head_index"]:
         return self.dloss("patched")
-
-    @property
-    def dloss_ablated(self) -> Float[np.ndarray, "n_seqs layer head_index"]:
-        return self.dloss("ablated")
 
 
 # ------------------------------------------------------------------ the clean pass

@@ -10,11 +10,9 @@ flag cannot drift apart. The same two functions serve every analysis's options.
 
 import argparse
 import dataclasses
-import json
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from poskernel_tl.data.datasets import check_dataset, saves_logits_by_default
@@ -188,13 +186,6 @@ class RunConfig(MeasureConfig):
     def from_dict(cls, d: dict) -> "RunConfig":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "RunConfig":
-        """The RunConfig of a saved condition (its ``cfg.json``)."""
-        meta = json.loads(Path(path).read_text())
-        return cls.from_dict(meta.get("config", meta))
-
 
 PER_CONDITION = ("model", "dataset", "length", "overwrite")  # set by the grid per condition
 

@@ -17,7 +17,8 @@ from poskernel_tl import constants as C
 from poskernel_tl.fit.kernel_class import CLASSES
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report.figures import condition_label
-from poskernel_tl.report.sections import esc, table_html
+from poskernel_tl.report.html import esc
+from poskernel_tl.report.sections import table_html
 from poskernel_tl.report.tables import write_table
 
 COLORS = {"content": "#bbbbbb", "previous-token": "#d62728", "sink": "#9467bd",

@@ -38,8 +38,8 @@ from poskernel_tl.report import (
     verdicts,
 )
 from poskernel_tl.report.collect import Condition, Damaged, iter_conditions, slim
-from poskernel_tl.report.html import page_html, report_block, write_page
-from poskernel_tl.report.sections import cond_text, esc, fmt, table_html
+from poskernel_tl.report.html import esc, page_html, report_block, write_page
+from poskernel_tl.report.sections import cond_text, fmt, table_html
 from poskernel_tl.report.tables import dataset_label
 from poskernel_tl.report.tokens import Decoder
 from poskernel_tl.report.viewer import asset_tags, viewer_html, write_assets
@@ -247,14 +247,12 @@ def _gate_notes(summary, gate) -> str:
 
 def build_report(results_dir: str | Path, out: str | Path | None = None, *,
                  progress: bool = False, token_decoders: Mapping[str, Decoder] | None = None,
-                 workers: int | None = None, n_null: int | None = None,
-                 head_pages: object = None) -> Path:
+                 workers: int | None = None) -> Path:
     """Read every condition under ``results_dir`` and write the report (see the module
     docstring); returns the path of ``report.html``. ``token_decoders``: model name →
     ``ids -> token strings`` (default: read from the model's vocabulary where it is on this
     machine). ``workers``: processes drawing the figures (default: up to 2, one per core).
-    ``n_null`` and ``head_pages`` are accepted for old callers and ignored: the
-    report runs no null and every head has its view. Raises :class:`ReportIncomplete` after
+    Raises :class:`ReportIncomplete` after
     writing when some condition could not be read, :class:`NoConditionError` (a user error)
     when the folder does not exist or holds no condition."""
     results_dir = ConditionResult.folder(results_dir)

@@ -14,7 +14,6 @@ the condition does not have) is kept as a note instead of a table. From there:
   that makes the file, as JSON-ready data for the head views (the "Further analyses" rows).
 """
 
-import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from poskernel_tl import constants as C
 from poskernel_tl.analyses.base import AnalysisSpec
 from poskernel_tl.analyses.registry import REGISTRY
 from poskernel_tl.report.figures import model_label
-from poskernel_tl.report.html import escape
+from poskernel_tl.report.html import esc, finite, number
 
 OK, NOT_RUN, UNREADABLE = "ok", "not run", "unreadable"  # a file's status
 
@@ -39,26 +38,6 @@ def shown() -> tuple[AnalysisSpec, ...]:
 def section_title() -> str:
     return "Further analyses: " + ", ".join(a.title[:1].lower() + a.title[1:]
                                             for a in shown())
-
-
-def _esc(text: object) -> str:
-    """Escaped text, '://' as an entity (no network URL in a page's source)."""
-    return escape(text).replace("://", ":&#47;&#47;")
-
-
-def _num(x) -> str:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return "–"
-    return f"{x:.4g}" if np.isfinite(x) else "–"
-
-
-def command(name: str, model: str, dataset: str, length: int) -> str:
-    """The command that writes analysis ``name``'s CSV for one condition (``DIR``: the
-    folder the report reads)."""
-    return (f"poskernel analyze {name} --model {shlex.quote(model)} "
-            f"--dataset {shlex.quote(dataset)} --length {int(length)} --out DIR")
 
 
 # --------------------------------------------------------------------------- loading
@@ -157,14 +136,6 @@ def _load(results_dir, r) -> dict[str, Loaded]:
 
 
 # ------------------------------------------------------------------- head views
-def _finite(x) -> float | None:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if np.isfinite(x) else None
-
-
 def _head_notes(a: AnalysisSpec, t: pd.DataFrame) -> list[str]:
     """Per row: the table's own ``note``, or the spec's note where its ``valid`` is False."""
     notes = [n.strip() if isinstance(n, str) else "" for n in t["note"]] \
@@ -185,7 +156,7 @@ def viewer_tables(loaded: dict[str, Loaded], model: str, dataset: str, length: i
     for a in shown():
         item = loaded.get(a.name) or Loaded(a, Path())
         entry = {"name": a.name, "title": a.title, "status": item.status,
-                 "message": command(a.name, model, dataset, length) if item.status == NOT_RUN
+                 "message": a.command(model, dataset, length, "DIR") if item.status == NOT_RUN
                  else f"{item.path.name}: {item.problem}" if item.status == UNREADABLE else ""}
         if item.table is not None:
             t = item.table
@@ -196,8 +167,8 @@ def viewer_tables(loaded: dict[str, Loaded], model: str, dataset: str, length: i
             notes = _head_notes(a, t)
             for i, row in enumerate(t.to_dict("records")):
                 at = int(row["layer"]) * n_heads + int(row["head"])
-                values[at] = [_finite(row[c]) for c, _ in cols] + [notes[i]]
-                intervals[at] = [[_finite(row.get(f"{c}_lo")), _finite(row.get(f"{c}_hi"))]
+                values[at] = [finite(row[c]) for c, _ in cols] + [notes[i]]
+                intervals[at] = [[finite(row.get(f"{c}_lo")), finite(row.get(f"{c}_hi"))]
                                  if f"{c}_lo" in row and f"{c}_hi" in row else None
                                  for c, _ in cols]
             entry.update(values=values, intervals=intervals)
@@ -235,13 +206,13 @@ def _layer_means(loaded: dict[str, Loaded]) -> tuple[list[tuple[str, list[str]]]
 
 def _layer_table_html(groups, frame: pd.DataFrame) -> str:
     top = '<tr><th rowspan="2">layer</th>' + "".join(
-        f'<th colspan="{len(labels)}">{_esc(title)}</th>' for title, labels in groups) + "</tr>"
-    sub = "<tr>" + "".join(f"<th>{_esc(label)}</th>" for _, labels in groups
+        f'<th colspan="{len(labels)}">{esc(title)}</th>' for title, labels in groups) + "</tr>"
+    sub = "<tr>" + "".join(f"<th>{esc(label)}</th>" for _, labels in groups
                            for label in labels) + "</tr>"
     order = [label for _, labels in groups for label in labels]
     rows = []
     for layer, row in frame[order].iterrows():
-        cells = "".join(f"<td>{_esc(v if isinstance(v, str) else _num(v))}</td>"
+        cells = "".join(f"<td>{esc(v if isinstance(v, str) else number(v, '{:.4g}'))}</td>"
                         for v in row.to_numpy(dtype=object))
         rows.append(f"<tr><th>L{int(layer)}</th>{cells}</tr>")
     return f'<table class="pk-table pk-further-layers">{top}{sub}{"".join(rows)}</table>'
@@ -250,14 +221,14 @@ def _layer_table_html(groups, frame: pd.DataFrame) -> str:
 def _status_html(item: Loaded, r) -> str:
     a = item.analysis
     if item.status == NOT_RUN:
-        return (f"<li><b>{_esc(a.title)}</b>: not run — "
-                f"<code>{_esc(command(a.name, r.model, r.dataset, r.length))}</code></li>")
+        return (f"<li><b>{esc(a.title)}</b>: not run — "
+                f"<code>{esc(a.command(r.model, r.dataset, r.length, 'DIR'))}</code></li>")
     if item.status == UNREADABLE:
-        return (f"<li><b>{_esc(a.title)}</b>: <code>{_esc(item.path.name)}</code> is "
-                f"unreadable — {_esc(item.problem)}; it is left out.</li>")
+        return (f"<li><b>{esc(a.title)}</b>: <code>{esc(item.path.name)}</code> is "
+                f"unreadable — {esc(item.problem)}; it is left out.</li>")
     n = len(item.table)
-    extra = "".join(f" {_esc(note)}." for note in item.notes)
-    return (f"<li><b>{_esc(a.title)}</b>: <code>{_esc(item.path.name)}</code>, {n} of "
+    extra = "".join(f" {esc(note)}." for note in item.notes)
+    return (f"<li><b>{esc(a.title)}</b>: <code>{esc(item.path.name)}</code>, {n} of "
             f"{r.n_layers * r.n_heads} heads.{extra}</li>")
 
 
@@ -289,9 +260,9 @@ def report_section(results_dir: str | Path, results: Sequence,
               for r in results}
     if not any(item.exists for per in loaded.values() for item in per.values()):
         return ""
-    guides = "".join(f"<li><b>{_esc(a.title)}</b> (<code>poskernel analyze {a.name}</code>)"
-                     f": {_esc(a.guide)}</li>" for a in shown())
-    parts = [f"<h2>{_esc(section_title())}</h2>",
+    guides = "".join(f"<li><b>{esc(a.title)}</b> (<code>poskernel analyze {a.name}</code>)"
+                     f": {esc(a.guide)}</li>" for a in shown())
+    parts = [f"<h2>{esc(section_title())}</h2>",
              '<p class="pk-note">Per-head analyses beyond the pre-registered protocol, '
              "read from <code>results/{model}_{dataset}_{T}_{NAME}.csv</code> where they were "
              "run (<code>DIR</code> in the commands: the folder this report reads). Each "
@@ -304,31 +275,31 @@ def report_section(results_dir: str | Path, results: Sequence,
         if not any(item.exists for item in per.values()):
             without.append(label)
             continue
-        body = [f"<h3>{_esc(label)}</h3>",
+        body = [f"<h3>{esc(label)}</h3>",
                 "<ul>" + "".join(_status_html(item, r) for item in per.values()) + "</ul>"]
         for item in per.values():
             if item.table is None:
                 continue
             fig, why = _figure(item, r)
             if fig is None:
-                body.append(f'<p class="pk-note">{_esc(item.analysis.title)}: figure not '
-                            f"drawn ({_esc(why)}).</p>")
+                body.append(f'<p class="pk-note">{esc(item.analysis.title)}: figure not '
+                            f"drawn ({esc(why)}).</p>")
             else:
                 body.append(figure(fig, f"further_{r.stem()}_{item.analysis.name}",
                                    f"{item.analysis.title}, {r.stem()}"))
         groups, frame = _layer_means(per)
         if groups:
             body.append("<p>Mean over heads per layer.</p>" + _layer_table_html(groups, frame))
-            body += [f'<p class="pk-note">* {_esc(a.title)}: over the heads where '
-                     f"{_esc(a.valid[0].replace('_', ' '))}.</p>" for a in shown()
+            body += [f'<p class="pk-note">* {esc(a.title)}: over the heads where '
+                     f"{esc(a.valid[0].replace('_', ' '))}.</p>" for a in shown()
                      if a.valid and per[a.name].table is not None
                      and any(label.endswith("*") for _, label in a.layer_means)]
         parts.append("\n".join(body))
     if without:
         parts.append('<p class="pk-note">None of these analyses was run for: '
-                     + "; ".join(_esc(w) for w in without) + ".</p>")
+                     + "; ".join(esc(w) for w in without) + ".</p>")
     return "\n".join(parts)
 
 
-__all__ = ["Loaded", "command", "load_condition", "read_table",
+__all__ = ["Loaded", "load_condition", "read_table",
            "report_section", "section_title", "shown", "viewer_tables"]

@@ -10,6 +10,7 @@ script block early.
 
 import html
 import json
+import math
 import os
 import re
 from importlib import metadata
@@ -41,6 +42,25 @@ def clean_text(text: str) -> str:
 def escape(text: object) -> str:
     """Escape any text for HTML element content and quoted attribute values."""
     return html.escape(clean_text(str(text)), quote=True)
+
+
+def esc(text: object) -> str:
+    """Escaped text; '://' as an entity so that no network URL appears in the page."""
+    return escape(text).replace("://", ":&#47;&#47;")
+
+
+def finite(x) -> float | None:
+    """``x`` as a float, None when it is not a finite number."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def number(x, spec: str = "{:.3f}", missing: str = "–") -> str:
+    """A finite number formatted by ``spec``, ``missing`` for anything else."""
+    return missing if (v := finite(x)) is None else spec.format(v)
 
 
 def json_for_script(obj: object) -> str:

@@ -11,7 +11,7 @@ import pandas as pd
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import figures, nulls, tables, verdicts
 from poskernel_tl.report.collect import Damaged
-from poskernel_tl.report.html import escape
+from poskernel_tl.report.html import esc, number
 from poskernel_tl.report.tables import dataset_label
 
 PROTOCOL = "the pre-registered protocol (Experiment 1)"
@@ -33,11 +33,6 @@ PROTOCOL_HTML = (
     "exploratory or listed under further analyses.</p>")
 
 
-def esc(text: object) -> str:
-    """Escaped text; '://' as an entity so that no network URL appears in the page."""
-    return escape(text).replace("://", ":&#47;&#47;")
-
-
 def cond_text(r: ConditionResult) -> str:
     return f"{figures.model_label(r)} · {dataset_label(r.dataset)} · T={r.length}"
 
@@ -53,10 +48,7 @@ def condition_line(r: ConditionResult) -> str:
 
 
 def fmt(x, spec: str = "{:.3f}") -> str:
-    try:
-        return "nan" if x is None or not np.isfinite(float(x)) else spec.format(float(x))
-    except (TypeError, ValueError):
-        return "nan"
+    return number(x, spec, "nan")
 
 
 def table_html(df: pd.DataFrame) -> str:

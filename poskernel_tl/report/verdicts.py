@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from poskernel_tl.protocol import GATE_THRESHOLD
+from poskernel_tl.report.html import finite
 from poskernel_tl.report.tables import (
     Key,
     condition_summary,
@@ -86,10 +87,7 @@ def _name(row: Mapping) -> str:
 
 
 def _fin(x) -> bool:
-    try:
-        return bool(np.isfinite(float(x)))
-    except (TypeError, ValueError):
-        return False
+    return finite(x) is not None
 
 
 def _share(flags: Sequence[bool]) -> str:
