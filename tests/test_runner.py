@@ -13,6 +13,7 @@ from poskernel_tl import constants as C
 from poskernel_tl.apps.cli import main
 from poskernel_tl.data.sequences import load_sequences
 from poskernel_tl.hooks import scores_hook_name
+from poskernel_tl.measurement.measure import forward_pass
 from poskernel_tl.plan.config import RunConfig
 from poskernel_tl.run.runner import run_condition
 
@@ -162,3 +163,33 @@ def test_out_of_memory_backs_off_and_says_so(tiny_tokenizer, tmp_path, monkeypat
     assert "retrying evaluation pass with --batch-size 1" in capsys.readouterr().out
     a = pd.read_csv(C.result_path(tmp_path, "tiny-llama", "random", 32, C.TRACK_A_CSV))
     assert a["seq_id"].nunique() == 4 and a["R2_per_seq"].notna().all()
+
+
+def test_out_of_memory_mid_forward_restarts_clean(tiny_tokenizer, capsys):
+    """An out-of-memory error raised after some layers of a batch were delivered: the pass
+    starts again with half the batch size and fresh reducers, and every layer of every
+    sequence is delivered once, with the q/k of an undisturbed pass (nothing hooked in
+    the broken pass leaks into the next)."""
+    model = tiny_loaded("llama", tiny_tokenizer)
+    ids = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(0))
+
+    class Recorder:
+        def __init__(self, fail: bool):
+            self.fail, self.seen = fail, {}
+
+        def update(self, batch) -> None:
+            if self.fail and batch.layer == 1 and len(batch.rows) > 1:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            for j, row in enumerate(batch.rows):
+                assert (row, batch.layer) not in self.seen
+                self.seen[row, batch.layer] = (batch.q[j].clone(), batch.k[j].clone())
+
+    clean = forward_pass(model, ids, lambda: [Recorder(False)], 4, "clean", False)[0].seen
+    made = []
+    red = forward_pass(model, ids, lambda: made.append(Recorder(True)) or made[-1:], 4,
+                       "evaluation pass", False)[0]
+    assert len(made) == 3 and "retrying evaluation pass with --batch-size 1" in \
+        capsys.readouterr().out
+    assert red.seen.keys() == clean.keys()
+    for key, q in clean.items():
+        torch.testing.assert_close(red.seen[key], q)

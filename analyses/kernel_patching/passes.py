@@ -36,6 +36,7 @@ from poskernel_tl.analyses.kernel_patching.kernels import (
     shift_invariant_part,
 )
 from poskernel_tl.hooks import scores_hook_name
+from poskernel_tl.plan.batching import batched
 from poskernel_tl.progress import tqdm
 
 MODES = ("pooled", "per_seq")
@@ -96,13 +97,17 @@ def _clean_pass(model, ids: Tensor, batch_size: int, progress: bool):
         layer = int(hook.name.split(".")[1])
         sums[layer] += torch.where(lower, x.float(), 0.0).sum(0)
 
+    losses: list[Tensor] = []
+
+    def restart() -> None:
+        sums.zero_()
+        losses.clear()
+
     hooks = [(scores_hook_name(layer), observe) for layer in range(L)]
-    losses = []
-    with torch.no_grad(), bridge.hooks(fwd_hooks=hooks):
-        for start in tqdm(range(0, len(ids), batch_size), desc="clean pass",
-                          disable=not progress, unit="batch"):
-            chunk = ids[start:start + batch_size].to(dev)
-            losses.append(next_token_loss(bridge(chunk), chunk))
+    with bridge.hooks(fwd_hooks=hooks):
+        batched(ids, batch_size, dev, "clean pass", progress,
+                lambda rows, chunk: losses.append(next_token_loss(bridge(chunk), chunk)),
+                restart)
     return torch.cat(losses), sums / len(ids)
 
 

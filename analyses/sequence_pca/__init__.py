@@ -54,6 +54,7 @@ from poskernel_tl.analyses.sequence_pca.stats import (
 from poskernel_tl.data.inputs import as_tokens, check_tokens
 from poskernel_tl.hooks import qk_hook_names
 from poskernel_tl.measurement.measure import forward_pass
+from poskernel_tl.plan.batching import batched
 from poskernel_tl.progress import tqdm
 
 N_REPORT = 3  # temporal components reported per layer in the table
@@ -92,11 +93,12 @@ def stream_pass(model, ids: Int[Tensor, "batch pos"], reducers: list, batch_size
                 r.update(batch)
         return hook
 
-    with torch.no_grad(), bridge.hooks(fwd_hooks=[(n, make(*v)) for n, v in names.items()]):
-        for start in tqdm(range(0, len(ids), batch_size), desc=desc, disable=not progress):
-            stop = min(len(ids), start + batch_size)
-            state["index"] = torch.arange(start, stop, device=dev)
-            bridge(ids[start:stop].to(dev))
+    def run(rows: tuple[int, ...], tokens: Tensor) -> None:
+        state["index"] = torch.as_tensor(rows, device=dev)
+        bridge(tokens)
+
+    with bridge.hooks(fwd_hooks=[(n, make(*v)) for n, v in names.items()]):
+        batched(ids, batch_size, dev, desc, progress, run)
     return reducers
 
 

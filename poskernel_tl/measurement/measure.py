@@ -41,9 +41,8 @@ from poskernel_tl.measurement.pe_kernel import NoPositionTableError, is_post_ln,
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.models.loading import LoadedModel, dtype_name
 from poskernel_tl.models.scheme import summary as scheme_summary
-from poskernel_tl.plan.batching import Plan, Workload, plan_measure
+from poskernel_tl.plan.batching import Plan, Workload, batched, plan_measure
 from poskernel_tl.plan.config import MeasureConfig
-from poskernel_tl.progress import tqdm
 from poskernel_tl.reducers import (
     CenteringMeans,
     FreqUsageReducer,
@@ -90,10 +89,6 @@ def check_mask(model: LoadedModel) -> str:
     return "none"
 
 
-def _is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
-
-
 def forward_pass(model: LoadedModel, ids: torch.Tensor,
                  make_reducers: Callable[[], list | dict], batch_size: int, desc: str,
                  progress: bool = True, hook_scores: bool = False,
@@ -103,40 +98,30 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor,
     ``make_reducers()`` (a list, or a dict by name) the q/k of ``layers`` (default: all);
     each forward stops after the last of them; returns the reducers as made. On
     out-of-memory the pass restarts with half the batch size."""
-    device, scale = model.device, model.logit_scale
-    while True:
+    state: dict = {}
+
+    def restart() -> None:
         reducers = make_reducers()
-        workspace = Workspace()
+        state.update(reducers=reducers, workspace=Workspace(),
+                     each=list(reducers.values() if isinstance(reducers, dict) else reducers))
 
-        each = list(reducers.values() if isinstance(reducers, dict) else reducers)
+    def on_layer(c) -> None:
+        index, rows = c.context
+        batch = LayerBatch(c.layer, c.q, c.k, index, model.logit_scale, rows=rows,
+                           workspace=state["workspace"], hooked_scores=c.scores)
+        for r in state["each"]:
+            r.update(batch)
 
-        def on_layer(c, each=each, workspace=workspace):
-            index, rows = c.context
-            batch = LayerBatch(c.layer, c.q, c.k, index, scale, rows=rows,
-                               workspace=workspace, hooked_scores=c.scores)
-            for r in each:
-                r.update(batch)
+    def run(rows: tuple[int, ...], tokens: torch.Tensor) -> None:
+        capture.forward(tokens, (torch.as_tensor(rows, device=model.device), rows))
+        if after_batch is not None:
+            after_batch(state["reducers"])
 
-        try:
-            with torch.no_grad(), capture_qk(model.bridge, on_layer, scores=hook_scores,
-                                             layers=layers, stop=True,
-                                             schemes=model.spec.layers) as capture:
-                bar = tqdm(range(0, len(ids), batch_size), desc=desc, disable=not progress,
-                           unit="batch")
-                for start in bar:
-                    rows = tuple(range(start, min(len(ids), start + batch_size)))
-                    index = torch.as_tensor(rows, device=device)
-                    capture.forward(ids[start:start + len(rows)].to(device), (index, rows))
-                    if after_batch is not None:
-                        after_batch(reducers)
-            return reducers
-        except (RuntimeError, torch.OutOfMemoryError) as err:
-            if not _is_oom(err) or batch_size == 1:
-                raise
-            batch_size //= 2
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            print(f"out of memory: retrying {desc} with --batch-size {batch_size}")
+    restart()
+    with capture_qk(model.bridge, on_layer, scores=hook_scores, layers=layers, stop=True,
+                    schemes=model.spec.layers) as capture:
+        batched(ids, batch_size, model.device, desc, progress, run, restart)
+    return state["reducers"]
 
 
 def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool = True,

@@ -71,6 +71,7 @@ from torch import Tensor, nn
 from poskernel_tl.errors import UserError
 from poskernel_tl.models.loading import position_table
 from poskernel_tl.models.scheme import ENCODER_TYPES
+from poskernel_tl.plan.batching import batched
 from poskernel_tl.reducers.lag_sums import lag_sums
 from poskernel_tl.schema import Part, stored
 
@@ -250,12 +251,14 @@ def position_ln_stats(hf_model, ids: Int[Tensor, "batch pos"], batch_size: int =
     handles = [m.register_forward_hook(keep) for m in modules.values()]
     device = next(hf_model.parameters()).device
     total = torch.zeros(len(routes), ids.shape[1], dtype=torch.float64)
+
+    def run(rows: tuple[int, ...], tokens: Tensor) -> None:
+        hf_model(tokens)
+        for layer, route in enumerate(routes):
+            total[layer] += math.prod(inv[id(m)] for m in route).sum(0)
+
     try:
-        with torch.no_grad():
-            for start in range(0, len(ids), batch_size):
-                hf_model(ids[start: start + batch_size].to(device))
-                for layer, route in enumerate(routes):
-                    total[layer] += math.prod(inv[id(m)] for m in route).sum(0)
+        batched(ids, batch_size, device, "LayerNorm statistics", False, run, total.zero_)
     finally:
         for handle in handles:
             handle.remove()

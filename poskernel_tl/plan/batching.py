@@ -31,6 +31,7 @@ purpose; on a GPU an out-of-memory error still halves the batch and restarts the
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,7 @@ from poskernel_tl.plan.track_b_cost import (
     track_b_paths,
     whitened_layer_bytes,
 )
+from poskernel_tl.progress import tqdm
 
 # [head, T, T] float32 tensors alive at once per sequence where scores are materialised
 SCORE_COPIES = 8
@@ -341,3 +343,34 @@ def resolve_batch_size(batch_size: int | str, model: LoadedModel, length: int,
     if batch_size == "auto":
         return auto_batch_size(model, length, n_seqs)
     return batch_size
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def batched(ids: torch.Tensor, batch_size: int, device: torch.device | str, desc: str,
+            progress: bool, run: Callable[[tuple[int, ...], torch.Tensor], None],
+            restart: Callable[[], None] | None = None) -> int:
+    """The one loop over sequences: ``run(rows, tokens)`` for each batch of ``batch_size``
+    rows of ``ids`` (``tokens`` on ``device``), without gradients, with a progress bar.
+    On out-of-memory, with ``restart`` (which resets whatever ``run`` accumulated), the
+    pass starts again with half the batch size; without it the error is raised. Returns
+    the batch size that went through."""
+    while True:
+        try:
+            with torch.no_grad():
+                for start in tqdm(range(0, len(ids), batch_size), desc=desc, unit="batch",
+                                  disable=not progress):
+                    rows = tuple(range(start, min(len(ids), start + batch_size)))
+                    run(rows, ids[start:start + len(rows)].to(device))
+            return batch_size
+        except (RuntimeError, torch.OutOfMemoryError) as err:
+            if restart is None or not is_out_of_memory(err) or batch_size == 1:
+                raise
+            batch_size //= 2
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
+            print(f"out of memory: retrying {desc} with --batch-size {batch_size}")
+            restart()
+
