@@ -47,6 +47,8 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
+from poskernel_tl.analyses.spectral.processing import frequency_grid
+from poskernel_tl.analyses.spectral.processing import spectrum as spectral_spectrum
 from poskernel_tl.data.inputs import as_tokens, check_tokens
 from poskernel_tl.fit.toeplitz import shift_invariance_r2
 from poskernel_tl.measurement.measure import forward_pass
@@ -101,9 +103,8 @@ def shares(parts: dict[str, Tensor], demean: bool = True) -> dict[str, Tensor]:
 
 def spectrum(g: Float[np.ndarray, "*batch lag"]) -> tuple[np.ndarray, np.ndarray]:
     """(|rfft| of g − mean(g), zero-padded to 4T with T = lag + 1; frequencies rad/token)."""
-    n = 4 * (g.shape[-1] + 1)
-    amp = np.abs(np.fft.rfft(g - g.mean(-1, keepdims=True), n=n, axis=-1))
-    return amp, 2 * np.pi * np.fft.rfftfreq(n)
+    T = g.shape[-1] + 1
+    return spectral_spectrum(g, T, raw_spectrum=True, demean=True), frequency_grid(T)
 
 
 # -------------------------------------------------------------------- reducer

@@ -29,7 +29,7 @@ from jaxtyping import Float
 
 from poskernel_tl.analyses.base import AnalysisSpec
 from poskernel_tl.analyses.spectral.align import pe_spectrum_correlations
-from poskernel_tl.analyses.spectral.processing import span, two_sided_for_spectrum
+from poskernel_tl.analyses.spectral.processing import pearson, span, two_sided_for_spectrum
 from poskernel_tl.errors import UserError
 from poskernel_tl.plan.config import option
 
@@ -51,12 +51,6 @@ def signed_lags(forward: Float[np.ndarray, "*batch lag"],
     if back.shape != forward.shape:
         raise UserError(f"back {back.shape} and forward {forward.shape} arrays differ")
     return np.concatenate([back[..., ::-1], forward], -1)
-
-
-def _pearson(a: np.ndarray, b: np.ndarray) -> float:
-    if not (np.isfinite(a).all() and np.isfinite(b).all()) or a.std() == 0 or b.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(a, b)[0, 1])
 
 
 def pe_correlations(
@@ -86,7 +80,7 @@ def pe_correlations(
                 r_spec[layer, head] = pe_spectrum_correlations(
                     spec_ref[layer, head], {name: spec_arr[layer, head]}, n,
                     raw_spectrum=raw_spectrum)[f"r_pe_{name}"]
-                r_lag[layer, head] = _pearson(ref[layer, head], arr[layer, head])
+                r_lag[layer, head] = pearson(ref[layer, head], arr[layer, head])
         out[f"r_pe_{name}"], out[f"corr_pe_{name}"] = r_spec, r_lag
         out[f"two_sided_{name}"] = np.full((L, H), float(both))
     return out

@@ -10,6 +10,7 @@ import torch
 
 from poskernel_tl.analyses import fourier_kernel as F
 from poskernel_tl.analyses.fourier_kernel import fit as FF
+from poskernel_tl.analyses.spectral.null import match_peaks
 
 # RoPE θ_i = 1e4^(−2i/64); at T = 512 the θ_i above 4π/T are i = 0..12.
 T = 512
@@ -94,9 +95,9 @@ def test_cosine_fit_table_rows_and_theta_matching():
     assert "nearest_theta" not in no_theta and no_theta.R2_fit.iloc[0] > 1 - 1e-10
 
 
-def test_match_thetas_criterion():
+def test_fitted_frequencies_match_by_the_spectral_criterion():
     thetas = np.array([1.0, 0.5, 0.01])
-    m = F.match_thetas(np.array([0.95, 0.7, 0.0105, 0.0125]), thetas, n_fft=4 * 512)
+    m = match_peaks(np.array([0.95, 0.7, 0.0105, 0.0125]), thetas, n_fft=4 * 512)
     np.testing.assert_array_equal(m["theta_index"], [0, 0, 2, 2])
     np.testing.assert_array_equal(m["matched"], [True, False, True, True])  # last: |Δω| < 2π/N
     np.testing.assert_allclose(m["rel_error"], [0.05, 0.3, 0.05, 0.25])

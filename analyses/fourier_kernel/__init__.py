@@ -60,26 +60,11 @@ from poskernel_tl.analyses.fourier_kernel.fit import (
     prepare_lags,
     residual_path,
 )
+from poskernel_tl.analyses.spectral.null import TAU_REL, match_peaks
 
 DEFAULT_KS = (1, 2, 3, 5, 8)
-TAU_REL = 0.10  # θ matching: relative error < 10 % (or closer than 2π/N_fft)
 THETA_FIT_COLS = ["n_matched", "frac_matched", "median_rel_error"]
 THETA_COMP_COLS = ["nearest_theta", "theta_index", "rel_error", "matched"]
-
-
-def match_thetas(freqs: Float[np.ndarray, " component"], thetas: Float[np.ndarray, " theta"],
-                 n_fft: int, tau_rel: float = TAU_REL) -> dict[str, np.ndarray]:
-    """Per frequency: the nearest θ_i by relative error (among the matching θ_i when any
-    match), its index, that relative error, and matched: |a − θ|/θ < τ_rel or |a − θ| <
-    2π/N_fft (the spectral analysis' criterion)."""
-    freqs, thetas = np.asarray(freqs, np.float64), np.asarray(thetas, np.float64)
-    diff = np.abs(freqs[:, None] - thetas[None])
-    rel = diff / thetas[None]
-    ok = (rel < tau_rel) | (diff < 2 * math.pi / n_fft)
-    matched = ok.any(1)
-    index = np.where(matched[:, None] & ~ok, np.inf, rel).argmin(1)
-    return {"nearest_theta": thetas[index], "theta_index": index,
-            "rel_error": rel[np.arange(len(freqs)), index], "matched": matched}
 
 
 # ----------------------------------------------------------------------------- (a) fit
@@ -134,7 +119,7 @@ def cosine_fit_table(
                 key = {"layer": layer, "head": head, "K": k}
                 match = None
                 if thetas is not None and len(thetas) and k and np.isfinite(fit.freqs).all():
-                    match = match_thetas(fit.freqs, thetas, n_fft, tau_rel)
+                    match = match_peaks(fit.freqs, thetas, n_fft, tau_rel)
                 fit_rows.append(_fit_row(key, fit, n_fit, match))
                 comp_rows.extend(_component_rows(key, fit, floor, match))
     fits, comps = pd.DataFrame(fit_rows), pd.DataFrame(comp_rows)
