@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from poskernel_tl.io import atomic_write
+
 ASSETS_DIR = "assets"
 # what a notebook session has displayed so far: "plotly" (plotly.js), "viewer" (plotly.js,
 # circuitsvis and the viewer's script); a later display reuses what an earlier one loaded
@@ -161,12 +163,7 @@ def page_html(title: str, block: str, head: str = "") -> str:
 
 def write_page(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` (UTF-8, parents created, temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 __all__ = ["ASSETS_DIR", "SHOWN", "bundle_js", "check_relative_url", "clean_text", "escape",

@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Bool, Float
 
 from poskernel_tl.fit.toeplitz import shift_invariance_r2, shift_invariance_r2_two_sided
+from poskernel_tl.io import atomic_write
 from poskernel_tl.report.html import (
     ASSETS_DIR,
     bundle_js,
@@ -73,9 +74,7 @@ def write_assets(report_dir: str | os.PathLike) -> Path:
         target, data = folder / name, asset_bytes(name)
         if not (target.is_file() and target.stat().st_size == len(data)
                 and target.read_bytes() == data):
-            tmp = target.with_name(name + ".tmp")
-            tmp.write_bytes(data)
-            tmp.replace(target)
+            atomic_write(target, lambda tmp, data=data: tmp.write_bytes(data))
     return folder
 
 

@@ -27,7 +27,7 @@ from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import extras
 from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.figures import model_label
-from poskernel_tl.report.html import json_for_script
+from poskernel_tl.report.html import json_for_script, write_page
 from poskernel_tl.report.tables import dataset_label
 
 DATA_DIR = "data"
@@ -205,14 +205,9 @@ def condition_payload(cond: Condition) -> dict:
 def write_data(report_dir: str | Path, cond: Condition) -> Path:
     """Write the condition's data file (temp file + rename) and return its path."""
     payload = condition_payload(cond)
-    path = data_path(report_dir, cond.result)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = (f"(window.{GLOBAL} = window.{GLOBAL} || {{}})[{json_for_script(payload['key'])}]"
             f" = {json_for_script(payload)};\n")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_page(data_path(report_dir, cond.result), text)
 
 
 __all__ = ["DATA_DIR", "GLOBAL", "condition_key", "condition_payload", "data_path",
