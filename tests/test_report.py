@@ -108,6 +108,22 @@ def test_fig2_slope_in_legend_and_uncentered_condition(grid):
     assert any("not run (uncentered)" in t for t in legends[1])
 
 
+def test_depth_slope_against_a_naive_least_squares_line():
+    """The per-layer means' line against numpy's polyfit and the textbook standard error;
+    NaN layers are skipped, and fewer than 3 finite layers give NaN."""
+    rng = np.random.default_rng(3)
+    r2 = 0.8 - 0.02 * np.arange(8)[:, None] + 0.01 * rng.standard_normal((8, 4))
+    r2[5] = np.nan
+    y = np.nanmean(r2, axis=1)
+    x = np.arange(8.0)[np.isfinite(y)]
+    y = y[np.isfinite(y)]
+    slope, intercept = np.polyfit(x, y, 1)
+    resid = y - (slope * x + intercept)
+    se = np.sqrt((resid ** 2).sum() / (len(x) - 2) / ((x - x.mean()) ** 2).sum())
+    np.testing.assert_allclose(TB.depth_slope(r2), (slope, se, intercept), rtol=1e-10)
+    assert np.isnan(TB.depth_slope(r2[:2])).all()
+
+
 def test_fig3_one_panel_per_populated_cell(grid):
     fig = F.fig3_violins(grid, n_top=3)
     titles = [ax.get_title() for ax in fig.axes]

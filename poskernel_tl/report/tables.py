@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from jaxtyping import Float
+from scipy.stats import linregress
 
 from poskernel_tl.io import atomic_write, save_csv
 from poskernel_tl.measurement.result import ConditionResult
@@ -55,13 +56,8 @@ def depth_slope(r2: Float[np.ndarray, "layer head_index"]) -> tuple[float, float
     ok = np.isfinite(y)
     if ok.sum() < 3:
         return float("nan"), float("nan"), float("nan")
-    x, y = x[ok], y[ok]
-    xc = x - x.mean()
-    slope = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
-    intercept = float(y.mean() - slope * x.mean())
-    resid = y - (intercept + slope * x)
-    se = float(np.sqrt((resid ** 2).sum() / (len(x) - 2) / (xc * xc).sum()))
-    return slope, se, intercept
+    fit = linregress(x[ok], y[ok])
+    return float(fit.slope), float(fit.stderr), float(fit.intercept)
 
 
 def early(a: np.ndarray) -> np.ndarray:
