@@ -2,6 +2,8 @@
 that speaks of early layers, late layers, the spectral gate, the boundary rows or the
 evaluation splits reads them from here."""
 
+import numpy as np
+
 # layers 0–1 are "early" (expected R² > 0.80), layers 4+ "late" (expected < 0.50);
 # layers 2–3 are the moderate band in between
 EARLY_LAYERS = (0, 1)
@@ -23,6 +25,15 @@ SPLIT_EVAL = "eval"
 N_SPLITS = 5  # random 80/20 subsets of the evaluation set (Step 3.5)
 SPLIT_FRACTION = 0.8
 VIS_EVAL_INDICES = tuple(range(0, 100, 11))  # eval indices 0, 11, ..., 99
+
+
+def gate_met(early_r2: list) -> bool | None:
+    """The spectral gate: the mean pooled Track A R² over the early-layer heads of every
+    rotary condition (``early_r2``: one array per condition) exceeds GATE_THRESHOLD;
+    None without rotary conditions."""
+    if not early_r2:
+        return None
+    return bool(np.nanmean(np.concatenate([np.ravel(a) for a in early_r2])) > GATE_THRESHOLD)
 
 
 def early_layers(n_layers: int) -> list[int]:

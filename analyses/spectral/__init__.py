@@ -117,10 +117,8 @@ def grid_gate(results) -> bool | None:
     """The protocol's gate over a grid: mean pooled Track A R² of the early-layer heads of
     all rotary models present > 0.60 (None without rotary models). GPT-2 and NoPE
     conditions follow this gate."""
-    early = [r.r2_pooled[: len(EARLY_LAYERS)].ravel() for r in results if r.spec.pe == "rope"]
-    if not early:
-        return None
-    return bool(np.nanmean(np.concatenate(early)) > GATE_THRESHOLD)
+    return protocol.gate_met([r.r2_pooled[protocol.early_layers(r.n_layers)]
+                              for r in results if r.spec.pe == "rope"])
 
 
 def _mean(col: pd.Series) -> float:
@@ -239,7 +237,7 @@ def folder_gate(out: str | Path | None, result: ConditionResult) -> bool | None:
     ``result``): mean pooled Track A R² of the early-layer heads > the gate threshold.
     None without rotary conditions. Reads only the other conditions' spec and pooled
     R² column, so it stays cheap on a large grid."""
-    early = [result.r2_pooled[protocol.early_layers(result.n_layers)].ravel()] \
+    early = [result.r2_pooled[protocol.early_layers(result.n_layers)]] \
         if result.spec.pe == "rope" else []
     for model, dataset, length in ConditionResult.conditions(out) if out else []:
         if (model, dataset, length) == (result.model, result.dataset, result.length):
@@ -254,9 +252,7 @@ def folder_gate(out: str | Path | None, result: ConditionResult) -> bool | None:
             raise ResultFileError(f"{path}: unreadable ({err})") from err
         a = a.drop_duplicates(["layer", "head"])
         early.append(a.loc[a["layer"].isin(protocol.EARLY_LAYERS), "R2_pooled"].to_numpy())
-    if not early:
-        return None
-    return bool(np.nanmean(np.concatenate(early)) > protocol.GATE_THRESHOLD)
+    return protocol.gate_met(early)
 
 
 @dataclass(frozen=True)
