@@ -23,12 +23,13 @@ from poskernel_tl.analyses import (
     spectral,
 )
 from poskernel_tl.analyses.base import AnalysisSpec
+from poskernel_tl.analyses.sequence_pca import compression
 from poskernel_tl.errors import UnknownNameError
 
 REGISTRY: dict[str, AnalysisSpec] = {s.name: s for s in (
     spectral.SPEC, freq_usage.SPEC, gk_baseline.SPEC, fourier_kernel.SPEC, sequence_pca.SPEC,
     qig_kernel.SPEC, kernel_patching.SPEC, separable.SPEC, mean_field.SPEC,
-    pe_correlation.SPEC)}
+    pe_correlation.SPEC, compression.SPEC)}
 
 
 def get(name: str) -> AnalysisSpec:

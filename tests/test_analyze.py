@@ -34,7 +34,8 @@ def test_analysis_writes_its_table(name, tiny_tokenizer, tmp_path):
 
 def test_every_analysis_declares_one_spec():
     expected = {"spectral", "freq-usage", "gk-baseline", "fourier-kernel", "seq-pca",
-                "qig-control", "kernel-patching", "separable", "mean-field", "pe-correlation"}
+                "qig-control", "kernel-patching", "separable", "mean-field", "pe-correlation",
+                "seq-compression"}
     assert set(REGISTRY) == expected
     for name, spec in REGISTRY.items():
         assert isinstance(spec, AnalysisSpec) and spec.name == name and callable(spec.compute)

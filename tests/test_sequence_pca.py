@@ -155,3 +155,15 @@ def test_compression_experiment_small(llama):
     with pytest.raises(ValueError, match="no continuation"):
         SC.compression_experiment(llama, train[:, :25], held[:, :25], context=24,
                                   progress=False)
+
+
+def test_seq_compression_command(llama):
+    """``poskernel analyze seq-compression`` on a condition's sequences: the decoder
+    trains on the first half of the evaluation windows (no centering set) and is scored
+    on the rest, the context being the window less ``--continuation``."""
+    ids = torch.randint(3, 300, (8, 40), generator=torch.Generator().manual_seed(1))
+    options = SC.CompressionOptions(continuation=16, n_components=8, steps=4, threads=1)
+    table = SC.SPEC.run(AnalysisInputs(llama, None, ids, progress=False), options)
+    assert list(table.condition) == ["full", "pca_decoder", "pca_raw", "pool", "none"]
+    assert list(table.prefix_tokens) == [24, 8, 8, 8, 0] and (table.steps_done == 4).all()
+    assert np.isfinite(table.heldout_loss).all()

@@ -22,8 +22,10 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
 from poskernel_tl.analyses.sequence_pca.stats import SequencePCA, cpu_threads, sequence_pca
 from poskernel_tl.data.sequences import build_sequences
+from poskernel_tl.plan.config import option
 from poskernel_tl.progress import tqdm
 
 CONDITIONS = ("full", "pca_decoder", "pca_raw", "pool", "none")
@@ -199,5 +201,39 @@ def compression_experiment(model, train_tokens: Int[Tensor, "n_train window"],
     return CompressionResult(table, len(losses), time.time() - t0, losses, pca)
 
 
-__all__ = ["CompressionResult", "PositionalDecoder", "compression_experiment",
-           "compression_tokens"]
+@dataclass(frozen=True)
+class CompressionOptions:
+    continuation: int = option(32, "tokens after the compressed context whose loss is "
+                                   "scored (the context is the rest of each window: "
+                                   "--length 332 gives the seed's 300)")
+    n_components: int = option(128, "temporal components the context is compressed to")
+    steps: int = option(120, "decoder training steps")
+    max_seconds: float = option(240.0, "stop training after this many seconds")
+    threads: int = option(0, "CPU threads for the experiment (0: torch's setting)")
+
+
+def analyze(inputs: AnalysisInputs, options: CompressionOptions) -> pd.DataFrame:
+    """``poskernel analyze seq-compression``: the decoder trains on the condition's
+    centering sequences (the first half of the evaluation sequences when there are none)
+    and is scored on the evaluation sequences."""
+    train, held = inputs.centering_tokens, inputs.eval_tokens
+    if train is None or len(train) == 0:
+        train, held = held[: len(held) // 2], held[len(held) // 2:]
+    res = compression_experiment(
+        inputs.model, train, held, context=held.shape[1] - options.continuation,
+        n_components=options.n_components, steps=options.steps,
+        max_seconds=options.max_seconds, threads=options.threads or None,
+        progress=inputs.progress)
+    return res.table.assign(steps_done=res.steps_done, seconds=res.seconds)
+
+
+SPEC = AnalysisSpec(
+    name="seq-compression", title="Sequence compression (seed 002)", compute=analyze,
+    options=CompressionOptions, columns=("condition", "heldout_loss"),
+    guide="Each window's context compressed to its top temporal components and decoded "
+          "back into the frozen model: held-out continuation loss against the full "
+          "context, raw components, average pooling and no context.")
+
+
+__all__ = ["SPEC", "CompressionOptions", "CompressionResult", "PositionalDecoder", "analyze",
+           "compression_experiment", "compression_tokens"]
