@@ -302,7 +302,7 @@ def write_table(df: pd.DataFrame, stem: str | Path, display: pd.DataFrame | None
     return csv, md
 
 
-__all__ = ["EARLY_LAYERS", "GATE_THRESHOLD", "LATE_FROM", "TABLE1_COLUMNS", "bucking_heads",
+__all__ = ["TABLE1_COLUMNS", "bucking_heads",
            "condition_summary", "dataset_label", "depth_slope", "early", "key_of",
            "markdown_table", "source_numbers", "spectral_gate", "spectral_summary", "table1",
            "table1_display", "write_table"]

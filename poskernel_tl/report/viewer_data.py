@@ -211,4 +211,4 @@ def write_data(report_dir: str | Path, cond: Condition) -> Path:
 
 
 __all__ = ["DATA_DIR", "GLOBAL", "condition_key", "condition_payload", "data_path",
-           "dataset_label", "head_anchor", "quantize_logits", "typed", "write_data"]
+           "head_anchor", "quantize_logits", "typed", "write_data"]
