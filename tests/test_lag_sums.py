@@ -116,6 +116,22 @@ def test_sums_match_naive_loops(T, chunk):
     assert np.abs(key_strip(q, k, SCALE, K).numpy() - A[..., :K]).max() <= 1e-12 * np.abs(A).max()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cross_correlation_backends_agree(dtype):
+    """scipy's FFT with numpy's einsum (a CPU's default) and torch's FFT: both the naive
+    per-lag sums (GQA: 6 query heads on 2 key heads), within the dtype's rounding."""
+    from poskernel_tl.reducers.lag_sums import _fft_size, cross_correlation
+
+    q, k = draw(37, n=2, seed=3)
+    s1, _ = naive_lower(q, k)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    n = _fft_size(2 * 37 - 1)
+    for scipy in (True, False):
+        got = cross_correlation(q, k, n, dtype, scipy=scipy)[..., 1:37].double() * SCALE
+        assert got.dtype == torch.float64 and got.shape == s1.shape
+        assert np.abs(got.numpy() - s1).max() <= tol * np.abs(s1).max()
+
+
 @pytest.mark.parametrize("tokens", [1, 26, 40])
 def test_long_batches_are_taken_in_pieces(monkeypatch, tokens):
     """A batch longer than PIECE_TOKENS positions goes through the float64 work a few
@@ -125,20 +141,20 @@ def test_long_batches_are_taken_in_pieces(monkeypatch, tokens):
     q, k = draw(13, n=5)
     s1, sq = naive_lower(q, k)
     seen = []  # the batch sizes the FFTs and the key moments see
-    rfft, matmul = torch.fft.rfft, torch.matmul
+    corr, matmul = lag.cross_correlation, torch.matmul
     monkeypatch.setattr(lag, "PIECE_TOKENS", tokens)
-    monkeypatch.setattr(torch.fft, "rfft", lambda x, *a, **kw: seen.append(len(x)) or
-                        rfft(x, *a, **kw))
+    monkeypatch.setattr(lag, "cross_correlation", lambda x, *a, **kw: seen.append(len(x)) or
+                        corr(x, *a, **kw))
     assert np.abs(lag_sums(q, k, SCALE).numpy() - s1).max() <= 1e-12 * np.abs(s1).max()
     # the key moments' products are chunk-first: [chunk, batch, ...]
     monkeypatch.setattr(torch, "matmul", lambda x, y, *a, **kw: seen.append(x.shape[1]) or
                         matmul(x, y, *a, **kw))
     assert np.abs(lower_sum_squares(q, k, SCALE, 4).numpy() - sq).max() <= 1e-12 * sq.max()
     step = max(1, tokens // 13)
-    # per piece: 2 FFTs; the key and query chunk moments, their inner products at chunk
+    # per piece: 1 cross-correlation; the key and query chunk moments, their inner products at chunk
     # offsets J = 0 and 2 (T − 1 = 12 holds 2 whole key chunks of 4 behind a query's
     # chunk) and 2 explicit chunk offsets (the chunk itself and the one T − 1 cuts through)
-    assert max(seen) == step and len(seen) == 2 * -(-5 // step) + 6 * -(-5 // step)
+    assert max(seen) == step and len(seen) == 7 * -(-5 // step)
 
 
 @pytest.mark.parametrize("T", [3, 4, 21, 49, 50, 64])

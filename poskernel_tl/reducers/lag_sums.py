@@ -43,6 +43,8 @@ query head.
 
 from dataclasses import dataclass
 
+import numpy as np
+import scipy.fft as sp_fft
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
@@ -92,6 +94,30 @@ def _padded_acc(x: Float[Tensor, "batch pos head_index d_head"], n: int,
     return out
 
 
+def cross_correlation(q: Float[Tensor, "batch pos head_index d_head"],
+                      k: Float[Tensor, "batch pos kv_head_index d_head"], n: int,
+                      dtype: torch.dtype = ACC, scipy: bool | None = None
+                      ) -> Float[Tensor, "batch head_index fft_pos"]:
+    """IFFT_n(Σ_i FFT_n(q_i)·conj(FFT_n(k_i))) per query head, positions zero-padded to n,
+    transforms in ``dtype``. ``scipy`` (default: on a CPU) takes scipy's FFT and numpy's
+    einsum for the sum over d_head (together 2–3× faster than torch's FFT and complex
+    product on a CPU), else torch's; the two agree to rounding (tested)."""
+    b, T, H, d = q.shape
+    kv = k.shape[2]
+    if q.device.type == "cpu" if scipy is None else scipy:
+        workers = torch.get_num_threads()
+        qf, kf = (sp_fft.rfft(_as_acc(x, (0, 2, 3, 1), dtype).numpy(), n=n, workers=workers)
+                  for x in (q, k))
+        f = qf.shape[-1]
+        spec = np.einsum("bkgdf,bkdf->bkgf", qf.reshape(b, kv, H // kv, d, f), kf.conj())
+        return torch.from_numpy(sp_fft.irfft(spec.reshape(b, H, f), n=n, workers=workers))
+    qf = torch.fft.rfft(_padded_acc(q, n, dtype))  # [b, H, d, f]
+    kf = torch.fft.rfft(_padded_acc(k, n, dtype))  # [b, kv, d, f]
+    f = qf.shape[-1]
+    spec = qf.view(b, kv, H // kv, d, f).mul_(kf.conj().unsqueeze(2)).sum(3)
+    return torch.fft.irfft(spec.reshape(b, H, f), n=n)
+
+
 def lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
              k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
              dtype: torch.dtype = ACC) -> Float[Tensor, "batch head_index lag"]:
@@ -100,13 +126,7 @@ def lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
     b, T, H, d = q.shape
     if len(parts := _pieces(b, T)) > 1:
         return torch.cat([lag_sums(q[p], k[p], scale, dtype) for p in parts])
-    kv = k.shape[2]
-    n = _fft_size(2 * T - 1)
-    qf = torch.fft.rfft(_padded_acc(q, n, dtype))  # [b, H, d, f]
-    kf = torch.fft.rfft(_padded_acc(k, n, dtype))  # [b, kv, d, f]
-    f = qf.shape[-1]
-    spec = qf.view(b, kv, H // kv, d, f).mul_(kf.conj().unsqueeze(2)).sum(3)
-    corr = torch.fft.irfft(spec.reshape(b, H, f), n=n)  # [b, H, n]: lag m at column m
+    corr = cross_correlation(q, k, _fft_size(2 * T - 1), dtype)  # lag m at column m
     return corr[..., 1:T].to(ACC) * scale
 
 
