@@ -42,6 +42,7 @@ from torch import Tensor
 from poskernel_tl.fit.toeplitz import lag_counts, r2_two_sided
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
+    cast_permuted,
     before,
     lag_sums,
     lower_sum_squares,
@@ -65,6 +66,16 @@ class Pieces:
     sq_up: Float[Tensor, " head_index"] | None = field(default=None)
     y_up: Float[Tensor, "head_index pos rank"] | None = field(default=None)
     diag: Float[Tensor, "head_index pos"] | None = field(default=None)
+
+    def divided(self, n: int) -> "Pieces":
+        """The pieces of B / n, in place: sums and products over n, squares over n²."""
+        for t in (self.s1, self.y, self.s1_up, self.y_up, self.diag):
+            if t is not None:
+                t.div_(n)
+        for t in (self.sq, self.sq_up):
+            if t is not None:
+                t.div_(n * n)
+        return self
 
 
 def lower_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], r0: int,
@@ -169,13 +180,7 @@ def dense_pieces(acc: list[Tensor],
             G = buf[:, :, :T - r0]
             G.copy_(a[:, :, r0:]).masked_fill_(_band_mask(rows, T - r0, 0, False, dev), 0.0)
             _add(out, True, r0, G, x32[:, r0:], upper_block_sums(buf, T))
-    for t in (out.s1, out.y, out.s1_up, out.y_up, out.diag):
-        if t is not None:
-            t.div_(n)
-    for t in (out.sq, out.sq_up):
-        if t is not None:
-            t.div_(n * n)
-    return out
+    return out.divided(n)
 
 
 def lower_apply(q: Float[Tensor, "pos head_index rank"],
@@ -205,16 +210,17 @@ def _lower_apply(q: Float[Tensor, "pos head_index rank"],
     kv, w = k.shape[1], x.shape[-1]
     g, C = H // kv, max(1, min(chunk, T))
     nc = -(-T // C)
-    pad = lambda t: F.pad(t.to(dtype), (0, 0, 0, 0, 0, nc * C - T))
-    qc = pad(q).view(nc, C, kv, g, r).permute(2, 0, 3, 1, 4).reshape(kv, nc, g * C, r)
-    kc = pad(k).view(nc, C, kv, r).permute(2, 0, 1, 3)  # [kv, chunk, C, r]
-    xc = pad(x).view(nc, C, kv, w).permute(2, 0, 1, 3)
+    pad = lambda t: F.pad(t, (0, 0, 0, 0, 0, nc * C - T)) if nc * C > T else t
+    # chunk-major, each cast and laid out in one copy: [kv, chunk, (group·)C, ·]
+    qc = cast_permuted(pad(q).view(nc, C, kv, g, r), (2, 0, 3, 1, 4), dtype).view(kv, nc, g * C, r)
+    kc = cast_permuted(pad(k).view(nc, C, kv, r), (2, 0, 1, 3), dtype)
+    xc = cast_permuted(pad(x).view(nc, C, kv, w), (2, 0, 1, 3), dtype)
     inner = torch.matmul(qc, kc.transpose(-1, -2)).view(kv, nc, g, C, C)
     inner.mul_(torch.ones(C, C, dtype=dtype, device=q.device).tril(-1))
-    out = torch.matmul(inner.view(kv, nc, g * C, C), xc).to(ACC)
+    out = torch.matmul(inner.view(kv, nc, g * C, C), xc)
     prior = before(torch.matmul(kc.transpose(-1, -2), xc).to(ACC), 1)  # [kv, chunk, r, w]
-    out.add_(torch.matmul(qc, prior.to(dtype)))
-    out = out.view(kv, nc, g, C, w).permute(0, 2, 1, 3, 4).reshape(H, nc * C, w)
+    out.view(-1, g * C, w).baddbmm_(qc.view(-1, g * C, r), prior.to(dtype).view(-1, r, w))
+    out = cast_permuted(out.view(kv, nc, g, C, w), (0, 2, 1, 3, 4)).view(H, nc * C, w)
     return out[:, :T]
 
 
@@ -228,19 +234,20 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
     if upper and max_lag is not None:
         raise ValueError("factor_pieces: a window on a two-sided fit is not supported")
     n, T, H, d = q.shape
-    s1 = windowed(lag_sums(q, k, 1.0).sum(0) / n, max_lag)  # (lag_sums bounds its FFTs)
-    side = lambda t: t.permute(1, 2, 0, 3).reshape(1, T, t.shape[2], n * d)  # [1, T, ·, n·d]
-    qs, ks = side(q.to(ACC)) / n, side(k.to(ACC))
+    s1 = windowed(lag_sums(q, k, 1.0).sum(0), max_lag)  # (lag_sums bounds its FFTs)
+    # the factors side by side, [1, T, heads, n·d] in FIT_DTYPE (one copy each): n·B = qs·ksᵀ
+    side = lambda t: cast_permuted(t, (1, 2, 0, 3), FIT_DTYPE).view(1, T, t.shape[2], n * d)
+    qs, ks = side(q), side(k)
     xs = x.transpose(0, 1)
     out = Pieces(s1, lower_sum_squares(qs, ks, 1.0, max_lag=max_lag, dtype=FIT_DTYPE)[0],
                  lower_apply(qs[0], ks[0], xs, max_lag=max_lag, dtype=FIT_DTYPE))
     if upper:
-        out.s1_up = lag_sums(k, q, 1.0).sum(0) / n
+        out.s1_up = lag_sums(k, q, 1.0).sum(0)
         out.sq_up = lower_sum_squares(ks, qs, 1.0)[0]
         # Y_up[t] = Σ_{s>t} B[t, s]·x_s: the lower product with positions reversed
         out.y_up = lower_apply(qs[0].flip(0), ks[0].flip(0), xs.flip(0)).flip(1)
-        out.diag = (qs[0] * ks[0]).sum(-1).transpose(0, 1)
-    return out
+        out.diag = (qs[0].double() * ks[0].double()).sum(-1).transpose(0, 1)
+    return out.divided(n)
 
 
 def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,

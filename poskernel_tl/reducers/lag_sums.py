@@ -79,7 +79,7 @@ def _fft_size(n: int) -> int:
     return best
 
 
-def _as_acc(x: Tensor, dims: tuple[int, ...], dtype: torch.dtype = ACC) -> Tensor:
+def cast_permuted(x: Tensor, dims: tuple[int, ...], dtype: torch.dtype = ACC) -> Tensor:
     """``x.permute(dims)`` as a contiguous ``dtype`` tensor, cast and transposed in one pass."""
     out = torch.empty([x.shape[i] for i in dims], dtype=dtype, device=x.device)
     return out.copy_(x.permute(*dims))
@@ -106,7 +106,7 @@ def cross_correlation(q: Float[Tensor, "batch pos head_index d_head"],
     kv = k.shape[2]
     if q.device.type == "cpu" if scipy is None else scipy:
         workers = torch.get_num_threads()
-        qf, kf = (sp_fft.rfft(_as_acc(x, (0, 2, 3, 1), dtype).numpy(), n=n, workers=workers)
+        qf, kf = (sp_fft.rfft(cast_permuted(x, (0, 2, 3, 1), dtype).numpy(), n=n, workers=workers)
                   for x in (q, k))
         f = qf.shape[-1]
         spec = np.einsum("bkgdf,bkdf->bkgf", qf.reshape(b, kv, H // kv, d, f), kf.conj())
@@ -222,9 +222,9 @@ def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
         k = F.pad(k, (0, 0, 0, 0, 0, nc * C - T))
     # chunk-first [chunk, b, kv, group·C, d] (row j·C + i: query head j at offset i), so
     # that the chunks c ≥ j are one contiguous slice for every product below
-    qc = _as_acc(q.reshape(b, nc, C, kv, g, d), (1, 0, 3, 4, 2, 5), dtype
+    qc = cast_permuted(q.reshape(b, nc, C, kv, g, d), (1, 0, 3, 4, 2, 5), dtype
                  ).view(nc, b, kv, g * C, d)
-    kc = _as_acc(k.reshape(b, nc, C, kv, d), (1, 0, 3, 2, 4), dtype)  # [chunk, b, kv, C, d]
+    kc = cast_permuted(k.reshape(b, nc, C, kv, d), (1, 0, 3, 2, 4), dtype)  # [chunk, b, kv, C, d]
     # M_c = Σ_{c' < c} K_c' in float64; moment[J] = Σ_c Σ_{t in c} q_tᵀ M_{c−J} q_t
     prior = before(torch.matmul(kc.transpose(-1, -2), kc).to(ACC), 0)
     fulls = [min(max(0, (W + 1) // C - 1), nc - 1) for W in ends]
@@ -262,7 +262,7 @@ def key_strip(q: Float[Tensor, "batch pos head_index d_head"],
     with s ≥ t included: callers skip them), GQA keys broadcast."""
     b, T, H, d = q.shape
     kv = k.shape[2]
-    qf = _as_acc(q.reshape(b, T, kv, H // kv, d), (0, 2, 3, 1, 4)).view(b, kv, H // kv * T, d)
+    qf = cast_permuted(q.reshape(b, T, kv, H // kv, d), (0, 2, 3, 1, 4)).view(b, kv, H // kv * T, d)
     kk = k[:, :key_hi].to(ACC).permute(0, 2, 3, 1) * scale  # [b, kv, d, key]
     return torch.matmul(qf, kk).view(b, H, T, key_hi)
 
