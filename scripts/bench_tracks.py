@@ -48,6 +48,12 @@ model's geometry (the accumulator's update and fit, the factors' fit; at T = 102
 :data:`poskernel_tl.plan.track_b_cost.COST` fitted to them, with each timing's ratio to its
 estimate.
 
+Each child process raises glibc's allocator thresholds at start, as the ``poskernel``
+command does (:mod:`poskernel_tl.plan.allocator`), so the Hugging Face forwards timed in
+the same process run under the same allocator as the measurement; with
+``POSKERNEL_MALLOC=default`` every figure is taken with glibc's defaults instead. Each row's
+JSON line says which ("malloc").
+
 Where n and 2n would keep Track B differently (the q/k factors of few sequences against the
 [T, T] accumulator, or another number of blocks of layers), the A + B marginal would mix two
 methods: the script warns; each row's JSON line names the path 2n took ("track B").
@@ -75,6 +81,7 @@ from poskernel_tl.measurement.measure import forward_pass  # noqa: E402
 from poskernel_tl.models.embedded import from_gguf  # noqa: E402
 from poskernel_tl.models.registry import resolve  # noqa: E402
 from poskernel_tl.plan import batching  # noqa: E402
+from poskernel_tl.plan.allocator import reuse_freed_memory  # noqa: E402
 from poskernel_tl.reducers import (  # noqa: E402
     FreqUsageReducer,
     GramReducer,
@@ -344,6 +351,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = parser().parse_args()
+    reused = reuse_freed_memory()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     if args.calibrate:
@@ -351,7 +359,8 @@ def main() -> None:
         return
     if args.one:
         n, n_fwd = per_length(args.n_seqs, args.one, 4), per_length(args.fwd_seqs, args.one, 1)
-        print(json.dumps(one_length(args.one, n, n_fwd, args)))
+        print(json.dumps({**one_length(args.one, n, n_fwd, args),
+                          "malloc": "reused" if reused else "default"}))
         return
     if args.rss:
         print(json.dumps(rss_run(*args.rss, args)))

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 import poskernel_tl as pk  # noqa: E402
 import poskernel_tl.reducers as reducers  # noqa: E402
 from poskernel_tl.measurement.measure import forward_pass  # noqa: E402
+from poskernel_tl.plan.allocator import reuse_freed_memory  # noqa: E402
 from poskernel_tl.plan.batching import device_cap  # noqa: E402
 
 SECONDS: dict[str, float] = collections.defaultdict(float)
@@ -49,6 +50,7 @@ def main() -> None:
     ap.add_argument("--null-seqs", type=int, default=8)
     ap.add_argument("--max-memory", default="auto")
     args = ap.parse_args()
+    reuse_freed_memory()  # as the poskernel command (POSKERNEL_MALLOC=default: glibc's own)
     torch.set_num_threads(args.threads)
     for name in reducers.__all__:
         cls = getattr(reducers, name)

@@ -22,6 +22,7 @@ from poskernel_tl.models.embedded import install_lines
 from poskernel_tl.models.loading import load_model, load_tokenizer
 from poskernel_tl.models.registry import REGISTRY as MODELS
 from poskernel_tl.models.registry import resolve
+from poskernel_tl.plan.allocator import reuse_freed_memory
 from poskernel_tl.plan.config import GridConfig, RunConfig, add_flags, from_args
 from poskernel_tl.report.build import build_report
 from poskernel_tl.run.analyze import run_analysis
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         args = build_parser().parse_args(["demo"])
     debug = os.environ.get("POSKERNEL_DEBUG") == "1"
+    reuse_freed_memory()  # large temporaries reused, not faulted in afresh
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:

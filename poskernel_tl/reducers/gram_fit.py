@@ -42,8 +42,8 @@ from torch import Tensor
 from poskernel_tl.fit.toeplitz import lag_counts, r2_two_sided
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
-    cast_permuted,
     before,
+    cast_permuted,
     lag_sums,
     lower_sum_squares,
     windowed,

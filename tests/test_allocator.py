@@ -1,0 +1,43 @@
+"""The allocator setting of long runs: freed large blocks are reused, not faulted in again."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import json, resource, sys, torch
+from poskernel_tl.plan.allocator import reuse_freed_memory
+applied = reuse_freed_memory()
+faults = []
+for _ in range(4):  # a 256 MiB temporary, written whole, then freed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.empty(64 << 20, dtype=torch.float32).fill_(1.0)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"applied": applied, "faults": faults}))
+"""
+
+
+def _run(malloc: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "POSKERNEL_MALLOC"}
+    if malloc is not None:
+        env["POSKERNEL_MALLOC"] = malloc
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="glibc's mallopt")
+def test_freed_blocks_are_reused_not_faulted_in_again():
+    pages = (256 << 20) // os.sysconf("SC_PAGE_SIZE")
+    default, reused = _run("default"), _run(None)
+    assert not default["applied"] and reused["applied"]
+    # glibc's default maps each 256 MiB block afresh: every page faults every time
+    assert min(default["faults"]) > 0.9 * pages
+    # raised thresholds: once the heap has grown to hold it, the block reuses its pages
+    assert reused["faults"][0] > 0.9 * pages
+    assert max(reused["faults"][2:]) < 0.05 * pages
