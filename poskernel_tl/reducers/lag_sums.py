@@ -371,6 +371,6 @@ def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
     return windowed(lag_sums(q, k, scale, dtype), max_lag), kept, bands
 
 
-__all__ = ["LowerStats", "band_sum_squares", "key_strip", "lag_sums", "lower_stats",
-           "lower_sum_squares", "skew_keys", "strip_lag_stats", "sum_squares_upto",
-           "track_a_stats", "windowed"]
+__all__ = ["LowerStats", "band_sum_squares", "cast_permuted", "cross_correlation", "key_strip",
+           "lag_sums", "lower_stats", "lower_sum_squares", "skew_keys", "strip_lag_stats",
+           "sum_squares_upto", "track_a_stats", "windowed"]
