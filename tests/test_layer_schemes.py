@@ -138,12 +138,17 @@ def test_track_a_equals_a_naive_fit_on_hf_eager_attention(arch, tiny_tokenizer):
         assert np.abs(res.r2_pooled[0] - whole).max() > 1e-3
 
 
+@pytest.mark.parametrize("rows", [256, 5])
 @pytest.mark.parametrize("causal, window", [(True, None), (True, 5), (False, None)])
-def test_prev_token_score_is_transformer_lens_own(causal, window):
+def test_prev_token_score_is_transformer_lens_own(monkeypatch, causal, window, rows):
     """The reducer's score against TransformerLens's similarity on the softmax pattern
-    (GQA, a window, two-sided); a causal model's score past ``max_pos`` positions is
-    TransformerLens's score of the sequences cut to ``max_pos`` tokens."""
+    (GQA, a window, two-sided; the logits formed whole or ``rows`` query rows at a time);
+    a causal model's score past ``max_pos`` positions is TransformerLens's score of the
+    sequences cut to ``max_pos`` tokens."""
+    from poskernel_tl.reducers import prev_token
     from poskernel_tl.reducers.prev_token import PrevTokenReducer
+
+    monkeypatch.setattr(prev_token, "ROWS", rows)
 
     g = torch.Generator().manual_seed(2)
     q, k = torch.randn(3, T, 4, 8, generator=g) * 2, torch.randn(3, T, 2, 8, generator=g) * 2

@@ -8,10 +8,12 @@ BOS and the current token included) — is taken on the attention pattern of the
 forward: softmax of scale·q·kᵀ under the layer's mask (causal, and a sliding window where
 the layer has one; none for a bidirectional model), for the first ``max_seqs`` evaluation
 sequences. Each row of a pattern sums to 1, so the score is the mean over rows of
-pattern[t, t − 1] = exp(A[t, t − 1] − logsumexp_s A[t, s]): one [T, T] product and one
-log-sum-exp per head, no pattern kept. A causal model's score is taken on the first
-``MAX_POS`` positions: exactly TransformerLens's score of the sequences cut to that length
-(a causal row sees no later token), at (MAX_POS / T)² of the cost at long T. The kernel
+pattern[t, t − 1] = exp(A[t, t − 1] − logsumexp_s A[t, s]): A[t, t − 1] = scale·q_t·k_{t−1}
+and one log-sum-exp per row over the keys its mask keeps, formed in blocks of rows (a
+causal block reads only the keys up to its last row), no pattern kept. A causal model's
+score is taken on the first ``MAX_POS`` positions: exactly TransformerLens's score of the
+sequences cut to that length (a causal row sees no later token), at (MAX_POS / T)² of the
+cost at long T. The kernel
 classes are checked against it (:mod:`poskernel_tl.fit.kernel_class`); nothing else reads it.
 """
 
@@ -33,6 +35,7 @@ class PrevTokenScore(Part):
 
 
 MAX_POS = 2048
+ROWS = 256  # query rows per block of logits
 
 
 class PrevTokenReducer:
@@ -48,21 +51,38 @@ class PrevTokenReducer:
         keep = [i for i, row in enumerate(batch.rows) if row < self.max_seqs]
         if not keep:
             return
-        T = self.positions
-        masked = None  # a bidirectional model's pattern reads every key
-        if self.causal:  # the layer's causal mask, or its window of Δ ≤ max_lag
-            last = T - 1 if self.max_lags is None else min(self.max_lags[batch.layer], T - 1)
-            masked = ~band(T, last + 1, batch.q.device)
-        group = batch.q.shape[2] // batch.k.shape[2]
-        for x in keep:  # one [T, T] matrix of logits at a time
-            for h in range(batch.q.shape[2]):
-                A = batch.q[x, :T, h].float() @ batch.k[x, :T, h // group].float().T
-                A = A.mul_(batch.scale)
-                if masked is not None:
-                    A.masked_fill_(masked, float("-inf"))
-                prev = (A.diagonal(-1) - torch.logsumexp(A[1:], -1)).exp_().sum()
-                self.total[batch.layer, h] += prev.item() / T
+        T, kv = self.positions, batch.k.shape[2]
+        # the keys each row reads: every key (bidirectional), or Δ = t − s in [0, last]
+        last = None if not self.causal else T - 1 if self.max_lags is None else \
+            min(self.max_lags[batch.layer], T - 1)
+        g = batch.q.shape[2] // kv
+        for x in keep:  # a kv head's query heads together, ROWS query rows at a time
+            for j in range(kv):
+                q = batch.q[x, :T, j * g:(j + 1) * g].float().transpose(0, 1)  # [g, T, d]
+                k = batch.k[x, :T, j].float()
+                prev = (q[:, 1:] * k[:-1]).sum(-1).mul_(batch.scale)  # A[t, t − 1]
+                lse = self._row_logsumexp(q, k, batch.scale, last)
+                score = (prev - lse[:, 1:]).exp_().sum(-1) / T
+                self.total[batch.layer, j * g:(j + 1) * g] += score.cpu().numpy()
         self.n_seen[batch.layer] += len(keep)
+
+    @staticmethod
+    def _row_logsumexp(q: Float[torch.Tensor, "head pos d_head"],
+                       k: Float[torch.Tensor, "pos d_head"], scale: float, last: int | None
+                       ) -> Float[torch.Tensor, "head pos"]:
+        """logsumexp_s A[t, s] over the keys row t reads (``last`` None: all of them),
+        formed ROWS rows at a time over those keys only (a causal row block reads about
+        half the keys of the whole matrix)."""
+        T = q.shape[1]
+        out = q.new_empty(q.shape[:2])
+        for r0 in range(0, T, ROWS):
+            r1 = min(T, r0 + ROWS)
+            lo, hi = (0, T) if last is None else (max(0, r0 - last), r1)
+            A = torch.matmul(q[:, r0:r1], k[lo:hi].T).mul_(scale)
+            if last is not None:
+                A.masked_fill_(~band(T, last + 1, q.device)[r0:r1, lo:hi], float("-inf"))
+            out[:, r0:r1] = torch.logsumexp(A, -1)
+        return out
 
     def result(self) -> PrevTokenScore:
         return PrevTokenScore(tl_prev_token=self.total / np.maximum(self.n_seen, 1)[:, None])
