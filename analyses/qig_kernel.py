@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.fit.toeplitz import lag_counts, r2_from_sums, shift_invariance_r2
-from poskernel_tl.reducers.perm_null import joint_permutations
+from poskernel_tl.reducers.perm_null import joint_permutations, null_p_value, null_percentile
 
 _CHUNK_ELEMENTS = 1 << 24  # bounds the [batch, chunk, pos, d] and [batch, perm, pair] temps
 
@@ -230,11 +230,9 @@ def r2_vs_permutation_null(
     its percentile within :func:`permutation_null_r2`."""
     r2, _ = shift_invariance_r2(scores)
     null = permutation_null_r2(scores, n_perm, seed)
-    below = (null < r2).double().sum(0)
-    ties = (null == r2).double().sum(0)
-    percentile = 100.0 * (below + 0.5 * ties) / n_perm
-    p_value = (1.0 + (null >= r2).double().sum(0)) / (1.0 + n_perm)
-    return PermutationNull(r2, null, percentile, p_value)
+    host = (r2.cpu(), null.cpu())
+    return PermutationNull(r2, null, torch.as_tensor(null_percentile(*host), device=r2.device),
+                           torch.as_tensor(null_p_value(*host), device=r2.device))
 
 
 # ------------------------------------------------------------ model, table, figure

@@ -263,6 +263,13 @@ class Part:
         return dims
 
 
+def head_columns(n_layers: int, n_heads: int) -> dict[str, np.ndarray]:
+    """The ``layer`` and ``head`` columns of a table of one row per (layer, head), layer
+    by layer (the order of ``array[layer, head].ravel()``)."""
+    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+    return {"layer": layer, "head": head}
+
+
 def tidy_tables(parts, dims: dict[str, int], base: dict, seq_id: np.ndarray,
                 kv_head: np.ndarray, skip=()) -> dict[str, pd.DataFrame]:
     """Every table of :data:`TABLE_ROWS` but ``skip`` from the parts' column fields, with the

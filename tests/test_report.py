@@ -322,6 +322,31 @@ def test_perm_null_planted_rope_head_far_above_null(device):
     assert np.allclose(res.p_value(res.r2_same_seqs), 1 / 9)
 
 
+def test_null_percentile_and_p_value_match_a_naive_loop():
+    """Mid-rank percentile over the finite draws (ties half) and the one-sided p-value,
+    per cell, with ties, NaN draws, a NaN observation and a cell of NaN draws only."""
+    from poskernel_tl.reducers.perm_null import null_p_value, null_percentile
+
+    rng = np.random.default_rng(0)
+    null = rng.integers(0, 5, (9, 3, 4)).astype(float)  # ties on purpose
+    null[2, 0, 0] = null[5, 1, 2] = np.nan
+    null[:, 2, 3] = np.nan
+    obs = rng.integers(0, 5, (3, 4)).astype(float)
+    obs[1, 1] = np.nan
+    pct, p = null_percentile(obs, null), null_p_value(obs, null)
+    for i in range(3):
+        for j in range(4):
+            draws = [x for x in null[:, i, j] if np.isfinite(x)]
+            if not np.isfinite(obs[i, j]) or not draws:
+                assert np.isnan(pct[i, j])
+            else:
+                mid = sum(x < obs[i, j] for x in draws) + 0.5 * sum(x == obs[i, j] for x in draws)
+                assert pct[i, j] == pytest.approx(100 * mid / len(draws))
+            above = sum(x >= obs[i, j] for x in null[:, i, j])
+            assert p[i, j] == pytest.approx((1 + above) / 10)
+    assert float(null_percentile(2.0, np.array([1.0, 2.0, 3.0, np.nan]))) == 50.0
+
+
 def test_perm_null_iid_noise_inside_null_and_same_seqs_fit(device):
     from poskernel_tl.reducers import TrackAReducer
 

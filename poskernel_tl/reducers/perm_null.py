@@ -88,17 +88,26 @@ class PermNull(Part):
 
     def p_value(self, r2: Float[np.ndarray, "layer head_index"]
                 ) -> Float[np.ndarray, "layer head_index"]:
-        """One-sided permutation p-value (1 + #{null ≥ r2}) / (1 + n_perm)."""
-        return (1.0 + (self.r2_null >= r2[None]).sum(0)) / (1.0 + len(self.r2_null))
+        """One-sided permutation p-value of each head's ``r2`` within its own null."""
+        return null_p_value(r2, self.r2_null)
 
 
-def null_percentile(r2: np.ndarray, null: np.ndarray) -> np.ndarray:
-    """Mid-rank percentile of ``r2[...]`` within ``null[perm, ...]`` (NaN where r2 is)."""
-    r2 = np.asarray(r2, np.float64)
-    below = (null < r2[None]).sum(0)
-    ties = (null == r2[None]).sum(0)
-    out = 100.0 * (below + 0.5 * ties) / null.shape[0]
-    return np.where(np.isfinite(r2), out, np.nan)
+def null_percentile(r2, null):
+    """Mid-rank percentile (0–100) of ``r2[...]`` within the finite draws of
+    ``null[draw, ...]``: the share below it, ties counted half. NaN where ``r2`` is not
+    finite or no draw is. Takes numpy arrays, torch tensors or floats; returns numpy."""
+    r2, null = np.asarray(r2, np.float64), np.asarray(null, np.float64)
+    n = np.isfinite(null).sum(0)
+    share = (null < r2[None]).sum(0) + 0.5 * (null == r2[None]).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(np.isfinite(r2) & (n > 0), 100.0 * share / n, np.nan)
+
+
+def null_p_value(r2, null):
+    """One-sided permutation p-value (1 + #{null ≥ r2}) / (1 + n_draws) of ``r2[...]``
+    within ``null[draw, ...]`` (numpy arrays or torch tensors; returns numpy)."""
+    r2, null = np.asarray(r2, np.float64), np.asarray(null, np.float64)
+    return (1.0 + (null >= r2[None]).sum(0)) / (1.0 + len(null))
 
 
 def joint_permutations(length: int, n_perm: int, seed: int = 0) -> Int[Tensor, "perm pos"]:
@@ -227,4 +236,5 @@ class PermNullReducer:
                         perms=self.perms_cpu.numpy(), n_seqs=n[0], seed=self.seed)
 
 
-__all__ = ["PermNull", "PermNullReducer", "joint_permutations", "null_percentile"]
+__all__ = ["PermNull", "PermNullReducer", "joint_permutations", "null_p_value",
+           "null_percentile"]

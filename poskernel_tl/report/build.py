@@ -27,6 +27,7 @@ from poskernel_tl import constants as C
 from poskernel_tl.errors import NoConditionError, ResultFileError
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.progress import tqdm
+from poskernel_tl.reducers.perm_null import null_percentile
 from poskernel_tl.report import (
     atlas,
     extras,
@@ -304,8 +305,8 @@ def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, f
         for r in perm for s in [nulls.head_null_summary(r)])
     nope = nulls.nope_r2(results)
     nope_txt = (f"Empirical NoPE null: {len(nope)} heads, median {np.median(nope):.3f}; "
-                f"0.40 is at its {fmt(nulls.percentile_of(0.40, nope), '{:.0f}')}th and 0.80 at "
-                f"its {fmt(nulls.percentile_of(0.80, nope), '{:.0f}')}th percentile."
+                f"0.40 is at its {fmt(float(null_percentile(0.40, nope)), '{:.0f}')}th and 0.80 at "
+                f"its {fmt(float(null_percentile(0.80, nope)), '{:.0f}')}th percentile."
                 if nope.size else "No NoPE model in this folder: the empirical NoPE null "
                 "the protocol asks for cannot be formed; the analytic and permutation nulls "
                 "stand in.")

@@ -5,6 +5,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.reducers.perm_null import null_percentile
 from poskernel_tl.report import nulls
 from poskernel_tl.report.figures import condition_label
 
@@ -57,9 +58,9 @@ def fig_nulls(r: ConditionResult, nope: np.ndarray | None = None) -> Figure:
     for t in nulls.THRESHOLDS:
         parts = [f"i.i.d. pct {100 * nulls.analytic_null(r.length, len(r.seq_id)).cdf(t):.0f}"]
         if null is not None:
-            parts.append(f"perm pct {nulls.percentile_of(t, null.ravel()):.0f}")
+            parts.append(f"perm pct {float(null_percentile(t, null.ravel())):.0f}")
         if nope is not None and len(nope):
-            parts.append(f"NoPE pct {nulls.percentile_of(t, nope):.0f}")
+            parts.append(f"NoPE pct {float(null_percentile(t, nope)):.0f}")
         ax_b.axvline(t, color="0.3", ls=styles.get(t, "--"), lw=0.9,
                      label=f"R² = {t:.2f}: " + ", ".join(parts))
     ax_b.set(xscale="log", xlabel="R²", ylabel="heads / draws",

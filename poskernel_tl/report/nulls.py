@@ -21,7 +21,8 @@ from jaxtyping import Float
 from scipy import stats
 
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.reducers.perm_null import null_percentile
+from poskernel_tl.reducers.perm_null import null_p_value, null_percentile
+from poskernel_tl.schema import head_columns
 
 THRESHOLDS = (0.40, 0.80)
 
@@ -68,14 +69,13 @@ def head_null_table(result: ConditionResult) -> pd.DataFrame | None:
         return None
     obs = perm_observed(result)
     L, H = obs.shape
-    layer, head = (g.ravel() for g in np.meshgrid(np.arange(L), np.arange(H), indexing="ij"))
-    p = (1.0 + (null >= obs[None]).sum(0)) / (1.0 + len(null))
     return pd.DataFrame({
         "model": result.model, "dataset": result.dataset, "length": result.length,
-        "layer": layer, "head": head, "R2_pooled": result.r2_pooled.ravel(),
+        **head_columns(L, H), "R2_pooled": result.r2_pooled.ravel(),
         "R2_compared": obs.ravel(), "null_mean": null.mean(0).ravel(),
         "null_q95": np.quantile(null, 0.95, axis=0).ravel(), "null_max": null.max(0).ravel(),
-        "percentile": null_percentile(obs, null).ravel(), "p_value": p.ravel()})
+        "percentile": null_percentile(obs, null).ravel(),
+        "p_value": null_p_value(obs, null).ravel()})
 
 
 def nope_r2(results: list[ConditionResult], early_only: bool = False,
@@ -87,15 +87,6 @@ def nope_r2(results: list[ConditionResult], early_only: bool = False,
             and (length is None or r.length == length)]
     out = np.concatenate([v.ravel() for v in vals]) if vals else np.zeros(0)
     return out[np.isfinite(out)]
-
-
-def percentile_of(value: float, sample: np.ndarray) -> float:
-    """Share (0–100) of ``sample`` below ``value`` (ties count half); NaN if empty."""
-    sample = np.asarray(sample, np.float64)
-    sample = sample[np.isfinite(sample)]
-    if not sample.size:
-        return float("nan")
-    return float(100.0 * ((sample < value).sum() + 0.5 * (sample == value).sum()) / sample.size)
 
 
 def threshold_table(results: list[ConditionResult],
@@ -123,7 +114,7 @@ def threshold_table(results: list[ConditionResult],
             else:
                 mean, q95, top = float(null.mean()), float(null.ppf(0.95)), float("nan")
             for t in thresholds:
-                pct = percentile_of(t, null) if isinstance(null, np.ndarray) else \
+                pct = float(null_percentile(t, null.ravel())) if isinstance(null, np.ndarray) else \
                     float(100.0 * null.cdf(t))
                 rows.append({"model": r.model, "dataset": r.dataset, "length": r.length,
                              "null": name, "threshold": t, "percentile": pct,
@@ -147,5 +138,5 @@ def head_null_summary(result: ConditionResult) -> dict:
 
 
 __all__ = ["THRESHOLDS", "analytic_null", "analytic_null_mean", "head_null_summary",
-           "head_null_table", "n_entries", "nope_r2", "percentile_of", "perm_null_of",
+           "head_null_table", "n_entries", "nope_r2", "perm_null_of",
            "perm_observed", "threshold_table"]
