@@ -132,11 +132,13 @@ def spectral(out: Path, plan: list, workers: int) -> float:
 
 
 def report(out: Path, workers: int) -> tuple[float, float, float]:
-    """(wall s, CPU s, peak RSS GB) of build_report in a child process; the peak is the
+    """(wall s, CPU s, peak RSS GB) of build_report in a child process with the allocator
+    setting of the ``poskernel`` command (POSKERNEL_MALLOC=default: glibc's); the peak is the
     report process's own or its figure workers', as that child reads it (this process's
     children include the synthetic build's workers)."""
     code = ("import resource, sys; from poskernel_tl.report.build import build_report; "
-            f"build_report(sys.argv[1], workers={workers}); "
+            "from poskernel_tl.plan.allocator import reuse_freed_memory; "
+            f"reuse_freed_memory(); build_report(sys.argv[1], workers={workers}); "
             "print('peak', max(resource.getrusage(w).ru_maxrss for w in "
             "(resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

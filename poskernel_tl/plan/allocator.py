@@ -12,7 +12,8 @@ The cost: memory a step frees stays with the process (and in its RSS) until a la
 step reuses it, so RSS no longer falls between the peaks of a run. The ``poskernel``
 command applies it at start; a program that calls the library can call
 :func:`reuse_freed_memory` itself. ``POSKERNEL_MALLOC=default`` leaves the allocator as
-it is.
+it is. :func:`release_freed_memory` hands what the heap holds free back at a point where
+a caller knows it is done with it (the report, after each condition).
 """
 
 import ctypes
@@ -37,4 +38,13 @@ def reuse_freed_memory() -> bool:
         bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
-__all__ = ["reuse_freed_memory"]
+def release_freed_memory() -> None:
+    """Hand the heap pages freed so far back to the system (glibc's ``malloc_trim``; a
+    no-op elsewhere), whatever the thresholds."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+__all__ = ["release_freed_memory", "reuse_freed_memory"]

@@ -15,7 +15,6 @@ circuitsvis, the viewer); ``data/{stem}.js`` (one per condition); ``figures/*.pn
 at ``report.html#{model}/{dataset}_{T}/L{layer}H{head}``.
 """
 
-import ctypes
 import os
 import shutil
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ import numpy as np
 from poskernel_tl import constants as C
 from poskernel_tl.errors import NoConditionError, ResultFileError
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.plan.allocator import release_freed_memory
 from poskernel_tl.progress import tqdm
 from poskernel_tl.reducers.perm_null import null_percentile
 from poskernel_tl.report import (
@@ -100,17 +100,6 @@ def _read(results_dir: Path, out: Path, decoders, progress: bool
         if old.name not in written:
             old.unlink()
     return conds, damaged
-
-
-def release_freed_memory() -> None:
-    """Hand the heap pages freed so far back to the system (glibc's ``malloc_trim``; a
-    no-op elsewhere). A condition's transients are freed once its data file is written,
-    but glibc keeps the pages, so without this the report's peak would hold those of every
-    condition read before."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _figure(fig, out: Path, name: str, alt: str, pdf: bool = True) -> str:
