@@ -1,4 +1,5 @@
-"""Atomic file writes: every output appears whole (temp file + rename) or not at all."""
+"""Atomic file writes: every output appears whole (temp file + rename) or not at all; and
+the checked reading of a result table written as CSV."""
 
 import json
 import os
@@ -96,6 +97,30 @@ def save_arrays(path: Path, arrays: dict) -> Path:
 
 def save_json(obj: Any, path: Path) -> Path:
     return atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, default=str)))
+
+
+def read_csv_checked(path: Path, needed: tuple[str, ...]
+                     ) -> tuple[pd.DataFrame | None, str]:
+    """A CSV result table and "", or None and what is wrong with the file (unreadable, or
+    the ``needed`` columns it lacks); never raises for a bad file."""
+    try:
+        df = pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError,
+            pd.errors.EmptyDataError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else err  # no path
+        return None, f"could not be parsed ({type(err).__name__}: {why})"
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        return None, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+    return df, ""
+
+
+def csv_flag(column: pd.Series) -> pd.Series:
+    """A boolean column read back from CSV as 1.0 / 0.0, NaN where empty or unrecognised
+    (True/False, 1/0, yes/no, any case)."""
+    text = column.astype(str).str.strip().str.lower()
+    return text.map({"true": 1.0, "1": 1.0, "1.0": 1.0, "yes": 1.0,
+                     "false": 0.0, "0": 0.0, "0.0": 0.0, "no": 0.0})
 
 
 def sentence(text: str) -> str:

@@ -219,6 +219,15 @@ def test_read_table_problems(tmp_path):
     assert "--dataset '<b>x</b>'" in odd  # quoted for the shell; the viewer shows it as text
 
 
+def test_csv_flag_reads_every_spelling_of_a_boolean():
+    from poskernel_tl.io import csv_flag
+
+    col = pd.Series(["True", "false", " YES ", "no", "1", "0.0", "", "maybe", None, 1.0])
+    got = csv_flag(col).tolist()
+    assert got[:6] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0] and got[9] == 1.0
+    assert all(np.isnan(x) for x in got[6:9])
+
+
 def test_figure_failure_is_a_note(tmp_path):
     """A mean-field table with the shown columns but not the figure's: table, no figure."""
     r = make_result(spec(), T, dataset="prose", n_seqs=N)

@@ -24,7 +24,7 @@ import pandas as pd
 from jaxtyping import Float
 
 from poskernel_tl import constants as C
-from poskernel_tl.io import save_csv, save_npz
+from poskernel_tl.io import csv_flag, read_csv_checked, save_csv, save_npz
 
 SOURCES = ("trackB", "trackA")
 FILES = {"trackB": (C.SPECTRAL_CSV, C.SPECTRAL_PEAKS_CSV),
@@ -92,22 +92,11 @@ class SavedSpectral:
         return None if row.empty else row.iloc[0].to_dict()
 
 
-def _flag(s: pd.Series) -> pd.Series:
-    """A boolean column read back from CSV: True/False, NaN where empty."""
-    text = s.astype(str).str.strip().str.lower()
-    return text.map({"true": 1.0, "false": 0.0, "1": 1.0, "0": 0.0, "1.0": 1.0, "0.0": 0.0})
-
-
 def _read_csv(path: Path, needed: tuple[str, ...], n_rows: int | None):
-    try:
-        df = pd.read_csv(path)
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError,
-            pd.errors.EmptyDataError) as err:
-        return None, f"unreadable ({type(err).__name__})"
-    missing = [c for c in needed if c not in df.columns]
-    if missing:
-        return None, (f"lacks columns {', '.join(missing)} (written by an older version: "
-                      "rerun poskernel spectral)")
+    df, why = read_csv_checked(path, needed)
+    if df is None:
+        return None, why + (" (written by an older version: rerun poskernel spectral)"
+                            if why.startswith("missing") else "")
     if n_rows is not None and len(df) != n_rows:
         return None, f"has {len(df)} rows, expected {n_rows}"
     return df, ""
@@ -131,10 +120,10 @@ def _read_source(saved: SavedSpectral, where: dict, source: str, L: int, H: int)
         return
     for col in ("analysed", "preregistered", "aligned", "criterion_met"):
         if col in table:
-            table[col] = _flag(table[col])
+            table[col] = csv_flag(table[col])
     for col in ("significant", "matched", "marginal"):
         if col in peaks:
-            peaks[col] = _flag(peaks[col]).fillna(0.0).astype(bool)
+            peaks[col] = csv_flag(peaks[col]).fillna(0.0).astype(bool)
     saved.tables[source] = table.sort_values(["layer", "head"]).reset_index(drop=True)
     saved.peaks[source] = peaks.sort_values(["layer", "head", "rank"]).reset_index(drop=True)
 

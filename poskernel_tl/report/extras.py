@@ -24,6 +24,7 @@ import pandas as pd
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.base import AnalysisSpec
 from poskernel_tl.analyses.registry import REGISTRY
+from poskernel_tl.io import csv_flag, read_csv_checked
 from poskernel_tl.report.figures import model_label
 from poskernel_tl.report.html import esc, finite, number
 
@@ -63,31 +64,15 @@ class Loaded:
         return self.status != NOT_RUN
 
 
-def _as_bool(s: pd.Series) -> pd.Series:
-    if s.dtype == bool:
-        return s
-    text = s.astype(str).str.strip().str.lower()
-    return text.isin(("true", "1", "1.0", "yes"))
-
-
 def read_table(analysis: AnalysisSpec, path: Path, n_layers: int | None = None,
                n_heads: int | None = None) -> Loaded:
     """Read and check one CSV (see :class:`Loaded`); never raises for a bad file."""
     out = Loaded(analysis, path)
     if not path.is_file():
         return out
-    try:
-        df = pd.read_csv(path)
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError,
-            pd.errors.EmptyDataError) as err:
-        why = err.strerror if isinstance(err, OSError) and err.strerror else err  # no path
-        out.problem = f"could not be parsed ({type(err).__name__}: {why})"
-        return out
     needed = ("layer", "head", *analysis.columns)
-    missing = [c for c in needed if c not in df.columns]
-    if missing:
-        out.problem = (f"missing column{'s' if len(missing) > 1 else ''} "
-                       f"{', '.join(missing)}")
+    df, out.problem = read_csv_checked(path, needed)
+    if df is None:
         return out
     if df.empty:
         out.problem = "no rows"
@@ -113,7 +98,7 @@ def read_table(analysis: AnalysisSpec, path: Path, n_layers: int | None = None,
         out.notes.append(f"{int(dup.sum())} duplicate (layer, head) rows: the first is used")
         df = df[~dup].copy()
     if analysis.valid and analysis.valid[0] in df.columns:
-        df[analysis.valid[0]] = _as_bool(df[analysis.valid[0]])
+        df[analysis.valid[0]] = csv_flag(df[analysis.valid[0]]).fillna(0.0).astype(bool)
     if "note" in df.columns:
         text = df["note"].fillna("").astype(str).str.strip()
         out.notes += sorted({t for t in text if t})
