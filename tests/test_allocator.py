@@ -10,8 +10,9 @@ import pytest
 
 SCRIPT = """
 import json, resource, sys, torch
-from poskernel_tl.plan.allocator import release_freed_memory, reuse_freed_memory
+from poskernel_tl.plan.allocator import _multiarray, release_freed_memory, reuse_freed_memory
 applied = reuse_freed_memory()
+hugepage = _multiarray()._set_madvise_hugepage(False)  # returns the flag it replaces
 faults = []
 for i in range(5):  # a 256 MiB temporary, written whole, then freed
     if i == 4:  # the heap's free pages handed back: the next block faults in again
@@ -19,7 +20,7 @@ for i in range(5):  # a 256 MiB temporary, written whole, then freed
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.empty(64 << 20, dtype=torch.float32).fill_(1.0)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(json.dumps({"applied": applied, "faults": faults}))
+print(json.dumps({"applied": applied, "faults": faults, "hugepage": hugepage}))
 """
 
 
@@ -38,6 +39,8 @@ def test_freed_blocks_are_reused_not_faulted_in_again():
     pages = (256 << 20) // os.sysconf("SC_PAGE_SIZE")
     default, reused = _run("default"), _run(None)
     assert not default["applied"] and reused["applied"]
+    # NumPy's huge-page advice (on by default on Linux) withdrawn by the setting only
+    assert default["hugepage"] and not reused["hugepage"]
     # glibc's default maps each 256 MiB block afresh: every page faults every time
     assert min(default["faults"]) > 0.9 * pages
     # raised thresholds: the first block faults in, and the heap serves later ones from

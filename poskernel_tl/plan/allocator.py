@@ -8,6 +8,12 @@ page faults: at T = 8192 on SmolLM2-135M they made a third of Track B's fit time
 87 of the run's ≈ 520 CPU s, all system time. With both thresholds raised, freed blocks
 stay in the heap and are reused.
 
+NumPy advises the kernel to back each array of 4 MiB or more with huge pages. Where the
+kernel defragments for such advice on the fault itself (``defrag = madvise``, a common
+default), a fault can stall while memory is compacted: one float64 FFT of T = 4096 q/k
+(scipy's output, 75 MB) took 0.06 s on its median call and up to 0.27 s on one in five.
+The setting withdraws that advice too (NumPy's own switch); torch's arrays never take it.
+
 The cost: memory a step frees stays with the process (and in its RSS) until a later
 step reuses it, so RSS no longer falls between the peaks of a run. The ``poskernel``
 command applies it at start; a program that calls the library can call
@@ -19,23 +25,32 @@ a caller knows it is done with it (the report, after each condition).
 import ctypes
 import os
 
+import numpy as np
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 MMAP_THRESHOLD = 1 << 30  # blocks up to 1 GiB from the heap
 TRIM_THRESHOLD = (1 << 31) - 1  # free heap kept up to 2 GiB (mallopt takes an int)
 
 
 def reuse_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds for this process (see the module
-    docstring). Whether it took effect: False with another C library (macOS, musl), or
-    where ``POSKERNEL_MALLOC=default``."""
+    """Raise glibc's mmap and trim thresholds for this process and stop NumPy advising
+    huge pages (see the module docstring). Whether the thresholds took effect: False
+    with another C library (macOS, musl), or where ``POSKERNEL_MALLOC=default`` (which
+    leaves NumPy's advice as it is too)."""
     if os.environ.get("POSKERNEL_MALLOC") == "default":
         return False
+    _multiarray()._set_madvise_hugepage(False)
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
         bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def _multiarray():
+    """NumPy's C module (``numpy._core`` from NumPy 2, ``numpy.core`` before)."""
+    return np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
 
 
 def release_freed_memory() -> None:
