@@ -45,7 +45,7 @@ bare forwards.
 centering variant, T = 4096, 8 sequences), then one layer of Track B's own work on random q/k of the
 model's geometry (the accumulator's update and fit, the factors' fit; at T = 1024,
 4096 and 8192, n = 1, 2, 4) and prints the constants of
-:data:`poskernel_tl.plan.track_b_cost.COST` fitted to them, with each timing's ratio to its
+:data:`poskernel_tl.reducers.gram_cost.COST` fitted to them, with each timing's ratio to its
 estimate.
 
 Each child process raises glibc's allocator thresholds at start, as the ``poskernel``

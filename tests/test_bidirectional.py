@@ -23,7 +23,6 @@ from poskernel_tl.fit.toeplitz import (
     upper_lag_counts,
 )
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.plan import track_b_cost
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers import (
     CenteringMeans,
@@ -33,6 +32,7 @@ from poskernel_tl.reducers import (
     PermNullReducer,
     TrackAReducer,
     WhitenedGramReducer,
+    gram_cost,
 )
 from poskernel_tl.reducers.moments import random_half
 from poskernel_tl.reducers.perm_null import joint_permutations
@@ -390,8 +390,8 @@ def test_plan_counts_every_key(bert):
     sums = (s.n_heads + s.n_kv_heads) * length * s.d_head * 8
     assert held == 4 * s.n_heads * length * length  # every key of every row
     n_eval = 100  # n·d_head beyond the factors' bar: the accumulator it is
-    assert track_b_cost.gram_layer_bytes(bert, length, False, n_eval) == held + sums
-    assert track_b_cost.gram_layer_bytes(causal, length, False, n_eval) < 0.8 * (held + sums)
+    assert gram_cost.gram_layer_bytes(bert, length, False, n_eval) == held + sums
+    assert gram_cost.gram_layer_bytes(causal, length, False, n_eval) < 0.8 * (held + sums)
 
 
 # ------------------------------------------------------------------- spectral analysis

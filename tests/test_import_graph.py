@@ -1,5 +1,5 @@
 """The package's import graph points one way, folder by folder: the core (the modules
-directly under ``poskernel_tl/``) → models and hooks → data → fit and plan → reducers →
+directly under ``poskernel_tl/``) → models and hooks → data → fit → reducers → plan →
 measurement → analyses → report → run → apps and the public API. No cycle, no import
 hidden in a function to dodge one, no private name imported across modules, and every
 name imported from the module that defines it (no re-exports, but for a package's public
@@ -22,8 +22,9 @@ PACKAGES = {"poskernel_tl": "poskernel_tl", "hooks": "poskernel_tl.hooks",
 RANKS = [
     ("models", "hooks"),  # the model and the capture of its q/k (each reads the other)
     ("data",),
-    ("fit", "plan"),
-    ("reducers",),
+    ("fit",),
+    ("reducers",),  # each states its own memory (and Track B its time) for the plan
+    ("plan",),
     ("measurement",),
     ("analyses",),
     ("report",),

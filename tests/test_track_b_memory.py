@@ -15,9 +15,9 @@ from poskernel_tl.errors import PlanError, UserError
 from poskernel_tl.fit.toeplitz import shift_invariance_r2
 from poskernel_tl.hooks import capture_qk, qk_hook_names
 from poskernel_tl.models.registry import resolve
-from poskernel_tl.plan import batching, track_b_cost
+from poskernel_tl.plan import batching
 from poskernel_tl.plan.config import MeasureConfig, RunConfig
-from poskernel_tl.reducers import GramReducer, LayerBatch, MomentsReducer, gram_fit
+from poskernel_tl.reducers import GramReducer, LayerBatch, MomentsReducer, gram_cost, gram_fit
 from poskernel_tl.reducers.gram import concat_layers
 
 H, HKV, D = 4, 2, 8
@@ -79,20 +79,20 @@ def test_every_layout_equals_the_full_accumulator_and_float64(rng, n):
     assert np.abs(runs["full"].gram_centered[0] - cen.numpy()).max() < 1e-4
     lower = GramReducer(1, H, HKV, T, D, SCALE, full=False)
     stored = sum(a.numel() for a in lower.acc[0])
-    assert stored == H * sum((r1 - r0) * r1 for r0, r1, _ in track_b_cost.gram_row_blocks(T, False))
-    big = sum((r1 - r0) * keys for r0, r1, keys in track_b_cost.gram_row_blocks(4096, False))
+    assert stored == H * sum((r1 - r0) * r1 for r0, r1, _ in gram_cost.gram_row_blocks(T, False))
+    big = sum((r1 - r0) * keys for r0, r1, keys in gram_cost.gram_row_blocks(4096, False))
     assert big < 0.52 * 4096 ** 2  # T²/2 and the diagonal blocks, not T²
     with pytest.raises(ValueError, match="full=False"):
         lower.result(keep_matrices=True)
 
 
 def test_factors_are_chosen_for_few_sequences_at_long_t(smol_sized):
-    assert track_b_cost.gram_factors(smol_sized, 8192, 2, False)
-    assert track_b_cost.gram_factors(smol_sized, 4096, 2, False)
-    assert not track_b_cost.gram_factors(smol_sized, 8192, 2, True)  # matrices to keep
-    assert not track_b_cost.gram_factors(smol_sized, 1024, 100, False)  # rank > 256
-    assert not track_b_cost.gram_factors(smol_sized, 256, 2, False)  # T² is small
-    seconds = track_b_cost.track_b_seconds
+    assert gram_cost.gram_factors(smol_sized, 8192, 2, False)
+    assert gram_cost.gram_factors(smol_sized, 4096, 2, False)
+    assert not gram_cost.gram_factors(smol_sized, 8192, 2, True)  # matrices to keep
+    assert not gram_cost.gram_factors(smol_sized, 1024, 100, False)  # rank > 256
+    assert not gram_cost.gram_factors(smol_sized, 256, 2, False)  # T² is small
+    seconds = gram_cost.track_b_seconds
     for T in (256, 1024, 4096, 8192):  # the accumulator's fit is O(T²), the factors' O(T)
         assert seconds(smol_sized, 2 * T, 2, False) > 3.9 * seconds(smol_sized, T, 2, False)
         assert seconds(smol_sized, 2 * T, 2, True) < 2.3 * seconds(smol_sized, T, 2, True)
@@ -104,7 +104,7 @@ def test_the_plan_takes_the_faster_path_that_fits(smol_sized, monkeypatch, faste
     estimates faster and says why; a budget the faster path does not fit in one pass
     takes the other one rather than more passes."""
     cheap, dear = (1e-12, 1e-8) if faster else (1e-8, 1e-12)
-    monkeypatch.setattr(track_b_cost, "COST", {"update": dear, "fit": dear,
+    monkeypatch.setattr(gram_cost, "COST", {"update": dear, "fit": dear,
                                                "factor_lags": cheap, "factor_rank": cheap})
     w = batching.Workload(2048, 2, 2)
     plan = batching.plan_measure(smol_sized, w, "auto", "64G")
@@ -262,7 +262,7 @@ def test_whitened_gram_holds_what_the_plan_counts(rng, llama):
     _feed(red, q, k)
     acc = sum(a.numel() * a.element_size() for a in red.gram.acc[0])
     assert all(a.dtype == torch.float32 for a in red.gram.acc[0])
-    per_head = track_b_cost.accumulator_bytes(llama, T, False) // llama.spec.n_heads
+    per_head = gram_cost.accumulator_bytes(llama, T, False) // llama.spec.n_heads
     assert acc == H * per_head < H * T * T * 4 * 0.75
     wq, wk = means.whitening()
     white = lambda x, m, w: ((x.double() - m.double()[0].transpose(0, 1)).transpose(1, 2)

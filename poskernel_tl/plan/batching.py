@@ -9,10 +9,10 @@ evaluation pass(es) and the final fits — from the tensors each phase holds:
   ``hook``/``qk`` score paths; not the sdpa path with Track A from lag sums, which needs
   O(T·d_head) per head), and Track A's float64 work on q/k;
 - what does not: the centering means, Track A's per-sequence lag sums, the optional
-  reducers, and Track B (:mod:`poskernel_tl.plan.track_b_cost`): its accumulator, ≈ T²/2
+  reducers, and Track B (:mod:`poskernel_tl.reducers.gram_cost`): its accumulator, ≈ T²/2
   float32 per head and layer in blocks of query rows, or T² where the full matrices are
   kept, or the evaluation sequences' q/k factors, whichever the plan estimates faster
-  (:func:`~poskernel_tl.plan.track_b_cost.track_b_seconds`) among those that fit.
+  (:func:`~poskernel_tl.reducers.gram_cost.track_b_seconds`) among those that fit.
 
 A bidirectional model (``model.spec.causal`` false) fits both triangles: Track B's
 accumulator holds every key (T² per head), its fit carries the upper triangle's pieces
@@ -38,25 +38,23 @@ import torch
 
 from poskernel_tl.errors import PlanError, UserError
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.plan.track_b_cost import (
+from poskernel_tl.progress import tqdm
+from poskernel_tl.reducers import track_a
+from poskernel_tl.reducers.gram_cost import (
     FACTOR_RANK_MAX,
     gram_factors,
     gram_fit_bytes,
     gram_layer_bytes,
-    sides,
     track_b_paths,
-    whitened_layer_bytes,
 )
-from poskernel_tl.progress import tqdm
+from poskernel_tl.reducers.logits import logit_bytes
+from poskernel_tl.reducers.moments import means_bytes
+from poskernel_tl.reducers.perm_null import null_bytes
+from poskernel_tl.reducers.whitened_gram import whitened_layer_bytes
 
-# [head, T, T] float32 tensors alive at once per sequence where scores are materialised
+# [head, T, T] float32 tensors of the forward alive at once per sequence where scores are
+# materialised (the reducers state their own bytes, beside each reducer)
 SCORE_COPIES = 8
-# float64 [head, T, d_head]-sized buffers of Track A's lag-sum work per sequence (FFT of
-# q and k padded to 2T, their complex spectra, the chunked moments)
-LAG_COPIES = 12
-# Track A's result holds about this many [n_eval, layer, head, T] float64 arrays at once
-# (the per-sequence lag sums and the float32 per-sequence g, formed one layer at a time)
-TRACK_A_RESULT_COPIES = 2
 # the caps: on CPU larger batches only raise peak memory (the matmuls already use every
 # core at batch 4); on a GPU beyond 64 sequences the forward is long saturated
 CAP = {"cpu": 4, "cuda": 64}
@@ -118,8 +116,7 @@ def per_sequence_bytes(model: LoadedModel, length: int, materialised: bool | Non
         materialised = getattr(model, "attention", "eager") != "sdpa"
     scores = SCORE_COPIES * s.n_heads * T * T * 4 if materialised else 0
     activations = T * (8 * d_model + 3 * d_mlp) * 4
-    lag_work = LAG_COPIES * s.n_heads * T * s.d_head * 8 * sides(model)
-    return scores + activations + lag_work + mask_kinds(model) * T * T * 4
+    return scores + activations + track_a.work_bytes(model, T) + mask_kinds(model) * T * T * 4
 
 
 def mask_kinds(model: LoadedModel) -> int:
@@ -129,20 +126,12 @@ def mask_kinds(model: LoadedModel) -> int:
     return max(1, len({(s.mask, s.window) for s in layers}))
 
 
-def means_bytes(model: LoadedModel, length: int) -> int:
-    """One set of per-position means of q and k over every layer, float32 as they are kept
-    (their float64 sums in the centering pass are twice this)."""
-    s = model.spec
-    return s.n_layers * (s.n_heads + s.n_kv_heads) * length * s.d_head * 4
-
-
 def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False) -> int:
     """Reducer state that does not grow with the batch: Track A's per-sequence sums of
     ``n_seqs`` sequences and Track B for every layer."""
     s, T = model.spec, length
-    track_a = sides(model) * n_seqs * s.n_layers * s.n_heads * T * 8  # lag sums per side
     factors = gram_factors(model, T, n_seqs, full)
-    return track_a + band_bytes(model, T) + \
+    return track_a.state_bytes(model, T, n_seqs) + band_bytes(model, T) + \
         s.n_layers * gram_layer_bytes(model, T, full, n_seqs, factors)
 
 
@@ -174,19 +163,17 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int,
     # cen: the centering means and the random half's (float64 sums, 2·cen, in their pass)
     M = means_bytes(model, T)
     cen = 2 * M if w.n_centering else 0
-    # one per-sequence Track A array, counted once per side a fit reads
-    U = w.n_eval * s.n_layers * s.n_heads * T * 8 * sides(model)
+    U = track_a.state_bytes(model, T, w.n_eval)
     per = batch * per_sequence_bytes(model, T, w.materialised)
-    extra = (w.n_logits * s.n_layers * s.n_heads * T * T * 4
-             + (s.n_layers * whitened_layer_bytes(model, T) if w.whiten else 0)
-             + 2 * (w.null_draws + 1) * s.n_layers * s.n_heads * T * 8 * sides(model))
+    extra = (logit_bytes(model, T, w.n_logits) + null_bytes(model, T, w.null_draws)
+             + (s.n_layers * whitened_layer_bytes(model, T) if w.whiten else 0))
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
     gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval, factors)
     fit = gram_fit_bytes(model, T, w.n_eval, factors) + kept // s.n_layers
     held = cen + U + extra + M + band_bytes(model, T)  # besides Track B, in pass 2
     return {"centering pass": 2 * cen + per, "evaluation pass": held + gram + per,
             "Track B fit": held + gram + fit + kept,
-            "Track A fit": cen + TRACK_A_RESULT_COPIES * U + extra + M + kept}
+            "Track A fit": cen + track_a.RESULT_COPIES * U + extra + M + kept}
 
 
 def estimate_peak(model: LoadedModel, w: Workload, batch: int, block_layers: int,

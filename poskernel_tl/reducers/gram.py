@@ -6,7 +6,7 @@ per-position means; float32, as the centering means are saved), the mean removed
 float64 before the products are formed in float32, so the large mean term never enters
 them and there is no cancellation to lose precision to. It is kept either
 
-- as a float32 accumulator in blocks of query rows (:func:`~poskernel_tl.plan.track_b_cost.
+- as a float32 accumulator in blocks of query rows (:func:`~poskernel_tl.reducers.gram_cost.
   gram_row_blocks`): rows [r0, r1) with keys [0, r1), i.e. only the strictly lower
   triangle the fit reads plus the diagonal blocks (≈ T²/2 per head), or every key where
   the full matrices are to be returned (T ≤ 256 by default). One in-place batched matmul
@@ -14,7 +14,7 @@ them and there is no cancellation to lose precision to. It is kept either
   contraction); or
 - as the evaluation sequences' q̃, k̃ themselves (``factors=True``), n·T·d_head per head
   instead of T²/2: the smaller state for few sequences at long T
-  (:func:`~poskernel_tl.plan.track_b_cost.gram_factors`).
+  (:func:`~poskernel_tl.reducers.gram_cost.gram_factors`).
 
 Every Gram the fit needs then follows exactly from the evaluation means q̄, k̄:
 
@@ -51,8 +51,8 @@ from torch import Tensor
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.fit.toeplitz import kept_finite, sym_antisym, two_sided
-from poskernel_tl.plan.track_b_cost import gram_row_blocks
 from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.gram_cost import gram_row_blocks
 from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, variant_fit
 from poskernel_tl.reducers.moments import Moments, means_in_place
 from poskernel_tl.reducers.two_sided import check_two_sided
@@ -234,29 +234,15 @@ class GramReducer:
         (None for a causal fit) and (``keep``) the float32 matrix of
         mean_x (q − a)(k − b)ᵀ·scale of layer slot ``i``."""
         m_q, m_k = (r[i].transpose(0, 1).double() for r in (self.ref_q, self.ref_k))
-        q_bar, k_bar = ev.mean_q[i], ev.mean_k[i]
         xs: list[Tensor] = []  # the distinct vectors B_low is applied to
-
-        def slot(t: Tensor) -> int:
-            found = [j for j, x in enumerate(xs) if x is t or torch.equal(x, t)]
-            if not found:
-                xs.append(t)
-            return found[0] if found else len(xs) - 1
-
-        terms = {}
+        terms, uv = {}, {}  # per variant: its terms' X slots (plus, minus); U and V
         for name, (a, b) in variants.items():
-            a = torch.zeros_like(m_q) if a is None else a.double()
-            b_slot = None if b is None else slot(b.double())
-            b = torch.zeros_like(m_k) if b is None else b.double()
-            # (m_q − a)(k̄ − b)ᵀ + (q̄ − m_q)(m_k − b)ᵀ, each term left out where it is
-            # exactly zero (the centering that is the reference needs no correction)
-            terms[name] = [(u, v, slot(plus), b_slot) for u, v, plus, zero in (
-                (m_q - a, k_bar - b, k_bar, torch.equal(m_q, a)),
-                (q_bar - m_q, m_k - b, m_k, torch.equal(m_k, b))) if not zero]
+            terms[name], found = corrections(a, b, m_q, m_k, ev.mean_q[i], ev.mean_k[i], xs)
+            if found is not None:
+                uv[name] = found
         d = m_q.shape[-1]
         x = torch.cat(xs, -1) if xs else m_k.new_zeros(m_k.shape[0], self.T, d)
-        uv = {name: (torch.cat([u for u, *_ in t], -1), torch.cat([v for _, v, *_ in t], -1))
-              for name, t in terms.items() if t}
+        xs.clear()
         mats = {v: torch.empty(m_q.shape[0], self.T, self.T, dtype=torch.float32,
                                device=m_q.device) for v in ("raw", "centered")
                 if keep and v in variants}
@@ -340,15 +326,39 @@ class GramReducer:
             centered=centered, eval_moments=ev, **sides)
 
 
+def corrections(a: Tensor | None, b: Tensor | None, m_q: Tensor, m_k: Tensor,
+                q_bar: Tensor, k_bar: Tensor, xs: list[Tensor]
+                ) -> tuple[list[tuple[int, int | None]], tuple[Tensor, Tensor] | None]:
+    """The correction of the centering (a, b) (None: zero) to the reference (m_q, m_k):
+    (m_q − a)(k̄ − b)ᵀ + (q̄ − m_q)(m_k − b)ᵀ, each term left out where it is exactly zero
+    (the centering that is the reference needs none). Returns each term's slots (plus,
+    minus) in ``xs`` (the distinct vectors B_side is applied to; new ones appended) and
+    U, V side by side (None without terms); no temporary outlives the call."""
+
+    def slot(t: Tensor) -> int:
+        found = [j for j, x in enumerate(xs) if x is t or torch.equal(x, t)]
+        if not found:
+            xs.append(t)
+        return found[0] if found else len(xs) - 1
+
+    a = torch.zeros_like(m_q) if a is None else a.double()
+    b_slot = None if b is None else slot(b.double())
+    b = torch.zeros_like(m_k) if b is None else b.double()
+    kept = [(u, v, slot(plus)) for u, v, plus, zero in (
+        (m_q - a, k_bar - b, k_bar, torch.equal(m_q, a)),
+        (q_bar - m_q, m_k - b, m_k, torch.equal(m_k, b))) if not zero]
+    uv = tuple(torch.cat([t[j] for t in kept], -1) for j in (0, 1)) if kept else None
+    return [(plus, b_slot) for *_, plus in kept], uv
+
+
 def applied(y: Tensor | None, terms: list, d: int) -> Tensor | None:
     """W = B_side·V of a variant's correction terms, from Y = B_side·X (one ``d``-wide
-    slot per distinct vector of X; each term ``(u, v, plus, minus)`` with v = X[plus] −
+    slot per distinct vector of X; each term ``(plus, minus)`` with v = X[plus] −
     X[minus]); None without terms or without Y."""
     if y is None or not terms:
         return None
     part = lambda j: y[..., j * d:(j + 1) * d]
-    return torch.cat([part(p) - part(m) if m is not None else part(p)
-                      for *_, p, m in terms], -1)
+    return torch.cat([part(p) - part(m) if m is not None else part(p) for p, m in terms], -1)
 
 
 __all__ = ["GramReducer", "GramResult", "concat_layers"]

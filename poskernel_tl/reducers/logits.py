@@ -9,6 +9,7 @@ from jaxtyping import Float
 
 from poskernel_tl.constants import VIS_DIR
 from poskernel_tl.errors import ResultFileError
+from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.schema import Part, SavedFiles
 
@@ -42,6 +43,12 @@ class SavedLogits(Part):
                 raise ResultFileError(f"{where}: logits of sequence {sid} have shape "
                                       f"{tuple(mat.shape)}, expected {shape}")
         return dims
+
+
+def logit_bytes(model: LoadedModel, length: int, n_logits: int) -> int:
+    """``n_logits`` sequences' float32 [layer, head, T, T] logits."""
+    s = model.spec
+    return n_logits * s.n_layers * s.n_heads * length * length * 4
 
 
 class LogitSaver:

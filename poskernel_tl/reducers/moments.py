@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.schema import Part, SavedFiles, column, stored
 
@@ -92,6 +93,13 @@ def random_half(n_seqs: int, seed: int) -> np.ndarray:
     """Indices of a seeded random half (⌊n/2⌋) of ``n_seqs`` sequences, sorted."""
     rng = np.random.default_rng(seed)
     return np.sort(rng.choice(n_seqs, size=n_seqs // 2, replace=False))
+
+
+def means_bytes(model: LoadedModel, length: int) -> int:
+    """One set of per-position means of q and k over every layer, float32 as they are kept
+    (their float64 sums in the centering pass are twice this)."""
+    s = model.spec
+    return s.n_layers * (s.n_heads + s.n_kv_heads) * length * s.d_head * 4
 
 
 class MomentsReducer:

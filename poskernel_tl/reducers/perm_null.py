@@ -49,10 +49,11 @@ from poskernel_tl.fit.toeplitz import (
     lower_mean_from_qk,
     r2_two_sided,
 )
+from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
-from poskernel_tl.reducers.two_sided import check_two_sided
+from poskernel_tl.reducers.two_sided import check_two_sided, sides
 from poskernel_tl.schema import Part, stored
 
 
@@ -114,6 +115,12 @@ def joint_permutations(length: int, n_perm: int, seed: int = 0) -> Int[Tensor, "
     """The seeded permutations of the positions (CPU generator, device-independent)."""
     g = torch.Generator().manual_seed(seed)
     return torch.stack([torch.randperm(length, generator=g) for _ in range(n_perm)])
+
+
+def null_bytes(model: LoadedModel, length: int, draws: int) -> int:
+    """The null's per-draw lag sums (and the unpermuted ones), float64, per side."""
+    s = model.spec
+    return 2 * (draws + 1) * s.n_layers * s.n_heads * length * 8 * sides(model)
 
 
 class PermNullReducer:
@@ -236,5 +243,5 @@ class PermNullReducer:
                         perms=self.perms_cpu.numpy(), n_seqs=n[0], seed=self.seed)
 
 
-__all__ = ["PermNull", "PermNullReducer", "joint_permutations", "null_p_value",
+__all__ = ["PermNull", "PermNullReducer", "joint_permutations", "null_bytes", "null_p_value",
            "null_percentile"]

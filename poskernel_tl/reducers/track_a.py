@@ -46,6 +46,7 @@ from poskernel_tl.fit.toeplitz import (
     two_sided,
     upper_lag_counts,
 )
+from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.protocol import (
     EARLY_ROWS,
     INTERIOR_FROM,
@@ -59,6 +60,7 @@ from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, track_a_stats, windowe
 from poskernel_tl.reducers.two_sided import (
     UpperSums,
     check_two_sided,
+    sides,
     upper_stats,
     upper_stats_from_scores,
 )
@@ -154,6 +156,27 @@ class TrackAResult(Part):
         if self.g_pooled_back is None:
             return np.full(self.r2_pooled.shape, np.nan)
         return sym_antisym(two_sided(self.g_pooled, self.g_pooled_back))[2]
+
+
+# the memory plan's estimates (a test checks them against measured peaks at two lengths):
+# float64 [head, T, d_head]-sized buffers of the lag-sum work per sequence of a batch
+# (FFTs of q and k padded to 2T, their spectra, the chunked moments), and the
+# [n_eval, layer, head, T] float64 arrays the result holds at once
+LAG_COPIES = 12
+RESULT_COPIES = 2
+
+
+def state_bytes(model: LoadedModel, length: int, n_seqs: int) -> int:
+    """Track A's per-sequence lag sums of ``n_seqs`` sequences (float64, per side a fit
+    reads): what it holds through the pass, and its result a like array."""
+    s = model.spec
+    return sides(model) * n_seqs * s.n_layers * s.n_heads * length * 8
+
+
+def work_bytes(model: LoadedModel, length: int) -> int:
+    """Track A's transient bytes per sequence of a batch (:data:`LAG_COPIES`)."""
+    s = model.spec
+    return LAG_COPIES * s.n_heads * length * s.d_head * 8 * sides(model)
 
 
 class TrackAReducer:

@@ -34,6 +34,7 @@ from poskernel_tl.fit.toeplitz import (
     lower_mean_from_qk,
     upper_lag_counts,
 )
+from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, band_ends
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
@@ -58,6 +59,11 @@ class UpperStats:
     late: Block
     diag: Float[Tensor, "batch head_index"]
     bands: Float[Tensor, "batch head_index part"]  # Σ A² of each band of offsets −Δ
+
+
+def sides(model: LoadedModel) -> int:
+    """Triangles every fit reads: 1 for a causal model, 2 for a bidirectional one."""
+    return 1 if getattr(model.spec, "causal", True) else 2
 
 
 def check_two_sided(n_heads: int, n_kv_heads: int) -> None:
@@ -169,5 +175,5 @@ class UpperSums:
         return per_seq, per_seq.mean(0)
 
 
-__all__ = ["UpperStats", "UpperSums", "check_two_sided", "diagonal_sum", "upper_stats",
+__all__ = ["UpperStats", "UpperSums", "check_two_sided", "diagonal_sum", "sides", "upper_stats",
            "upper_stats_from_scores"]

@@ -16,10 +16,20 @@ from dataclasses import dataclass
 import numpy as np
 from jaxtyping import Float
 
+from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram import GramReducer
+from poskernel_tl.reducers.gram_cost import accumulator_bytes
 from poskernel_tl.reducers.moments import Moments
 from poskernel_tl.schema import Part, column
+
+
+def whitened_layer_bytes(model: LoadedModel, length: int) -> int:
+    """``--whiten``'s state for one layer: its Track B accumulator and the float64 sums of
+    the whitened q and k."""
+    s = model.spec
+    vectors = (s.n_heads + s.n_kv_heads) * length * s.d_head
+    return accumulator_bytes(model, length, False) + vectors * 8
 
 
 @dataclass
@@ -51,4 +61,4 @@ class WhitenedGramReducer:
         return WhitenedGramResult(self.gram.result().r2_gram_raw)
 
 
-__all__ = ["WhitenedGramReducer", "WhitenedGramResult"]
+__all__ = ["WhitenedGramReducer", "WhitenedGramResult", "whitened_layer_bytes"]

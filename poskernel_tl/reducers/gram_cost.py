@@ -1,11 +1,12 @@
 """What Track B holds and costs, by path: the evaluation sequences' q/k factors or the
 [T, T] accumulator in row blocks. The memory plan (:mod:`poskernel_tl.plan.batching`) sums
-these bytes with the rest of a measurement and picks the path by :func:`track_b_seconds`
-where both fit."""
+these bytes with what every other reducer states of itself and picks the path by
+:func:`track_b_seconds` where both fit."""
 
 import math
 
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.reducers.two_sided import sides
 
 GRAM_ROWS = 64  # query rows per block of the Track B accumulator
 FACTOR_RANK_MAX = 256  # Track B may keep factors only up to n_eval·d_head of this
@@ -29,11 +30,6 @@ def gram_row_blocks(length: int, full: bool, rows: int = GRAM_ROWS
     (T²: the whole matrix, for saving it)."""
     return [(r0, min(r0 + rows, length), length if full else min(r0 + rows, length))
             for r0 in range(0, length, rows)]
-
-
-def sides(model: LoadedModel) -> int:
-    """Triangles every fit reads: 1 for a causal model, 2 for a bidirectional one."""
-    return 1 if getattr(model.spec, "causal", True) else 2
 
 
 def factors_allowed(model: LoadedModel, n_eval: int, full: bool) -> bool:
@@ -91,25 +87,22 @@ def accumulator_bytes(model: LoadedModel, length: int, full: bool) -> int:
     return model.spec.n_heads * acc * 4
 
 
-def whitened_layer_bytes(model: LoadedModel, length: int) -> int:
-    """``--whiten``'s state for one layer: its Track B accumulator and the float64 sums of
-    the whitened q and k."""
-    s = model.spec
-    vectors = (s.n_heads + s.n_kv_heads) * length * s.d_head
-    return accumulator_bytes(model, length, False) + vectors * 8
-
-
 def gram_fit_bytes(model: LoadedModel, length: int, n_eval: int, factors: bool) -> int:
-    """Temporaries of Track B's fit of one layer (the float64 row block and its products,
-    or the running moments of the factors; the corrections' lag sums), for each side the
-    fit reads."""
+    """Temporaries of Track B's fit of one layer: two centerings' corrections (U and V of
+    rank 2·d_head in float64, their FFT lag sums), X, Y = B_side·X and a variant's W
+    (X three d_head wide), and the float32 row block, or the factors' side-by-side copies
+    and running moments; per side the fit reads. Measured peaks are 0.6–0.9 of it
+    (tested at two lengths)."""
     s, T, n_sides = model.spec, length, sides(model)
-    r, m = max(n_eval * s.d_head, 2 * s.d_head), 4 * s.d_head
-    chunks = -(-T // 64)
-    moments = s.n_kv_heads * chunks * (2 * r * r + 2 * r * m) * 8
-    lags = 2 * (s.n_heads + s.n_kv_heads) * 2 * s.d_head * 2 * T * 8 * n_sides
-    if factors:
-        return 3 * s.n_heads * T * r * 8 * n_sides + moments + lags
+    d, r = s.d_head, max(n_eval * s.d_head, 2 * s.d_head)
+    vectors = (s.n_heads + s.n_kv_heads) * T * d * 8  # float64 [head, T, d_head], q and k
+    lags = 8 * vectors * n_sides  # the FFTs of U and V padded to 2T, complex
+    corrections = 6 * vectors + lags  # U, V of two centerings; X; their lag sums
+    if factors:  # (Y and W within the side-by-side copies' share)
+        chunks = -(-T // 64)
+        moments = s.n_kv_heads * chunks * (2 * r * r + 2 * r * 4 * d) * 8
+        return 3 * s.n_heads * T * r * 8 * n_sides + moments + corrections
     rows = min(GRAM_ROWS, T)
     pad = rows if n_sides == 2 else 0  # the upper side's zero columns
-    return s.n_heads * (T * m * n_sides + 2 * rows * (rows + T + pad)) * 8 + lags
+    y_w = s.n_heads * T * 5 * d * 8 * n_sides  # Y = B_side·X and one variant's W
+    return 2 * s.n_heads * rows * (rows + T + pad) * 8 + y_w + corrections
