@@ -16,10 +16,10 @@ FACTOR_RANK_MAX = 256  # Track B may keep factors only up to n_eval·d_head of t
 # estimates, so on another device only their ratios matter): the accumulator's update per
 # lower-triangle entry·d_head·sequence and its fit per entry·d_head; the factors' fit per
 # position·rank·log2(2T) (lag sums by FFT) and per position·rank² (running moments; at the
-# ranks the factors are kept for, r ≤ 256, its share is below the timings' noise and the
-# non-negative fit gives it 0). The corrections to each centering cost the same on both
-# paths and are left out.
-COST = {"update": 2.5e-11, "fit": 8.2e-11, "factor_lags": 2.8e-9, "factor_rank": 0.0}
+# ranks the factors are kept for, r ≤ 256, its share is near the timings' noise: the
+# non-negative fit has given it 0 on some runs). The corrections to each centering cost the
+# same on both paths and are left out.
+COST = {"update": 2.1e-11, "fit": 7.5e-11, "factor_lags": 2.4e-9, "factor_rank": 1.4e-11}
 
 
 def gram_row_blocks(length: int, full: bool, rows: int = GRAM_ROWS
