@@ -292,3 +292,20 @@ def test_mapped_npz_equals_numpy_load(tmp_path):
             np.testing.assert_array_equal(got[k], v)
             assert got[k].dtype == np.asarray(v).dtype
         assert isinstance(got["c"], np.memmap) == (name == "stored.npz")
+
+
+def test_table_cells_in_markdown_and_html():
+    """Both table writers read a cell alike: floats by the format, '–' for NaN, ±inf, None
+    and NA; Markdown escapes '|', a tag-opening '<' and newlines, HTML escapes all."""
+    from poskernel_tl.report.sections import table_html
+    from poskernel_tl.report.tables import markdown_table
+
+    df = pd.DataFrame({"a|b": [0.123456, np.nan, np.inf], "s": ["x|y\n<b>", None, pd.NA],
+                       "n": [3, 4, 5]}, dtype=object)
+    md = markdown_table(df).splitlines()
+    assert md[0] == "| a\\|b | s | n |"
+    assert md[2] == "| 0.1235 | x\\|y &lt;b> | 3 |"
+    assert md[3] == "| – | – | 4 |" and md[4] == "| – | – | 5 |"
+    html = table_html(df)
+    assert "<th>a|b</th>" in html and "<td>0.1235</td>" in html
+    assert "<td>x|y\n&lt;b&gt;</td>" in html and html.count("<td>–</td>") == 4

@@ -54,13 +54,13 @@ from torch import Tensor
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.analyses.fourier_kernel.fit import (
-    PAD_FACTOR,
     CosineFit,
     fit_cosine_series,
     prepare_lags,
     residual_path,
 )
 from poskernel_tl.analyses.spectral.null import TAU_REL, match_peaks
+from poskernel_tl.analyses.spectral.processing import n_fft_for
 
 DEFAULT_KS = (1, 2, 3, 5, 8)
 THETA_FIT_COLS = ["n_matched", "frac_matched", "median_rel_error"]
@@ -103,7 +103,7 @@ def cosine_fit_table(
     g = np.asarray(g, np.float64)
     Ks = tuple(sorted({int(k) for k in Ks}))
     thetas = None if thetas is None else np.asarray(thetas, np.float64)
-    n_fft = PAD_FACTOR * (g.shape[-1] + 1)  # the spectral analysis' N_fft = 4T
+    n_fft = n_fft_for(g.shape[-1] + 1)  # the spectral analysis' N_fft
     fit_rows, comp_rows = [], []
     for layer in range(g.shape[0]):
         for head in range(g.shape[1]):

@@ -13,9 +13,9 @@ from typing import Literal
 import numpy as np
 from jaxtyping import Float
 from scipy.optimize import least_squares
-from scipy.signal import find_peaks
 
-PAD_FACTOR = 4  # N_fft = 4T, as in the spectral analysis
+from poskernel_tl.analyses.spectral.processing import n_fft_for, pick_peaks, spectrum
+
 _FREQ_EPS = 1e-9
 
 
@@ -152,7 +152,7 @@ def residual_path(g, lags, n_fit, Ks, max_nfev, min_freq=None, start=None
     """Fit at the ``start`` frequencies, then add the residual spectrum's largest peak one
     at a time (refitting jointly) up to max(Ks); the fit at each K in ``Ks``."""
     gf, lf = g[:n_fit], lags[:n_fit]
-    n_fft = PAD_FACTOR * (n_fit + 1)
+    n_fft = n_fft_for(n_fit + 1)
     freqs = np.zeros(0) if start is None else np.asarray(start, np.float64)
     min_freq = math.pi / n_fit if min_freq is None else float(min_freq)
     out, state = {}, _joint_fit(gf, lf, freqs, max_nfev, min_freq)
@@ -169,12 +169,11 @@ def residual_path(g, lags, n_fit, Ks, max_nfev, min_freq=None, start=None
 
 
 def _peak_freqs(g: np.ndarray, K: int) -> np.ndarray:
-    """The K largest local maxima of g's zero-padded, demeaned spectrum (fewer if absent)."""
-    length = len(g) + 1
-    mag = np.abs(np.fft.rfft(g - g.mean(), n=PAD_FACTOR * length))
-    idx, _ = find_peaks(mag, distance=PAD_FACTOR)  # local maxima at least 2π/T apart
-    idx = idx[np.argsort(-mag[idx], kind="stable")[:K]]
-    return 2 * math.pi * idx / (PAD_FACTOR * length)
+    """The K largest local maxima of g's zero-padded, demeaned spectrum (fewer if absent):
+    the spectral analysis' raw-spectrum peaks, at least 2π/T apart."""
+    T = len(g) + 1
+    return pick_peaks(spectrum(g, T, raw_spectrum=True, demean=True), T, n_peaks=K,
+                      raw_spectrum=True)[1]
 
 
 def fit_cosine_series(

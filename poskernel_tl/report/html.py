@@ -17,6 +17,9 @@ from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import numpy as np
+import pandas as pd
+
 from poskernel_tl.io import atomic_write
 
 ASSETS_DIR = "assets"
@@ -63,6 +66,13 @@ def finite(x) -> float | None:
 def number(x, spec: str = "{:.3f}", missing: str = "–") -> str:
     """A finite number formatted by ``spec``, ``missing`` for anything else."""
     return missing if (v := finite(x)) is None else spec.format(v)
+
+
+def cell_text(v, spec: str = "{:.4g}") -> str:
+    """A table cell's text: a float by ``spec``, '–' for None, NA or a non-finite float."""
+    if isinstance(v, float | np.floating):
+        return number(v, spec)
+    return "–" if v is None or v is pd.NA else str(v)
 
 
 def json_for_script(obj: object) -> str:

@@ -11,7 +11,7 @@ import pandas as pd
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import figures, nulls, tables, verdicts
 from poskernel_tl.report.collect import Damaged
-from poskernel_tl.report.html import esc, number
+from poskernel_tl.report.html import cell_text, esc, number
 from poskernel_tl.report.tables import dataset_label
 
 PROTOCOL = "the pre-registered protocol (Experiment 1)"
@@ -53,13 +53,8 @@ def fmt(x, spec: str = "{:.3f}") -> str:
 
 def table_html(df: pd.DataFrame) -> str:
     """A DataFrame as an HTML table, every header and cell escaped (quotes included)."""
-    def cell(v) -> str:
-        if isinstance(v, float | np.floating):
-            return "–" if not np.isfinite(v) else f"{v:.4g}"
-        return "–" if v is None or v is pd.NA else esc(v)
-
     head = "".join(f"<th>{esc(c)}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{esc(cell_text(v))}</td>" for v in row) + "</tr>"
                    for row in df.itertuples(index=False))
     return f'<table class="pk-table"><tr>{head}</tr>{body}</table>'
 

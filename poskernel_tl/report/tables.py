@@ -20,6 +20,7 @@ from scipy.stats import linregress
 from poskernel_tl.io import atomic_write, save_csv
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.protocol import EARLY_LAYERS, GATE_THRESHOLD, LATE_FROM
+from poskernel_tl.report.html import cell_text
 
 NATURAL_EXCLUDE = ("random",)  # datasets that are not natural text
 
@@ -277,12 +278,8 @@ def markdown_table(df: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
     """A pipe table (GitHub Markdown); '|' escaped, a '<' that could open a tag written as
     '&lt;' (no markup from a dataset name is ever rendered), newlines flattened."""
     def cell(v) -> str:
-        if isinstance(v, float | np.floating):
-            text = "–" if not np.isfinite(v) else floatfmt.format(v)
-        else:
-            text = "–" if v is None or v is pd.NA else str(v)
         return re.sub(r"<(?=[A-Za-z/!?])", "&lt;",
-                      text.replace("|", "\\|").replace("\n", " "))
+                      cell_text(v, floatfmt).replace("|", "\\|").replace("\n", " "))
 
     head = "| " + " | ".join(cell(c) for c in df.columns) + " |"
     sep = "|" + "|".join("---" for _ in df.columns) + "|"
