@@ -26,7 +26,7 @@ from torch import Tensor
 
 from poskernel_tl.analyses.spectral.processing import two_sided_for_spectrum
 from poskernel_tl.analyses.spectral.summary import alignment_frames, alignment_line, kernel_spectrum
-from poskernel_tl.data.sequences import sequence_frame, token_strings
+from poskernel_tl.data.sequences import is_int, sequence_frame, token_strings
 from poskernel_tl.errors import UserError
 from poskernel_tl.fit.kernel_class import head_kernels
 from poskernel_tl.fit.toeplitz import (
@@ -164,16 +164,12 @@ class HeadView:
 
 
 # ------------------------------------------------------------------ input checks
-def _is_int(x) -> bool:
-    return isinstance(x, int | np.integer) and not isinstance(x, bool)
-
-
 def check_head(model_name: str, n_layers: int, n_heads: int, layer, head) -> None:
     """ValueError naming the valid range unless 0 ≤ layer < n_layers, 0 ≤ head < n_heads."""
-    if not _is_int(layer) or not 0 <= layer < n_layers:
+    if not is_int(layer) or not 0 <= layer < n_layers:
         raise UserError(f"layer {layer!r} is out of range: {model_name} has layers "
                          f"0..{n_layers - 1}")
-    if not _is_int(head) or not 0 <= head < n_heads:
+    if not is_int(head) or not 0 <= head < n_heads:
         raise UserError(f"head {head!r} is out of range: {model_name} has heads "
                          f"0..{n_heads - 1} per layer")
 
@@ -193,7 +189,7 @@ def token_ids(model: LoadedModel, text_or_tokens, max_tokens: int | None = None
         ids = torch.tensor(model.tokenizer(x, add_special_tokens=False)["input_ids"],
                            dtype=torch.long)
     elif isinstance(x, Tensor | np.ndarray) or (isinstance(x, Sequence) and all(
-            _is_int(i) for i in x)):
+            is_int(i) for i in x)):
         ids = torch.as_tensor(np.asarray(x) if isinstance(x, Sequence) else x)
         if ids.ndim == 2 and ids.shape[0] == 1:
             ids = ids[0]
@@ -206,7 +202,7 @@ def token_ids(model: LoadedModel, text_or_tokens, max_tokens: int | None = None
         raise UserError("text_or_tokens: a string, a list of token ids, or a 1-D / [1, pos] "
                         f"integer tensor; got {type(x).__name__}")
     if max_tokens is not None:
-        if not _is_int(max_tokens) or max_tokens < MIN_TOKENS:
+        if not is_int(max_tokens) or max_tokens < MIN_TOKENS:
             raise UserError(f"max_tokens must be an integer >= {MIN_TOKENS}, got "
                              f"{max_tokens!r}")
         ids = ids[:max_tokens - len(prefix) - len(suffix)]

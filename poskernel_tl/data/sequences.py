@@ -23,6 +23,7 @@ e.g. stdlib modules a–m, in the centering set and the end in the evaluation se
 import os
 import warnings
 from collections.abc import Sequence
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -58,11 +59,13 @@ REQUIRED_KEYS = ("input_ids", "split", "seq_id", "model", "dataset", "length", "
 
 
 # ------------------------------------------------------------------------ helpers
+def is_int(v) -> bool:
+    """A Python or NumPy integer (not a bool)."""
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
 def _check_args(dataset: str, length: int, n_seqs: int, n_ctx: int | None,
                 model_name: str) -> None:
-    def is_int(v) -> bool:
-        return isinstance(v, int | np.integer) and not isinstance(v, bool)
-
     if not is_int(n_seqs) or n_seqs < 2 or n_seqs % 2:
         raise DataError(f"n_seqs must be an even integer >= 2 (half centering, half eval), "
                         f"got {n_seqs!r}")
@@ -126,13 +129,8 @@ def _tokenize(tokenizer, texts: list[str]) -> list[np.ndarray]:
 
 def _tokenized_documents(tokenizer, dataset: str, seed: int):
     """Yield ``(doc_id, token array)`` in corpus order, tokenizing in small batches."""
-    batch: list[tuple[str, str]] = []
-    for doc in iter_documents(dataset, seed):
-        batch.append(doc)
-        if len(batch) == TOKENIZE_BATCH:
-            yield from zip([d for d, _ in batch], _tokenize(tokenizer, [t for _, t in batch]))
-            batch = []
-    if batch:
+    docs = iter(iter_documents(dataset, seed))
+    while batch := list(islice(docs, TOKENIZE_BATCH)):
         yield from zip([d for d, _ in batch], _tokenize(tokenizer, [t for _, t in batch]))
 
 
