@@ -58,14 +58,16 @@ class SeparableStats:
     sq: Float[Tensor, "*batch"]
     total: Float[Tensor, "*batch"]
 
+    def map(self, fn) -> "SeparableStats":
+        """``fn`` applied to each statistic."""
+        return SeparableStats(*(fn(x) for x in vars(self).values()))
+
     def sum(self, dim: int = 0) -> "SeparableStats":
         """Statistics summed over one batch axis (pooling sequences)."""
-        return SeparableStats(self.row.sum(dim), self.col.sum(dim), self.lag.sum(dim),
-                              self.sq.sum(dim), self.total.sum(dim))
+        return self.map(lambda x: x.sum(dim))
 
     def __getitem__(self, idx) -> "SeparableStats":
-        return SeparableStats(self.row[idx], self.col[idx], self.lag[idx], self.sq[idx],
-                              self.total[idx])
+        return self.map(lambda x: x[idx])
 
 
 # ------------------------------------------------------------------- statistics
@@ -114,10 +116,7 @@ def separable_stats(scores: Float[Tensor, "*batch query_pos key_pos"]) -> Separa
     batch = scores.shape[:-2]
     flat = scores.reshape(-1, T, T)
     work = torch.zeros(flat.shape[0], 2 * T, T, dtype=flat.dtype, device=flat.device)
-    st = _lower_stats_into(flat, work)
-    return SeparableStats(st.row.reshape(*batch, T - 1), st.col.reshape(*batch, T - 1),
-                          st.lag.reshape(*batch, T - 1), st.sq.reshape(batch),
-                          st.total.reshape(batch))
+    return _lower_stats_into(flat, work).map(lambda x: x.reshape(batch + x.shape[1:]))
 
 
 # --------------------------------------------------------------- normal equations
@@ -264,11 +263,8 @@ class SeparableReducer:
         T = length
         f64 = dict(dtype=torch.float64, device=device)
         self.T, self.n_layers, self.n_heads = T, n_layers, n_heads
-        self.row = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
-        self.col = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
-        self.lag = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
-        self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
-        self.total = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        zeros = lambda *lag: torch.zeros(n_seqs, n_layers, n_heads, *lag, **f64)
+        self.acc = SeparableStats(zeros(T - 1), zeros(T - 1), zeros(T - 1), zeros(), zeros())
         self.seen = torch.zeros(n_seqs, dtype=torch.bool, device=device)
         self._work: Tensor | None = None  # reusable [batch·head, 2T, T] buffer
 
@@ -284,17 +280,13 @@ class SeparableReducer:
             self._work = torch.zeros(shape, dtype=A.dtype, device=A.device)
         st = _lower_stats_into(A.reshape(b * h, T, T), self._work)
         idx, L = batch.index, batch.layer
-        self.row[idx, L] = st.row.reshape(b, h, T - 1)
-        self.col[idx, L] = st.col.reshape(b, h, T - 1)
-        self.lag[idx, L] = st.lag.reshape(b, h, T - 1)
-        self.sq[idx, L] = st.sq.reshape(b, h)
-        self.total[idx, L] = st.total.reshape(b, h)
+        for kept, new in zip(vars(self.acc).values(), vars(st).values()):
+            kept[idx, L] = new.reshape(b, h, *new.shape[1:])
         self.seen[idx] = True
 
     def stats(self) -> SeparableStats:
         """The per-sequence statistics of the sequences seen, [n, layer, head_index, ...]."""
-        s = self.seen
-        return SeparableStats(self.row[s], self.col[s], self.lag[s], self.sq[s], self.total[s])
+        return self.acc[self.seen]
 
     def result(self) -> SeparableResult:
         st = self.stats()

@@ -50,12 +50,7 @@ def model_label(r: ConditionResult) -> str:
 
 
 def condition_label(r: ConditionResult) -> str:
-    return _plain(f"{model_label(r)} · {_short(r.dataset)} · T={r.length}")
-
-
-def _short(text: str) -> str:
-    """The dataset's short label (``text:PATH`` → ``text: <file name>``)."""
-    return dataset_label(text)
+    return _plain(f"{model_label(r)} · {dataset_label(r.dataset)} · T={r.length}")
 
 
 def _plain(text: str) -> str:
@@ -76,9 +71,19 @@ def _ticks(n: int, most: int = 16) -> np.ndarray:
     return np.arange(0, n, step)
 
 
-def _grid(n: int, ncols: int) -> tuple[int, int]:
-    ncols = max(1, min(ncols, n))
-    return int(np.ceil(n / ncols)), ncols
+def _panels(results: Sequence, ncols: int, what: str, w: float, h: float,
+            extra_w: float = 0.0, **subplots) -> tuple[Figure, np.ndarray, int]:
+    """A figure of one w × h panel per condition, ``ncols`` across (the spare panels
+    hidden): the figure, its axes in reading order and the columns used."""
+    if not results:
+        raise ValueError(f"{what}: no conditions")
+    ncols = max(1, min(ncols, len(results)))
+    fig = Figure(figsize=(w * ncols + extra_w, h * -(-len(results) // ncols)),
+                 layout="constrained")
+    axes = fig.subplots(-(-len(results) // ncols), ncols, squeeze=False, **subplots).ravel()
+    for ax in axes[len(results):]:
+        ax.set_visible(False)
+    return fig, axes, ncols
 
 
 # ------------------------------------------------------------------------- Figure 1
@@ -86,14 +91,10 @@ def fig1_heatmaps(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
     """Track A pooled R² per (layer, head), one panel per condition: head index on x,
     layer on y (layer 0 at the top), one colour scale 0–1 for all panels (NaN grey).
     White lines separate the kv groups of grouped-query attention models."""
-    if not results:
-        raise ValueError("fig1_heatmaps: no conditions")
-    nrows, ncols = _grid(len(results), ncols)
-    H = max(r.n_heads for r in results)
-    L = max(r.n_layers for r in results)
-    w, h = max(3.2, 0.3 * H + 1.6), max(2.8, 0.22 * L + 1.4)
-    fig = Figure(figsize=(w * ncols + 1.0, h * nrows), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    H = max((r.n_heads for r in results), default=0)
+    L = max((r.n_layers for r in results), default=0)
+    fig, axes, _ = _panels(results, ncols, "fig1_heatmaps", max(3.2, 0.3 * H + 1.6),
+                           max(2.8, 0.22 * L + 1.4), 1.0)
     cmap = colormaps["viridis"].with_extremes(bad="0.75")
     im = None
     for ax, r in zip(axes, results):
@@ -108,10 +109,8 @@ def fig1_heatmaps(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
         ax.set_xlabel("head index" + (f"  (kv groups of {g})" if g > 1 else ""))
         ax.set_ylabel("layer")
         _mark_layer_kinds(ax, r)
-        ax.set_title(_plain(f"{model_label(r)}\n{_short(r.dataset)} · T={r.length} · "
+        ax.set_title(_plain(f"{model_label(r)}\n{dataset_label(r.dataset)} · T={r.length} · "
                             f"{len(r.seq_id)} sequences"), fontsize=9)
-    for ax in axes[len(results):]:
-        ax.set_visible(False)
     fig.colorbar(im, ax=list(axes[:len(results)]), label="Track A pooled R² (0–1, all panels)",
                  shrink=0.9)
     return fig
@@ -138,11 +137,7 @@ def fig2_depth(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
     """Mean R² over heads per layer — Track A pooled, Track B centered, Track B raw — one
     panel per condition on a shared 0–1 axis, with the least-squares line of Track A
     against layer and its slope ± standard error in the legend."""
-    if not results:
-        raise ValueError("fig2_depth: no conditions")
-    nrows, ncols = _grid(len(results), ncols)
-    fig = Figure(figsize=(4.6 * ncols, 3.4 * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True).ravel()
+    fig, axes, ncols = _panels(results, ncols, "fig2_depth", 4.6, 3.4, sharey=True)
     for ax, r in zip(axes, results):
         s = r.layer_summary()
         x = s.index.to_numpy()
@@ -164,8 +159,6 @@ def fig2_depth(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
         ax.legend(fontsize=7, loc="best")
     for ax in axes[::ncols]:
         ax.set_ylabel("mean R² over heads")
-    for ax in axes[len(results):]:
-        ax.set_visible(False)
     return fig
 
 
@@ -217,7 +210,7 @@ def fig3_violins(results: Sequence[ConditionResult], n_top: int = 5) -> Figure:
                 sd = float(np.std(vals, ddof=1)) if vals.size > 1 else float("nan")
                 ax.text(x, 1.005, f"sd {sd:.2f}", ha="center", va="bottom", fontsize=6.5)
                 short = _plain(PRETTY.get(r.model, r.model))
-                extra = _plain(f"\n{_short(r.dataset)} T={r.length}") if many else ""
+                extra = _plain(f"\n{dataset_label(r.dataset)} T={r.length}") if many else ""
                 labels.append(f"{short}{extra}\nL{layer}H{h}")
                 pos.append(x)
                 x += 1
@@ -232,7 +225,7 @@ def fig3_violins(results: Sequence[ConditionResult], n_top: int = 5) -> Figure:
     axes[0].set_ylim(-0.02, 1.07)
     datasets = sorted({(r.dataset, r.length) for r in results})
     if not many:
-        fig.suptitle(_plain(f"Top early-layer (0–1) heads · {_short(datasets[0][0])} · "
+        fig.suptitle(_plain(f"Top early-layer (0–1) heads · {dataset_label(datasets[0][0])} · "
                             f"T={datasets[0][1]}"), fontsize=10)
     return fig
 
