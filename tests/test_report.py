@@ -323,7 +323,7 @@ def test_perm_null_planted_rope_head_far_above_null(device):
 
 
 def test_null_percentile_and_p_value_match_a_naive_loop():
-    """Mid-rank percentile over the finite draws (ties half) and the one-sided p-value,
+    """Mid-rank percentile (ties half) and the one-sided p-value over the finite draws,
     per cell, with ties, NaN draws, a NaN observation and a cell of NaN draws only."""
     from poskernel_tl.reducers.perm_null import null_p_value, null_percentile
 
@@ -342,8 +342,11 @@ def test_null_percentile_and_p_value_match_a_naive_loop():
             else:
                 mid = sum(x < obs[i, j] for x in draws) + 0.5 * sum(x == obs[i, j] for x in draws)
                 assert pct[i, j] == pytest.approx(100 * mid / len(draws))
-            above = sum(x >= obs[i, j] for x in null[:, i, j])
-            assert p[i, j] == pytest.approx((1 + above) / 10)
+            if not np.isfinite(obs[i, j]) or not draws:  # a NaN head is not significant
+                assert np.isnan(p[i, j])
+            else:  # a NaN draw is no evidence: in neither count (it made p smaller)
+                above = sum(x >= obs[i, j] for x in draws)
+                assert p[i, j] == pytest.approx((1 + above) / (1 + len(draws)))
     assert float(null_percentile(2.0, np.array([1.0, 2.0, 3.0, np.nan]))) == 50.0
 
 

@@ -105,10 +105,15 @@ def null_percentile(r2, null):
 
 
 def null_p_value(r2, null):
-    """One-sided permutation p-value (1 + #{null ≥ r2}) / (1 + n_draws) of ``r2[...]``
-    within ``null[draw, ...]`` (numpy arrays or torch tensors; returns numpy)."""
+    """One-sided permutation p-value (1 + #{draws ≥ r2}) / (1 + #draws) of ``r2[...]``
+    over the finite draws of ``null[draw, ...]`` (a failed draw is no evidence either
+    way: counted in neither). NaN where ``r2`` is not finite or no draw is (numpy arrays
+    or torch tensors; returns numpy)."""
     r2, null = np.asarray(r2, np.float64), np.asarray(null, np.float64)
-    return (1.0 + (null >= r2[None]).sum(0)) / (1.0 + len(null))
+    n = np.isfinite(null).sum(0)
+    with np.errstate(invalid="ignore"):
+        p = (1.0 + (null >= r2[None]).sum(0)) / (1.0 + n)
+    return np.where(np.isfinite(r2) & (n > 0), p, np.nan)
 
 
 def joint_permutations(length: int, n_perm: int, seed: int = 0) -> Int[Tensor, "perm pos"]:
