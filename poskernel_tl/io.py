@@ -99,10 +99,11 @@ def save_json(obj: Any, path: Path) -> Path:
     return atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, default=str)))
 
 
-def read_csv_checked(path: Path, needed: tuple[str, ...]
+def read_csv_checked(path: Path, needed: tuple[str, ...], stale: str = ""
                      ) -> tuple[pd.DataFrame | None, str]:
     """A CSV result table and "", or None and what is wrong with the file (unreadable, or
-    the ``needed`` columns it lacks); never raises for a bad file."""
+    the ``needed`` columns it lacks, followed by ``stale``: what a user does about a file
+    an older version wrote); never raises for a bad file."""
     try:
         df = pd.read_csv(path)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError,
@@ -111,7 +112,7 @@ def read_csv_checked(path: Path, needed: tuple[str, ...]
         return None, f"could not be parsed ({type(err).__name__}: {why})"
     missing = [c for c in needed if c not in df.columns]
     if missing:
-        return None, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+        return None, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}{stale}"
     return df, ""
 
 

@@ -147,3 +147,18 @@ def test_plot_head_spectrum(tmp_path):
     result = make_result(spec, T, g=rope_head(SMOL, T, 0)[0][None, None], r2=np.array([[0.9]]))
     fig = S.plot_head_spectrum(result, 0, 0)
     assert "aligned=True" in fig.axes[0].get_title()
+
+
+def test_a_spectral_table_of_an_older_version_says_what_to_do(tmp_path):
+    """A missing column is named, with the command that rewrites the file; an unreadable
+    file and a wrong row count are named without it."""
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"layer": [0], "head": [0]}).to_csv(path, index=False)
+    df, why = SIO._read_csv(path, ("layer", "head", "R2"), None)
+    assert df is None and why == ("missing column R2 (written by an older version: rerun "
+                                  "poskernel spectral)")
+    df, why = SIO._read_csv(path, ("layer", "head"), 2)
+    assert df is None and why == "has 1 rows, expected 2"
+    path.write_bytes(b"\xff\xfe\x00")
+    df, why = SIO._read_csv(path, ("layer",), None)
+    assert df is None and why.startswith("could not be parsed") and "rerun" not in why

@@ -93,10 +93,10 @@ class SavedSpectral:
 
 
 def _read_csv(path: Path, needed: tuple[str, ...], n_rows: int | None):
-    df, why = read_csv_checked(path, needed)
+    df, why = read_csv_checked(path, needed,
+                               " (written by an older version: rerun poskernel spectral)")
     if df is None:
-        return None, why + (" (written by an older version: rerun poskernel spectral)"
-                            if why.startswith("missing") else "")
+        return None, why
     if n_rows is not None and len(df) != n_rows:
         return None, f"has {len(df)} rows, expected {n_rows}"
     return df, ""
