@@ -171,8 +171,8 @@ def track_b_path(model, T: int, n_eval: int, max_memory: str) -> str:
 def whole_fit(spec, T: int, n: int) -> tuple[float, float]:
     """CPU seconds of one layer's GramReducer.result with centering (every variant) on n
     random sequences accumulated, the centering means of 4 more (with their half): the
-    process's first call (FFT set-up included) and the least of three more (a run fits
-    every layer, so the steady cost is the per-layer one)."""
+    reducer's first call (a fresh process's first FFTs included) and the least of three
+    more (a run fits every layer, so the steady cost is the per-layer one)."""
     H, kv, d = spec.n_heads, spec.n_kv_heads, spec.d_head
     g = torch.Generator().manual_seed(0)
     qk = lambda m: (torch.randn(m, T, H, d, generator=g) + 1, torch.randn(m, T, kv, d,
@@ -213,8 +213,8 @@ def calibrate(spec, lengths=(1024, 4096, 8192), counts=(1, 2, 4)) -> dict[str, f
     cost.update(factor_lags=float(coef[0]), factor_rank=float(coef[1]))
     first, steady = whole_fit(spec, 4096, 8)
     print(f"Track B's whole fit of one layer (accumulator; raw, centered and half-centered "
-          f"variants; T = 4096, 8 sequences): {steady:.2f} CPU s (least of 3; the "
-          f"process's first: {first:.2f})")
+          f"variants; T = 4096, 8 sequences): {steady:.2f} CPU s (least of 3; its first "
+          f"call: {first:.2f})")
     print("measured / estimated, per timing (T, n in order):")
     for k in ("update", "fit"):
         print(k, " ".join(f"{t / (cost[k] * u):.2f}" for t, u in units[k]))

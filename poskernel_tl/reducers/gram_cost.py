@@ -91,7 +91,7 @@ def gram_fit_bytes(model: LoadedModel, length: int, n_eval: int, factors: bool) 
     """Temporaries of Track B's fit of one layer: two centerings' corrections (U and V of
     rank 2·d_head in float64, their FFT lag sums), X, Y = B_side·X and a variant's W
     (X three d_head wide), and the float32 row block, or the factors' side-by-side copies
-    and running moments; per side the fit reads. Measured peaks are 0.6–0.9 of it
+    and running moments; per side the fit reads. Measured peaks are 0.5–0.9 of it
     (tested at two lengths)."""
     s, T, n_sides = model.spec, length, sides(model)
     d, r = s.d_head, max(n_eval * s.d_head, 2 * s.d_head)
