@@ -81,19 +81,22 @@ def capture_qk(
     schemes: Sequence[LayerScheme] | None = None,
 ) -> Iterator[Capture]:
     """Within the block, every :meth:`Capture.forward` calls ``on_layer`` once per layer
-    of ``layers`` (default: all) with the tensors that enter Q·Kᵀ (keys are not expanded
+    of ``layers`` (default: all; indices into ``schemes``, whose ``block`` names a hybrid's
+    block) with the tensors that enter Q·Kᵀ (keys are not expanded
     for GQA), and with ``hook_attn_scores`` too when ``scores=True`` (the bridge computes
     them anyway when it runs attention eagerly). ``stop``: end each pass right after the
     last of ``layers`` is delivered (see the module docstring). ``schemes``: every layer's
     positional scheme (``model.spec.layers``), needed where the bridge hooks q and k only
     before rotary (GPT-NeoX, Phi-3, GPT-J: :func:`~poskernel_tl.hooks.names.qk_source`)."""
-    layers = list(range(bridge.cfg.n_layers) if layers is None else layers)
+    n_layers = bridge.cfg.n_layers if schemes is None else len(schemes)
+    layers = list(range(n_layers) if layers is None else layers)
     last = max(layers) if stop and layers else None
     capture = Capture(bridge)
     hooks = []
     for layer in layers:
         scheme = None if schemes is None else schemes[layer]
-        src = qk_source(bridge, layer, rope=scheme is not None and scheme.pe == "rope")
+        block = layer if scheme is None or scheme.block is None else scheme.block
+        src = qk_source(bridge, block, rope=scheme is not None and scheme.pe == "rope")
         if src.rotation != "as-is" and scheme is None:
             raise ValueError(f"layer {layer}: the bridge hooks q/k before rotary; pass the "
                              "layers' schemes (schemes=model.spec.layers)")
@@ -101,7 +104,7 @@ def capture_qk(
         if src.angles is not None:
             names.update(cos=src.angles[0], sin=src.angles[1])
         if scores:
-            names["scores"] = scores_hook_name(layer)
+            names["scores"] = scores_hook_name(block)
         pending: dict[str, Tensor] = {}
 
         def emit(layer: int = layer, pending: dict = pending, src: QKSource = src,
@@ -131,10 +134,17 @@ def _finished(pending: dict, src: QKSource, scheme: LayerScheme | None
     """The layer's q and k as they enter Q·Kᵀ: as hooked, or rotated here by the hooked
     angles or the layer's own frequencies."""
     q, k = pending.pop("q"), pending.pop("k")
+    if src.heads_first:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
     if src.rotation == "as-is":
         return q, k
     if src.rotation == "hooked-angles":
         cos, sin = hooked_angles(pending.pop("cos"), pending.pop("sin"))
     else:
         cos, sin = pair_angles(scheme, q.shape[1], q.device, torch.float64)
-    return rotate(q, scheme, cos, sin), rotate(k, scheme, cos, sin)
+    q, k = rotate(q, scheme, cos, sin), rotate(k, scheme, cos, sin)
+    eps = scheme.norm_after_rotary
+    if eps is not None:  # Llama 4: x·(mean(x²) + ε)^(−1/2) per head, in float32
+        q, k = ((x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps))
+                .to(x.dtype) for x in (q, k))
+    return q, k

@@ -4,7 +4,10 @@ The choice is made from the bridge itself: a rotary bridge of the Llama family e
 ``hook_rot_q``/``hook_rot_k``; the fused-QKV rotary bridge (GPT-NeoX, Phi-3) hooks q and k
 before rotary and ``hook_cos``/``hook_sin``, from which the capture rotates them; the base
 bridge (GPT-J) hooks q and k before rotary only, which the capture rotates by the layer's
-own frequencies (:mod:`poskernel_tl.hooks.rotary`).
+own frequencies (:mod:`poskernel_tl.hooks.rotary`); DeepSeek's MLA bridge hooks whole heads
+(the plain and the rotary part, already rotated, heads before positions) as ``hook_q`` and
+``hook_k``. ``layer`` is the model's block index (a hybrid's attention layers sit among
+blocks without attention).
 """
 
 import math
@@ -30,6 +33,7 @@ class QKSource:
     k: str
     rotation: str = "as-is"
     angles: tuple[str, str] | None = None
+    heads_first: bool = False  # hooked as [batch, head, pos, d_head] (DeepSeek's MLA)
 
 
 def qk_source(bridge, layer: int, rope: bool) -> QKSource:
@@ -46,10 +50,16 @@ def qk_source(bridge, layer: int, rope: bool) -> QKSource:
         PositionEmbeddingsAttentionBridge,
     )
 
+    from transformer_lens.model_bridge.generalized_components.mla_attention import (
+        MLAAttentionBridge,
+    )
+
     attn = bridge.blocks[layer].attn
     if isinstance(attn, PositionEmbeddingsAttentionBridge):
         return QKSource(ROT_Q.format(layer=layer), ROT_K.format(layer=layer))
     q, k = PLAIN_Q.format(layer=layer), PLAIN_K.format(layer=layer)
+    if isinstance(attn, MLAAttentionBridge):  # whole heads, plain and rotary parts, rotated
+        return QKSource(q, k, heads_first=True)
     if not rope:
         return QKSource(q, k)
     if isinstance(attn, PositionEmbeddingHooksMixin):
@@ -98,11 +108,19 @@ def kv_head_map(n_heads: int, n_kv_heads: int) -> list[int]:
     return [h // group for h in range(n_heads)]
 
 
+# where Hugging Face attention modules keep the factor on q·k: most as ``scaling``, MPT as
+# ``softmax_scale``, BLOOM and Falcon as ``inv_norm_factor``
+SCALE_ATTRIBUTES = ("scaling", "softmax_scale", "inv_norm_factor")
+
+
 def logit_scale(hf_model, d_head: int) -> float:
     """The factor multiplying q·k in the model's attention (1/√d_head unless the HF
-    attention module records its own ``scaling``)."""
+    attention module records its own: :data:`SCALE_ATTRIBUTES`)."""
     for module in hf_model.modules():
-        scaling = getattr(module, "scaling", None)
-        if isinstance(scaling, float) and type(module).__name__.endswith("Attention"):
-            return scaling
+        if not type(module).__name__.endswith("Attention"):
+            continue
+        for name in SCALE_ATTRIBUTES:
+            scaling = getattr(module, name, None)
+            if isinstance(scaling, float):
+                return scaling
     return 1.0 / math.sqrt(d_head)

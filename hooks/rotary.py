@@ -3,7 +3,9 @@ scheme where the bridge hooks only the queries and keys before it.
 
 A layer's :class:`~poskernel_tl.models.scheme.LayerScheme` names its pair layout and rotated
 share r of d_head: ``"rotate_half"`` (Llama, GPT-NeoX, Phi-3, Gemma) pairs dimension i with
-i + r/2, ``"interleaved"`` (GPT-J) pairs 2i with 2i + 1, and dimensions ≥ r pass through.
+i + r/2, ``"interleaved"`` (GPT-J) pairs 2i with 2i + 1, and dimensions ≥ r pass through;
+all of it shifted by the scheme's ``rotary_offset`` (DeepSeek's MLA heads: plain
+dimensions first, the rotary ones after them).
 Pair j rotates by the angle θ_j·t at position t:
 
     x'[first_j]  = x[first_j]·cos − x[second_j]·sin,
@@ -26,9 +28,10 @@ def pair_indices(scheme: LayerScheme) -> tuple[torch.Tensor, torch.Tensor]:
     if scheme.pe != "rope" or not scheme.rotary_dims:
         raise ValueError(f"a {scheme.pe} layer has no rotary pairs")
     half = scheme.rotary_dims // 2
-    idx = torch.arange(half)
+    idx = torch.arange(half) + scheme.rotary_offset
     if scheme.layout == "interleaved":
-        return 2 * idx, 2 * idx + 1
+        idx = torch.arange(half)
+        return scheme.rotary_offset + 2 * idx, scheme.rotary_offset + 2 * idx + 1
     if scheme.layout == "rotate_half":
         return idx, idx + half
     raise ValueError(f"unknown rotary layout {scheme.layout!r}")

@@ -233,29 +233,21 @@ def test_permutation_null_fits_the_window_on_both_paths():
     assert np.allclose(out[0], out[1], atol=1e-9)
 
 
-def test_chunked_attention_is_refused_in_one_line():
-    hf = arch_hf_model("llama")
-    hf.config.attention_chunk_size = 8
-    with pytest.raises(UnreadableSchemeError, match="chunked") as err:
-        read_layers(hf, "rope", 4, 16)
-    assert "\n" not in str(err.value)
-
-
-def test_soft_capped_logits_are_refused_in_one_line():
-    """Gemma 2 caps its logits (cap·tanh(x / cap)): the products q·k are not what its
-    softmax reads, so the model is refused rather than measured under a guess."""
-    import transformers as tf
-
+def test_chunked_attention_past_its_chunk_is_refused_in_one_line():
+    """A chunked mask keeps every causal entry up to its chunk size (read as such); past
+    it the kept entries are no function of the offset alone and the length is refused."""
     from poskernel_tl.models.loading import describe
     from poskernel_tl.models.registry import placeholder_spec
+    from poskernel_tl.errors import UserError
 
-    cfg = tf.Gemma2Config(vocab_size=300, hidden_size=64, intermediate_size=96,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
-                          head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
-                          bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    hf = tf.AutoModelForCausalLM.from_config(cfg)
-    with pytest.raises(UnreadableSchemeError, match="soft-capping") as err:
-        describe(hf, placeholder_spec("tiny-gemma2", None))
+    hf = arch_hf_model("llama")
+    hf.config.attention_chunk_size = 8
+    layers = read_layers(hf, "rope", 4, 16)
+    assert all(s.terms.chunk == 8 and s.mask == "causal" for s in layers)
+    spec = describe(hf, placeholder_spec("tiny", None))
+    spec.check_length(8)
+    with pytest.raises(UserError, match="chunks of 8") as err:
+        spec.check_length(9)
     assert "\n" not in str(err.value)
 
 

@@ -108,8 +108,10 @@ def cmd_models(args) -> int:
         for i, s in enumerate(spec.layers):
             rope = "" if s.pe != "rope" else (f", {s.rotary_dims}/{spec.d_head} dims rotated "
                                               f"({s.layout})")
+            adds = s.terms.describe()
             print(f"  layer {i:3d}: {s.kind}{rope}, mask {s.mask}"
-                  + (", QK-norm" if s.qk_norm else ""))
+                  + (", QK-norm" if s.qk_norm else "")
+                  + (f"; the softmax adds to scale·q·k: {adds}" if adds else ""))
         return 0
     cols = ("name", "hub_id", "pe", "norm", "n_layers", "n_heads", "n_kv_heads", "d_head",
             "rope_base", "loader")

@@ -71,6 +71,10 @@ def choose_scores_path(model: LoadedModel, scores: ScoresPath) -> bool:
         raise UserError(f"--scores {scores}: choose auto, hook or qk")
     if scores == "hook" and scores_hook_name(0) not in model.bridge.hook_dict:
         raise UserError("this bridge has no hook_attn_scores; use --scores qk")
+    if scores == "hook" and model.spec.softmax_terms():
+        raise UserError(f"--scores hook: {model.spec.name}'s softmax reads more than "
+                        "scale·q·kᵀ (its layers' terms are folded in from q and k); use "
+                        "--scores qk or auto")
     if scores == "hook" and not model.spec.causal:
         raise UserError(f"--scores hook: {model.spec.name} is bidirectional and its bridge's "
                         "hook_attn_scores is not scale·q·kᵀ; use --scores qk or auto")
@@ -108,7 +112,8 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor,
     def on_layer(c) -> None:
         index, rows = c.context
         batch = LayerBatch(c.layer, c.q, c.k, index, model.logit_scale, rows=rows,
-                           workspace=state["workspace"], hooked_scores=c.scores)
+                           workspace=state["workspace"], hooked_scores=c.scores,
+                           terms=model.spec.layer_terms(c.layer))
         for r in state["each"]:
             r.update(batch)
 
@@ -148,6 +153,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     opts.validate()  # bad values fail before any work
     ev_ids, cen_ids, cut = checked_tokens(model, tokens, centering_tokens, length)
     T, dev = ev_ids.shape[1], model.device
+    model.spec.check_length(T)
     hook_scores = choose_scores_path(model, opts.scores)
     mask = check_mask(model)
     if opts.whiten and cen_ids is None:
@@ -170,6 +176,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
                   "scores_from": {"hook": "hook_attn_scores", "qk": "q·kᵀ"}.get(
                       opts.scores, "lag sums of q and k"),
                   "mask": mask, "layers": scheme_summary(model.spec.layers),
+                  "softmax": model.spec.softmax_terms(),
                   "n_eval": len(ev_ids), "n_centering": 0 if cen_ids is None else len(cen_ids),
                   "device": str(dev), "dtype": dtype_name(model.dtype),
                   "attention": getattr(model, "attention", "eager"),

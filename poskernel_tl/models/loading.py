@@ -19,8 +19,16 @@ from torch import nn
 from poskernel_tl.errors import ModelUnavailableError, UserError
 from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
 from poskernel_tl.models import embedded
+from poskernel_tl.models.alibi import uses_alibi
+from poskernel_tl.models.tl_patches import prepare_codegen, prepare_falcon
 from poskernel_tl.models.registry import ModelSpec, placeholder_spec, resolve
-from poskernel_tl.models.scheme import ENCODER_TYPES, original, read_layers
+from poskernel_tl.models.scheme import (
+    ENCODER_TYPES,
+    NoAttentionError,
+    attention_modules,
+    original,
+    read_layers,
+)
 
 
 @dataclass
@@ -209,6 +217,8 @@ def boot_bridge(hf_model: nn.Module, tokenizer, device=None, dtype=torch.float32
 
     if not getattr(hf_model.config, "architectures", None):
         hf_model.config.architectures = [type(hf_model).__name__]
+    prepare_falcon(hf_model)
+    prepare_codegen(hf_model)
     hf_model.eval()
     bridge = TransformerBridge.boot_transformers(
         hf_model.config.architectures[0], hf_model=hf_model, tokenizer=tokenizer,
@@ -246,39 +256,74 @@ def position_table(hf_model: nn.Module) -> nn.Module | None:
 
 
 def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
-    """Fill the spec from the loaded model: every layer's positional scheme
-    (:func:`poskernel_tl.models.scheme.read_layers`: RoPE frequencies, rotated share and pair
-    layout, mask, QK-norm) and the model's rotary frequencies (its first RoPE layer's),
-    and for a placeholder spec (``hf:`` ids, :meth:`LoadedModel.from_bridge`) the
-    geometry, PE scheme and norm type read from the config and modules."""
-    cfg = hf_model.config
-    rotary = original(getattr(getattr(hf_model, "model", None), "rotary_emb", None))
-    updates: dict = {}
-    if spec.n_layers == 0:  # a placeholder: read everything from the model
-        n_heads = getattr(cfg, "num_attention_heads", None) or cfg.n_head
-        d_model = getattr(cfg, "hidden_size", None) or cfg.n_embd
-        norms = {type(m).__name__.lower() for m in hf_model.modules()}
-        pe = ("none" if isinstance(rotary, NoRotaryEmbedding) else
-              "rope" if _has_rotary(hf_model) else
-              "learned-absolute" if position_table(hf_model) is not None else "none")
-        updates = dict(
-            n_layers=getattr(cfg, "num_hidden_layers", None) or cfg.n_layer,
-            n_heads=n_heads,
-            n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
-            d_head=getattr(cfg, "head_dim", None) or d_model // n_heads,
-            n_ctx=getattr(cfg, "max_position_embeddings", None) or cfg.n_positions,
-            pe=pe,
-            norm="rmsnorm" if any("rmsnorm" in n for n in norms) else "layernorm",
-            causal=getattr(cfg, "model_type", None) not in ENCODER_TYPES,
-        )
+    """Fill the spec from the loaded model: every attention layer's positional scheme and
+    what its softmax adds (:func:`poskernel_tl.models.scheme.read_layers`: RoPE
+    frequencies, rotated share and pair layout, mask, QK-norm, ALiBi, soft-capping, sinks,
+    temperature, chunks) and the model's rotary frequencies (its first RoPE layer's), and
+    for a placeholder spec (``hf:`` ids, :meth:`LoadedModel.from_bridge`) the geometry, PE
+    scheme and norm type read from the config and modules. A hybrid's ``n_layers`` counts
+    its attention layers (each scheme names its block); a model without attention is
+    refused (:class:`~poskernel_tl.models.scheme.NoAttentionError`)."""
+    updates = _placeholder_geometry(hf_model) if spec.n_layers == 0 else {}
     full = dataclasses.replace(spec, **updates)
-    layers = read_layers(hf_model, full.pe, full.n_layers, full.d_head)
+    layers = read_layers(hf_model, full.pe, full.n_layers, full.d_head, full.n_heads)
+    updates["n_layers"] = len(layers)
     first = next((s for s in layers if s.inv_freq is not None), None)
     if first is not None:
         updates["inv_freq"] = first.inv_freq
         if spec.n_layers == 0:
             updates["rope_base"] = first.base
     return dataclasses.replace(full, **updates, layers=layers)
+
+
+def _placeholder_geometry(hf_model: nn.Module) -> dict:
+    """Geometry, PE scheme and norm read from the config and modules (``hf:`` ids)."""
+    cfg = hf_model.config
+    n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
+    if not n_heads or not attention_modules(hf_model):
+        raise NoAttentionError(f"{type(hf_model).__name__} has no softmax-attention layer"
+                               + ("" if n_heads else " (its config names no attention heads)")
+                               + ": nothing to measure")
+    d_model = getattr(cfg, "hidden_size", None) or cfg.n_embd
+    rotary = original(getattr(getattr(hf_model, "model", None), "rotary_emb", None))
+    norms = {type(m).__name__.lower() for m in hf_model.modules()}
+    pe = ("none" if isinstance(rotary, NoRotaryEmbedding) else
+          "alibi" if uses_alibi(cfg) else
+          "rope" if _has_rotary(hf_model) else
+          "learned-absolute" if position_table(hf_model) is not None else "none")
+    mla = getattr(cfg, "qk_nope_head_dim", None)  # DeepSeek: plain + rotary dims per head
+    d_head = mla + cfg.qk_rope_head_dim if mla else \
+        getattr(cfg, "head_dim", None) or d_model // n_heads
+    return dict(
+        n_layers=getattr(cfg, "num_hidden_layers", None) or cfg.n_layer,
+        n_heads=n_heads, n_kv_heads=kv_heads(hf_model, n_heads), d_head=d_head,
+        n_ctx=context_length(cfg), pe=pe,
+        norm="rmsnorm" if any("rmsnorm" in n for n in norms) else "layernorm",
+        causal=getattr(cfg, "model_type", None) not in ENCODER_TYPES,
+    )
+
+
+def kv_heads(hf_model: nn.Module, n_heads: int) -> int:
+    """Key/value heads per layer: what the attention module itself keeps
+    (``num_key_value_heads``, ``num_kv_heads``: Falcon's depends on its decoder version
+    and ``multi_query``), else the config's ``num_key_value_heads``, else ``n_heads``."""
+    attn = next(iter(attention_modules(hf_model)), None)
+    for name in ("num_key_value_heads", "num_kv_heads"):
+        value = getattr(attn, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return getattr(hf_model.config, "num_key_value_heads", None) or n_heads
+
+
+def context_length(cfg) -> int:
+    """The context the config states (``max_position_embeddings``, ``n_positions``,
+    ``max_seq_len``, ``seq_length``), or 0 where it states none (BLOOM's ALiBi has no
+    trained limit): 0 is not checked."""
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
 
 
 def _has_rotary(hf_model: nn.Module) -> bool:

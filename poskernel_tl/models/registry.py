@@ -12,7 +12,9 @@ from typing import Literal
 import numpy as np
 
 from poskernel_tl.errors import UnknownNameError, UserError
-from poskernel_tl.models.scheme import LayerScheme
+from poskernel_tl.models.scheme import LayerScheme, terms_summary
+from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
+from poskernel_tl.models.softmax_terms import check_length as check_terms_length
 
 PEScheme = Literal["rope", "learned-absolute", "none"]
 NormType = Literal["layernorm", "rmsnorm"]
@@ -76,6 +78,20 @@ class ModelSpec:
         if self.n_ctx and length > self.n_ctx:
             raise UserError(f"{what} {length} exceeds {self.name}'s context of "
                             f"{self.n_ctx} tokens")
+        for layer, scheme in enumerate(self.layers or ()):
+            try:
+                check_terms_length(scheme.terms, length, layer)
+            except ValueError as err:
+                raise UserError(f"{what} {length}: {self.name}: {err}") from None
+
+    def layer_terms(self, layer: int) -> SoftmaxTerms:
+        """What layer ``layer``'s softmax reads beyond scale·q·k (nothing before loading)."""
+        return NONE if self.layers is None else self.layers[layer].terms
+
+    def softmax_terms(self) -> str:
+        """One line naming what each kind of layer's softmax adds to scale·q·k, and where
+        (empty when no layer adds anything): :func:`~poskernel_tl.models.scheme.terms_summary`."""
+        return terms_summary(self.layers or ())
 
     def kv_head(self, head: int) -> int:
         """The key/value head that query head ``head`` reads: kv(h) = h // (H / H_kv)."""

@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 from poskernel_tl.errors import UserError
+from poskernel_tl.models.alibi import alibi_slopes
+from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms, read_terms
 
 # model types whose attention has no causal mask (every query reads every key)
 ENCODER_TYPES = frozenset({"bert"})
@@ -43,13 +45,23 @@ class UnreadableSchemeError(UserError):
 class LayerScheme:
     """One layer's positional scheme (see the module docstring)."""
 
-    pe: str  # "rope" | "none" | "learned-absolute"
+    pe: str  # "rope" | "none" | "learned-absolute" | "alibi"
     mask: str = "causal"  # "causal" | "sliding" | "bidirectional"
     window: int | None = None  # sliding: a query reads keys with t − s < window
     inv_freq: tuple[float, ...] | None = None  # rope: θ_i per rotated pair
     rotary_dims: int | None = None  # rope: how many of d_head's dimensions rotate
     layout: str | None = None  # rope: "rotate_half" | "interleaved"
     qk_norm: bool = False
+    # ε of a weightless RMS norm of q and k applied after rotary (Llama 4's L2 norm), which
+    # a capture rotating pre-rotary hooks must apply itself
+    norm_after_rotary: float | None = None
+    terms: SoftmaxTerms = NONE
+    # rope: the first rotated dimension (DeepSeek's MLA heads put qk_nope_head_dim plain
+    # dimensions before the rotary ones)
+    rotary_offset: int = 0
+    # the model's block index of this attention layer where they differ (a hybrid's
+    # attention layers among its state-space or convolution layers)
+    block: int | None = None  # what the softmax adds to scale·q·k (softmax_terms)
 
     @property
     def max_lag(self) -> int | None:
@@ -60,12 +72,14 @@ class LayerScheme:
     def kind(self) -> str:
         """A short label that separates layer kinds in tables and figures, e.g.
         ``"rope 1e+04, window 512"``, ``"rope 1e+06"``, ``"nope"``."""
-        head = {"rope": "rope", "none": "nope", "learned-absolute": "learned"}[self.pe]
+        head = {"rope": "rope", "none": "nope", "learned-absolute": "learned",
+                "alibi": "alibi"}[self.pe]
         if self.pe == "rope" and self.inv_freq:
             head += f" {self.base:.3g}"
         if self.mask == "sliding":
             head += f", window {self.window}"
-        return head
+        extra = [x for x in self.terms.labels() if x != "alibi"]
+        return ", ".join([head, *extra])
 
     @property
     def base(self) -> float | None:
@@ -80,6 +94,7 @@ class LayerScheme:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["inv_freq"] = None if self.inv_freq is None else list(self.inv_freq)
+        d["terms"] = self.terms.to_dict()
         return d
 
     @classmethod
@@ -87,6 +102,7 @@ class LayerScheme:
         d = dict(d)
         if d.get("inv_freq") is not None:
             d["inv_freq"] = tuple(float(x) for x in d["inv_freq"])
+        d["terms"] = SoftmaxTerms.from_dict(d.get("terms"))
         return cls(**d)
 
 
@@ -132,12 +148,23 @@ def _layer_types(cfg, n_layers: int) -> list[str]:
     return ["full_attention"] * n_layers
 
 
+# transformers' layer types of layers without softmax attention (state-space, linear
+# recurrent, convolution, MoE/MLP-only layers of hybrids)
+NO_ATTENTION_TYPES = frozenset({"linear_attention", "conv", "moe", "mlp", "mamba"})
+
+
+class NoAttentionError(UnreadableSchemeError):
+    """The model has no softmax-attention layer (Mamba, RWKV, …): nothing to measure."""
+
+
 def _mask(cfg, layer_type: str, causal: bool) -> tuple[str, int | None]:
     if not causal:
         return "bidirectional", None
-    if layer_type == "full_attention":
+    if layer_type in ("full_attention", "hybrid"):  # hybrid: attention beside a state
         return "causal", None
-    if layer_type == "sliding_attention":
+    if layer_type == "chunked_attention":  # causal within each chunk (SoftmaxTerms.chunk)
+        return "causal", None
+    if layer_type in ("sliding_attention", "hybrid_sliding"):
         window = getattr(cfg, "sliding_window", None)
         if not isinstance(window, int) or window < 1:
             raise UnreadableSchemeError("a sliding-attention layer without an integer "
@@ -187,68 +214,89 @@ def _layout(hf_model: nn.Module) -> str:
     (a ``rotate_every_two`` in its module, GPT-J), else ``"rotate_half"``."""
     attn = next(iter(attention_modules(hf_model)), None)
     code = sys.modules.get(type(attn).__module__) if attn is not None else None
-    if code is not None and hasattr(code, "rotate_every_two") and not hasattr(code,
-                                                                              "rotate_half"):
-        return "interleaved"
+    pairs_neighbours = hasattr(code, "rotate_every_two") or hasattr(code, "apply_rotary_emb")
+    if code is not None and pairs_neighbours and not hasattr(code, "rotate_half"):
+        return "interleaved"  # GPT-J's rotate_every_two, Llama 4's complex apply_rotary_emb
     return "rotate_half"
 
 
 def _qk_norm(attn: nn.Module | None) -> bool:
     return attn is not None and any(getattr(attn, n, None) is not None
-                                    for n in ("q_norm", "k_norm", "q_layernorm"))
+                                    for n in ("q_norm", "k_norm", "q_layernorm", "qk_norm"))
 
 
-def _refuse_unfitted_logits(cfg, attns: list[nn.Module]) -> None:
-    """Refuse attention whose logits are not scale·q·k: soft-capped logits (Gemma 2:
-    cap·tanh(x / cap)) and position-dependent query temperatures (Llama 4's NoPE layers)
-    would be measured as the products they transform."""
-    capped = [getattr(a, "attn_logit_softcapping", None) for a in attns] + \
-        [getattr(cfg, "attn_logit_softcapping", None)]
-    if any(c for c in capped):
-        raise UnreadableSchemeError("attention logit soft-capping (cap·tanh(q·k·scale / cap)): "
-                                    "the fit reads scale·q·k, not the capped logits; not supported")
-    if getattr(cfg, "attn_temperature_tuning", False):
-        raise UnreadableSchemeError("position-dependent attention temperature "
-                                    "(attn_temperature_tuning): not supported")
+def _norm_after_rotary(attn: nn.Module | None) -> float | None:
+    """ε of Llama 4's weightless L2 norm of q and k after rotary (``attn.qk_norm``)."""
+    norm = getattr(attn, "qk_norm", None)
+    if isinstance(norm, nn.Module) and type(norm).__name__.endswith("L2Norm"):
+        return float(norm.eps)
+    return None
 
 
-def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int
-                ) -> tuple[LayerScheme, ...]:
-    """Every layer's :class:`LayerScheme` read from ``hf_model`` (``pe``: the model-level
-    scheme already read: ``"rope"``, ``"none"`` or ``"learned-absolute"``)."""
+def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
+                n_heads: int | None = None) -> tuple[LayerScheme, ...]:
+    """The :class:`LayerScheme` of every attention layer of ``hf_model``'s ``n_layers``
+    blocks (``pe``: the model-level scheme already read: ``"rope"``, ``"none"``,
+    ``"learned-absolute"`` or ``"alibi"``), with what each layer's softmax adds to
+    scale·q·k (:func:`~poskernel_tl.models.softmax_terms.read_terms`). A hybrid's blocks
+    without softmax attention (:data:`NO_ATTENTION_TYPES`) are left out and each scheme
+    names its block; a model with none is refused (:class:`NoAttentionError`)."""
     cfg = hf_model.config
-    causal = getattr(cfg, "model_type", None) not in ENCODER_TYPES
     types = _layer_types(cfg, n_layers)
     if len(types) != n_layers:
         raise UnreadableSchemeError(f"config.layer_types has {len(types)} entries for "
                                     f"{n_layers} layers")
+    blocks = [i for i, t in enumerate(types) if t not in NO_ATTENTION_TYPES]
+    if not blocks:
+        raise NoAttentionError(f"{type(hf_model).__name__} has no softmax-attention layer "
+                               f"(layer types: {', '.join(sorted(set(types)))}): nothing to "
+                               "measure")
+    n_heads = n_heads or getattr(cfg, "num_attention_heads", None) or cfg.n_head
+    try:
+        slopes = alibi_slopes(hf_model, n_heads) if pe == "alibi" else None
+    except ValueError as err:
+        raise UnreadableSchemeError(str(err)) from None
+    if getattr(getattr(cfg, "attn_config", None), "clip_qkv", None):
+        raise UnreadableSchemeError("MPT's clip_qkv clamps q and k after TransformerLens's "
+                                    "hook_q/hook_k fire: not supported")
     attns = attention_modules(hf_model)
-    _refuse_unfitted_logits(cfg, attns)
+    attns = attns if len(attns) == len(blocks) else [None] * len(blocks)
     no_rope = _no_rope(cfg, n_layers)
     rotary, buffers = _rotary_tables(_inner(hf_model)) if pe == "rope" else (None, {})
-    layout = _layout(hf_model) if pe == "rope" else None
+    shared = dict(causal=getattr(cfg, "model_type", None) not in ENCODER_TYPES,
+                  layout=_layout(hf_model) if pe == "rope" else None, d_head=d_head,
+                  offset=getattr(cfg, "qk_nope_head_dim", None) or 0, slopes=slopes,
+                  n_heads=n_heads, hybrid=len(blocks) < n_layers)
     out = []
-    for layer, layer_type in enumerate(types):
-        mask, window = _mask(cfg, layer_type, causal)
-        attn = attns[layer] if len(attns) == n_layers else None
-        layer_pe, freq = pe, None
-        if pe == "rope" and no_rope[layer]:
-            layer_pe = "none"
-        elif pe == "rope":
-            freq = _inv_freq(buffers, layer_type)
-            if freq is None:
-                raise UnreadableSchemeError(
-                    f"layer {layer}: no rotary frequencies on {type(rotary).__name__} "
-                    f"(looked for {layer_type}_inv_freq, inv_freq, embed_positions)")
-        out.append(LayerScheme(
-            pe=layer_pe, mask=mask, window=window,
-            inv_freq=None if freq is None else tuple(float(x) for x in freq),
-            rotary_dims=None if freq is None else 2 * len(freq),
-            layout=layout if freq is not None else None, qk_norm=_qk_norm(attn)))
-        if freq is not None and 2 * len(freq) > d_head:
-            raise UnreadableSchemeError(f"layer {layer}: {len(freq)} rotary pairs exceed "
-                                        f"d_head {d_head}")
+    for block, attn in zip(blocks, attns):
+        layer_pe = "none" if pe == "rope" and no_rope[block] else pe
+        freq = None if layer_pe != "rope" else _inv_freq(buffers, types[block])
+        if layer_pe == "rope" and freq is None:
+            raise UnreadableSchemeError(
+                f"layer {block}: no rotary frequencies on {type(rotary).__name__} "
+                f"(looked for {types[block]}_inv_freq, inv_freq, embed_positions)")
+        out.append(_layer_scheme(cfg, block, types[block], layer_pe, freq, attn, **shared))
     return tuple(out)
+
+
+def _layer_scheme(cfg, block: int, layer_type: str, pe: str, freq: torch.Tensor | None,
+                  attn: nn.Module | None, *, causal: bool, layout: str | None, d_head: int,
+                  offset: int, slopes, n_heads: int, hybrid: bool) -> LayerScheme:
+    mask, window = _mask(cfg, layer_type, causal)
+    try:
+        terms = read_terms(cfg, attn, layer_type, n_heads, slopes)
+    except ValueError as err:
+        raise UnreadableSchemeError(f"layer {block}: {err}") from None
+    if freq is not None and 2 * len(freq) + offset > d_head:
+        raise UnreadableSchemeError(f"layer {block}: {len(freq)} rotary pairs from dimension "
+                                    f"{offset} exceed d_head {d_head}")
+    return LayerScheme(
+        pe=pe, mask=mask, window=window,
+        inv_freq=None if freq is None else tuple(float(x) for x in freq),
+        rotary_dims=None if freq is None else 2 * len(freq),
+        layout=layout if freq is not None else None, qk_norm=_qk_norm(attn),
+        norm_after_rotary=_norm_after_rotary(attn), terms=terms,
+        rotary_offset=offset if freq is not None else 0, block=block if hybrid else None)
 
 
 def summary(layers) -> str:
@@ -262,6 +310,17 @@ def summary(layers) -> str:
     return "; ".join(f"{kind}: layers {_ranges(ix)}" for kind, ix in groups.items())
 
 
+def terms_summary(layers) -> str:
+    """One line naming what each kind of layer's softmax adds to scale·q·k and where, e.g.
+    ``"ALiBi −m·(t − s), m = 0.25 … 0.0039 over 4 heads: layers 0-3"`` (empty when no
+    layer adds anything)."""
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(layers):
+        if s.terms:
+            groups.setdefault(s.terms.describe(), []).append(i)
+    return "; ".join(f"{what}: layers {_ranges(ix)}" for what, ix in groups.items())
+
+
 def _ranges(ix: list[int]) -> str:
     runs, start = [], ix[0]
     for a, b in zip(ix, ix[1:] + [math.inf]):
@@ -271,5 +330,6 @@ def _ranges(ix: list[int]) -> str:
     return ", ".join(runs)
 
 
-__all__ = ["ENCODER_TYPES", "LayerScheme", "UnreadableSchemeError", "attention_modules", "original",
-           "read_layers", "summary"]
+__all__ = ["ENCODER_TYPES", "NO_ATTENTION_TYPES", "LayerScheme", "NoAttentionError",
+           "UnreadableSchemeError", "attention_modules", "original", "read_layers", "summary",
+           "terms_summary"]

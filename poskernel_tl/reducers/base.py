@@ -14,6 +14,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms, cap_scores, fold_qk
+
 
 @dataclass
 class Workspace:
@@ -40,7 +42,15 @@ class LayerBatch:
     sequence and query head) is taken from ``hook_attn_scores`` when the capture read it
     (valid on the strictly lower triangle: causal models only), otherwise formed from q/k
     on first use, every entry valid (GQA keys broadcast, not copied), into a workspace
-    buffer shared by all reducers."""
+    buffer shared by all reducers.
+
+    ``q``/``k`` are what enters Q·Kᵀ: Track B, the centering means and the frequency
+    usage read them (what content contributes). ``terms`` says what the layer's softmax
+    adds (:mod:`poskernel_tl.models.softmax_terms`): ``logit_qk`` folds its additive
+    part into q and k (an ALiBi ramp, a temperature; q/k themselves when nothing is
+    added), and ``scores`` are formed from them and soft-capped where the layer caps, so
+    every fit of the logits (Track A, the null, the saved logits, the pattern scores)
+    reads what the softmax reads."""
 
     layer: int
     q: Float[Tensor, "batch pos head_index d_head"]
@@ -50,6 +60,13 @@ class LayerBatch:
     rows: tuple[int, ...] = ()  # ``index`` on the host, for the few reducers that need it
     workspace: Workspace = field(default_factory=Workspace)
     hooked_scores: Float[Tensor, "batch head_index query_pos key_pos"] | None = None
+    terms: SoftmaxTerms = NONE
+
+    @cached_property
+    def logit_qk(self) -> tuple[Float[Tensor, "batch pos head_index d_logit"],
+                                Float[Tensor, "batch pos kv_head_index d_logit"]]:
+        """(q', k') with scale·q'·k'ᵀ = the additive part of the softmax's input."""
+        return fold_qk(self.q, self.k, self.terms, self.scale)
 
     @property
     def group(self) -> int:
@@ -60,7 +77,8 @@ class LayerBatch:
     def scores(self) -> Float[Tensor, "batch head_index query_pos key_pos"]:
         if self.hooked_scores is not None:
             return self.hooked_scores
-        return qk_scores(self.q, self.k, self.scale, self.workspace, "scores")
+        return cap_scores(qk_scores(*self.logit_qk, self.scale, self.workspace, "scores"),
+                          self.terms)
 
 
 def qk_scores(q: Float[Tensor, "batch pos head_index d_head"],

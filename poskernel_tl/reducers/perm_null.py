@@ -50,6 +50,7 @@ from poskernel_tl.fit.toeplitz import (
     r2_two_sided,
 )
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.models.softmax_terms import cap_scores
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
@@ -176,7 +177,7 @@ class PermNullReducer:
         keep = [i for i, row in enumerate(batch.rows) if row < self.max_seqs]
         if not keep:
             return
-        q, k = batch.q, batch.k
+        q, k = batch.logit_qk  # what the softmax reads (an ALiBi ramp permuted with q, k)
         if len(keep) < q.shape[0]:
             if keep == list(range(keep[0], keep[-1] + 1)):
                 q, k = q[keep[0]:keep[-1] + 1], k[keep[0]:keep[-1] + 1]
@@ -186,7 +187,7 @@ class PermNullReducer:
         L = batch.layer
         if not self.causal:
             check_two_sided(q.shape[2], k.shape[2])
-        if self.source == "lags":
+        if self.source == "lags" and not batch.terms.nonlinear:
             for p in range(len(self.perms)):
                 pi = self.perms[p]
                 qp, kp = q.index_select(1, pi), k.index_select(1, pi)
@@ -207,7 +208,8 @@ class PermNullReducer:
             pi = self.perms[p]
             qp, kp = q.index_select(1, pi), k.index_select(1, pi)
             shift = lower_mean_from_qk(qp, kp, batch.scale)
-            A = qk_scores(qp, kp, batch.scale, batch.workspace, "perm_null_scores")
+            A = cap_scores(qk_scores(qp, kp, batch.scale, batch.workspace, "perm_null_scores"),
+                           batch.terms)
             lower, _ = lower_lag_stats(A, shift, [], work, max_lag=self.max_lags[L],
                                        bands=True)
             upper = None

@@ -9,7 +9,9 @@ forward: softmax of scale·q·kᵀ under the layer's mask (causal, and a sliding
 the layer has one; none for a bidirectional model), for the first ``max_seqs`` evaluation
 sequences. Each row of a pattern sums to 1, so the score is the mean over rows of
 pattern[t, t − 1] = exp(A[t, t − 1] − logsumexp_s A[t, s]): A[t, t − 1] = scale·q_t·k_{t−1}
-and one log-sum-exp per row over the keys its mask keeps, formed in blocks of rows (a
+(plus what the layer's softmax adds: an ALiBi ramp, a temperature, a soft-cap) and one
+log-sum-exp per row over the keys its mask keeps (and the layer's learned sink logits,
+gpt-oss, which join every row's normaliser), formed in blocks of rows (a
 causal block reads only the keys up to its last row), no pattern kept. A causal model's
 score is taken on the first ``MAX_POS`` positions: exactly TransformerLens's score of the
 sequences cut to that length (a causal row sees no later token), at (MAX_POS / T)² of the
@@ -24,6 +26,13 @@ import torch
 from jaxtyping import Float
 
 from poskernel_tl.hooks.masks import band
+from poskernel_tl.models.softmax_terms import (
+    NONE,
+    SoftmaxTerms,
+    cap_scores,
+    logsumexp_with_sinks,
+    sink_logits,
+)
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.schema import Part, column
 
@@ -51,25 +60,28 @@ class PrevTokenReducer:
         keep = [i for i, row in enumerate(batch.rows) if row < self.max_seqs]
         if not keep:
             return
-        T, kv = self.positions, batch.k.shape[2]
+        T, (bq, bk), terms = self.positions, batch.logit_qk, batch.terms
+        kv = bk.shape[2]
         # the keys each row reads: every key (bidirectional), or Δ = t − s in [0, last]
         last = None if not self.causal else T - 1 if self.max_lags is None else \
             min(self.max_lags[batch.layer], T - 1)
-        g = batch.q.shape[2] // kv
+        g = bq.shape[2] // kv
+        sinks = sink_logits(terms, bq.device)
         for x in keep:  # a kv head's query heads together, ROWS query rows at a time
             for j in range(kv):
-                q = batch.q[x, :T, j * g:(j + 1) * g].float().transpose(0, 1)  # [g, T, d]
-                k = batch.k[x, :T, j].float()
-                prev = (q[:, 1:] * k[:-1]).sum(-1).mul_(batch.scale)  # A[t, t − 1]
-                lse = self._row_logsumexp(q, k, batch.scale, last)
+                q = bq[x, :T, j * g:(j + 1) * g].float().transpose(0, 1)  # [g, T, d]
+                k = bk[x, :T, j].float()
+                prev = cap_scores((q[:, 1:] * k[:-1]).sum(-1).mul_(batch.scale), terms)
+                lse = logsumexp_with_sinks(self._row_logsumexp(q, k, batch.scale, last, terms),
+                                           None if sinks is None else sinks[j * g:(j + 1) * g])
                 score = (prev - lse[:, 1:]).exp_().sum(-1) / T
                 self.total[batch.layer, j * g:(j + 1) * g] += score.cpu().numpy()
         self.n_seen[batch.layer] += len(keep)
 
     @staticmethod
     def _row_logsumexp(q: Float[torch.Tensor, "head pos d_head"],
-                       k: Float[torch.Tensor, "pos d_head"], scale: float, last: int | None
-                       ) -> Float[torch.Tensor, "head pos"]:
+                       k: Float[torch.Tensor, "pos d_head"], scale: float, last: int | None,
+                       terms: SoftmaxTerms = NONE) -> Float[torch.Tensor, "head pos"]:
         """logsumexp_s A[t, s] over the keys row t reads (``last`` None: all of them),
         formed ROWS rows at a time over those keys only (a causal row block reads about
         half the keys of the whole matrix)."""
@@ -78,7 +90,7 @@ class PrevTokenReducer:
         for r0 in range(0, T, ROWS):
             r1 = min(T, r0 + ROWS)
             lo, hi = (0, T) if last is None else (max(0, r0 - last), r1)
-            A = torch.matmul(q[:, r0:r1], k[lo:hi].T).mul_(scale)
+            A = cap_scores(torch.matmul(q[:, r0:r1], k[lo:hi].T).mul_(scale), terms)
             if last is not None:
                 A.masked_fill_(~band(T, last + 1, q.device)[r0:r1, lo:hi], float("-inf"))
             out[:, r0:r1] = torch.logsumexp(A, -1)

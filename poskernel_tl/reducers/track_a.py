@@ -228,19 +228,18 @@ class TrackAReducer:
         bad = (~torch.isfinite(batch.q)).sum(dim=(1, 3)) + \
             bad_k.repeat_interleave(batch.group, dim=1)
         self.nonfinite[idx, L] += bad
-        if self.source == "lags":
+        if self.source == "lags" and not batch.terms.nonlinear:
             self._update_from_lags(batch)
-        else:
+        else:  # the reference path, and logits that are no bilinear form of q and k
             self._update_from_scores(batch)
         self.seen[idx] = True
 
     def _update_from_lags(self, batch: LayerBatch) -> None:
         """The sums from q/k directly (:func:`~poskernel_tl.reducers.lag_sums.track_a_stats`)."""
-        st = track_a_stats(batch.q, batch.k, batch.scale, self.chunk,
-                           self.max_lags[batch.layer])
+        q, k = batch.logit_qk
+        st = track_a_stats(q, k, batch.scale, self.chunk, self.max_lags[batch.layer])
         if self.upper is not None:
-            self.upper.store(batch.layer, batch.index,
-                             upper_stats(batch.q, batch.k, batch.scale, self.chunk))
+            self.upper.store(batch.layer, batch.index, upper_stats(q, k, batch.scale, self.chunk))
         if self.sq_whole is not None:
             self.sq_whole[batch.index, batch.layer] = st.sq_whole
         self._store(batch.layer, batch.index, (st.s1, st.sq), st.sink, st.early, st.middle,
@@ -278,7 +277,8 @@ class TrackAReducer:
         L, idx = batch.layer, batch.index
         # the whole lower triangle, plus query-row blocks [1, 21) and [21, 50); rows ≥ 50
         # are the rest (row 0 has no key before it)
-        shift = lower_mean_from_qk(batch.q, batch.k, batch.scale)
+        q, k = batch.logit_qk
+        shift = lower_mean_from_qk(q, k, batch.scale)  # any shift is exact; near the mean
         A = batch.scores
         work = batch.workspace.get("track_a", (A.shape[0], A.shape[1], 2 * self.T, self.T),
                                    A, zero=True)  # lower half stays zero
@@ -288,9 +288,8 @@ class TrackAReducer:
         if self.sq_whole is not None:  # every lag's sums, and Σ A² of the whole triangle
             (s1, self.sq_whole[idx, L]), _ = lower_lag_stats(A, shift, [], work)
         if self.upper is not None:
-            check_two_sided(batch.q.shape[2], batch.k.shape[2])
-            self.upper.store(L, idx, upper_stats_from_scores(A, batch.q, batch.k, batch.scale,
-                                                             work))
+            check_two_sided(q.shape[2], k.shape[2])
+            self.upper.store(L, idx, upper_stats_from_scores(A, q, k, batch.scale, work))
         # key s = 0 (the attention sink) for query rows t = 1..T-1, i.e. lag Δ = t
         self._store(L, idx, (s1, sq), windowed(A[:, :, 1:, 0].double(), self.max_lags[L]),
                     (e1, esq), (m1, msq), (r1, rsq), bands)
