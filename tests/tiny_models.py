@@ -141,3 +141,98 @@ def arch_loaded(arch: str, tokenizer, seed: int = 0) -> LoadedModel:
     bridge = boot_bridge(hf, tokenizer)
     return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf,
                        attention=set_attention(bridge, "sdpa"))
+
+
+# ------------------------------------------------- what each softmax reads
+def _softmax_configs() -> dict:
+    """Tiny random configs of architectures whose softmax reads something beside
+    scale·q·k plus a causal mask, or whose q/k reach the product by another route (4
+    layers, 4 query heads, hidden 64; a 16-token window where there is one): learned
+    positions (XGLM's sinusoids, OPT's offset table), partial rotary (StableLM, Phi),
+    windows (StarCoder2, Qwen2), Cohere, Granite's attention multiplier; gpt-oss (learned
+    sinks, alternating windows, YaRN), ALiBi (BLOOM, MPT, Falcon), Falcon's grouped new
+    decoder, DeepSeek-V3's MLA heads, CodeGen's interleaved partial rotary, Gemma 2 (a cap
+    of 0.5, small enough to bend these logits), Llama 4 (NoPE layers with a temperature,
+    chunked RoPE layers with a post-rotary L2 norm), a Bamba hybrid (attention in blocks
+    1 and 3 of 4) and Mamba (no attention)."""
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                  num_attention_heads=4, max_position_embeddings=N_CTX, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=2)
+    ids = dict(bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    mamba = dict(mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16,
+                 mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16)
+    return {
+        "xglm": tf.XGLMConfig(vocab_size=VOCAB, d_model=64, ffn_dim=96, num_layers=4,
+                              attention_heads=4, max_position_embeddings=N_CTX, **ids),
+        "opt": tf.OPTConfig(vocab_size=VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=4,
+                            num_attention_heads=4, max_position_embeddings=N_CTX,
+                            word_embed_proj_dim=64, **ids),
+        "stablelm": tf.StableLmConfig(**common, num_key_value_heads=2, partial_rotary_factor=0.25),
+        "phi": tf.PhiConfig(**common, partial_rotary_factor=0.5),
+        "starcoder2": tf.Starcoder2Config(**common, num_key_value_heads=2, sliding_window=16),
+        "qwen2": tf.Qwen2Config(**common, num_key_value_heads=2, use_sliding_window=True,
+                                sliding_window=16, max_window_layers=2),
+        "cohere": tf.CohereConfig(**common, num_key_value_heads=2),
+        "granite": tf.GraniteConfig(**common, num_key_value_heads=2, attention_multiplier=0.3),
+        "gpt_oss": tf.GptOssConfig(**{**common, "intermediate_size": 64}, num_key_value_heads=2,
+                                   head_dim=16, num_local_experts=2, num_experts_per_tok=1,
+                                   sliding_window=16,
+                                   layer_types=["sliding_attention", "full_attention"] * 2),
+        "bloom": tf.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=4, n_head=4, **ids),
+        "mpt": tf.MptConfig(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=4,
+                            max_seq_len=N_CTX, expansion_ratio=2),
+        "falcon_alibi": tf.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4,
+                                        num_attention_heads=4, alibi=True, **ids),
+        "falcon": tf.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4,
+                                  num_attention_heads=4, new_decoder_architecture=True,
+                                  num_kv_heads=2, max_position_embeddings=N_CTX, **ids),
+        "deepseek_v3": tf.DeepseekV3Config(
+            **common, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
+            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4,
+            num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=2,
+            moe_intermediate_size=32),
+        "codegen": tf.CodeGenConfig(vocab_size=VOCAB, n_embd=64, n_layer=4, n_head=4,
+                                    rotary_dim=8, n_positions=N_CTX, n_ctx=N_CTX,
+                                    bos_token_id=1, eos_token_id=2),
+        "gemma2": tf.Gemma2Config(**common, num_key_value_heads=1, head_dim=16,
+                                  sliding_window=16, query_pre_attn_scalar=16,
+                                  attn_logit_softcapping=0.5),
+        "llama4": tf.Llama4TextConfig(**common, num_key_value_heads=2, head_dim=16,
+                                      intermediate_size_mlp=96, num_local_experts=2,
+                                      num_experts_per_tok=1, no_rope_layers=[1, 1, 1, 0],
+                                      attention_chunk_size=64, attn_temperature_tuning=True,
+                                      floor_scale=8, attn_scale=0.1),
+        "bamba": tf.BambaConfig(**common, num_key_value_heads=2, attn_layer_indices=[1, 3],
+                                **mamba),
+        "mamba": tf.MambaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                state_size=8),
+    }
+
+
+SOFTMAX_ARCHITECTURES = tuple(a for a in _softmax_configs() if a != "mamba")
+
+
+def softmax_hf_model(arch: str, seed: int = 0):
+    """The tiny random Hugging Face causal LM of ``arch`` (:func:`_softmax_configs`),
+    eager attention."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_softmax_configs()[arch],
+                                             attn_implementation="eager").eval()
+    model.config.architectures = [type(model).__name__]
+    return model
+
+
+def softmax_loaded(arch: str, tokenizer, seed: int = 0) -> LoadedModel:
+    """``arch`` booted as a bridge, everything read from the model (as ``hf:`` does)."""
+    from poskernel_tl.hooks.fast_attention import set_attention
+    from poskernel_tl.models.registry import placeholder_spec
+
+    hf = softmax_hf_model(arch, seed)
+    spec = describe(hf, placeholder_spec(f"tiny-{arch}", None))
+    bridge = boot_bridge(hf, tokenizer)
+    return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf,
+                       attention=set_attention(bridge, "sdpa"))

@@ -106,8 +106,10 @@ def cmd_models(args) -> int:
         print(f"{spec.name}: {spec.n_layers} layers, {spec.n_heads} query / {spec.n_kv_heads} "
               f"key-value heads, d_head {spec.d_head}, context {spec.n_ctx}")
         for i, s in enumerate(spec.layers):
-            rope = "" if s.pe != "rope" else (f", {s.rotary_dims}/{spec.d_head} dims rotated "
-                                              f"({s.layout})")
+            start = f" from dimension {s.rotary_offset}" if s.rotary_offset else ""
+            rope = "" if s.pe != "rope" else (f", {s.rotary_dims}/{spec.d_head} dims rotated"
+                                              f"{start} ({s.layout})")
+            rope += "" if s.block is None else f", block {s.block}"
             adds = s.terms.describe()
             print(f"  layer {i:3d}: {s.kind}{rope}, mask {s.mask}"
                   + (", QK-norm" if s.qk_norm else "")

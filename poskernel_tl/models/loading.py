@@ -157,7 +157,13 @@ def _from_hub(hub_id: str, dtype: torch.dtype | str):
         model = AutoModelForCausalLM.from_pretrained(
             hub_id, dtype=dtype, attn_implementation="eager"
         )
-    except OSError as err:
+    except (OSError, ValueError) as err:
+        if Path(hub_id).is_dir():  # a local folder: say what is wrong with it
+            reason = next((x for x in str(err).splitlines() if x.strip()), type(err).__name__)
+            raise ModelUnavailableError(f"{hub_id} is not a loadable Hugging Face model "
+                                        f"folder: {reason}") from err
+        if isinstance(err, ValueError):
+            raise
         raise ModelUnavailableError(offline_hint(hub_id)) from err
     return model, tokenizer
 

@@ -16,7 +16,7 @@ from poskernel_tl.models.scheme import LayerScheme, terms_summary
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 from poskernel_tl.models.softmax_terms import check_length as check_terms_length
 
-PEScheme = Literal["rope", "learned-absolute", "none"]
+PEScheme = Literal["rope", "learned-absolute", "alibi", "none"]
 NormType = Literal["layernorm", "rmsnorm"]
 LoaderKind = Literal["hub", "hub-nope", "gguf", "embedded-bert"]
 

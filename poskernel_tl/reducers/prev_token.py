@@ -72,9 +72,13 @@ class PrevTokenReducer:
                 q = bq[x, :T, j * g:(j + 1) * g].float().transpose(0, 1)  # [g, T, d]
                 k = bk[x, :T, j].float()
                 prev = cap_scores((q[:, 1:] * k[:-1]).sum(-1).mul_(batch.scale), terms)
-                lse = logsumexp_with_sinks(self._row_logsumexp(q, k, batch.scale, last, terms),
-                                           None if sinks is None else sinks[j * g:(j + 1) * g])
-                score = (prev - lse[:, 1:]).exp_().sum(-1) / T
+                tokens = self._row_logsumexp(q, k, batch.scale, last, terms)
+                lse = logsumexp_with_sinks(tokens, None if sinks is None
+                                           else sinks[j * g:(j + 1) * g])
+                # TL's Σ pattern·detection / Σ pattern: a row's mass on tokens is 1 less
+                # what its sink takes
+                mass = T if sinks is None else (tokens - lse).exp().sum(-1)
+                score = (prev - lse[:, 1:]).exp_().sum(-1) / mass
                 self.total[batch.layer, j * g:(j + 1) * g] += score.cpu().numpy()
         self.n_seen[batch.layer] += len(keep)
 
