@@ -206,3 +206,29 @@ def test_models_prints_what_each_softmax_adds(arch, expect, tmp_path, tiny_token
     cmd = [sys.executable, "-m", "poskernel_tl.apps.cli", "models", f"hf:{tmp_path / arch}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert expect in out, out
+
+
+@pytest.mark.parametrize("arch", ["bloom", "gpt_oss", "gemma2", "llama4"])
+def test_a_head_view_reads_what_the_softmax_reads(arch, tiny_tokenizer):
+    """One head's view: its fit equals Track A's per-sequence fit of the same sequence (the
+    paper-form ALiBi, the cap, the temperature), and its pattern is the model's own
+    softmax output (gpt-oss's rows short of 1 by what the sink takes)."""
+    model = softmax_loaded(arch, tiny_tokenizer)
+    ids = torch.randint(3, 290, (2, T), generator=torch.Generator().manual_seed(4))
+    layer = model.spec.n_layers - 1
+    res = pk.measure(model, ids, progress=False)
+    hf = softmax_hf_model(arch)
+    probs = []
+    handles = [m.register_forward_hook(lambda _m, _i, out: probs.append(out[1]))
+               for m in hf.modules() if type(m).__name__.endswith("Attention")]
+    with torch.no_grad():
+        hf(ids[:1], output_attentions=True)
+    for h in handles:
+        h.remove()
+    for head in (0, 3):
+        view = pk.inspect_head(model, ids[0], layer, head)
+        assert abs(view.r2 - res.r2_per_seq[0, layer, head]) < 1e-6
+        want = probs[layer][0, head].double().numpy()
+        assert np.abs(view.pattern - want).max() < 1e-5, (arch, head)
+    if arch == "gpt_oss":
+        assert view.pattern.sum(-1).max() < 1 - 1e-4

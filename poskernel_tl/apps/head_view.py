@@ -41,6 +41,7 @@ from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.io import sentence
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.models.softmax_terms import attention_pattern, head_logits, sink_logits
 from poskernel_tl.reducers.perm_null import joint_permutations
 from poskernel_tl.report import (
     SHARED,
@@ -229,9 +230,9 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
     (``hook_attn_scores``, or q·kᵀ·scale from the q/k hooks when the bridge has no
     scores hook or ``hook_scores=False``), its pattern (``hook_pattern``, else the
     softmax of A over s ≤ t), and its q [pos d_head] and k [pos d_head] (kv head)."""
-    bridge = model.bridge
+    bridge, terms = model.bridge, model.spec.layer_terms(layer)
     if hook_scores is None:  # a BERT bridge's scores hook holds the pattern: use q·kᵀ
-        hook_scores = scores_hook_name(layer) in bridge.hook_dict and \
+        hook_scores = scores_hook_name(layer) in bridge.hook_dict and not terms and \
             scores_hook_is_logits(bridge, layer)
     kv = int(model.kv_heads[head])
     got: dict = {}
@@ -253,6 +254,9 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
     q, k = got["q"], got["k"]
     if "scores" in got:
         A, scores_from = got["scores"], "hook_attn_scores"
+    elif terms:  # what the softmax reads (ALiBi in the paper's form, caps, temperature)
+        A = head_logits(q, k, terms, head, model.logit_scale)
+        scores_from = f"q·kᵀ × logit scale with {', '.join(terms.labels())} (hook q/k)"
     else:
         A, scores_from = model.logit_scale * (q @ k.T), "q·kᵀ × logit scale (hook q/k)"
     T = A.shape[-1]
@@ -261,7 +265,9 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
     if "pattern" in got:
         pattern, pattern_from = got["pattern"], "hook_pattern"
     else:
-        pattern = torch.softmax(A.double().masked_fill(upper, float("-inf")), -1)
+        sinks = sink_logits(terms, A.device)  # the model's own normaliser (gpt-oss)
+        pattern = attention_pattern(A.double().masked_fill(upper, float("-inf")),
+                                    None if sinks is None else sinks[head])
         pattern_from = "softmax of the causal logits" if causal else "softmax of the logits"
     return {"scores": A, "pattern": pattern, "q": q, "k": k, "scores_from": scores_from,
             "pattern_from": pattern_from}

@@ -154,6 +154,17 @@ def fold_qk(q: Float[Tensor, "batch pos head_index d_head"],
     return q, k
 
 
+def head_logits(q: Float[Tensor, "pos d_head"], k: Float[Tensor, "pos d_head"],
+                terms: SoftmaxTerms, head: int, scale: float
+                ) -> Float[Tensor, "query_pos key_pos"]:
+    """What query head ``head``'s softmax reads, every entry (the mask not applied):
+    scale·q'·k'ᵀ of the folded q and k, soft-capped where the layer caps; float64."""
+    one = dataclasses.replace(terms, slopes=None if terms.slopes is None
+                              else (terms.slopes[head],), sinks=None)
+    qf, kf = fold_qk(q[None, :, None].double(), k[None, :, None].double(), one, scale)
+    return cap_scores(qf[0, :, 0] @ kf[0, :, 0].T * scale, terms)
+
+
 def cap_scores(scores: Tensor, terms: SoftmaxTerms) -> Tensor:
     """``scores`` soft-capped in place where the layer caps (cap·tanh(x / cap))."""
     if terms.softcap is not None:
@@ -175,6 +186,18 @@ def check_length(terms: SoftmaxTerms, length: int, layer: int) -> None:
         raise ValueError(f"layer {layer} masks in chunks of {terms.chunk} positions: "
                          f"lengths up to {terms.chunk} keep every causal entry and are "
                          f"supported; T = {length} is not")
+
+
+def attention_pattern(masked: Float[Tensor, "*head query_pos key_pos"],
+                      sinks: Float[Tensor, " head"] | None = None
+                      ) -> Float[Tensor, "*head query_pos key_pos"]:
+    """softmax over the keys of logits whose removed entries hold −inf, with the layer's
+    sink logits (one per leading head, or None) joined to every row's normaliser: rows
+    then sum to 1 less what the sink takes."""
+    lse = torch.logsumexp(masked, -1)
+    if sinks is not None:
+        lse = torch.logaddexp(lse, sinks.to(lse).view(*sinks.shape, *[1] * (lse.ndim - 1)))
+    return (masked - lse[..., None]).exp()
 
 
 def logsumexp_with_sinks(lse: Float[Tensor, "head_index pos"],
@@ -225,5 +248,5 @@ def read_terms(cfg, attn, layer_type: str, n_heads: int,
                         temperature=temperature, sinks=sinks, chunk=chunk)
 
 
-__all__ = ["NONE", "SoftmaxTerms", "alibi_ramp", "cap_scores", "check_length", "fold_qk",
-           "logsumexp_with_sinks", "read_terms", "sink_logits", "temperatures"]
+__all__ = ["NONE", "SoftmaxTerms", "alibi_ramp", "attention_pattern", "cap_scores", "check_length", "fold_qk",
+           "head_logits", "logsumexp_with_sinks", "read_terms", "sink_logits", "temperatures"]
