@@ -232,3 +232,23 @@ def test_a_head_view_reads_what_the_softmax_reads(arch, tiny_tokenizer):
         assert np.abs(view.pattern - want).max() < 1e-5, (arch, head)
     if arch == "gpt_oss":
         assert view.pattern.sum(-1).max() < 1 - 1e-4
+
+
+def test_the_report_says_what_the_softmax_reads(tmp_path, tiny_tokenizer):
+    """A BLOOM condition's report: the section naming its ALiBi and Track B's meaning, and
+    every head's g(Δ) against its ramp (alibi_ramp.csv; a planted ramp's slope ratio 1)."""
+    import pandas as pd
+
+    from poskernel_tl.report.build import build_report
+    from poskernel_tl.report.softmax_reads import ramp_fit
+
+    model = softmax_loaded("bloom", tiny_tokenizer)
+    ids = torch.randint(3, 290, (8, T), generator=torch.Generator().manual_seed(5))
+    pk.measure(model, ids[4:], ids[:4], progress=False, dataset="random").save(tmp_path)
+    page = build_report(tmp_path, workers=1).read_text()
+    assert "What the softmax reads" in page and "ALiBi −m·(t − s)" in page
+    assert "paper's form" in page.replace("&#x27;", "'")
+    table = pd.read_csv(tmp_path / "report" / "alibi_ramp.csv")
+    assert len(table) == 16 and set(table.columns) >= {"m", "slope_A", "slope_over_minus_m"}
+    slope, r2 = ramp_fit(-0.25 * np.arange(1, 30) + 3.0)
+    assert slope == pytest.approx(-0.25) and r2 == pytest.approx(1.0)

@@ -35,6 +35,7 @@ from poskernel_tl.report import (
     figures,
     nulls,
     sections,
+    softmax_reads,
     tables,
     verdicts,
 )
@@ -272,6 +273,10 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
                                 {c.result.stem(): c.extras for c in conds})
     further = atlas.section(results_dir, results, out,
                             lambda fig, name, alt: _figure(fig, out, name, alt)) + further
+    ramps = softmax_reads.alibi_table(results)
+    if len(ramps):
+        tables.write_table(ramps, out / "alibi_ramp", title="ALiBi heads against their ramp")
+    further = softmax_reads.softmax_html(results) + further
     write_assets(out)
     body = _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, figs,
                  note4 + " " + _gate_notes(summary, gate), further)
