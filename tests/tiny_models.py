@@ -121,12 +121,13 @@ ARCHITECTURES = tuple(_arch_configs())
 
 
 def arch_hf_model(arch: str, seed: int = 0):
-    """The tiny random Hugging Face causal LM of ``arch`` (eager attention)."""
+    """The tiny random Hugging Face causal LM of ``arch`` (eager attention): a config of
+    :func:`_arch_configs` or of :func:`_softmax_configs`."""
     from transformers import AutoModelForCausalLM
 
+    configs = _arch_configs() if arch in ARCHITECTURES else _softmax_configs()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_arch_configs()[arch],
-                                             attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_config(configs[arch], attn_implementation="eager").eval()
     model.config.architectures = [type(model).__name__]
     return model
 
@@ -212,27 +213,4 @@ def _softmax_configs() -> dict:
 
 
 SOFTMAX_ARCHITECTURES = tuple(a for a in _softmax_configs() if a != "mamba")
-
-
-def softmax_hf_model(arch: str, seed: int = 0):
-    """The tiny random Hugging Face causal LM of ``arch`` (:func:`_softmax_configs`),
-    eager attention."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_softmax_configs()[arch],
-                                             attn_implementation="eager").eval()
-    model.config.architectures = [type(model).__name__]
-    return model
-
-
-def softmax_loaded(arch: str, tokenizer, seed: int = 0) -> LoadedModel:
-    """``arch`` booted as a bridge, everything read from the model (as ``hf:`` does)."""
-    from poskernel_tl.hooks.fast_attention import set_attention
-    from poskernel_tl.models.registry import placeholder_spec
-
-    hf = softmax_hf_model(arch, seed)
-    spec = describe(hf, placeholder_spec(f"tiny-{arch}", None))
-    bridge = boot_bridge(hf, tokenizer)
-    return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf,
-                       attention=set_attention(bridge, "sdpa"))
+softmax_hf_model, softmax_loaded = arch_hf_model, arch_loaded  # the same builders

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.report.sections import cond_text, esc, fmt, table_html
+from poskernel_tl.report.html import esc
+from poskernel_tl.report.sections import cond_text, fmt, table_html
 
 
 def ramp_fit(g: np.ndarray) -> tuple[float, float]:
