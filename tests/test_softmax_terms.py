@@ -250,5 +250,6 @@ def test_the_report_says_what_the_softmax_reads(tmp_path, tiny_tokenizer):
     assert "paper's form" in page.replace("&#x27;", "'")
     table = pd.read_csv(tmp_path / "report" / "alibi_ramp.csv")
     assert len(table) == 16 and set(table.columns) >= {"m", "slope_A", "slope_over_minus_m"}
+    assert np.isfinite(table[["slope_A", "R2_line_A", "slope_B_content"]].to_numpy()).all()
     slope, r2 = ramp_fit(-0.25 * np.arange(1, 30) + 3.0)
     assert slope == pytest.approx(-0.25) and r2 == pytest.approx(1.0)

@@ -71,7 +71,7 @@ def _check_args(dataset: str, length: int, n_seqs: int, n_ctx: int | None,
                         f"got {n_seqs!r}")
     if not is_int(length) or length < 3:
         raise DataError(f"length must be an integer >= 3 tokens, got {length!r}")
-    if n_ctx is not None and length > n_ctx:
+    if n_ctx and length > n_ctx:  # 0 or None: the model states no context (BLOOM)
         raise DataError(f"length {length} is longer than the context of model "
                         f"{model_name!r} ({n_ctx} tokens)")
     if not isinstance(dataset, str):

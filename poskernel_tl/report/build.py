@@ -95,7 +95,9 @@ def _read(results_dir: Path, out: Path, decoders, progress: bool
             continue
         written.add(write_data(out, item).name)
         top = figures.top_early_heads(item.result, 1)
+        ramps = softmax_reads.alibi_frame(item.result)  # before its g(Δ) are dropped
         conds.append(slim(item, top[0] if top else None))
+        conds[-1].kept[softmax_reads.KEPT] = ramps
         release_freed_memory()
     for old in (out / DATA_DIR).glob("*.js"):
         if old.name not in written:
@@ -273,10 +275,10 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
                                 {c.result.stem(): c.extras for c in conds})
     further = atlas.section(results_dir, results, out,
                             lambda fig, name, alt: _figure(fig, out, name, alt)) + further
-    ramps = softmax_reads.alibi_table(results)
+    ramps = softmax_reads.alibi_table(conds)
     if len(ramps):
         tables.write_table(ramps, out / "alibi_ramp", title="ALiBi heads against their ramp")
-    further = softmax_reads.softmax_html(results) + further
+    further = softmax_reads.softmax_html(conds) + further
     write_assets(out)
     body = _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, figs,
                  note4 + " " + _gate_notes(summary, gate), further)

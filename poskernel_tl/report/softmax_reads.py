@@ -16,8 +16,12 @@ import numpy as np
 import pandas as pd
 
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.html import esc
 from poskernel_tl.report.sections import cond_text, fmt, table_html
+
+
+KEPT = "alibi_ramp"  # where a condition keeps its alibi_frame through the report
 
 
 def ramp_fit(g: np.ndarray) -> tuple[float, float]:
@@ -48,13 +52,14 @@ def alibi_frame(r: ConditionResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def softmax_html(results: Sequence[ConditionResult]) -> str:
-    """The section (empty when no condition's softmax adds anything)."""
-    said = [(r, r.spec.softmax_terms()) for r in results if r.spec.layers]
-    said = [(r, s) for r, s in said if s]
+def softmax_html(conds: Sequence[Condition]) -> str:
+    """The section (empty when no condition's softmax adds anything); each condition's
+    :func:`alibi_frame` kept under :data:`KEPT` before its g(Δ) were dropped."""
+    said = [(c, c.result.spec.softmax_terms()) for c in conds if c.result.spec.layers]
+    said = [(c, s) for c, s in said if s]
     if not said:
         return ""
-    items = "".join(f"<li>{esc(cond_text(r))}: {esc(s)}</li>" for r, s in said)
+    items = "".join(f"<li>{esc(cond_text(c.result))}: {esc(s)}</li>" for c, s in said)
     out = ("<h2>What the softmax reads</h2><p>These models' attention softmax reads more "
            "than scale·q·k plus a mask. Track A, the permutation null, the saved logits and "
            "the previous-token score fit exactly what it reads; Track B stays the Gram of q "
@@ -62,14 +67,14 @@ def softmax_html(results: Sequence[ConditionResult]) -> str:
            "scale·q·k − m_h·(t − s): Hugging Face's code adds a bias of the key position "
            "alone, which differs from it by a per-row constant that the softmax ignores and "
            "a Toeplitz fit does not.</p><ul>" + items + "</ul>")
-    for r, _ in said:
-        df = alibi_frame(r)
-        if df.empty:
+    for c, _ in said:
+        df = c.kept.get(KEPT)
+        if df is None or df.empty:
             continue
         by_layer = df.groupby("layer").agg(
             heads=("head", "size"), median_slope_over_minus_m=("slope_over_minus_m", "median"),
             median_R2_line_A=("R2_line_A", "median")).reset_index()
-        out += (f"<h3>{esc(cond_text(r))}: g(Δ) against the known ALiBi kernel −m_h·Δ "
+        out += (f"<h3>{esc(cond_text(c.result))}: g(Δ) against the known ALiBi kernel −m_h·Δ "
                 "(exploratory)</h3><p>Per layer, the median over heads of the slope of "
                 "Track A's g(Δ) over −m_h (1: the head's kernel is its bias alone) and of the "
                 "R² of that line; the per-head table is alibi_ramp.csv. The rotary spectral "
@@ -78,12 +83,12 @@ def softmax_html(results: Sequence[ConditionResult]) -> str:
     return out
 
 
-def alibi_table(results: Sequence[ConditionResult]) -> pd.DataFrame:
+def alibi_table(conds: Sequence[Condition]) -> pd.DataFrame:
     """Every ALiBi head of every condition (the report's alibi_ramp.csv)."""
-    frames = [alibi_frame(r).assign(model=r.model, dataset=r.dataset, length=r.length)
-              for r in results if r.spec.layers]
-    frames = [f for f in frames if not f.empty]
+    frames = [c.kept[KEPT].assign(model=c.result.model, dataset=c.result.dataset,
+                                  length=c.result.length)
+              for c in conds if c.kept.get(KEPT) is not None and not c.kept[KEPT].empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-__all__ = ["alibi_frame", "alibi_table", "ramp_fit", "softmax_html"]
+__all__ = ["KEPT", "alibi_frame", "alibi_table", "ramp_fit", "softmax_html"]
