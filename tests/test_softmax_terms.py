@@ -133,6 +133,9 @@ def test_the_schemes_name_what_the_softmax_adds(tiny_tokenizer):
     assert ds.d_head == 24 and {(s.rotary_offset, s.rotary_dims) for s in ds.layers} == {(16, 8)}
     bamba = spec("bamba")
     assert bamba.n_layers == 2 and [s.block for s in bamba.layers] == [1, 3]
+    from poskernel_tl.models.scheme import summary
+
+    assert summary(bamba.layers).endswith("layers 0-1 (the model's blocks 1, 3)")
 
 
 def test_a_planted_alibi_ramp_is_recovered(tiny_tokenizer):
@@ -208,7 +211,7 @@ def test_models_prints_what_each_softmax_adds(arch, expect, tmp_path, tiny_token
     assert expect in out, out
 
 
-@pytest.mark.parametrize("arch", ["bloom", "gpt_oss", "gemma2", "llama4"])
+@pytest.mark.parametrize("arch", ["bloom", "gpt_oss", "gemma2", "llama4", "bamba"])
 def test_a_head_view_reads_what_the_softmax_reads(arch, tiny_tokenizer):
     """One head's view: its fit equals Track A's per-sequence fit of the same sequence (the
     paper-form ALiBi, the cap, the temperature), and its pattern is the model's own

@@ -231,9 +231,10 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
     scores hook or ``hook_scores=False``), its pattern (``hook_pattern``, else the
     softmax of A over s ≤ t), and its q [pos d_head] and k [pos d_head] (kv head)."""
     bridge, terms = model.bridge, model.spec.layer_terms(layer)
+    block = (model.spec.layers[layer].block if model.spec.layers else None) or layer
     if hook_scores is None:  # a BERT bridge's scores hook holds the pattern: use q·kᵀ
-        hook_scores = scores_hook_name(layer) in bridge.hook_dict and not terms and \
-            scores_hook_is_logits(bridge, layer)
+        hook_scores = scores_hook_name(block) in bridge.hook_dict and not terms and \
+            scores_hook_is_logits(bridge, block)
     kv = int(model.kv_heads[head])
     got: dict = {}
 
@@ -245,7 +246,7 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
     def on_pattern(x: Tensor, hook) -> None:
         got["pattern"] = x[0, head].detach().clone()
 
-    pattern_name = PATTERN_HOOK.format(layer=layer)
+    pattern_name = PATTERN_HOOK.format(layer=block)
     extra = [(pattern_name, on_pattern)] if pattern_name in bridge.hook_dict else []
     with torch.no_grad(), capture_qk(bridge, on_layer, scores=hook_scores, layers=[layer],
                                      schemes=model.spec.layers) as capture, \

@@ -301,13 +301,16 @@ def _layer_scheme(cfg, block: int, layer_type: str, pe: str, freq: torch.Tensor 
 
 def summary(layers) -> str:
     """One line naming each kind of layer and where it sits, e.g.
-    ``"rope 1e+04, window 512: layers 0-4, 6-10, 12-16; rope 1e+06: layers 5, 11, 17"``."""
+    ``"rope 1e+04, window 512: layers 0-4, 6-10, 12-16; rope 1e+06: layers 5, 11, 17"``
+    (a hybrid's attention layers also name the model's blocks they are)."""
     if not layers:
         return "unknown until loaded"
     groups: dict[str, list[int]] = {}
     for i, s in enumerate(layers):
         groups.setdefault(s.kind, []).append(i)
-    return "; ".join(f"{kind}: layers {_ranges(ix)}" for kind, ix in groups.items())
+    blocks = lambda ix: "" if layers[ix[0]].block is None else \
+        f" (the model's blocks {', '.join(str(layers[i].block) for i in ix)})"
+    return "; ".join(f"{kind}: layers {_ranges(ix)}{blocks(ix)}" for kind, ix in groups.items())
 
 
 def terms_summary(layers) -> str:
