@@ -320,7 +320,7 @@ def terms_summary(layers) -> str:
     groups: dict[str, list[int]] = {}
     for i, s in enumerate(layers):
         if s.terms:
-            groups.setdefault(s.terms.describe(), []).append(i)
+            groups.setdefault(s.terms.describe(values=False), []).append(i)
     return "; ".join(f"{what}: layers {_ranges(ix)}" for what, ix in groups.items())
 
 

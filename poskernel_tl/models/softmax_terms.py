@@ -77,8 +77,9 @@ class SoftmaxTerms:
             out.append(f"chunk {self.chunk}")
         return out
 
-    def describe(self) -> str:
-        """One line of what the softmax adds (empty when nothing)."""
+    def describe(self, values: bool = True) -> str:
+        """One line of what the softmax adds (empty when nothing); ``values=False`` leaves
+        out what differs from layer to layer (the learned sink logits' range)."""
         out = []
         if self.slopes is not None:
             m = self.slopes
@@ -89,8 +90,8 @@ class SoftmaxTerms:
             floor, scale = self.temperature
             out.append(f"query temperature 1 + {scale:g}·log(1 + ⌊(t + 1) / {floor:g}⌋)")
         if self.sinks is not None:
-            out.append(f"learned sink logits ({min(self.sinks):.3g} … {max(self.sinks):.3g}) "
-                       "in the normaliser")
+            span = f" ({min(self.sinks):.3g} … {max(self.sinks):.3g})" if values else ""
+            out.append(f"learned sink logits{span} in the normaliser")
         if self.chunk is not None:
             out.append(f"chunked mask, {self.chunk} positions per chunk")
         return "; ".join(out)
