@@ -43,15 +43,14 @@ def qk_source(bridge, layer: int, rope: bool) -> QKSource:
     equal q and k); the fused-QKV rotary bridge fires ``hook_cos``/``hook_sin`` but not the
     rotated q/k; the base bridge neither. (Every bridge *lists* ``hook_rot_q`` in its
     ``hook_dict``, fired or not, so the listing cannot tell.)"""
+    from transformer_lens.model_bridge.generalized_components.mla_attention import (
+        MLAAttentionBridge,
+    )
     from transformer_lens.model_bridge.generalized_components.position_embedding_hooks_mixin import (  # noqa: E501
         PositionEmbeddingHooksMixin,
     )
     from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (  # noqa: E501
         PositionEmbeddingsAttentionBridge,
-    )
-
-    from transformer_lens.model_bridge.generalized_components.mla_attention import (
-        MLAAttentionBridge,
     )
 
     attn = bridge.blocks[layer].attn

@@ -38,9 +38,9 @@ def build(cap: float | None):
 
 
 def loaded(cap: float | None):
-    from conftest import make_tiny_tokenizer  # tests/ on sys.path below
-
     import tempfile
+
+    from conftest import make_tiny_tokenizer  # tests/ on sys.path below
 
     from poskernel_tl.hooks.fast_attention import set_attention
     from poskernel_tl.models.loading import LoadedModel, boot_bridge, describe

@@ -22,7 +22,6 @@ from poskernel_tl import constants as C
 from poskernel_tl.fit.kernel_class import CLASSES
 from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, shift_invariance_r2
 from poskernel_tl.models.scheme import (
-    UnreadableSchemeError,
     attention_modules,
     read_layers,
     summary,
@@ -236,9 +235,9 @@ def test_permutation_null_fits_the_window_on_both_paths():
 def test_chunked_attention_past_its_chunk_is_refused_in_one_line():
     """A chunked mask keeps every causal entry up to its chunk size (read as such); past
     it the kept entries are no function of the offset alone and the length is refused."""
+    from poskernel_tl.errors import UserError
     from poskernel_tl.models.loading import describe
     from poskernel_tl.models.registry import placeholder_spec
-    from poskernel_tl.errors import UserError
 
     hf = arch_hf_model("llama")
     hf.config.attention_chunk_size = 8

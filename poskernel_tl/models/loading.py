@@ -20,7 +20,6 @@ from poskernel_tl.errors import ModelUnavailableError, UserError
 from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
 from poskernel_tl.models import embedded
 from poskernel_tl.models.alibi import uses_alibi
-from poskernel_tl.models.tl_patches import prepare_codegen, prepare_falcon
 from poskernel_tl.models.registry import ModelSpec, placeholder_spec, resolve
 from poskernel_tl.models.scheme import (
     ENCODER_TYPES,
@@ -29,6 +28,7 @@ from poskernel_tl.models.scheme import (
     original,
     read_layers,
 )
+from poskernel_tl.models.tl_patches import prepare_codegen, prepare_falcon
 
 
 @dataclass

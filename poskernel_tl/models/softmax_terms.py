@@ -190,24 +190,23 @@ def check_length(terms: SoftmaxTerms, length: int, layer: int) -> None:
 
 
 def attention_pattern(masked: Float[Tensor, "*head query_pos key_pos"],
-                      sinks: Float[Tensor, " head"] | None = None
+                      sinks: Float[Tensor, " *head"] | None = None
                       ) -> Float[Tensor, "*head query_pos key_pos"]:
     """softmax over the keys of logits whose removed entries hold −inf, with the layer's
     sink logits (one per leading head, or None) joined to every row's normaliser: rows
     then sum to 1 less what the sink takes."""
-    lse = torch.logsumexp(masked, -1)
-    if sinks is not None:
-        lse = torch.logaddexp(lse, sinks.to(lse).view(*sinks.shape, *[1] * (lse.ndim - 1)))
+    lse = logsumexp_with_sinks(torch.logsumexp(masked, -1), sinks)
     return (masked - lse[..., None]).exp()
 
 
-def logsumexp_with_sinks(lse: Float[Tensor, "head_index pos"],
-                         sinks: Float[Tensor, " head_index"] | None
-                         ) -> Float[Tensor, "head_index pos"]:
-    """Each row's log-normaliser with the layer's sink logits joined (unchanged without)."""
+def logsumexp_with_sinks(lse: Float[Tensor, "*head pos"],
+                         sinks: Float[Tensor, " *head"] | None
+                         ) -> Float[Tensor, "*head pos"]:
+    """Each row's log-normaliser with the layer's sink logits (one per leading head)
+    joined (unchanged without)."""
     if sinks is None:
         return lse
-    return torch.logaddexp(lse, sinks.to(lse)[:, None].expand_as(lse))
+    return torch.logaddexp(lse, sinks.to(lse).reshape(*sinks.shape, 1).expand_as(lse))
 
 
 # ------------------------------------------------------------------ reading the model
@@ -249,5 +248,6 @@ def read_terms(cfg, attn, layer_type: str, n_heads: int,
                         temperature=temperature, sinks=sinks, chunk=chunk)
 
 
-__all__ = ["NONE", "SoftmaxTerms", "alibi_ramp", "attention_pattern", "cap_scores", "check_length", "fold_qk",
-           "head_logits", "logsumexp_with_sinks", "read_terms", "sink_logits", "temperatures"]
+__all__ = ["NONE", "SoftmaxTerms", "alibi_ramp", "attention_pattern", "cap_scores",
+           "check_length", "fold_qk", "head_logits", "logsumexp_with_sinks", "read_terms",
+           "sink_logits", "temperatures"]

@@ -24,7 +24,6 @@ from the model itself (the shared table; √d_head, the inverse of its ``scaling
 """
 
 import torch
-
 from torch import nn
 from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
 from transformer_lens.model_bridge.supported_architectures.falcon import (

@@ -20,7 +20,6 @@ from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.html import esc
 from poskernel_tl.report.sections import cond_text, fmt, table_html
 
-
 KEPT = "alibi_ramp"  # where a condition keeps its alibi_frame through the report
 
 
