@@ -110,13 +110,13 @@ start_database() {  # MariaDB on a port of its own, then slurmdbd
   command -v mariadbd >/dev/null && command -v slurmdbd >/dev/null \
     || cannot "accounting needs: apt-get install slurmdbd mariadb-server"
   if ! alive "$run/mariadb.pid"; then
-    mkdir -p "$run" && chown mysql:mysql "$run"
+    mkdir -p "$run"
     if [ ! -d "$db/mysql" ]; then
-      mkdir -p "$db" && chown mysql:mysql "$db"
-      mariadb-install-db --user=mysql --datadir="$db" --auth-root-authentication-method=socket \
+      mkdir -p "$db"
+      mariadb-install-db --user=root --datadir="$db" --auth-root-authentication-method=socket \
         > "$DIR/log/mariadb-install.log" 2>&1 || cannot "mariadb-install-db failed"
     fi
-    mariadbd --user=mysql --datadir="$db" --socket="$sock" --port="$DB_PORT" \
+    mariadbd --user=root --datadir="$db" --socket="$sock" --port="$DB_PORT" \
       --bind-address=127.0.0.1 --pid-file="$run/mariadb.pid" --skip-log-bin \
       > "$DIR/log/mariadb.log" 2>&1 &
     for i in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done

@@ -145,7 +145,7 @@ def approx_params(model: str) -> float:
     try:
         spec = resolve(model)
         d = spec.n_heads * spec.d_head
-        return 12 * spec.n_layers * d * d + 2 * 50_000 * d
+        return float(12 * spec.n_layers * d * d + 2 * 50_000 * d)
     except (UserError, TypeError, AttributeError):  # an hf: id not at hand: say 1B
         return 1e9
 
