@@ -78,7 +78,8 @@ def test_scancel_is_reported_the_job_stops_and_the_rerun_is_identical(
     subprocess.run(["scancel", olmo], check=True)
     thread.join(timeout=60)
     assert not thread.is_alive(), "the submitter did not return within 60 s of scancel"
-    (err,) = errors
+    assert len(errors) == 1, "no job failed: the cancelled one went on after SIGTERM"
+    err = errors[0]
     assert isinstance(err, executor.GridJobError)
     failures = str(err).splitlines()[1:]
     assert len(failures) == 1 and "tiny-olmo" in failures[0]
