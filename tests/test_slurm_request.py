@@ -150,3 +150,24 @@ def test_a_cancelled_job_is_named_with_the_scheduler_s_state(tmp_path, monkeypat
     assert executor.outcome(FakeJob(tmp_path), states["m"])[1].startswith("CANCELLED")
     timeout = slurm_state.JobState("TIMEOUT")
     assert "raise --slurm-time" in executor.outcome(FakeJob(tmp_path), timeout)[1]
+
+
+def _fake(folder, name: str, script: str) -> None:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+
+
+def test_a_controller_out_of_reach_is_no_end_but_a_forgotten_job_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    _fake(tmp_path, "squeue", 'echo "slurm_load_jobs error: Unable to contact slurm '
+                              'controller (connect failure)" >&2; exit 1')
+    _fake(tmp_path, "sacct", 'echo "Slurm accounting storage is disabled" >&2; exit 1')
+    state = slurm_state.slurm_state("7")
+    assert (state.state, state.final) == (slurm_state.UNKNOWN, False)
+    assert "Unable to contact" in str(state)
+    _fake(tmp_path, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2; '
+                              'exit 1')
+    assert slurm_state.slurm_state("7").state == slurm_state.GONE  # and no accounting
+    _fake(tmp_path, "sacct", 'echo "TIMEOUT"')
+    assert slurm_state.slurm_state("7") == slurm_state.JobState("TIMEOUT")

@@ -36,11 +36,11 @@ JOBS_DIR = "jobs"
 SUBMITIT_DIR = "submitit"
 EXECUTORS = ("slurm", "local")
 GONE_POLLS = 2  # polls a job may be out of the queue without a result before it failed
-ADVICE = {"CANCELLED": "cancelled (scancel, or an administrator)",
-          "TIMEOUT": "reached its time limit: raise --slurm-time",
-          "OUT_OF_MEMORY": "ran out of memory: raise --slurm-mem or lower --max-memory",
-          GONE: "left the queue without a result; the cluster keeps no accounting (sacct) "
-                "to say why"}
+ADVICE = {"CANCELLED": "scancel (or an administrator) cancelled it",
+          "TIMEOUT": "it reached its time limit: raise --slurm-time",
+          "OUT_OF_MEMORY": "it ran out of memory: raise --slurm-mem or lower --max-memory",
+          GONE: "it left the queue without a result, and the cluster keeps no accounting "
+                "(sacct) to say why"}
 
 
 class GridJobError(RuntimeError):
@@ -198,7 +198,7 @@ def outcome(job, state: JobState) -> tuple[object | None, str | None]:
         return None, f"{state.state if state.state != 'FINISHED' else 'FAILED'}: " \
                      f"{_reason(value)}"
     why = ADVICE.get(state.state, "")
-    return None, f"{state}" + (f" ({why})" if why else "")
+    return None, f"{state}" + (f": {why}" if why else "")
 
 
 def submit_grid(conds: list[Condition], opts: GridConfig, cluster: str = "slurm",

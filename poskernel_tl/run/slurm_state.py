@@ -9,6 +9,7 @@ import subprocess
 from dataclasses import dataclass
 
 GONE = "GONE"
+UNKNOWN = "UNKNOWN"
 ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
          "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT", "FINISHED"}
 QUIET_REASONS = {"", "None", "(null)"}
@@ -33,16 +34,14 @@ class JobState:
         return f"{self.state} ({self.reason})"
 
 
-def _run(cmd: list[str]) -> str | None:
-    """stdout of ``cmd``, None where it is missing or fails (e.g. sacct without
-    accounting: "Slurm accounting storage is disabled")."""
+def _run(cmd: list[str]) -> subprocess.CompletedProcess | None:
+    """``cmd``'s outcome; None where it is missing or hangs."""
     if shutil.which(cmd[0]) is None:
         return None
     try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         return None
-    return run.stdout if run.returncode == 0 else None
 
 
 def parse_state(text: str) -> JobState | None:
@@ -56,14 +55,24 @@ def parse_state(text: str) -> JobState | None:
 
 
 def squeue_state(job_id: str) -> JobState | None:
-    text = _run(["squeue", "-h", "--states=all", "-j", str(job_id), "-o", "%T|%r"])
-    return parse_state(text) if text else None
+    """None where the controller does not know the job (any more); UNKNOWN where squeue
+    itself failed (e.g. the controller is briefly unreachable): not an end, ask again."""
+    run = _run(["squeue", "-h", "--states=all", "-j", str(job_id), "-o", "%T|%r"])
+    if run is None or (run.returncode != 0 and "Invalid job id" not in run.stderr):
+        said = (run.stderr.strip().splitlines() or [""])[-1] if run is not None else ""
+        return JobState(UNKNOWN, f"squeue: {said or 'no answer'}", final=False)
+    return parse_state(run.stdout) if run.returncode == 0 else None
 
 
 def sacct_state(job_id: str) -> JobState | None:
-    text = _run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"])
-    return parse_state(text) if text else None
+    """None where sacct fails (no accounting: "Slurm accounting storage is disabled") or
+    does not know the job yet."""
+    run = _run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"])
+    return parse_state(run.stdout) if run is not None and run.returncode == 0 else None
 
 
 def slurm_state(job_id: str) -> JobState:
-    return squeue_state(job_id) or sacct_state(job_id) or JobState(GONE, final=False)
+    state = squeue_state(job_id)
+    if state is not None:
+        return state
+    return sacct_state(job_id) or JobState(GONE, final=False)
