@@ -70,7 +70,7 @@ def test_a_small_node_gets_a_smaller_budget_not_a_request_it_cannot_meet():
     (dict(slurm_cpus_per_task=8), "--slurm-cpus-per-task 8: the nodes of partition debug "
                                   "have at most 2 CPUs"),
     (dict(slurm_gpus_per_task=1), "--slurm-gpus-per-task 1: partition debug has no GPUs"),
-    (dict(device="cuda"), "--slurm-gpus-per-task 1: partition debug has no GPUs"),
+    (dict(device="cuda"), "--device cuda asks for 1 GPU: partition debug has no GPUs"),
     (dict(slurm_mem="64G"), "--slurm-mem 65536M: the nodes of partition debug have at most "
                             "24105M"),
     (dict(slurm_partition="big"), "--slurm-partition big: no such partition; sinfo lists "

@@ -7,6 +7,7 @@ The fresh environment borrows this environment's dependencies (torch, Transforme
 puts that folder on ``sys.path`` without running its own ``.pth`` files, so the editable
 install of this checkout stays out and ``poskernel_tl`` is the wheel's."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -67,7 +68,8 @@ def fresh_venv(wheel, tmp_path_factory) -> Path:
 
 def test_the_installed_wheel_runs_models_and_report(fresh_venv, tmp_path):
     bin_ = fresh_venv / "bin"
-    env = {"PATH": f"{bin_}:/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{bin_}:/usr/bin:/bin", HF_HUB_OFFLINE="1")
     where = _run([bin_ / "python", "-c", "import poskernel_tl; print(poskernel_tl.__file__)"],
                  cwd=tmp_path, env=env).stdout.strip()
     assert Path(where).is_relative_to(fresh_venv) and not Path(where).is_relative_to(ROOT)

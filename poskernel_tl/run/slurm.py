@@ -57,7 +57,7 @@ class Request:
     mem_mb: int
     time_min: int
     budget: int | None = None
-    note: str = ""
+    gpus_from: str = "--slurm-gpus-per-task"  # the flag that asked for the GPUs
 
     def sbatch_parameters(self) -> dict:
         """submitit's SlurmExecutor parameters (its names for sbatch's options)."""
@@ -167,7 +167,8 @@ def plan_request(cfg, conds, nodes: list[Node] | None) -> Request:
     unknown; then the defaults assume a 16-CPU node)."""
     partition, mine = (cfg.slurm_partition, []) if nodes is None else \
         partition_nodes(nodes, cfg.slurm_partition)
-    gpus = wants_gpu(cfg) if cfg.slurm_gpus_per_task == "auto" else cfg.slurm_gpus_per_task
+    auto_gpus = cfg.slurm_gpus_per_task == "auto"
+    gpus = wants_gpu(cfg) if auto_gpus else cfg.slurm_gpus_per_task
     cpus = cfg.slurm_cpus_per_task
     if cpus == "auto":
         cpus = min(CPUS_MAX[bool(gpus)], max((n.cpus for n in mine), default=16))
@@ -188,7 +189,8 @@ def plan_request(cfg, conds, nodes: list[Node] | None) -> Request:
         time = estimate_minutes(conds, params, gpus, cpus, len(cfg.analyses))
         limit = min((n.time_min for n in mine if n.time_min), default=None)
         time = min(time, limit) if limit else time
-    return Request(partition, gpus, cpus, math.ceil(mem / MiB), time, budget)
+    return Request(partition, gpus, cpus, math.ceil(mem / MiB), time, budget,
+                   f"--device {cfg.device}" if auto_gpus else "--slurm-gpus-per-task")
 
 
 def check_request(req: Request, nodes: list[Node] | None) -> None:
@@ -201,9 +203,10 @@ def check_request(req: Request, nodes: list[Node] | None) -> None:
     most = lambda attr: max(getattr(n, attr) for n in mine)
     if req.gpus > most("gpus"):
         have = f"at most {most('gpus')} GPUs a node" if most("gpus") else "no GPUs (no gpu GRES)"
-        raise UserError(f"--slurm-gpus-per-task {req.gpus}: {where} has {have}; pass "
-                        f"--slurm-gpus-per-task {most('gpus')}, or a GPU partition with "
-                        "--slurm-partition")
+        asked = f"{req.gpus_from} {req.gpus}" if req.gpus_from.startswith("--slurm") else \
+            f"{req.gpus_from} asks for {req.gpus} GPU"
+        raise UserError(f"{asked}: {where} has {have}; pass a GPU partition with "
+                        f"--slurm-partition, or --slurm-gpus-per-task {most('gpus')}")
     if req.cpus > most("cpus"):
         raise UserError(f"--slurm-cpus-per-task {req.cpus}: the nodes of {where} have at "
                         f"most {most('cpus')} CPUs; pass --slurm-cpus-per-task "
