@@ -171,3 +171,13 @@ def test_a_controller_out_of_reach_is_no_end_but_a_forgotten_job_is(tmp_path, mo
     assert slurm_state.slurm_state("7").state == slurm_state.GONE  # and no accounting
     _fake(tmp_path, "sacct", 'echo "TIMEOUT"')
     assert slurm_state.slurm_state("7") == slurm_state.JobState("TIMEOUT")
+
+
+def test_a_job_slurm_never_starts_is_cancelled_and_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    _fake(tmp_path, "squeue", 'echo "PENDING|PartitionConfig"')
+    _fake(tmp_path, "scancel", f'echo "$@" > {tmp_path}/cancelled')
+    states = executor.wait({"m": FakeJob(tmp_path)}, "slurm", progress=False, poll_s=0.0)
+    assert (tmp_path / "cancelled").read_text().split() == ["7"]
+    why = executor.outcome(FakeJob(tmp_path), states["m"])[1]
+    assert why.startswith("PENDING (PartitionConfig): Slurm would never start it")

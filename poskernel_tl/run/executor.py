@@ -17,6 +17,7 @@ processes on this machine, which is how most tests exercise this path without a 
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -36,7 +37,14 @@ JOBS_DIR = "jobs"
 SUBMITIT_DIR = "submitit"
 EXECUTORS = ("slurm", "local")
 GONE_POLLS = 2  # polls a job may be out of the queue without a result before it failed
-ADVICE = {"CANCELLED": "scancel (or an administrator) cancelled it",
+# pending reasons with which Slurm never starts the job as it was asked (the request
+# exceeds what the partition allows): the submitter cancels it and says so
+NEVER_STARTS = {"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit",
+                "BadConstraints", "InvalidAccount", "InvalidQOS", "QOSNotAllowed",
+                "AccountNotAllowed"}
+ADVICE = {"PENDING": "Slurm would never start it as asked, so it was cancelled; change "
+                     "the --slurm-* options (`--plan` prints the request)",
+          "CANCELLED": "scancel (or an administrator) cancelled it",
           "TIMEOUT": "it reached its time limit: raise --slurm-time",
           "OUT_OF_MEMORY": "it ran out of memory: raise --slurm-mem or lower --max-memory",
           GONE: "it left the queue without a result, and the cluster keeps no accounting "
@@ -166,6 +174,9 @@ def _state(job, cluster: str, gone: dict[str, int]) -> JobState:
     if state.state == GONE:
         gone[job.job_id] = gone.get(job.job_id, 0) + 1
         return JobState(GONE, final=gone[job.job_id] >= GONE_POLLS)
+    if state.state == "PENDING" and state.reason in NEVER_STARTS:
+        subprocess.run(["scancel", str(job.job_id)], capture_output=True, timeout=60)
+        return JobState("PENDING", state.reason, final=True)
     return state
 
 
