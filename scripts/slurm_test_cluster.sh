@@ -99,6 +99,10 @@ EOF
 start_munge() {
   if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
     mkdir -p /run/munge && chown munge:munge /run/munge
+    if [ ! -s /etc/munge/munge.key ] && command -v mungekey >/dev/null; then
+      runuser -u munge -- mungekey --create --keyfile=/etc/munge/munge.key \
+        || cannot "no munge key, and mungekey could not create one"
+    fi
     runuser -u munge -- /usr/sbin/munged || cannot "munged did not start"
     sleep 0.5
   fi

@@ -21,6 +21,7 @@ from poskernel_tl.errors import UserError
 from poskernel_tl.plan.config import GridConfig
 from poskernel_tl.run import executor, grid
 
+pytestmark = pytest.mark.slurm
 TESTS = Path(__file__).parent
 CONDS = [grid.Condition("tiny-llama", "random", 32, 6),
          grid.Condition("tiny-olmo", "random", 32, 6)]
