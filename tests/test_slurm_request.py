@@ -181,3 +181,15 @@ def test_a_job_slurm_never_starts_is_cancelled_and_reported(tmp_path, monkeypatc
     assert (tmp_path / "cancelled").read_text().split() == ["7"]
     why = executor.outcome(FakeJob(tmp_path), states["m"])[1]
     assert why.startswith("PENDING (PartitionConfig): Slurm would never start it")
+
+
+def test_a_job_stopped_at_its_time_limit_is_named_timeout(tmp_path):
+    from submitit.core.utils import cloudpickle_dump
+
+    job = FakeJob(tmp_path)  # what submitit's handler of the limit's USR2 leaves
+    cloudpickle_dump(("error", "Traceback ...\nsubmitit.core.utils.UncompletedJobError: Job "
+                               "not requeued because: timed-out and not checkpointable."),
+                     job.paths.result_pickle)
+    table, why = executor.outcome(job, slurm_state.JobState("FINISHED"))
+    assert table is None and why.startswith("TIMEOUT: it reached its time limit: raise "
+                                            "--slurm-time")

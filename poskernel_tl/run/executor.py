@@ -206,6 +206,8 @@ def outcome(job, state: JobState) -> tuple[object | None, str | None]:
         tag, value = pickle_load(job.paths.result_pickle)
         if tag == "success":
             return value, None
+        if "timed-out" in str(value):  # submitit's USR2 handler, 90 s before the limit
+            return None, f"TIMEOUT: {ADVICE['TIMEOUT']} ({_reason(value)})"
         return None, f"{state.state if state.state != 'FINISHED' else 'FAILED'}: " \
                      f"{_reason(value)}"
     why = ADVICE.get(state.state, "")
