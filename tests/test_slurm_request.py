@@ -40,6 +40,8 @@ def test_a_cpu_run_asks_for_no_gpu_and_the_node_s_cpus():
     check_request(req, NODES)
     opts = executor.job_options(GridConfig(), executor.Path("j"), req)
     assert (opts.device, opts.max_memory) == ("cpu", f"{req.budget // MiB}M")
+    local = executor.job_options(GridConfig(), executor.Path("j"), None)  # --executor local
+    assert (local.device, local.max_memory, local.out) == ("auto", "auto", "j")
 
 
 def test_a_gpu_run_asks_for_one_gpu_on_a_gpu_partition():

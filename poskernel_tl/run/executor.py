@@ -139,10 +139,13 @@ def describe_jobs(conds: list[Condition], opts: GridConfig) -> str:
     return "\n".join(lines)
 
 
-def job_options(opts: GridConfig, folder: Path, req: Request) -> GridConfig:
-    """The grid options of one job: its folder; on a CPU-only request, device cpu and the
-    request's memory budget (unless --max-memory says otherwise)."""
+def job_options(opts: GridConfig, folder: Path, req: Request | None) -> GridConfig:
+    """The grid options of one job: its folder; on a Slurm request for no GPU, device cpu
+    and the request's memory budget (unless --max-memory says otherwise). ``req`` None:
+    a local job, which sees this machine as it is."""
     changes = dict(out=str(folder), progress=False)
+    if req is None:
+        return replace(opts, **changes)
     if not req.gpus and opts.device == "auto":
         changes["device"] = "cpu"
     if req.budget and opts.max_memory == "auto":
@@ -228,7 +231,8 @@ def submit_grid(conds: list[Condition], opts: GridConfig, cluster: str = "slurm"
     jobs = {}
     for model, group in groups.items():
         executor = make_executor(cluster, out / SUBMITIT_DIR, requests[model])
-        jobs[model] = submit(executor, job_options(opts, folders[model], requests[model]),
+        slurm = requests[model] if cluster == "slurm" else None
+        jobs[model] = submit(executor, job_options(opts, folders[model], slurm),
                              group, load)
     print(f"submitted {len(jobs)} {cluster} job(s): " +
           ", ".join(f"{m} ({j.job_id})" for m, j in jobs.items()), flush=True)
