@@ -44,6 +44,7 @@ stop() {
   stop_one "$DIR/slurmctld.pid"
   stop_one "$DIR/slurmdbd.pid"
   stop_one "$DIR/db-run/mariadb.pid"
+  stop_one "$DIR/munged.pid"
 }
 
 ports() {  # a port block per folder, so two clusters' daemons never meet
@@ -105,6 +106,7 @@ start_munge() {
     fi
     runuser -u munge -- /usr/sbin/munged || cannot "munged did not start"
     sleep 0.5
+    cp /run/munge/munged.pid "$DIR/munged.pid"  # ours: stopped with the cluster
   fi
 }
 
