@@ -11,6 +11,7 @@ from poskernel_tl.apps.cli import main
 from poskernel_tl.plan.config import GridConfig
 from poskernel_tl.run import executor, grid
 from poskernel_tl.run.manifest import Manifest
+from poskernel_tl.run.slurm import Request
 
 TESTS = Path(__file__).parent
 CONDS = [grid.Condition("tiny-llama", "random", 32, 6),
@@ -70,29 +71,38 @@ def test_conditions_are_grouped_one_job_per_model():
 
 def test_unknown_executor_is_refused(tmp_path, capsys):
     with pytest.raises(ValueError, match="--executor"):
-        executor.make_executor("kubernetes", tmp_path, executor.SlurmOptions())
+        executor.make_executor("kubernetes", tmp_path, REQUEST)
     with pytest.raises(SystemExit):
         main(["grid", "--executor", "kubernetes"])
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_slurm_options_map_to_submitit_parameters(tmp_path, monkeypatch):
-    opts = executor.SlurmOptions(partition="gpu", gpus_per_task=1, time_min=90)
-    params = executor.executor_parameters("slurm", opts)
-    assert params["slurm_partition"] == "gpu" and params["gpus_per_node"] == 1
-    assert params["timeout_min"] == 90 and params["tasks_per_node"] == 1
-    assert "slurm_partition" not in executor.executor_parameters("local", opts)
+REQUEST = Request(partition="gpu", gpus=1, cpus=4, mem_mb=16384, time_min=90)
+
+
+def test_a_request_maps_to_sbatch_options(tmp_path, monkeypatch):
+    params = REQUEST.sbatch_parameters()
+    assert (params["partition"], params["gpus_per_node"], params["time"]) == ("gpu", 1, 90)
+    assert (params["cpus_per_task"], params["mem"], params["ntasks_per_node"]) == \
+        (4, "16384M", 1)
+    cpu = Request(partition=None, gpus=0, cpus=2, mem_mb=1000, time_min=30)
+    assert "gpus_per_node" not in cpu.sbatch_parameters()  # no GRES asked of a CPU node
+    assert "partition" not in cpu.sbatch_parameters()
+    lines = executor.sbatch_lines(REQUEST, tmp_path)
+    assert {"#SBATCH --gpus-per-node=1", "#SBATCH --cpus-per-task=4", "#SBATCH --mem=16384M",
+            "#SBATCH --time=90", "#SBATCH --partition=gpu"} <= set(lines)
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun here
     with pytest.raises(ValueError, match="no Slurm on this machine"):
-        executor.make_executor("slurm", tmp_path, opts)
+        executor.make_executor("slurm", tmp_path, REQUEST)
 
 
 def test_slurm_executor_accepts_the_parameters(tmp_path, monkeypatch):
-    srun = tmp_path / "srun"  # submitit only checks that srun exists before submitting
-    srun.write_text("#!/bin/sh\nexit 0\n")
-    srun.chmod(0o755)
+    for name in ("srun", "sbatch"):  # submitit only checks that srun exists before submitting
+        fake = tmp_path / name
+        fake.write_text("#!/bin/sh\nexit 0\n")
+        fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    ex = executor.make_executor("slurm", tmp_path / "f", executor.SlurmOptions(
-        partition="gpu", gpus_per_task=1, time_min=90))
-    params = ex._executor.parameters
+    ex = executor.make_executor("slurm", tmp_path / "f", REQUEST)
+    params = ex.parameters
     assert (params["partition"], params["gpus_per_node"], params["time"]) == ("gpu", 1, 90)
+    assert (params["cpus_per_task"], params["mem"]) == (4, "16384M")

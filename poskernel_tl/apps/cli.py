@@ -26,8 +26,14 @@ from poskernel_tl.plan.allocator import reuse_freed_memory
 from poskernel_tl.plan.config import GridConfig, RunConfig, add_flags, from_args
 from poskernel_tl.report.build import build_report
 from poskernel_tl.run.analyze import run_analysis
-from poskernel_tl.run.executor import GridJobError, submit_grid
-from poskernel_tl.run.grid import check_plan, merge, plan, run_grid
+from poskernel_tl.run.executor import (
+    GridJobError,
+    by_model,
+    describe_jobs,
+    job_logs,
+    submit_grid,
+)
+from poskernel_tl.run.grid import LOG, check_plan, merge, plan, run_grid
 from poskernel_tl.run.runner import run_condition
 
 CONDITION = ("model", "dataset", "length", "n_seqs", "out", "seed", "allow_cross_doc")
@@ -229,19 +235,23 @@ def cmd_grid(args) -> int:
                         if not ok})
         raise UserError("missing: " + "; ".join(notes))
     if cfg.plan:
+        if cfg.executor == "slurm":
+            print(describe_jobs(conds, cfg))
         return 0
     if not cfg.progress:
         _quiet_libraries()
+    logs = [os.path.join(cfg.out, LOG)]
     if cfg.executor != "here":
         try:
             table = submit_grid(conds, cfg, cfg.executor)
         except GridJobError as err:
             print(f"poskernel: {err}", file=sys.stderr)
             return 1
+        logs = [str(p) for p in job_logs(cfg.out, by_model(conds))]
     else:
         table = run_grid(conds, cfg)
     print("\n" + table.round(3).to_string(index=False))
-    print(f"\nresults in {os.path.join(cfg.out, C.RESULTS_DIR)}; log {cfg.out}/grid.log")
+    print(f"\nresults in {os.path.join(cfg.out, C.RESULTS_DIR)}; log {', '.join(logs)}")
     return 0
 
 

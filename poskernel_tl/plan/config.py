@@ -10,6 +10,7 @@ flag cannot drift apart. The same two functions serve every analysis's options.
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -99,6 +100,28 @@ def check_choices(obj) -> None:
         if choices and value not in choices:
             raise UserError(f"{flag_name(f)} {value}: choose one of "
                             f"{', '.join(map(str, choices))}")
+
+
+def check_device_name(device: str) -> None:
+    """``--device`` is auto, cpu, cuda or cuda:N (whether this machine has it aside)."""
+    if device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:[0-9]+", device):
+        raise UserError(f"--device {device}: use auto, cpu, cuda or cuda:N")
+
+
+def check_slurm(cfg) -> None:
+    """The ``--slurm-*`` numbers are whole numbers (GPUs may be 0) or auto."""
+    for name, low in (("slurm_gpus_per_task", 0), ("slurm_cpus_per_task", 1),
+                      ("slurm_time", 1)):
+        value = getattr(cfg, name)
+        if value != "auto" and not (isinstance(value, int) and value >= low):
+            raise UserError(f"--{name.replace('_', '-')} {value}: a whole number >= {low}, "
+                            "or auto")
+    if cfg.slurm_mem != "auto":
+        try:
+            parse_memory(cfg.slurm_mem)
+        except UserError:
+            raise UserError(f"--slurm-mem {cfg.slurm_mem}: a size such as 16G or 800M, "
+                            "or auto") from None
 
 
 @dataclass(kw_only=True)
@@ -214,13 +237,26 @@ class GridConfig(RunConfig):
     executor: Literal["here", "slurm", "local"] = option(
         "here", "here: in this process; slurm: one job per model on a Slurm cluster; "
         "local: the same jobs as processes on this machine (submitit)")
-    slurm_partition: str | None = option(None, "Slurm partition for --executor slurm")
-    slurm_gpus_per_task: int = option(1, "GPUs per job")
-    slurm_time: int = option(240, "time limit per job in minutes")
+    slurm_partition: str | None = option(None, "Slurm partition for --executor slurm "
+                                               "(default: the cluster's default partition)")
+    slurm_gpus_per_task: int | Literal["auto"] = option(
+        "auto", "GPUs per job; auto: 1 with --device cuda, none otherwise")
+    slurm_cpus_per_task: int | Literal["auto"] = option(
+        "auto", "CPUs per job; auto: a node's CPUs (at most 16; 8 beside a GPU)")
+    slurm_mem: str = option(
+        "auto", "memory per job, e.g. 16G; auto: the model's weights plus the measurement's "
+        "budget (--max-memory, 8G by default on CPU) plus 2G")
+    slurm_time: int | Literal["auto"] = option(
+        "auto", "time limit per job in minutes; auto: estimated from the job's conditions "
+        "(at least 30)")
 
     def validate(self, spec: ModelSpec | None = None) -> None:
         MeasureConfig.validate(self)
-        resolve_device(self.device)
+        if self.executor == "slurm":  # the jobs' nodes have the device, maybe not this one
+            check_device_name(self.device)
+            check_slurm(self)
+        else:
+            resolve_device(self.device)
         for d in self.datasets or ():
             check_dataset(d)
         for m in self.models or ():
