@@ -15,6 +15,7 @@ and times, per sequence, in one process and on the same random tokens:
 and prints each per sequence with its ratio to ``hf``.
 
 Usage: python scripts/bench_softcap.py [--length 1024] [--n-seqs 4] [--repeats 2] [--threads N]
+       [--null-perms K]
 """
 
 import argparse
@@ -75,7 +76,10 @@ def main() -> None:
     ap.add_argument("--n-seqs", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--null-perms", type=int, default=None,
+                    help="permutations of the null (default: pk.measure's own)")
     a = ap.parse_args()
+    extra = {} if a.null_perms is None else {"null_perms": a.null_perms}
     if a.threads:
         torch.set_num_threads(a.threads)
     ids = torch.randint(3, 49000, (a.n_seqs, a.length), generator=torch.Generator().manual_seed(0))
@@ -90,9 +94,9 @@ def main() -> None:
     out = {"hf": best(forward, a.repeats)}
     for name, model in (("capped", capped), ("uncapped", uncapped)):
         out[name] = best(lambda model=model: pk.measure(model, ids, progress=False,
-                                                        batch_size=1), a.repeats)
+                                                        batch_size=1, **extra), a.repeats)
     print(f"T = {a.length}, {a.n_seqs} sequences, {torch.get_num_threads()} threads, best of "
-          f"{a.repeats}")
+          f"{a.repeats}, null permutations: {a.null_perms if extra else 'default'}")
     for name, sec in out.items():
         print(f"  {name:9s} {sec / a.n_seqs:8.3f} s/seq   {sec / out['hf']:5.2f}× hf")
 
