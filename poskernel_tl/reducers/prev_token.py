@@ -69,8 +69,10 @@ class PrevTokenReducer:
         sinks = sink_logits(terms, bq.device)
         for x in keep:  # a kv head's query heads together, ROWS query rows at a time
             for j in range(kv):
-                q = bq[x, :T, j * g:(j + 1) * g].float().transpose(0, 1)  # [g, T, d]
-                k = bk[x, :T, j].float()
+                # float32, or float64 where an ALiBi ramp is folded in (its terms cancel)
+                dtype = torch.float64 if bq.dtype == torch.float64 else torch.float32
+                q = bq[x, :T, j * g:(j + 1) * g].to(dtype).transpose(0, 1)  # [g, T, d]
+                k = bk[x, :T, j].to(dtype)
                 prev = cap_scores((q[:, 1:] * k[:-1]).sum(-1).mul_(batch.scale), terms)
                 tokens = self._row_logsumexp(q, k, batch.scale, last, terms)
                 lse = logsumexp_with_sinks(tokens, None if sinks is None
