@@ -27,13 +27,12 @@ def pair_indices(scheme: LayerScheme) -> tuple[torch.Tensor, torch.Tensor]:
     of the layer's ``inv_freq``. ValueError for a layer without RoPE."""
     if scheme.pe != "rope" or not scheme.rotary_dims:
         raise ValueError(f"a {scheme.pe} layer has no rotary pairs")
-    half = scheme.rotary_dims // 2
-    idx = torch.arange(half) + scheme.rotary_offset
+    half, start = scheme.rotary_dims // 2, scheme.rotary_offset
+    idx = torch.arange(half)
     if scheme.layout == "interleaved":
-        idx = torch.arange(half)
-        return scheme.rotary_offset + 2 * idx, scheme.rotary_offset + 2 * idx + 1
+        return start + 2 * idx, start + 2 * idx + 1
     if scheme.layout == "rotate_half":
-        return idx, idx + half
+        return start + idx, start + idx + half
     raise ValueError(f"unknown rotary layout {scheme.layout!r}")
 
 

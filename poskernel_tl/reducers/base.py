@@ -69,6 +69,12 @@ class LayerBatch:
         return fold_qk(self.q, self.k, self.terms, self.scale)
 
     @property
+    def streams(self) -> bool:
+        """Whether the logits are a bilinear form of :attr:`logit_qk`, so that fits may
+        stream sums of q and k (False for soft-capped logits: those read :attr:`scores`)."""
+        return not self.terms.nonlinear
+
+    @property
     def group(self) -> int:
         """Query heads per key/value head."""
         return self.q.shape[2] // self.k.shape[2]

@@ -187,7 +187,7 @@ class PermNullReducer:
         L = batch.layer
         if not self.causal:
             check_two_sided(q.shape[2], k.shape[2])
-        if self.source == "lags" and not batch.terms.nonlinear:
+        if self.source == "lags" and batch.streams:
             for p in range(len(self.perms)):
                 pi = self.perms[p]
                 qp, kp = q.index_select(1, pi), k.index_select(1, pi)

@@ -228,7 +228,7 @@ class TrackAReducer:
         bad = (~torch.isfinite(batch.q)).sum(dim=(1, 3)) + \
             bad_k.repeat_interleave(batch.group, dim=1)
         self.nonfinite[idx, L] += bad
-        if self.source == "lags" and not batch.terms.nonlinear:
+        if self.source == "lags" and batch.streams:
             self._update_from_lags(batch)
         else:  # the reference path, and logits that are no bilinear form of q and k
             self._update_from_scores(batch)
