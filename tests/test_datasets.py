@@ -62,7 +62,7 @@ def build(tok, dataset, length, n=20, seed=0, **kw):
 
 # ----------------------------------------------------------------------- sources
 def test_dataset_name_tuples():
-    assert OFFLINE_DATASETS == ("prose", "stdlib-code", "random")
+    assert OFFLINE_DATASETS == ("prose", "stdlib-code", "random", "repeated")
     assert HUB_DATASETS == ("wikipedia", "code")
 
 
@@ -274,6 +274,21 @@ def test_random_excludes_special_tokens(tiny_tokenizer):
     special = set(tiny_tokenizer.all_special_ids)
     assert special and not used & special
     assert used == set(range(len(tiny_tokenizer))) - special  # 10,240 draws cover them all
+
+
+def test_repeated_is_one_token_per_sequence(tiny_tokenizer, tmp_path):
+    """Gu et al.'s third condition: each sequence one non-special token repeated, drawn
+    per sequence (so sequences differ), every sequence an evaluation one; the file
+    validates when read back."""
+    seqs = build(tiny_tokenizer, "repeated", 64, n=40)
+    ids = seqs["input_ids"]
+    assert (ids == ids[:, :1]).all()  # no frame for this tokenizer: the whole row
+    assert len(set(ids[:, 0].tolist())) > 20
+    assert not set(ids.unique().tolist()) & set(tiny_tokenizer.all_special_ids)
+    assert seqs["split"] == ["eval"] * 40 and seqs["doc_ids"] == ["repeated"] * 40
+    assert "repeated" in seqs["source"]
+    with pytest.raises(DataError, match="no documents"):
+        next(iter_documents("repeated"))
 
 
 def test_random_excludes_smollm2_added_specials(smollm2_tokenizer):

@@ -144,10 +144,10 @@ def test_prev_token_score_is_transformer_lens_own(monkeypatch, causal, window, r
     (GQA, a window, two-sided; the logits formed whole or ``rows`` query rows at a time);
     a causal model's score past ``max_pos`` positions is TransformerLens's score of the
     sequences cut to ``max_pos`` tokens."""
-    from poskernel_tl.reducers import prev_token
+    from poskernel_tl.reducers import pattern
     from poskernel_tl.reducers.prev_token import PrevTokenReducer
 
-    monkeypatch.setattr(prev_token, "ROWS", rows)
+    monkeypatch.setattr(pattern, "ROWS", rows)
 
     g = torch.Generator().manual_seed(2)
     q, k = torch.randn(3, T, 4, 8, generator=g) * 2, torch.randn(3, T, 2, 8, generator=g) * 2

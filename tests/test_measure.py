@@ -12,7 +12,7 @@ import poskernel_tl as pk
 from poskernel_tl import constants as C
 from poskernel_tl.apps.cli import main
 from poskernel_tl.errors import ResultFileError, UserError
-from poskernel_tl.measurement.result import ALIASES, OWNER
+from poskernel_tl.measurement.result import ALIASES, owner
 from poskernel_tl.models.loading import boot_bridge
 
 T, N = 24, 6
@@ -45,7 +45,7 @@ def test_save_load_round_trip_is_exact(measured, tmp_path):
     measured.save(tmp_path)
     back = pk.ConditionResult.load(tmp_path)
     assert sorted(back.parts) == sorted(measured.parts)
-    for name in [*OWNER, *ALIASES, "model", "dataset", "length", "seq_id"]:
+    for name in [*owner(), *ALIASES, "model", "dataset", "length", "seq_id"]:
         assert _equal(getattr(measured, name), getattr(back, name)), name
     a, b = measured.to_frames()
     pd.testing.assert_frame_equal(a, back.to_frames()[0])

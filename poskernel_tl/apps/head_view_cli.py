@@ -16,7 +16,7 @@ from torch import Tensor
 from poskernel_tl.analyses.spectral.summary import alignment_line
 from poskernel_tl.apps.head_view import MIN_TOKENS, check_head, inspect_head
 from poskernel_tl.constants import model_slug
-from poskernel_tl.data.datasets import check_dataset_name
+from poskernel_tl.data.datasets import TOKEN_DATASETS, check_dataset_name
 from poskernel_tl.data.sequences import build_sequences, collect_windows, sequence_frame
 from poskernel_tl.errors import DataError, UserError
 from poskernel_tl.models.loading import load_model, resolve_device
@@ -102,10 +102,10 @@ def dataset_window(tokenizer, dataset: str, length: int, index: int = 0, seed: i
                    *, model_name: str = "model") -> tuple[Int[Tensor, " pos"], str]:
     """Window ``index`` (corpus order) of ``length`` tokens of ``dataset`` and a label.
     Random tokens: row ``index`` of the seeded random sequences."""
-    if dataset == "random":
+    if dataset in TOKEN_DATASETS:
         n = 2 * (index // 2 + 1)
-        seqs = build_sequences(tokenizer, "random", length, n, seed, model_name=model_name)
-        return seqs["input_ids"][index], f"random tokens, sequence {index} (seed {seed})"
+        seqs = build_sequences(tokenizer, dataset, length, n, seed, model_name=model_name)
+        return seqs["input_ids"][index], f"{dataset} tokens, sequence {index} (seed {seed})"
     tokens, doc_ids, offsets = collect_windows(tokenizer, dataset, length, seed,
                                                max_windows=index + 1)
     if len(tokens) <= index:

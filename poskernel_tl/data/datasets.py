@@ -11,6 +11,9 @@ Offline sources (exist on every machine):
 - ``random``: no text at all; the sequence builder draws token ids directly, uniformly
   from :func:`random_token_ids` (the vocabulary without special tokens and reserved
   placeholders such as BERT's ``[unused7]``), framed like text (e.g. ``[CLS]`` … ``[SEP]``).
+- ``repeated``: one token repeated over the whole sequence (Gu et al., ICLR 2025's third
+  condition for the attention sink), the token drawn per sequence from the same
+  vocabulary as ``random``, framed like text.
 - ``text:PATH``: a UTF-8 file (one document) or a folder (every ``*.txt``, ``*.md`` and
   ``*.py`` file below it, hidden folders skipped, sorted by relative path, one document
   each; empty files skipped). A file whose lines include WikiText top-level headings
@@ -39,7 +42,8 @@ import torch
 
 from poskernel_tl.errors import DataError
 
-OFFLINE_DATASETS = ("prose", "stdlib-code", "random")
+OFFLINE_DATASETS = ("prose", "stdlib-code", "random", "repeated")
+TOKEN_DATASETS = ("random", "repeated")  # drawn token ids: no documents, no centering half
 HUB_DATASETS = ("wikipedia", "code")
 TEXT_PREFIX = "text:"
 # the seed keeps the full logits of 10 evaluation sequences for Wikipedia only
@@ -54,7 +58,7 @@ HUB_PROBE_TIMEOUT_S = 10.0
 TEXT_SUFFIXES = (".txt", ".md", ".py")
 STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
 _WIKITEXT_TITLE = re.compile(r"^ = (?!=)(.*\S) = $")
-_OFFLINE_HINT = "offline alternatives: prose, stdlib-code, random, text:PATH"
+_OFFLINE_HINT = "offline alternatives: prose, stdlib-code, random, repeated, text:PATH"
 # reserved, never-used vocabulary slots: BERT's "[unused12]", "<unused3>" elsewhere
 _PLACEHOLDER = re.compile(r"^(\[unused\d+\]|<unused\d+>)$")
 
@@ -96,6 +100,9 @@ def describe_source(dataset: str, seed: int = 0) -> str:
     if dataset == "random":
         return (f"token ids uniform over the vocabulary without special and placeholder "
                 f"tokens, torch seed {seed}")
+    if dataset == "repeated":
+        return (f"one token per sequence, repeated, drawn uniformly from the vocabulary "
+                f"without special and placeholder tokens, torch seed {seed}")
     if dataset == "wikipedia":
         return (f"{WIKIPEDIA_REPO} {WIKIPEDIA_CONFIG}, streamed, shuffled "
                 f"(seed {seed}, buffer {SHUFFLE_BUFFER})")
@@ -112,8 +119,8 @@ def iter_documents(dataset: str, seed: int = 0) -> Iterator[tuple[str, str]]:
     before the first document is produced. ``seed`` only affects the hub sources.
     """
     check_dataset_name(dataset)
-    if dataset == "random":
-        raise DataError("dataset 'random' has no documents; the sequence builder draws "
+    if dataset in TOKEN_DATASETS:
+        raise DataError(f"dataset {dataset!r} has no documents; the sequence builder draws "
                         "token ids directly")
     if dataset == "prose":
         return _prose()

@@ -33,6 +33,7 @@ from jaxtyping import Int
 from poskernel_tl import constants, protocol
 from poskernel_tl.data.datasets import (
     HUB_DATASETS,
+    TOKEN_DATASETS,
     check_dataset_name,
     describe_source,
     iter_documents,
@@ -217,16 +218,18 @@ def build_sequences(tokenizer, dataset: str, length: int, n_seqs: int = 200, see
             "source": describe_source(dataset, seed), "tokenizer": tokenizer_name(tokenizer),
             "vocab_size": len(tokenizer), "format_version": FORMAT_VERSION,
             "frame": _frame_record(frame)}
-    if dataset == "random":
+    if dataset in TOKEN_DATASETS:
         allowed = random_token_ids(tokenizer)
         if len(allowed) == 0:
             raise DataError(f"tokenizer {base['tokenizer']!r} has no non-special tokens")
         gen = torch.Generator().manual_seed(int(seed))
         body = length - sum(map(len, frame))
-        drawn = allowed[torch.randint(len(allowed), (n_seqs, body), generator=gen)]
+        width = body if dataset == "random" else 1  # repeated: one token per sequence
+        drawn = allowed[torch.randint(len(allowed), (n_seqs, width), generator=gen)].expand(
+            n_seqs, body)
         input_ids = torch.from_numpy(_framed(drawn.numpy(), frame))
         return {"input_ids": input_ids, "split": _split_labels(n_seqs, True),
-                "seq_id": torch.arange(n_seqs), **base, "doc_ids": ["random"] * n_seqs,
+                "seq_id": torch.arange(n_seqs), **base, "doc_ids": [dataset] * n_seqs,
                 "offsets": torch.full((n_seqs,), -1, dtype=torch.long), "cross_doc": False,
                 "n_candidates": -1}
 
@@ -288,8 +291,8 @@ def validate_sequences(seqs, where: str = "sequences") -> None:
     split = seqs["split"]
     if not isinstance(split, list) or len(split) != n:
         raise DataError(f"{where}: split must be a list of {n} labels")
-    if split != _split_labels(n, seqs["dataset"] == "random"):
-        layout = ("all 'eval'" if seqs["dataset"] == "random"
+    if split != _split_labels(n, seqs["dataset"] in TOKEN_DATASETS):
+        layout = ("all 'eval'" if seqs["dataset"] in TOKEN_DATASETS
                   else f"{n // 2} 'centering' then {n // 2} 'eval'")
         raise DataError(f"{where}: split does not have the fixed layout ({layout})")
     seq_id = seqs["seq_id"]
@@ -342,7 +345,7 @@ def ensure_sequences(out_dir: Path, tokenizer, dataset: str, length: int, n_seqs
     _check_args(dataset, length, n_seqs, n_ctx, model_name)
     path = constants.seqs_path(Path(out_dir), model_name, dataset, length)
     expect = {"model": model_name, "dataset": dataset, "length": length, "n_seqs": n_seqs,
-              "seed": seed, "cross_doc": bool(allow_cross_doc) and dataset != "random"}
+              "seed": seed, "cross_doc": bool(allow_cross_doc) and dataset not in TOKEN_DATASETS}
     if path.exists():
         try:
             seqs = load_sequences(path, expect=expect)

@@ -141,8 +141,7 @@ def head_kernels(g: Float[np.ndarray, "layer head_index lag"],
 
 def condition_kernels(r) -> pd.DataFrame | None:
     """:func:`head_kernels` of a :class:`~poskernel_tl.measurement.result.ConditionResult`, with its
-    condition's columns first and TransformerLens's previous-token score where it was
-    saved; None for a result saved without the sink column's mean."""
+    condition's columns first; None for a result saved without the sink column's mean."""
     if r.g_sink is None:
         return None
     counts = layer_lag_counts(r.length, r.spec.max_lags(r.length), r.n_layers)[:, 0].numpy()
@@ -151,6 +150,4 @@ def condition_kernels(r) -> pd.DataFrame | None:
     for i, (name, value) in enumerate((("model", r.model), ("dataset", r.dataset),
                                        ("length", r.length))):
         df.insert(i, name, value)
-    if r.tl_prev_token is not None:
-        df["tl_prev_token"] = np.asarray(r.tl_prev_token).ravel()
     return df

@@ -102,9 +102,12 @@ def r2_from_sums(
     s1: Float[Tensor, "*batch lag"],
     sq: Float[Tensor, "*batch"],
     counts: Float[Tensor, "... lag"],
+    warn: bool = True,
 ) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"]]:
     """R² and g(Δ) from per-lag sums, total sum of squares and per-lag counts.
-    Lags with no entries get g = NaN; a constant input (SS_tot = 0) gives R² = NaN."""
+    Lags with no entries get g = NaN; a constant input (SS_tot = 0) gives R² = NaN, with
+    a warning unless ``warn`` is false (a streaming reducer: the check waits for the
+    device)."""
     counts = counts.to(s1.device, torch.float64)
     s1 = s1.double()
     sq = sq.double()
@@ -118,7 +121,7 @@ def r2_from_sums(
     ss_res = sq - explained
     # relative floor: SS_tot at rounding level of Σ A² is a constant matrix
     degenerate = ss_tot <= 1e-12 * torch.clamp(sq, min=torch.finfo(torch.float64).tiny)
-    if bool(degenerate.any()):
+    if warn and bool(degenerate.any()):
         warnings.warn("shift_invariance_r2: constant input (zero variance); R² is NaN",
                       RuntimeWarning, stacklevel=2)
     r2 = torch.where(degenerate, torch.full_like(ss_tot, float("nan")),
@@ -165,19 +168,20 @@ def upper_lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,
 Sums = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"], Float[Tensor, "... lag"]]
 
 
-def r2_two_sided(front: Sums, back: Sums | None
+def r2_two_sided(front: Sums, back: Sums | None, warn: bool = True
                  ) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"],
                             Float[Tensor, "*batch lag"] | None]:
     """R², g(Δ) for Δ = 1..T−1 and g(−Δ) (None without ``back``) from ``(S1, Σ A², n)``
-    of each side: one g per signed lag, R² over the entries of both sides together."""
+    of each side: one g per signed lag, R² over the entries of both sides together
+    (``warn``: as :func:`r2_from_sums`)."""
     s1, sq, counts = front
     if back is None:
-        return (*r2_from_sums(s1, sq, counts), None)
+        return (*r2_from_sums(s1, sq, counts, warn), None)
     s1_b, sq_b, counts_b = back
     counts = torch.cat(torch.broadcast_tensors(counts.to(s1.device), counts_b.to(s1.device)),
                        -1)
     r2, g = r2_from_sums(torch.cat([s1.double(), s1_b.double()], -1),
-                         sq.double() + sq_b.double(), counts)
+                         sq.double() + sq_b.double(), counts, warn)
     n = s1.shape[-1]
     return r2, g[..., :n], g[..., n:]
 

@@ -45,20 +45,17 @@ from poskernel_tl.plan.batching import Plan, Workload, batched, plan_measure
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers import (
     CenteringMeans,
-    FreqUsageReducer,
     GramReducer,
     GramResult,
     LayerBatch,
-    LogitSaver,
     Moments,
     MomentsReducer,
-    PermNullReducer,
-    PrevTokenReducer,
     TrackAReducer,
-    WhitenedGramReducer,
     Workspace,
 )
 from poskernel_tl.reducers.gram import concat_layers
+from poskernel_tl.reducers.registry import STATISTICS
+from poskernel_tl.reducers.statistic import Run
 
 ScoresPath = str  # "auto" | "hook" | "qk"
 
@@ -169,7 +166,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     centering = centering_pass(model, cen_ids, batch_size, opts, progress)
     reds, track_b = evaluation_passes(model, ev_ids, centering, wanted, opts, plan,
                                       keep_gram, hook_scores, progress)
-    parts, notes = result_parts(model, reds, track_b, centering, ev_ids)
+    parts, notes = result_parts(model, reds, track_b, centering, ev_ids, opts)
     notes = [plan.note()] + notes if plan.blocked else notes
     notes = ([cut] if cut else []) + notes
     provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
@@ -236,28 +233,17 @@ def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
                   gram_layers: Sequence[int] | None = None, full: bool = False,
                   factors: bool = False) -> dict:
     """Pass 2's reducers by the name of the result part each makes: Track A, Track B (for
-    ``gram_layers``, default all), then the optional ones."""
-    s, dev = model.spec, model.device
-    L, H, Hkv = s.n_layers, s.n_heads, s.n_kv_heads
-    source = "scores" if opts.scores in ("hook", "qk") else "lags"
-    layers = range(L) if gram_layers is None else gram_layers
-    windows = s.max_lags(T)
-    reds = {"track_a": TrackAReducer(n, L, H, T, dev, seed=opts.seed, source=source,
-                                     causal=s.causal, max_lags=windows),
+    ``gram_layers``, default all), then every statistic of the registry this run wants
+    (:data:`~poskernel_tl.reducers.registry.STATISTICS`)."""
+    s, run = model.spec, Run(model, T, n, opts, centering, wanted)
+    layers = range(s.n_layers) if gram_layers is None else gram_layers
+    reds = {"track_a": TrackAReducer(n, s.n_layers, s.n_heads, T, model.device,
+                                     seed=opts.seed, source=run.source, causal=s.causal,
+                                     max_lags=run.max_lags),
             "track_b": gram_reducer(model, T, centering, layers, full, factors)}
-    if model.rotary_pairs is not None:
-        reds["freq_usage"] = FreqUsageReducer(L, H, Hkv, *model.rotary_pairs, device=dev)
-    if wanted:
-        reds["saved_logits"] = LogitSaver(wanted, L, causal=s.causal)
-    if opts.whiten:
-        reds["whitened"] = WhitenedGramReducer(centering, model.logit_scale, causal=s.causal)
-    if opts.null_perms > 0:
-        reds["perm_null"] = PermNullReducer(L, H, T, n_perm=opts.null_perms,
-                                            max_seqs=opts.null_seqs, seed=opts.seed,
-                                            device=dev, include_identity=False,
-                                            source=source, causal=s.causal, max_lags=windows)
-    reds["prev_token"] = PrevTokenReducer(L, H, T, max_seqs=opts.null_seqs, causal=s.causal,
-                                          max_lags=windows)
+    for stat in STATISTICS.values():
+        if (red := stat.build(run)) is not None:
+            reds[stat.name] = red
     return reds
 
 
@@ -290,25 +276,24 @@ def evaluation_passes(model: LoadedModel, ev_ids: Tokens, centering: Moments | N
 
 
 def result_parts(model: LoadedModel, reds: dict, track_b: GramResult,
-                 centering: Moments | None, ev_ids: Tokens) -> tuple[dict, list[str]]:
+                 centering: Moments | None, ev_ids: Tokens, opts: MeasureConfig | None = None
+                 ) -> tuple[dict, list[str]]:
     """The result's parts from the evaluation pass's reducers and Track B's result, and
     notes. S_PE of a post-LN model (BERT) uses the LayerNorm statistics measured on the
     evaluation sequences ``ev_ids`` (one more forward of them;
     :mod:`poskernel_tl.measurement.pe_kernel`)."""
-    T = ev_ids.shape[1]
-    track_a, notes = reds["track_a"], []
-    parts = {"track_a": track_a.result(), "track_b": track_b,
+    n, T = ev_ids.shape
+    notes = []
+    parts = {"track_a": reds["track_a"].result(), "track_b": track_b,
              "centering": CenteringMeans.from_moments(centering)}
-    parts.update({name: red.result() for name, red in reds.items() if name != "track_a"})
     if centering is None:
         parts["track_b"] = dataclasses.replace(parts["track_b"], gram_centered=None)
-    if "perm_null" in parts:  # the unpermuted fit of the same sequences
-        same, _ = track_a.pooled(torch.arange(parts["perm_null"].n_seqs, device=model.device))
-        parts["perm_null"] = dataclasses.replace(parts["perm_null"],
-                                                 r2_same_seqs=same.cpu().numpy())
-    if "freq_usage" in parts:
-        parts["freq_usage"] = dataclasses.replace(parts["freq_usage"],
-                                                  theta=model.spec.rotary_frequencies())
+    run = Run(model, T, n, opts, centering)
+    for name, red in reds.items():
+        if name in STATISTICS:
+            stat = STATISTICS[name]
+            part = red.result()
+            parts[name] = part if stat.finish is None else stat.finish(part, reds, run)
     if model.spec.pe == "learned-absolute":
         if getattr(model.bridge, "compatibility_mode", False):
             # compatibility mode folds ln_1 into separate q/k modules and leaves the HF

@@ -2,8 +2,10 @@
 
 A result is its condition (model, dataset, length, spec, evaluation sequence ids,
 configuration, provenance) and a set of parts, each the result dataclass of the reducer
-that computes it (:data:`PARTS`). Where each part's fields are saved — a file and key, or
-a column of the tidy Track A/Track B tables — is declared on the fields themselves
+that computes it (:func:`part_classes`: Track A, Track B, the centering means, S_PE and
+every statistic of :data:`~poskernel_tl.reducers.registry.STATISTICS`). Where each
+part's fields are saved — a file and key, or a column of the tidy Track A/Track B tables
+— is declared on the fields themselves
 (:mod:`poskernel_tl.schema`), so ``save``, ``load``, ``to_frames`` and the shape checks
 are written once, here, for every part.
 
@@ -14,6 +16,7 @@ the protocol's files and ``load`` reads them back exactly, checking every file f
 """
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -31,27 +34,32 @@ from poskernel_tl.io import save_arrays, save_csv, save_json
 from poskernel_tl.measurement.pe_kernel import PEKernel
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.protocol import offset_bands
-from poskernel_tl.reducers import (
-    CenteringMeans,
-    FreqUsage,
-    GramResult,
-    PermNull,
-    PrevTokenScore,
-    SavedLogits,
-    TrackAResult,
-    WhitenedGramResult,
-)
+from poskernel_tl.reducers import CenteringMeans, GramResult, SavedLogits, TrackAResult
+from poskernel_tl.reducers.registry import STATISTICS, condition_values
 from poskernel_tl.schema import Part, SavedFiles, tidy_tables
 
-PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, WhitenedGramResult,
-                                 FreqUsage, PermNull, SavedLogits, PEKernel, PrevTokenScore)
+CORE_PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, PEKernel)
 # result attribute -> (part, field) where the names differ
 ALIASES = {"r2_perm_null": ("perm_null", "r2_null"),
            "r2_perm_same_seqs": ("perm_null", "r2_same_seqs")}
-# field name -> the part that declares it (fields a result does not show are left out)
 UNSHOWN = ("seq_index", "eval_moments", "perms", "n_seqs", "seed")
-OWNER = {f.name: cls for cls in PARTS for f in dataclasses.fields(cls)
-         if f.name not in UNSHOWN}
+
+
+def part_classes() -> tuple[type[Part], ...]:
+    """Track A, Track B, the centering means and S_PE, then every registered statistic's
+    part (read from the registry each time: a statistic registered later joins)."""
+    return CORE_PARTS + tuple(s.part for s in STATISTICS.values())
+
+
+@functools.cache
+def _owners(classes: tuple[type[Part], ...]) -> dict[str, type[Part]]:
+    return {f.name: cls for cls in classes for f in dataclasses.fields(cls)
+            if f.name not in UNSHOWN}
+
+
+def owner() -> dict[str, type[Part]]:
+    """Field name -> the part that declares it (fields a result does not show left out)."""
+    return _owners(part_classes())
 META = ("model", "dataset", "length", "spec", "seq_id", "config", "provenance")
 
 
@@ -84,13 +92,14 @@ class ConditionResult:
         for name, (_, field) in ALIASES.items():
             if name in fields:
                 fields[field] = fields.pop(name)
-        unknown = sorted(set(fields) - set(OWNER) - {"seq_index"})
+        owners = owner()
+        unknown = sorted(set(fields) - set(owners) - {"seq_index"})
         if unknown:
             raise TypeError(f"ConditionResult has no fields {unknown}")
         if "r2_pooled" in fields:  # Track A built from its fields: sequences in order
             fields.setdefault("seq_index", np.arange(len(self.seq_id)))
-        for cls in PARTS:
-            mine = {k: v for k, v in fields.items() if OWNER.get(k, TrackAResult) is cls}
+        for cls in part_classes():
+            mine = {k: v for k, v in fields.items() if owners.get(k, TrackAResult) is cls}
             if mine and all(v is None for v in mine.values()) and any(
                     f.name in mine for f in dataclasses.fields(cls)
                     if f.default is dataclasses.MISSING):  # a required field unset: no part
@@ -109,7 +118,7 @@ class ConditionResult:
         if name.startswith("__") or name in ("parts",):
             raise AttributeError(name)
         part_name, field = ALIASES.get(name, (None, name))
-        cls = OWNER.get(field)
+        cls = owner().get(field)
         if cls is None:
             raise AttributeError(f"ConditionResult has no attribute {name!r}")
         part = self.parts.get(part_name or cls.NAME)
@@ -231,8 +240,22 @@ class ConditionResult:
             self.kv_head, skip=() if self.band_lo is not None else ("bands",))
 
     def kernels(self) -> pd.DataFrame | None:
-        """Per head, the kernel descriptors and class (:mod:`poskernel_tl.fit.kernel_class`)."""
-        return condition_kernels(self)
+        """Per head, the kernel descriptors and class (:mod:`poskernel_tl.fit.kernel_class`)
+        and every registered statistic's per-head columns this result holds (``heads.csv``)."""
+        df = condition_kernels(self)
+        if df is None:
+            return None
+        for stat in STATISTICS.values():
+            part = self.parts.get(stat.name)
+            for col in stat.head_columns if part is not None else ():
+                df[col] = np.asarray(getattr(part, col), np.float64).ravel()
+        return df
+
+    def condition_values(self) -> dict[str, float]:
+        """Every registered statistic's per-condition values (``grid_summary.csv``, the
+        report), read from :meth:`kernels`; empty without the per-head table."""
+        heads = self.kernels()
+        return {} if heads is None else condition_values(heads)
 
     def layer_summary(self) -> pd.DataFrame:
         """Mean over heads of each layer: pooled Track A, Track B centered and raw; for a
@@ -385,7 +408,7 @@ def _load(cls, out: Path, model: str, dataset: str, length: int, lazy: bool
              GramResult: {"centered": bool(meta["centered"])},
              SavedLogits: {"logits": [int(s) for s in meta.get("logits_saved", [])]}}
     parts = {}
-    for part_cls in PARTS:
+    for part_cls in part_classes():
         part = part_cls.load(saved, dict(dims), **given.get(part_cls, {}))
         if part is not None:
             parts[part_cls.NAME] = part
@@ -393,4 +416,4 @@ def _load(cls, out: Path, model: str, dataset: str, length: int, lazy: bool
                            config=meta.get("config", {}), provenance=meta.get("provenance", {}))
 
 
-__all__ = ["ALIASES", "PARTS", "ConditionResult"]
+__all__ = ["ALIASES", "CORE_PARTS", "ConditionResult", "owner", "part_classes"]

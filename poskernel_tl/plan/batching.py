@@ -47,10 +47,8 @@ from poskernel_tl.reducers.gram_cost import (
     gram_layer_bytes,
     track_b_paths,
 )
-from poskernel_tl.reducers.logits import logit_bytes
 from poskernel_tl.reducers.moments import means_bytes
-from poskernel_tl.reducers.perm_null import null_bytes
-from poskernel_tl.reducers.whitened_gram import whitened_layer_bytes
+from poskernel_tl.reducers.registry import STATISTICS
 
 # [head, T, T] float32 tensors of the forward alive at once per sequence where scores are
 # materialised (the reducers state their own bytes, beside each reducer)
@@ -165,8 +163,7 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int,
     cen = 2 * M if w.n_centering else 0
     U = track_a.state_bytes(model, T, w.n_eval)
     per = batch * per_sequence_bytes(model, T, w.materialised)
-    extra = (logit_bytes(model, T, w.n_logits) + null_bytes(model, T, w.null_draws)
-             + (s.n_layers * whitened_layer_bytes(model, T) if w.whiten else 0))
+    extra = sum(stat.state_bytes(model, w) for stat in STATISTICS.values())
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
     gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval, factors)
     fit = gram_fit_bytes(model, T, w.n_eval, factors) + kept // s.n_layers

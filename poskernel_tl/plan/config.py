@@ -163,7 +163,7 @@ class RunConfig(MeasureConfig):
 
     model: str = option(EMBEDDED_DEFAULT, "registry name (see `poskernel models`) or "
                                           "hf:<repo id>")
-    dataset: str = option("prose", "wikipedia, code, random, prose, stdlib-code or "
+    dataset: str = option("prose", "wikipedia, code, random, repeated, prose, stdlib-code or "
                                    "text:PATH")
     length: int = option(256, "tokens per sequence (3 up to the model's context)")
     n_seqs: int = option(200, "sequences: first half centering, second half evaluation")

@@ -61,6 +61,9 @@ class LayerBatch:
     workspace: Workspace = field(default_factory=Workspace)
     hooked_scores: Float[Tensor, "batch head_index query_pos key_pos"] | None = None
     terms: SoftmaxTerms = NONE
+    # values several reducers read, formed once per layer and batch by whichever asks
+    # first (:mod:`poskernel_tl.reducers.pattern`'s row normalisers)
+    shared: dict = field(default_factory=dict)
 
     @cached_property
     def logit_qk(self) -> tuple[Float[Tensor, "batch pos head_index d_logit"],

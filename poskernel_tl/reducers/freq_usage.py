@@ -3,6 +3,7 @@ each rotary 2-D pair, per layer and head, over the evaluation tokens. Low-freque
 pairs carrying large norms are the "semantic channels"; high-frequency pairs with
 large norms are the positional ones."""
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from jaxtyping import Float, Int
 
 from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.statistic import Run, StatisticSpec
 from poskernel_tl.schema import Part, stored
 
 
@@ -57,3 +59,24 @@ class FreqUsageReducer:
                                                                                     None]
         return FreqUsage((self.q_norm / n).cpu().numpy(), (self.k_norm / n).cpu().numpy(),
                          self.first.cpu().numpy(), self.second.cpu().numpy())
+
+
+def build(run: Run) -> FreqUsageReducer | None:
+    """None for a model without rotary pairs."""
+    if run.model.rotary_pairs is None:
+        return None
+    s = run.spec
+    return FreqUsageReducer(s.n_layers, s.n_heads, s.n_kv_heads, *run.model.rotary_pairs,
+                            device=run.device)
+
+
+def with_theta(part: FreqUsage, reducers, run: Run) -> FreqUsage:
+    """The pairs' rotation rates θ, read from the model's spec."""
+    return dataclasses.replace(part, theta=run.spec.rotary_frequencies())
+
+
+STATISTIC = StatisticSpec(
+    "freq_usage", FreqUsage, build, "mean |q| and |k| within each rotary pair",
+    state_bytes=lambda model, work: 0, finish=with_theta)
+
+__all__ = ["STATISTIC", "FreqUsage", "FreqUsageReducer"]

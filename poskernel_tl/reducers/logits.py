@@ -11,6 +11,7 @@ from poskernel_tl.constants import VIS_DIR
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.statistic import Run, StatisticSpec
 from poskernel_tl.schema import Part, SavedFiles
 
 
@@ -59,14 +60,28 @@ class LogitSaver:
 
     def update(self, batch: LayerBatch) -> None:
         for row, i in enumerate(batch.rows):
-            if i in self.wanted:  # copies only the ≤ 10 wanted sequences to the host
+            if i in self.wanted:  # a copy of the ≤ 10 wanted sequences, on the device
                 A = batch.scores[row].float()
                 T = A.shape[-1]
                 hide = torch.ones(T, T, dtype=torch.bool, device=A.device).triu()
                 if not self.causal:
                     hide &= ~hide.triu(1)  # the diagonal alone
-                self.layers[i][batch.layer] = A.masked_fill(hide, float("nan")).cpu().numpy()
+                self.layers[i][batch.layer] = A.masked_fill(hide, float("nan"))
 
     def result(self) -> SavedLogits:
-        return SavedLogits({self.wanted[i]: np.stack(v) for i, v in self.layers.items()
-                            if all(x is not None for x in v)})
+        return SavedLogits({self.wanted[i]: torch.stack(v).cpu().numpy()
+                            for i, v in self.layers.items() if all(x is not None for x in v)})
+
+
+def build(run: Run) -> LogitSaver | None:
+    """The full logits of the pass positions ``run.wanted`` (None: none wanted)."""
+    if not run.wanted:
+        return None
+    return LogitSaver(dict(run.wanted), run.spec.n_layers, causal=run.spec.causal)
+
+
+STATISTIC = StatisticSpec(
+    "saved_logits", SavedLogits, build, "the full logits of a few evaluation sequences",
+    state_bytes=lambda model, work: logit_bytes(model, work.length, work.n_logits))
+
+__all__ = ["STATISTIC", "LogitSaver", "SavedLogits", "logit_bytes"]

@@ -34,6 +34,7 @@ Reads the post-rotary ``hook_rot_q``/``hook_rot_k`` (``hook_q``/``hook_k`` witho
 through :class:`~poskernel_tl.reducers.base.LayerBatch`; GQA keys are broadcast, not copied.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,6 +55,7 @@ from poskernel_tl.models.softmax_terms import cap_scores
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
+from poskernel_tl.reducers.statistic import Run, StatisticSpec
 from poskernel_tl.reducers.two_sided import check_two_sided, sides
 from poskernel_tl.schema import Part, stored
 
@@ -250,5 +252,29 @@ class PermNullReducer:
                         perms=self.perms_cpu.numpy(), n_seqs=n[0], seed=self.seed)
 
 
-__all__ = ["PermNull", "PermNullReducer", "joint_permutations", "null_bytes", "null_p_value",
-           "null_percentile"]
+def build(run: Run) -> PermNullReducer | None:
+    """``null_perms`` draws over the first ``null_seqs`` sequences (None: no draws)."""
+    o, s = run.options, run.spec
+    if o.null_perms <= 0:
+        return None
+    return PermNullReducer(s.n_layers, s.n_heads, run.length, n_perm=o.null_perms,
+                           max_seqs=o.null_seqs, seed=o.seed, device=run.device,
+                           include_identity=False, source=run.source, causal=s.causal,
+                           max_lags=run.max_lags)
+
+
+def with_same_seqs(part: PermNull, reducers, run: Run) -> PermNull:
+    """The unpermuted pooled R² of the null's sequences, from Track A's sums."""
+    track_a = reducers["track_a"]
+    same, _ = track_a.pooled(torch.arange(part.n_seqs, device=run.device))
+    return dataclasses.replace(part, r2_same_seqs=same.cpu().numpy())
+
+
+STATISTIC = StatisticSpec(
+    "perm_null", PermNull, build,
+    "the joint position-permutation null of the pooled Track A R²",
+    state_bytes=lambda model, work: null_bytes(model, work.length, work.null_draws),
+    finish=with_same_seqs)
+
+__all__ = ["STATISTIC", "PermNull", "PermNullReducer", "joint_permutations", "null_bytes",
+           "null_p_value", "null_percentile"]

@@ -259,10 +259,10 @@ class TrackAReducer:
         s1 = s1 * self.kept[L, 0]  # the lags the window keeps
         counts = self.counts[L, 0]
         back = None if self.upper is None else self.upper.per_seq_sums((idx, L))
-        self.r2_seq[idx, L] = r2_two_sided((s1, sq, counts), back)[0]
+        self.r2_seq[idx, L] = r2_two_sided((s1, sq, counts), back, warn=False)[0]
         self.r2_seq_nosink[idx, L] = r2_two_sided((s1 - col0, sq - col0_sq,
                                                    (counts - 1).clamp(min=0)),
-                                                  back)[0]
+                                                  back, warn=False)[0]
         self.sink_s1[L] += col0.sum(0)
         self.sink_sq[L] += col0_sq.sum(0)
         self.early_s1[L] += e1.sum(0)

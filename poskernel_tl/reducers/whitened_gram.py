@@ -21,6 +21,7 @@ from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram import GramReducer
 from poskernel_tl.reducers.gram_cost import accumulator_bytes
 from poskernel_tl.reducers.moments import Moments
+from poskernel_tl.reducers.statistic import Run, StatisticSpec
 from poskernel_tl.schema import Part, column
 
 
@@ -61,4 +62,17 @@ class WhitenedGramReducer:
         return WhitenedGramResult(self.gram.result().r2_gram_raw)
 
 
-__all__ = ["WhitenedGramReducer", "WhitenedGramResult", "whitened_layer_bytes"]
+def build(run: Run) -> WhitenedGramReducer | None:
+    """Only with ``--whiten`` (which needs centering sequences)."""
+    if not run.options.whiten:
+        return None
+    return WhitenedGramReducer(run.centering, run.model.logit_scale, causal=run.spec.causal)
+
+
+STATISTIC = StatisticSpec(
+    "whitened", WhitenedGramResult, build,
+    "Track B's Gram of the centered and whitened q and k (--whiten)",
+    state_bytes=lambda model, work: (model.spec.n_layers * whitened_layer_bytes(
+        model, work.length) if work.whiten else 0))
+
+__all__ = ["STATISTIC", "WhitenedGramReducer", "WhitenedGramResult", "whitened_layer_bytes"]

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from poskernel_tl import constants as C
 from poskernel_tl.fit.kernel_class import CLASSES
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.reducers.registry import STATISTICS, condition_values
 from poskernel_tl.report.figures import condition_label
 from poskernel_tl.report.html import esc
 from poskernel_tl.report.sections import table_html
@@ -40,6 +41,32 @@ def read_tables(results_dir: Path, results: list[ConditionResult]
         bands.append(pd.read_csv(paths[1]).assign(condition=condition_label(r)))
     cat = lambda x: pd.concat(x, ignore_index=True) if x else pd.DataFrame()
     return cat(heads), cat(bands), missing
+
+
+def per_condition(heads: pd.DataFrame) -> pd.DataFrame:
+    """Per condition (the index), its model, dataset and length and every registered
+    statistic's per-condition values (a column each)."""
+    rows = [{"condition": cond, **{k: part[k].iloc[0] for k in ("model", "dataset", "length")},
+             **condition_values(part)} for cond, part in heads.groupby("condition", sort=False)]
+    return pd.DataFrame(rows).set_index("condition")
+
+
+def statistics_html(per: pd.DataFrame, out: Path) -> str:
+    """Each registered statistic's per-condition values as a model × (dataset, T) table
+    (``atlas_{value}``: CSV and Markdown), labelled exploratory, with its description."""
+    html = []
+    for stat in STATISTICS.values():
+        for key, label in stat.condition_labels.items():
+            if key not in per or per[key].isna().all():
+                continue
+            table = per.pivot_table(index="model", columns=["dataset", "length"], values=key)
+            table.columns = [f"{d}, T = {t}" for d, t in table.columns]
+            write_table(table.round(3).reset_index(), out / f"atlas_{key}")
+            html += [f"<h3>{esc(label)} (exploratory)</h3>",
+                     f'<p class="pk-note">{esc(stat.description)}.</p>',
+                     table_html(table.round(3).reset_index()),
+                     f'<p class="pk-note">File: <a href="atlas_{key}.csv">atlas_{key}.csv</a></p>']
+    return "".join(html)
 
 
 def class_counts(heads: pd.DataFrame) -> pd.DataFrame:
@@ -126,6 +153,8 @@ def section(results_dir: Path, results: list[ConditionResult], out: Path, figure
                f"previous-token but scored below {TL_BELOW})." if "tl_prev_token" in heads
                else "No TransformerLens score was saved with these conditions.")
     totals = heads.groupby("condition")["kernel_class"].value_counts().unstack(fill_value=0)
+    per = per_condition(heads)
+    totals = totals.join(per.drop(columns=["model", "dataset", "length"]))
     return "".join([
         "<h2>Figure 5 — the atlas: which kernel each head implements (exploratory)</h2>",
         '<p class="pk-note">Exploratory: not part of the pre-registered protocol. Each '
@@ -139,6 +168,7 @@ def section(results_dir: Path, results: list[ConditionResult], out: Path, figure
                    f"Figure 5, R² by offset band, {model}")
           for model, conds in heads.groupby("model", sort=False)["condition"]),
         f"<p>{esc(tl_text)}</p>", table_html(tl.head(40)) if len(tl) else "",
+        statistics_html(per, out),
         '<p class="pk-note">Files: <a href="atlas_classes.csv">classes per layer</a> · '
         '<a href="atlas_bands.csv">band R² per layer</a> · <a href="atlas_tl_disagreements.csv">'
         "disagreements with TransformerLens</a>"

@@ -17,12 +17,13 @@ import pandas as pd
 from jaxtyping import Float
 from scipy.stats import linregress
 
+from poskernel_tl.data.datasets import TOKEN_DATASETS
 from poskernel_tl.io import atomic_write, save_csv
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.protocol import EARLY_LAYERS, GATE_THRESHOLD, LATE_FROM
 from poskernel_tl.report.html import cell_text
 
-NATURAL_EXCLUDE = ("random",)  # datasets that are not natural text
+NATURAL_EXCLUDE = TOKEN_DATASETS  # datasets that are not natural text
 
 Key = tuple[str, str, int]
 

@@ -24,6 +24,7 @@ from jaxtyping import Float
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import LABELS, SOURCES
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.reducers.registry import head_columns
 from poskernel_tl.report import extras
 from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.figures import model_label
@@ -42,8 +43,7 @@ KERNEL_FIELDS = (("R2_pooled", "Track A R² (pooled)"), ("null_max", "R² of the
                  ("peak_lag", "peak lag Δ"), ("peak_margin", "peak margin"),
                  ("width", "local width (offsets)"), ("decay_slope", "decay slope over ln Δ"),
                  ("decay_r2", "decay R²"), ("periodic_share", "periodic share"),
-                 ("periodic_theta", "matched θᵢ (rad/token)"),
-                 ("tl_prev_token", "TransformerLens previous-token score"))
+                 ("periodic_theta", "matched θᵢ (rad/token)"))
 
 
 def condition_key(model: str, dataset: str, length: int) -> str:
@@ -166,7 +166,8 @@ def kernel_rows(r: ConditionResult) -> dict:
     if heads is None:
         return {**entry, "status": "not run",
                 "message": "measured before kernel classes: run poskernel run again"}
-    cols = [(c, label) for c, label in KERNEL_FIELDS if c in heads.columns]
+    cols = [(c, label) for c, label in (*KERNEL_FIELDS, *head_columns().items())
+            if c in heads.columns]
     values: list = [None] * (r.n_layers * r.n_heads)
     for row in heads.to_dict("records"):
         values[int(row["layer"]) * r.n_heads + int(row["head"])] = \

@@ -268,7 +268,7 @@ def _summary_row(c: Condition, status: str, seconds: float, out: Path, result=No
             "R2_A_early": mean(result.r2_pooled[early]),
             "R2_A_late": mean(result.r2_pooled[late]),
             "R2_B_centered_early": mean(result.r2_gram[early]) if result.centered
-            else float("nan")}
+            else float("nan"), **result.condition_values()}
 
 
 def merge(sources: list[Path], out: Path) -> int:

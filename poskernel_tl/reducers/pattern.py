@@ -1,0 +1,122 @@
+"""Each query row's softmax normaliser, formed once per layer and batch for every
+statistic that reads the attention pattern (TransformerLens's previous-token score, the
+attention-sink mass).
+
+The pattern of row t is p[t, s] = exp(A[t, s] − lse_t), with A = scale·q·kᵀ plus what
+the layer's softmax adds (an ALiBi ramp or a temperature folded into q and k, a soft-cap;
+:mod:`poskernel_tl.models.softmax_terms`) and lse_t the log-sum-exp over the keys the
+layer's mask keeps (causal, a sliding window, or every key for a bidirectional model)
+and, where the model has them (gpt-oss), its learned sink logits. A statistic that needs
+a few entries of the pattern forms those entries from q and k and reads lse from here: no
+pattern is kept. The log-sum-exp is formed in blocks of :data:`ROWS` rows over the keys
+they read (a causal block reads the keys up to its last row only).
+
+Taken on the first ``max_seqs`` sequences of the pass and, for a causal model, the first
+:data:`MAX_POS` positions: a causal row sees no later token, so this is exactly the
+pattern of the sequences cut to that length, at (MAX_POS / T)² of the cost at long T.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from poskernel_tl.hooks.masks import band
+from poskernel_tl.models.softmax_terms import cap_scores, logsumexp_with_sinks, sink_logits
+from poskernel_tl.reducers.base import LayerBatch
+
+MAX_POS = 2048
+ROWS = 256  # query rows per block of logits
+
+
+@dataclass(frozen=True)
+class PatternRows:
+    """The rows' normalisers of the batch's sequences at positions < ``max_seqs``.
+
+    ``keep``: their rows in the batch; ``q``/``k``: their logit q/k over ``positions``
+    (float32, or float64 where an ALiBi ramp is folded in); ``lse``: log of each row's
+    normaliser (its keys and any sink logits); ``token_mass``: the share of each row on
+    tokens (1 less what the learned sinks take; None without sinks); ``last``: the last
+    offset a row reads (None: every key, bidirectional)."""
+
+    keep: list[int]
+    q: Float[Tensor, "seq pos head_index d_logit"]
+    k: Float[Tensor, "seq pos kv_head_index d_logit"]
+    lse: Float[Tensor, "seq head_index pos"]
+    token_mass: Float[Tensor, "seq head_index pos"] | None
+    last: int | None
+
+    @property
+    def positions(self) -> int:
+        return self.q.shape[1]
+
+    def entries(self, scale: float, terms, rows: slice, keys: Tensor
+                ) -> Float[Tensor, "seq head_index pos"]:
+        """A[t, keys[t]] (what the softmax reads) for query rows ``rows``: one key per row,
+        formed from q and k (GQA keys broadcast)."""
+        q, k = self.q[:, rows], self.k[:, keys]  # [b, n, H, d], [b, n, kv, d]
+        group = q.shape[2] // k.shape[2]
+        a = (q * k.repeat_interleave(group, dim=2)).sum(-1).mul_(scale)
+        return cap_scores(a, terms).transpose(1, 2)
+
+    def weight(self, scale: float, terms, rows: slice, keys: Tensor
+               ) -> Float[Tensor, "seq head_index pos"]:
+        """The pattern p[t, keys[t]] of rows ``rows`` (0 where the mask removes the key)."""
+        p = (self.entries(scale, terms, rows, keys) - self.lse[..., rows]).exp_()
+        if self.last is not None:
+            t = torch.arange(self.positions, device=p.device)[rows]
+            p = p * ((t - keys.to(t.device)) <= self.last)
+        return p
+
+
+def pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int | None,
+                 max_pos: int = MAX_POS) -> PatternRows | None:
+    """The :class:`PatternRows` of ``batch`` (None when none of its sequences is among the
+    first ``max_seqs``), formed on first use and shared through ``batch.shared``."""
+    key = ("pattern_rows", max_seqs, max_pos)
+    if key not in batch.shared:
+        batch.shared[key] = _pattern_rows(batch, max_seqs, causal, max_lag, max_pos)
+    return batch.shared[key]
+
+
+def _pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int | None,
+                  max_pos: int) -> PatternRows | None:
+    keep = [i for i, row in enumerate(batch.rows) if row < max_seqs]
+    if not keep:
+        return None
+    bq, bk = batch.logit_qk
+    T = min(bq.shape[1], max_pos) if causal else bq.shape[1]
+    last = None if not causal else T - 1 if max_lag is None else min(max_lag, T - 1)
+    dtype = torch.float64 if bq.dtype == torch.float64 else torch.float32
+    sel = torch.as_tensor(keep, device=bq.device)
+    q, k = bq[sel, :T].to(dtype), bk[sel, :T].to(dtype)
+    tokens = row_logsumexp(q, k, batch.scale, last, batch.terms)
+    sinks = sink_logits(batch.terms, q.device)
+    lse = logsumexp_with_sinks(tokens, None if sinks is None else sinks.expand(len(keep), -1))
+    mass = None if sinks is None else (tokens - lse).exp()
+    return PatternRows(keep, q, k, lse, mass, last)
+
+
+def row_logsumexp(q: Float[Tensor, "seq pos head_index d_logit"],
+                  k: Float[Tensor, "seq pos kv_head_index d_logit"], scale: float,
+                  last: int | None, terms) -> Float[Tensor, "seq head_index pos"]:
+    """logsumexp_s A[t, s] over the keys row t reads (``last`` None: all of them), in
+    blocks of :data:`ROWS` rows over those keys only, a key/value head's query heads
+    together."""
+    b, T, H, d = q.shape
+    kv = k.shape[2]
+    qg = q.permute(0, 2, 1, 3).reshape(b, kv, H // kv, T, d)
+    kt = k.permute(0, 2, 3, 1).unsqueeze(2)  # [b, kv, 1, d, T]
+    out = q.new_empty(b, kv, H // kv, T)
+    for r0 in range(0, T, ROWS):
+        r1 = min(T, r0 + ROWS)
+        lo, hi = (0, T) if last is None else (max(0, r0 - last), r1)
+        A = cap_scores(torch.matmul(qg[..., r0:r1, :], kt[..., lo:hi]).mul_(scale), terms)
+        if last is not None:
+            A.masked_fill_(~band(T, last + 1, q.device)[r0:r1, lo:hi], float("-inf"))
+        out[..., r0:r1] = torch.logsumexp(A, -1)
+    return out.reshape(b, H, T)
+
+
+__all__ = ["MAX_POS", "ROWS", "PatternRows", "pattern_rows", "row_logsumexp"]

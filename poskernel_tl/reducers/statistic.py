@@ -1,0 +1,98 @@
+"""A per-head statistic computed during the forward, declared in one place: its
+:class:`StatisticSpec`.
+
+A statistic is one module that ends with a ``STATISTIC`` (as an analysis ends with its
+``SPEC``): the result part it makes (a :class:`~poskernel_tl.schema.Part` whose fields say
+their axes and where each is saved), how its reducer is built from the model and the
+run's options (:class:`Run`; ``None``: not wanted in this run), its bytes for the memory
+plan, and which of its fields are per-head columns (with a label) and which values it
+gives per condition. :data:`poskernel_tl.reducers.registry.STATISTICS` lists them; from
+that list ``pk.measure`` builds the reducers and the result's parts, ``ConditionResult``
+saves, loads and checks them, the per-head table (``heads.csv``) gains the declared
+columns (and with it the report's per-head tables, the atlas and the head viewer's
+rows), and ``grid_summary.csv`` and the report gain the per-condition values.
+
+Track A and Track B are not in the list: the plan runs Track B in blocks of layers and
+every other statistic reads Track A's result, so ``pk.measure`` builds them itself.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.models.registry import ModelSpec
+from poskernel_tl.schema import Part
+
+
+@dataclass(frozen=True)
+class Run:
+    """What a statistic's reducer is built from: the model, the evaluation set's shape and
+    the run's options (a :class:`~poskernel_tl.plan.config.MeasureConfig`)."""
+
+    model: LoadedModel
+    length: int
+    n_eval: int
+    options: Any
+    centering: Any = None  # the centering pass's Moments, or None
+    wanted: Mapping[int, int] = field(default_factory=dict)  # pass position -> seq_id
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.model.spec
+
+    @property
+    def device(self):
+        return self.model.device
+
+    @property
+    def source(self) -> str:
+        """Where Track A-like fits take their sums: ``lags`` (from q and k) or ``scores``."""
+        return "scores" if self.options.scores in ("hook", "qk") else "lags"
+
+    @property
+    def max_lags(self) -> list[int] | None:
+        """Per layer, the last offset its mask keeps (None: every layer's whole triangle)."""
+        return self.spec.max_lags(self.length)
+
+
+def no_bytes(model: LoadedModel, work: Any) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class StatisticSpec:
+    """One statistic (see the module docstring). ``state_bytes(model, work)`` gets the
+    plan's :class:`~poskernel_tl.plan.batching.Workload` (length, n_eval, n_logits,
+    whiten, null_draws); ``head_columns`` maps a ``[layer, head_index]`` field of the part
+    to its label; ``condition_values(heads)`` reads the condition's per-head table and
+    returns named scalars; ``finish(part, reducers, run)`` completes the part from the
+    pass's other reducers (by name; ``track_a`` among them)."""
+
+    name: str
+    part: type[Part]
+    build: Callable[[Run], Any]
+    description: str
+    state_bytes: Callable[[LoadedModel, Any], int] = no_bytes
+    head_columns: Mapping[str, str] = field(default_factory=dict)
+    condition_values: Callable[[pd.DataFrame], dict[str, float]] | None = None
+    condition_labels: Mapping[str, str] = field(default_factory=dict)
+    finish: Callable[[Part, Mapping[str, Any], Run], Part] | None = None
+
+    def values_of(self, heads: pd.DataFrame) -> dict[str, float]:
+        """:attr:`condition_values` of one condition's per-head table; empty where the
+        statistic has none or the table lacks its columns (saved before it existed)."""
+        cols = list(self.head_columns)
+        if self.condition_values is None or not set(cols) <= set(heads.columns) or \
+                heads[cols].isna().all().all():
+            return {}
+        return self.condition_values(heads)
+
+    def __post_init__(self):
+        if self.name != self.part.NAME:
+            raise ValueError(f"statistic {self.name!r}: its part is named {self.part.NAME!r}")
+
+
+__all__ = ["Run", "StatisticSpec", "no_bytes"]

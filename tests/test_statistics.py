@@ -1,0 +1,151 @@
+"""The statistic registry: every reducer keeps the protocol (no host sync in ``update``),
+a registered statistic reaches the result, its files, ``heads.csv``, the grid summary and
+the memory plan, and the README's "Adding a statistic" example runs as written."""
+
+import re
+import types
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from tiny_models import arch_loaded, tiny_loaded
+from torch.overrides import TorchFunctionMode
+
+import poskernel_tl as pk
+from poskernel_tl.measurement import measure as measure_module
+from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.plan import batching
+from poskernel_tl.reducers import registry
+from poskernel_tl.reducers.statistic import StatisticSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+T = 24
+# what waits for the device: a host copy, a Python number or truth value, a data-dependent
+# shape (nonzero, boolean-mask indexing)
+SYNCS = {"item", "cpu", "numpy", "tolist", "__bool__", "__int__", "__float__", "__index__",
+         "nonzero", "masked_select", "unique", "argwhere"}
+
+
+def _bool_index(args) -> bool:
+    index = args[1] if len(args) > 1 else None
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+class NoSync(TorchFunctionMode):
+    """Raises on any call that makes the host wait for the device."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in SYNCS or (name == "__getitem__" and _bool_index(args)):
+            raise AssertionError(f"{name} waits for the device")
+        return func(*args, **(kwargs or {}))
+
+
+def no_sync(update, seen: set, name: str):
+    def checked(batch):
+        seen.add(name)
+        with NoSync():
+            update(batch)
+    return checked
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss", "bloom", "gemma2"])
+def test_no_reducer_syncs_in_update(arch, tiny_tokenizer, monkeypatch):
+    """Every reducer of a run with every statistic on (the centering means, Track A,
+    Track B, whitening, the null, saved logits, the pattern statistics) updates without a
+    host sync, on models whose softmax adds sinks, ALiBi or a soft-cap."""
+    model = (tiny_loaded("llama", tiny_tokenizer) if arch == "llama"
+             else arch_loaded(arch, tiny_tokenizer))
+    seen: set = set()
+    real = measure_module.forward_pass
+
+    def spied(model, ids, make_reducers, *args, **kwargs):
+        def made():
+            reds = make_reducers()
+            for red in reds.values() if isinstance(reds, dict) else reds:
+                red.update = no_sync(red.update, seen, type(red).__name__)
+            return reds
+        return real(model, ids, made, *args, **kwargs)
+
+    monkeypatch.setattr(measure_module, "forward_pass", spied)
+    ids = torch.randint(3, 290, (8, T), generator=torch.Generator().manual_seed(0))
+    whiten = arch == "llama"
+    pk.measure(model, ids[4:], ids[:4], progress=False, null_perms=2, null_seqs=2,
+               whiten=whiten, logits_for=[0], batch_size=2)
+    expected = {"MomentsReducer", "TrackAReducer", "GramReducer", "PermNullReducer",
+                "LogitSaver", "PrevTokenReducer"} | ({"WhitenedGramReducer"} if whiten else set())
+    assert expected <= seen
+
+
+def test_every_statistic_is_declared_consistently():
+    """Names match their parts, per-head columns are [layer, head_index] fields of the
+    part, and the plan adds every statistic's bytes."""
+    for name, stat in registry.STATISTICS.items():
+        assert isinstance(stat, StatisticSpec) and stat.name == name == stat.part.NAME
+        fields = {f.name: f for f in stat.part.__dataclass_fields__.values()}
+        for col in stat.head_columns:
+            assert col in fields, (name, col)
+        assert stat.description
+
+
+def test_the_plan_counts_a_registered_statistic(tiny_tokenizer, monkeypatch):
+    model = tiny_loaded("llama", tiny_tokenizer)
+    work = batching.Workload(T, 4, 4)
+    before = batching.phase_bytes(model, work, 1, model.spec.n_layers)
+    stat = registry.STATISTICS["prev_token"]
+    monkeypatch.setitem(registry.STATISTICS, "prev_token", StatisticSpec(
+        stat.name, stat.part, stat.build, stat.description,
+        state_bytes=lambda model, work: 1 << 30, head_columns=stat.head_columns))
+    after = batching.phase_bytes(model, work, 1, model.spec.n_layers)
+    assert after["evaluation pass"] - before["evaluation pass"] == (1 << 30) - \
+        stat.state_bytes(model, work)
+
+
+def example_module() -> types.ModuleType:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Adding a statistic"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert code.startswith("# poskernel_tl/reducers/self_mass.py")
+    module = types.ModuleType("self_mass")
+    exec(compile(code, "README.md", "exec"), module.__dict__)
+    return module
+
+
+def test_the_readme_statistic_runs_end_to_end(tiny_tokenizer, tmp_path, monkeypatch):
+    """Registered, the README's statistic is measured (against the pattern
+    TransformerLens's own eager attention gives), saved, loaded, in heads.csv and in the
+    grid summary's per-condition values."""
+    stat = example_module().STATISTIC
+    monkeypatch.setitem(registry.STATISTICS, stat.name, stat)
+    model = tiny_loaded("llama", tiny_tokenizer)
+    ids = torch.randint(3, 290, (4, T), generator=torch.Generator().manual_seed(3))
+    res = pk.measure(model, ids, progress=False, null_seqs=3, dataset="random")
+    _, cache = model.bridge.run_with_cache(ids[:3])
+    want = np.stack([cache[f"blocks.{L}.attn.hook_pattern"].diagonal(dim1=-2, dim2=-1)
+                     .mean((0, -1)).double().numpy() for L in range(model.spec.n_layers)])
+    assert np.abs(res.self_mass - want).max() < 1e-5
+    res.save(tmp_path)
+    back = ConditionResult.load(tmp_path)
+    assert np.array_equal(back.self_mass, res.self_mass)
+    heads = pd.read_csv(next((tmp_path / "results").glob("*_heads.csv")))
+    assert np.allclose(heads["self_mass"], res.self_mass.ravel())
+    assert back.condition_values()["self_heads"] == float((res.self_mass > 0.5).mean())
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss"])
+def test_pattern_rows_are_shared_by_the_pattern_statistics(arch, tiny_tokenizer, monkeypatch):
+    """The rows' normalisers are formed once per layer and batch, whichever statistics
+    read them."""
+    from poskernel_tl.reducers import pattern
+
+    model = arch_loaded(arch, tiny_tokenizer)
+    calls = []
+    real = pattern.row_logsumexp
+    monkeypatch.setattr(pattern, "row_logsumexp",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    ids = torch.randint(3, 290, (4, T), generator=torch.Generator().manual_seed(4))
+    pk.measure(model, ids, progress=False, null_seqs=4, batch_size=2)
+    assert len(calls) == model.spec.n_layers * 2  # two batches, once per layer each
