@@ -3,19 +3,34 @@
 parts, the per-head table, ``grid_summary.csv``, the report and the head viewer iterate
 over :data:`STATISTICS`.
 
-Adding a statistic: one module ending with its ``STATISTIC`` (see ``statistic.py`` and the
-README, section *Adding a statistic*), then its ``STATISTIC`` in the list below.
+Adding a statistic: one module in this folder ending with its ``STATISTIC`` (see
+``statistic.py`` and the README, section *Adding a statistic*). Every module of the folder
+that defines one is registered, in the order of the module names; nothing else to edit.
 """
+
+import importlib
+import pkgutil
+from pathlib import Path
 
 import pandas as pd
 
 from poskernel_tl.errors import UnknownNameError
-from poskernel_tl.reducers import freq_usage, logits, perm_null, prev_token, whitened_gram
 from poskernel_tl.reducers.statistic import StatisticSpec
 
-STATISTICS: dict[str, StatisticSpec] = {s.name: s for s in (
-    freq_usage.STATISTIC, logits.STATISTIC, whitened_gram.STATISTIC, perm_null.STATISTIC,
-    prev_token.STATISTIC)}
+
+def discover() -> dict[str, StatisticSpec]:
+    """The ``STATISTIC`` of every module of this folder that defines one, by name."""
+    found: dict[str, StatisticSpec] = {}
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda i: i.name):
+        stat = getattr(importlib.import_module(f"{__package__}.{info.name}"), "STATISTIC", None)
+        if isinstance(stat, StatisticSpec):
+            if stat.name in found:
+                raise ValueError(f"two statistics are named {stat.name!r}")
+            found[stat.name] = stat
+    return found
+
+
+STATISTICS: dict[str, StatisticSpec] = discover()
 
 
 def get(name: str) -> StatisticSpec:
