@@ -1,0 +1,66 @@
+"""The attention-sink metric of Gu et al. (ICLR 2025, "When attention sink emerges in
+language models"): per head, the mean post-softmax weight on key 0 over query rows
+t ≥ 1, α_h = mean_t p[t, 0]; per condition, the share of heads with α_h > ε = 0.3.
+
+Read on the attention pattern of the measured forward (what the softmax reads under the
+layer's mask, learned sink logits in the normaliser where the model has them): the rows'
+normalisers come from :mod:`poskernel_tl.reducers.pattern`, formed once per layer and batch
+for this metric and TransformerLens's previous-token score together, on the same first
+``null_seqs`` sequences and (causal models) first MAX_POS positions. A row whose window no
+longer holds key 0 puts no weight on it.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+
+from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.pattern import pattern_rows
+from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.schema import Part, column
+
+EPSILON = 0.3  # Gu et al.'s threshold on a head's mean weight on the first token
+
+
+@dataclass
+class SinkMass(Part):
+    NAME = "sink"
+    sink_mass: Float[np.ndarray, "layer head_index"] = column("trackB", "sink_mass")
+
+
+class SinkMassReducer:
+    def __init__(self, run: Run):
+        s = run.spec
+        self.max_seqs, self.causal, self.max_lags = run.options.null_seqs, s.causal, run.max_lags
+        self.total = torch.zeros(s.n_layers, s.n_heads, dtype=torch.float64, device=run.device)
+        self.n_seen = np.zeros(s.n_layers, dtype=int)
+
+    def update(self, batch: LayerBatch) -> None:
+        L = batch.layer
+        rows = pattern_rows(batch, self.max_seqs, self.causal,
+                            None if self.max_lags is None else self.max_lags[L])
+        if rows is None:
+            return
+        T = rows.positions
+        first = torch.zeros(T - 1, dtype=torch.long, device=rows.q.device)  # key 0
+        self.total[L] += rows.weight(batch.scale, batch.terms, slice(1, T), first).mean(
+            -1).sum(0).to(self.total)
+        self.n_seen[L] += len(rows.keep)
+
+    def result(self) -> SinkMass:
+        return SinkMass(self.total.cpu().numpy() / np.maximum(self.n_seen, 1)[:, None])
+
+
+def share_above(heads: pd.DataFrame) -> dict[str, float]:
+    return {"sink_heads": float((heads["sink_mass"] > EPSILON).mean())}
+
+
+STATISTIC = StatisticSpec(
+    "sink", SinkMass, SinkMassReducer, "mean attention weight on key 0 (Gu et al. 2025)",
+    state_bytes=lambda model, work: model.spec.n_layers * model.spec.n_heads * 8,
+    head_columns={"sink_mass": "attention-sink mass (mean weight on key 0, rows t ≥ 1)"},
+    condition_values=share_above,
+    condition_labels={"sink_heads": f"share of sink heads (mass > {EPSILON})"})
