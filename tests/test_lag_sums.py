@@ -5,21 +5,22 @@ import numpy as np
 import pytest
 import torch
 
+from poskernel_tl.fit.variants import STRIP, Variant, region_sums
 from poskernel_tl.reducers import LayerBatch, PermNullReducer, TrackAReducer
 from poskernel_tl.reducers.lag_sums import (
     key_strip,
     lag_sums,
     lower_stats,
     lower_sum_squares,
+    skew_keys,
     track_a_stats,
 )
+from poskernel_tl.reducers.track_a_result import SINK_COLUMN, VARIANTS
 
 H, HKV, D = 6, 2, 5
 SCALE = 0.37
 R2_FIELDS = ("r2_per_seq", "r2_per_seq_nosink", "r2_pooled", "r2_pooled_nosink",
              "r2_pooled_early", "r2_pooled_interior", "r2_pooled_interior_keys", "r2_split")
-STATE = {"s1": ("s1", "sink_s1", "early_s1", "late_s1", "rect_s1"),
-         "sq": ("sq", "sink_sq", "early_sq", "late_sq", "rect_sq")}
 
 
 class NoScores(LayerBatch):
@@ -87,10 +88,12 @@ def feed(red, q, k, batch=2, hooked=None):
 
 def assert_same_track_a(lags, ref, tol_sums, tol_r2):
     """Every kept sum (relative to the whole triangle's magnitude) and every result field."""
-    for kind, names in STATE.items():
+    for kind, regions in (("s1", lags.region_s1), ("sq", lags.region_sq)):
         size = getattr(ref, kind).abs().max()
-        for name in names:
-            diff = (getattr(lags, name) - getattr(ref, name)).abs().max()
+        pairs = [(kind, getattr(lags, kind), getattr(ref, kind))] + [
+            (v, regions[v], getattr(ref, f"region_{kind}")[v]) for v in regions]
+        for name, x, y in pairs:
+            diff = (x - y).abs().max()
             assert diff <= tol_sums * size, (name, float(diff / size))
     a, b = lags.result(), ref.result()
     for name in R2_FIELDS:
@@ -158,25 +161,44 @@ def test_long_batches_are_taken_in_pieces(monkeypatch, tokens):
 
 
 @pytest.mark.parametrize("T", [3, 4, 21, 49, 50, 64])
-def test_block_sums_match_naive_loops(T):
-    """Sink column, rows [1, 21), rows [21, 50) and rows ≥ 50 with keys < 50."""
+@pytest.mark.parametrize("max_lag", [None, 7])
+def test_region_sums_match_naive_loops(T, max_lag):
+    """Every Track A region (the variants and the sink column), on both sides, from the
+    strip and the whole triangle's sums, against loops over the entries."""
     q, k = draw(T, n=2, seed=1)
-    st = track_a_stats(q, k, SCALE, chunk=16)
+    st = track_a_stats(q, k, SCALE, chunk=16, max_lag=max_lag)
     A = full_logits(q, k)
-    n, h = A.shape[:2]
-    want = {name: (np.zeros((n, h, T - 1)), np.zeros((n, h)))
-            for name in ("early", "middle", "corner")}
-    for t in range(1, T):
-        for s in range(t):
-            name = "early" if t < 21 else "middle" if t < 50 else "corner" if s < 50 else None
-            if name:
-                want[name][0][..., t - s - 1] += A[:, :, t, s]
-                want[name][1][...] += A[:, :, t, s] ** 2
-    for name, (w1, wsq) in want.items():
-        got1, gotsq = getattr(st, name)
-        assert np.abs(got1.numpy() - w1).max() <= 1e-12 * np.abs(A).max() * T, name
-        assert np.abs(gotsq.numpy() - wsq).max() <= 1e-12 * (A ** 2).sum(), name
-    assert np.abs(st.sink.numpy() - A[:, :, 1:, 0]).max() <= 1e-12 * np.abs(A).max()
+    last = T - 1 if max_lag is None else max_lag
+    whole = (st.s1 * (torch.arange(1, T) <= last), st.sq)
+    kx = k.repeat_interleave(H // HKV, 2)  # the upper side swaps q and k: one k per q
+    up_sk = skew_keys(key_strip(kx, q, SCALE, min(STRIP, T)))
+    up_whole = (lag_sums(kx, q, SCALE), lower_sum_squares(kx, q, SCALE, 16))
+    for v in [*VARIANTS.values(), SINK_COLUMN]:
+        for upper in (False, True):
+            if upper and max_lag is not None:
+                continue  # windows are causal
+            got1, gotsq = region_sums(up_sk if upper else st.skewed, v,
+                                      up_whole if upper else whole, max_lag, upper)
+            w1, wsq = np.zeros(got1.shape), np.zeros(gotsq.shape)
+            for t in range(T):
+                for s in range(T):
+                    lag = s - t if upper else t - s
+                    if 1 <= lag <= last and v.holds(torch.tensor(t), torch.tensor(s)):
+                        w1[..., lag - 1] += A[:, :, t, s]
+                        wsq += A[:, :, t, s] ** 2
+            scale = np.abs(A).max() * T
+            assert np.abs(got1.numpy() - w1).max() <= 1e-11 * scale, (v, upper)
+            assert np.abs(gotsq.numpy() - wsq).max() <= 1e-11 * (A ** 2).sum(), (v, upper)
+            counts = v.counts(T, max_lag, upper)
+            assert counts.tolist() == [float(sum(
+                1 for t in range(T) for s in range(T) if (s - t if upper else t - s) == lag
+                and lag <= last and v.holds(torch.tensor(t), torch.tensor(s))))
+                for lag in range(1, T)]
+
+
+def test_a_region_neither_in_nor_out_of_the_strip_is_refused():
+    with pytest.raises(ValueError, match="strip"):
+        Variant(rows=(60, 90))
 
 
 def test_permuted_sums_read_both_triangles():

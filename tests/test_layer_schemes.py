@@ -21,6 +21,7 @@ import poskernel_tl as pk
 from poskernel_tl import constants as C
 from poskernel_tl.fit.kernel_class import CLASSES
 from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, shift_invariance_r2
+from poskernel_tl.fit.variants import region_sums
 from poskernel_tl.models.scheme import (
     attention_modules,
     read_layers,
@@ -29,6 +30,7 @@ from poskernel_tl.models.scheme import (
 from poskernel_tl.reducers import GramReducer, LayerBatch, PermNullReducer
 from poskernel_tl.reducers.gram_fit import lower_apply
 from poskernel_tl.reducers.lag_sums import lower_sum_squares, track_a_stats, windowed
+from poskernel_tl.reducers.track_a_result import SINK_COLUMN
 
 T = 40
 
@@ -188,7 +190,8 @@ def test_windowed_sums_equal_naive_loops():
         (s1, sq), _ = lower_lag_stats(A, lower_mean_from_qk(q, k, 0.5), [], max_lag=max_lag)
         assert torch.allclose(windowed(st.s1, max_lag), s1, atol=1e-9)
         assert torch.allclose(st.sq, sq, rtol=1e-10)
-        assert torch.allclose(st.sink, A[:, :, 1:, 0] * keep[1:, 0], atol=1e-12)
+        sink, _ = region_sums(st.skewed, SINK_COLUMN, (st.s1, st.sq), max_lag)
+        assert torch.allclose(sink, A[:, :, 1:, 0] * keep[1:, 0], atol=1e-12)
         if max_lag > 1:
             r2, _ = shift_invariance_r2(A, max_lag=max_lag)
             assert np.allclose(r2[0].numpy(), naive_r2(A[:1], keep), atol=1e-9)

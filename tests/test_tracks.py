@@ -99,8 +99,7 @@ def test_track_a_matches_naive(qk):
 
 
 def test_track_a_subsets_and_sink(qk):
-    """Pooled fits over a subset of sequences read the per-sequence sums; the no-sink fit
-    is kept as running totals over every sequence, so a subset of it is refused."""
+    """Pooled fits over a subset of sequences read the per-sequence sums."""
     q, k = qk
     red = TrackAReducer(B, 1, H, T)
     feed(red, q, k)
@@ -108,8 +107,6 @@ def test_track_a_subsets_and_sink(qk):
     feed(part, q[:2], k[:2])
     rows = torch.arange(2)
     assert torch.allclose(red.pooled(rows)[0], part.pooled()[0], rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match="no-sink"):
-        red.pooled(rows, sink=False)
 
 
 @pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min, 7.0])

@@ -7,7 +7,8 @@ from poskernel_tl.reducers.logits import LogitSaver, SavedLogits
 from poskernel_tl.reducers.moments import CenteringMeans, Moments, MomentsReducer
 from poskernel_tl.reducers.perm_null import PermNull, PermNullReducer
 from poskernel_tl.reducers.prev_token import PrevTokenReducer, PrevTokenScore
-from poskernel_tl.reducers.track_a import TrackAReducer, TrackAResult
+from poskernel_tl.reducers.track_a import TrackAReducer
+from poskernel_tl.reducers.track_a_result import TrackAResult
 from poskernel_tl.reducers.whitened_gram import WhitenedGramReducer, WhitenedGramResult
 
 __all__ = ["CenteringMeans", "FreqUsage", "FreqUsageReducer", "GramReducer", "GramResult",

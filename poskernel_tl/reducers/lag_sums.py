@@ -17,20 +17,18 @@ triangle, the per-lag sums S1(Δ) and the total sum of squares. Both follow from
    take the key chunks within W from a difference of two prefix sums, read through each
    chunk's query moment Σ_{t in c} q_t q_tᵀ (d² per chunk and end), and the ≤ 2 chunks W
    cuts through explicitly (C × C per chunk and end).
-3. Every other block Track A fits touches only the first keys: the key column s = 0 (the
-   attention sink), query rows 1–20 and 21–49 (keys s < t < 50) and query rows ≥ 50 with
-   keys s < 50. All lie in the strip A[:, :50], formed explicitly (T × 50 per head); its
-   per-lag sums come from one sheared copy (entry (s, Δ) = A[s + Δ, s]), rows < 50 from
-   its 50 × 50 top.
+3. Every other region Track A fits (its variants, declared on the result's fields:
+   :mod:`poskernel_tl.fit.variants`) either lies in the strip A[:, :50] of the first keys
+   (the sink column, query rows 1–20) or leaves out only entries of it (no-sink, rows
+   ≥ 50, the interior A[50:, 50:]). The strip is formed explicitly (T × 50 per head) and
+   skewed once (entry (s, Δ) = A[s + Δ, s]); each region is a masked sum over it, or the
+   whole triangle's sums less one.
 
-How the variants map (``TrackAReducer`` keeps exactly these sums): whole triangle = 1, 2;
-no-sink = whole − column 0; early rows = strip rows [1, 21); interior rows (≥ 50) =
-whole − rows [1, 21) − rows [21, 50); interior keys A[50:, 50:] = interior rows − (strip
-rows ≥ 50 = whole strip − strip rows < 50); per-sequence g = S1 / n(Δ); pooled fits and
-80/20 splits add sums over sequences. The permutation null fits the lower triangle of
-A' = q[π]·k[π]ᵀ (unmasked: A'[t, s] = A[π(t), π(s)] reads both triangles of A), which is
-again a product of two position sequences, so 1 and 2 apply to q[π], k[π] unchanged: no
-causality is assumed, and the null costs the same as the real fit.
+Per-sequence g = S1 / n(Δ); pooled fits and 80/20 splits add sums over sequences. The
+permutation null fits the lower triangle of A' = q[π]·k[π]ᵀ (unmasked: A'[t, s] =
+A[π(t), π(s)] reads both triangles of A), which is again a product of two position
+sequences, so 1 and 2 apply to q[π], k[π] unchanged: no causality is
+assumed, and the null costs the same as the real fit.
 
 Cost per sequence and head O(T·d·(d + C + 50) + d·T·log T) and memory
 O(T·(d + C + 50) + (T / C)·d²) (with C = 64 ≈ d, O(T·d)), instead of O(T²·d) time and
@@ -50,7 +48,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, band_ends
+from poskernel_tl.fit.variants import STRIP
+from poskernel_tl.protocol import band_ends
 
 ACC = torch.float64
 DEFAULT_CHUNK = 64
@@ -285,81 +284,36 @@ def skew_keys(strip: Float[Tensor, "batch head_index query_pos key_pos"]
                           buf.storage_offset() + 1)
 
 
-def strip_lag_stats(strip: Float[Tensor, "batch head_index query_pos key_pos"],
-                    row_blocks: list[tuple[int, int]], max_lag: int | None = None
-                    ) -> tuple[tuple[Float[Tensor, "batch head_index lag"],
-                                     Float[Tensor, "batch head_index"]],
-                               list[tuple[Float[Tensor, "batch head_index lag"],
-                                          Float[Tensor, "batch head_index"]]]]:
-    """Per-lag sums and Σ A² of the strictly lower entries (t > s) of the strip A[:, :K]:
-    all of them, and those with query row t in [lo, hi) for each of ``row_blocks``, which
-    must lie in rows < K (read from the K × K top of the strip, never the long part).
-    ``max_lag``: only the entries with t − s ≤ max_lag (a sliding window)."""
-    b, H, T, K = strip.shape
-    sk = skew_keys(strip)
-    if max_lag is not None and max_lag < T - 1:
-        sk = sk * (torch.arange(1, T, device=strip.device) <= max_lag).to(sk.dtype)
-    total = (sk.sum(-2), torch.linalg.vector_norm(sk, dim=(-2, -1)).square())
-    top = skew_keys(strip[:, :, :K])  # [b, H, K, K−1]: rows t < K
-    lags = torch.arange(1, K, device=strip.device)[None]
-    rows = torch.arange(K, device=strip.device)[:, None] + lags  # t = s + Δ
-    blocks = []
-    for lo, hi in row_blocks:
-        if min(hi, T) > K:
-            raise ValueError(f"row block [{lo}, {hi}) reaches past the strip's {K} rows")
-        last = T if max_lag is None else max_lag
-        w = ((rows >= lo) & (rows < hi) & (lags <= last)).to(strip.dtype)
-        s1 = F.pad((top * w).sum(-2), (0, T - K))
-        blocks.append((s1, (top * top * w).sum((-2, -1))))
-    return total, blocks
-
-
 @dataclass
 class LowerStats:
-    """Per (sequence, head) sums Track A fits: S1(Δ) and Σ A² of the whole strictly lower
-    triangle, the sink column A[Δ, 0] (Δ = 1..T−1) and its Σ A², and (S1, Σ A²) of query
-    rows [1, 21) (``early``), rows [21, 50) (``middle``) and rows ≥ 50 with keys < 50
-    (``corner``). All float64. Under a window (``max_lag``) every sum is the window's
-    except ``s1``, which keeps every lag (the window is applied by the lag counts), and
-    ``sq_whole`` is Σ A² of the whole triangle (``sq`` itself without a window); ``bands``
-    is Σ A² over each band of :func:`~poskernel_tl.protocol.band_ends`."""
+    """Per (sequence, head) sums Track A fits, float64: S1(Δ) and Σ A² of the whole
+    strictly lower triangle, Σ A² of each band of offsets
+    (:func:`~poskernel_tl.protocol.band_ends`), and the strip of the first
+    :data:`~poskernel_tl.fit.variants.STRIP` keys skewed to [key, lag] (entry (s, Δ−1) =
+    A[s + Δ, s]), from which every variant's region is summed
+    (:func:`~poskernel_tl.fit.variants.region_sums`). Under a window (``max_lag``) ``sq``
+    and ``bands`` are the window's, ``s1`` keeps every lag (the window is applied by the
+    lag counts) and ``sq_whole`` is Σ A² of the whole triangle."""
 
     s1: Float[Tensor, "batch head_index lag"]
     sq: Float[Tensor, "batch head_index"]
     sq_whole: Float[Tensor, "batch head_index"]
-    sink: Float[Tensor, "batch head_index lag"]
-    sink_sq: Float[Tensor, "batch head_index"]
-    early: tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
-    middle: tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
-    corner: tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
-    bands: Float[Tensor, "batch head_index part"]  # Σ A² of each band of offsets
+    bands: Float[Tensor, "batch head_index part"]
+    skewed: Float[Tensor, "batch head_index key_pos lag"]
 
 
 def track_a_stats(q: Float[Tensor, "batch pos head_index d_head"],
                   k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
                   chunk: int = DEFAULT_CHUNK, max_lag: int | None = None) -> LowerStats:
     """Every sum :class:`~poskernel_tl.reducers.track_a.TrackAReducer` keeps, from q/k
-    (identities 1–3 of the module docstring). Rows ≥ 50 with keys < 50 are the strip's
-    strictly lower entries less those of rows < 50 (query rows [1, 21) and [21, 50)).
-    ``max_lag``: every sum over the entries with t − s ≤ max_lag only (the entries a
-    sliding window keeps)."""
+    (identities 1–3 of the module docstring); ``max_lag``: Σ A² over the entries with
+    t − s ≤ max_lag only (those a sliding window keeps)."""
     T = q.shape[1]
     if T < 2:
         raise ValueError(f"need at least 2 positions, got T={T}")
-    K = min(INTERIOR_FROM, T)
-    strip = key_strip(q, k, scale, K)
-    blocks = [EARLY_ROWS, (EARLY_ROWS[1], INTERIOR_FROM)]
-    (c1, csq), [(e1, esq), (m1, msq)] = strip_lag_stats(
-        strip, [(lo, min(hi, K)) for lo, hi in blocks], max_lag)
-    if T > INTERIOR_FROM:
-        corner = (c1 - e1 - m1, csq - esq - msq)
-    else:
-        corner = (torch.zeros_like(c1), torch.zeros_like(csq))
-    sink = windowed(strip[:, :, 1:, 0], max_lag)
+    skewed = skew_keys(key_strip(q, k, scale, min(STRIP, T)))
     whole, kept, bands = band_sum_squares(q, k, scale, chunk, max_lag)
-    return LowerStats(s1=lag_sums(q, k, scale), sq=kept, sq_whole=whole, sink=sink,
-                      sink_sq=(sink * sink).sum(-1), early=(e1, esq), middle=(m1, msq),
-                      corner=corner, bands=bands)
+    return LowerStats(lag_sums(q, k, scale), kept, whole, bands, skewed)
 
 
 def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
@@ -377,5 +331,5 @@ def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
 
 
 __all__ = ["LowerStats", "band_sum_squares", "cast_permuted", "cross_correlation", "key_strip",
-           "lag_sums", "lower_stats", "lower_sum_squares", "skew_keys", "strip_lag_stats",
-           "sum_squares_upto", "track_a_stats", "windowed"]
+           "lag_sums", "lower_stats", "lower_sum_squares", "skew_keys", "sum_squares_upto",
+           "track_a_stats", "windowed"]

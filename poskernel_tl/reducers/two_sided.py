@@ -7,12 +7,11 @@ per-lag sums by FFT cross-correlation of k against q, the sum of squares by the 
 moment of the queries, and the strip Aᵀ[:, :50] = A[:50, :]ᵀ (every key of query rows
 t < 50) by one explicit product. Index j of a ``lag`` axis here is Δ = −(j+1).
 
-How Track A's variants read the upper triangle:
-
-- whole, per-sequence, pooled, 80/20 splits: the whole upper triangle;
-- no-sink (key column 0 left out): the upper triangle holds no key 0, so it enters whole;
-- query rows 1–20: strip rows [1, 21); query rows ≥ 50: whole − strip rows [0, 50);
-- the interior A[50:, 50:]: its upper part is exactly that of query rows ≥ 50 (s > t ≥ 50).
+Track A's variants read the upper part of their region
+(:func:`poskernel_tl.fit.variants.region_sums` with ``upper=True``): the whole upper
+triangle for the whole fits; for the no-sink fit too (it holds no key 0); query rows 1–20
+from the strip; rows ≥ 50 and the interior A[50:, 50:] (whose upper part is that of rows
+≥ 50, s > t ≥ 50) as the whole less the strip's rows below 50.
 
 The diagonal A[t, t] (Δ = 0) is kept apart as its sum, never fitted. Swapping q and k
 needs one key head per query head: grouped-query attention with a bidirectional model is
@@ -34,8 +33,9 @@ from poskernel_tl.fit.toeplitz import (
     lower_mean_from_qk,
     upper_lag_counts,
 )
+from poskernel_tl.fit.variants import STRIP
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, band_ends
+from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
     band_sum_squares,
@@ -49,14 +49,13 @@ Block = tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_i
 
 @dataclass
 class UpperStats:
-    """Per (sequence, head), float64: (S1, Σ A²) of the whole upper triangle, of its query
-    rows [1, 21) (``early``) and of its query rows ≥ 50 (``late``), index j ↔ Δ = −(j+1);
-    ``diag`` = Σ_t A[t, t]; ``bands``, Σ A² over each band of offsets
-    (:func:`~poskernel_tl.protocol.band_ends`)."""
+    """Per (sequence, head), float64: (S1, Σ A²) of the whole upper triangle, index j ↔
+    Δ = −(j+1); the strip of its first :data:`~poskernel_tl.fit.variants.STRIP` query rows
+    skewed to [row, lag] (entry (t, j) = A[t, t + j + 1]); ``diag`` = Σ_t A[t, t];
+    ``bands``, Σ A² over each band of offsets (:func:`~poskernel_tl.protocol.band_ends`)."""
 
     whole: Block
-    early: Block
-    late: Block
+    skewed: Float[Tensor, "batch head_index query_pos lag"]
     diag: Float[Tensor, "batch head_index"]
     bands: Float[Tensor, "batch head_index part"]  # Σ A² of each band of offsets −Δ
 
@@ -80,12 +79,6 @@ def diagonal_sum(q: Float[Tensor, "batch pos head_index d_head"],
     return (q.double() * k.double()).sum(dim=(1, 3)) * scale
 
 
-def _rows(sk: Tensor, lo: int, hi: int) -> Block:
-    """(S1, Σ²) of rows [lo, hi) of a skewed strip [b, head, row, lag]."""
-    part = sk[:, :, lo:hi]
-    return part.sum(-2), torch.linalg.vector_norm(part, dim=(-2, -1)).square()
-
-
 def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
                 k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
                 chunk: int = DEFAULT_CHUNK) -> UpperStats:
@@ -95,12 +88,9 @@ def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
     check_two_sided(H, k.shape[2])
     sq, _, bands = band_sum_squares(k, q, scale, chunk)
     whole = (lag_sums(k, q, scale), sq)
-    K = min(INTERIOR_FROM, T)
     # strip of Aᵀ: entry (s, t) = A[t, s] for query rows t < K; skewed: (t, j) = A[t, t+j+1]
-    sk = skew_keys(key_strip(k, q, scale, K))
-    head = _rows(sk, 0, K)
-    late = (whole[0] - head[0], whole[1] - head[1])
-    return UpperStats(whole, _rows(sk, *EARLY_ROWS), late, diagonal_sum(q, k, scale), bands)
+    sk = skew_keys(key_strip(k, q, scale, min(STRIP, T)))
+    return UpperStats(whole, sk, diagonal_sum(q, k, scale), bands)
 
 
 def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos key_pos"],
@@ -112,21 +102,17 @@ def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos ke
     check_two_sided(q.shape[2], k.shape[2])
     T = scores.shape[-1]
     shift = lower_mean_from_qk(k, q, scale)  # the mean of the upper triangle
-    lo, hi = EARLY_ROWS
-    (*whole, bands), (first, below_hi, head) = lower_lag_stats(
-        scores.transpose(-1, -2), shift, [], work,
-        key_blocks=[(lo, 0), (min(hi, T), 0), (min(INTERIOR_FROM, T), 0)], bands=True)
-    early = (below_hi[0] - first[0], below_hi[1] - first[1])
-    late = (whole[0] - head[0], whole[1] - head[1])
+    (*whole, bands), _ = lower_lag_stats(scores.transpose(-1, -2), shift, [], work,
+                                         bands=True)
+    sk = skew_keys(scores.transpose(-1, -2)[..., :min(STRIP, T)].double())
     diag = scores.diagonal(0, -2, -1).double().sum(-1)
-    return UpperStats(tuple(whole), early, late, diag, bands)
+    return UpperStats(tuple(whole), sk, diag, bands)
 
 
 class UpperSums:
     """Track A's running upper-triangle state (on the reducer's device, float64): per
-    sequence the whole triangle and the diagonal sum, summed over sequences query rows
-    [1, 21) and rows ≥ 50. Each ``*_sums`` method returns ``(S1, Σ A², n(Δ))`` for
-    :func:`poskernel_tl.fit.toeplitz.r2_two_sided`."""
+    sequence the whole triangle, its bands and the diagonal sum. Each ``*_sums`` method
+    returns ``(S1, Σ A², n(Δ))`` for :func:`poskernel_tl.fit.toeplitz.r2_two_sided`."""
 
     def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int, device):
         f64 = dict(dtype=torch.float64, device=device)
@@ -135,19 +121,11 @@ class UpperSums:
         self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.diag = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.bands = torch.zeros(n_seqs, n_layers, n_heads, len(band_ends(T)), **f64)
-        self.early_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
-        self.early_sq = torch.zeros(n_layers, n_heads, **f64)
-        self.late_s1 = torch.zeros(n_layers, n_heads, T - 1, **f64)
-        self.late_sq = torch.zeros(n_layers, n_heads, **f64)
 
     def store(self, L: int, idx: Tensor, st: UpperStats) -> None:
         self.s1[idx, L], self.sq[idx, L] = st.whole
         self.diag[idx, L] = st.diag
         self.bands[idx, L] = st.bands
-        self.early_s1[L] += st.early[0].sum(0)
-        self.early_sq[L] += st.early[1].sum(0)
-        self.late_s1[L] += st.late[0].sum(0)
-        self.late_sq[L] += st.late[1].sum(0)
 
     def per_seq_sums(self, sel: Tensor | slice | tuple[Tensor, int]) -> Sums:
         """Per sequence (``sel``: sequences, or (sequences, layer))."""
@@ -156,17 +134,6 @@ class UpperSums:
     def pooled_sums(self, sel: Tensor | slice, n: float) -> Sums:
         counts = upper_lag_counts(self.T, device=self.s1.device) * n
         return self.s1[sel].sum(0), self.sq[sel].sum(0), counts
-
-    def early_sums(self) -> Sums:
-        """Query rows [1, 21), summed over sequences (n(Δ) of one sequence)."""
-        counts = upper_lag_counts(self.T, *EARLY_ROWS, device=self.s1.device)
-        return self.early_s1, self.early_sq, counts
-
-    def late_sums(self) -> Sums:
-        """Query rows ≥ 50, summed over sequences (n(Δ) of one sequence); also the
-        interior A[50:, 50:] (its keys all lie past 50)."""
-        counts = upper_lag_counts(self.T, INTERIOR_FROM, device=self.s1.device)
-        return self.late_s1, self.late_sq, counts
 
     def self_means(self, sel: Tensor | slice) -> tuple[Float[Tensor, "n_seqs layer head_index"],
                                                 Float[Tensor, "layer head_index"]]:

@@ -1,0 +1,109 @@
+"""Track A's variants as data: each is a region of the logit matrix — query rows
+[rows[0], rows[1]) and keys [keys[0], keys[1]) (None: to the end), within the layer's
+mask — fitted by one g(Δ) exactly as the whole triangle is. A variant is declared once,
+on the result field that holds its R² (:func:`fitted`); the reducer finds the regions
+there (:func:`variants_of`) and keeps, for each, its per-lag sums and Σ A².
+
+Every region's sums come from the whole triangle's and one strip of the logits:
+
+- the strip holds every entry with key s < K on the lower side (query row t < K on the
+  upper side of a bidirectional model), K = :data:`STRIP` (the largest finite bound of the
+  regions), skewed to [position, lag] (:func:`poskernel_tl.reducers.lag_sums.skew_keys`);
+- a region inside the strip (keys below K, or rows below K) is summed over it directly;
+- a region whose complement lies inside the strip (rows and keys from at most K on) is
+  the whole triangle less the complement's sums.
+
+A region that is neither is refused when it is declared.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from poskernel_tl.protocol import INTERIOR_FROM
+
+STRIP = INTERIOR_FROM  # keys (rows, upper side) of the strip every region is read from
+Block = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A region of the logits: query rows [rows[0], rows[1]), keys [keys[0], keys[1])."""
+
+    rows: tuple[int, int | None] = (0, None)
+    keys: tuple[int, int | None] = (0, None)
+
+    def __post_init__(self):
+        if not (self.inside() or self.outside()):
+            raise ValueError(f"{self}: neither it nor its complement lies within the strip "
+                             f"of the first {STRIP} keys (rows)")
+
+    def inside(self) -> bool:
+        """Whether every entry lies in the strip (lower side: keys < K or rows < K)."""
+        return any(hi is not None and hi <= STRIP for hi in (self.rows[1], self.keys[1]))
+
+    def outside(self) -> bool:
+        """Whether every entry it leaves out lies in the strip."""
+        return self.rows[1] is None and self.keys[1] is None and \
+            self.rows[0] <= STRIP and self.keys[0] <= STRIP
+
+    def holds(self, t: Tensor, s: Tensor) -> Tensor:
+        """Bool: whether entry (query t, key s) is in the region."""
+        (r0, r1), (k0, k1) = self.rows, self.keys
+        inside = (t >= r0) & (s >= k0)
+        if r1 is not None:
+            inside &= t < r1
+        if k1 is not None:
+            inside &= s < k1
+        return inside
+
+    def counts(self, T: int, max_lag: int | None = None, upper: bool = False,
+               device=None) -> Float[Tensor, " lag"]:
+        """n(Δ) of the region, Δ = 1..T−1 (upper: Δ = −1..−(T−1)), within ``max_lag``."""
+        t = torch.arange(T, device=device)[:, None]
+        lag = torch.arange(1, T, device=device)[None]
+        s = t + lag if upper else t - lag
+        keep = (s >= 0) & (s < T) & self.holds(t, s)
+        if max_lag is not None:
+            keep &= lag <= max_lag
+        return keep.sum(0).double()
+
+
+def fitted(field: Any, variant: Variant) -> Any:
+    """``field`` (a :func:`~poskernel_tl.schema.column`) declared as the R² of the Track A
+    fit over ``variant``'s region."""
+    return dataclasses.field(default=field.default, metadata={**field.metadata,
+                                                               "variant": variant})
+
+
+def variants_of(cls) -> dict[str, Variant]:
+    """The variant fields of a result dataclass, field name -> region."""
+    return {f.name: f.metadata["variant"] for f in dataclasses.fields(cls)
+            if "variant" in f.metadata}
+
+
+def region_sums(skewed: Float[Tensor, "batch head_index pos lag"], variant: Variant,
+                whole: Block, max_lag: int | None = None, upper: bool = False) -> Block:
+    """(S1(Δ), Σ A²) of ``variant``'s region from the skewed strip (entry (p, Δ−1) is
+    A[p + Δ, p] with key p on the lower side, A[p, p + Δ] with row p on the upper) and the
+    whole side's sums ``whole`` (S1 may hold lags past ``max_lag``: they pass through);
+    positions past the end of the sequence are zero in the strip."""
+    K, n_lag = skewed.shape[-2], skewed.shape[-1]
+    p = torch.arange(K, device=skewed.device)[:, None]
+    lag = torch.arange(1, n_lag + 1, device=skewed.device)[None]
+    t, s = (p, p + lag) if upper else (p + lag, p)
+    mine = variant.holds(t, s)
+    if max_lag is not None:
+        mine &= lag <= max_lag
+    if not variant.inside():  # the complement, within the window
+        mine = ~variant.holds(t, s) & (lag <= (n_lag if max_lag is None else max_lag))
+    part = torch.where(mine, skewed, 0.0)
+    s1, sq = part.sum(-2), torch.linalg.vector_norm(part, dim=(-2, -1)).square()
+    return (s1, sq) if variant.inside() else (whole[0] - s1, whole[1] - sq)
+
+
+__all__ = ["STRIP", "Variant", "fitted", "region_sums", "variants_of"]
