@@ -22,7 +22,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.hooks.masks import band
 from poskernel_tl.models.softmax_terms import cap_scores, logsumexp_with_sinks, sink_logits
 from poskernel_tl.reducers.base import LayerBatch
 
@@ -113,8 +112,10 @@ def row_logsumexp(q: Float[Tensor, "seq pos head_index d_logit"],
         r1 = min(T, r0 + ROWS)
         lo, hi = (0, T) if last is None else (max(0, r0 - last), r1)
         A = cap_scores(torch.matmul(qg[..., r0:r1, :], kt[..., lo:hi]).mul_(scale), terms)
-        if last is not None:
-            A.masked_fill_(~band(T, last + 1, q.device)[r0:r1, lo:hi], float("-inf"))
+        if last is not None:  # the block's own mask: keys t − last ≤ s ≤ t
+            lag = torch.arange(r0, r1, device=q.device)[:, None] - \
+                torch.arange(lo, hi, device=q.device)[None]
+            A.masked_fill_((lag < 0) | (lag > last), float("-inf"))
         out[..., r0:r1] = torch.logsumexp(A, -1)
     return out.reshape(b, H, T)
 
