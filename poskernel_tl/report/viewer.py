@@ -2,7 +2,8 @@
 
 - **Assets**, written once per report under ``assets/``: Plotly's JavaScript bundle (from
   the ``plotly`` package's own data, never a CDN), circuitsvis' bundle, and the viewer
-  (``static/viewer.js`` and ``viewer.css`` of this package) (:func:`write_assets`).
+  (``static/viewer.js``, ``longview.js`` (a long view's overview and zoom), ``headmap.js``
+  (the head map) and ``viewer.css`` of this package) (:func:`write_assets`).
 - **The report**: :func:`viewer_html` is Figure 1 as a clickable heatmap per condition
   and the head panel that each permalink ``report.html#{model}/{dataset}_{T}/L{l}H{h}``
   opens; the index it needs (one R² grid per condition, the data file's path) is embedded
@@ -36,11 +37,14 @@ from poskernel_tl.report.html import (
     write_page,
 )
 from poskernel_tl.report.viewer_data import num, typed
+from poskernel_tl.report.viewer_long import long_payload
 
 PLOTLY_NAME = "plotly.min.js"
 BUNDLE_NAME = "circuitsvis.js"
 VIEWER_JS, VIEWER_CSS = "viewer.js", "viewer.css"
-ASSET_NAMES = (PLOTLY_NAME, BUNDLE_NAME, VIEWER_JS, VIEWER_CSS)
+LONG_JS, HEADMAP_JS = "longview.js", "headmap.js"  # a long head view's zoom; the head map
+SCRIPT_NAMES = (PLOTLY_NAME, BUNDLE_NAME, VIEWER_JS, LONG_JS, HEADMAP_JS)
+ASSET_NAMES = (*SCRIPT_NAMES, VIEWER_CSS)
 
 
 def plotly_js() -> bytes:
@@ -89,13 +93,13 @@ def asset_tags(assets_rel: str | None) -> str:
     if assets_rel is None:
         css = asset_bytes(VIEWER_CSS).decode("utf-8")
         scripts = [asset_bytes(n).decode("utf-8").replace("</script", "<\\/script")
-                   .replace("</SCRIPT", "<\\/SCRIPT") for n in ASSET_NAMES[:3]]
+                   .replace("</SCRIPT", "<\\/SCRIPT") for n in SCRIPT_NAMES]
         return f"<style>\n{css}\n</style>\n" + "\n".join(f"<script>\n{s}\n</script>"
                                                      for s in scripts)
     base = check_relative_url(assets_rel.rstrip("/"))
     src = {n: escape(f"{base}/{n}") for n in ASSET_NAMES}
     return (f'<link rel="stylesheet" href="{src[VIEWER_CSS]}">\n' + "\n".join(
-        f'<script src="{src[n]}"></script>' for n in ASSET_NAMES[:3]))
+        f'<script src="{src[n]}"></script>' for n in SCRIPT_NAMES))
 
 
 def viewer_html(index: list[dict]) -> str:
@@ -123,7 +127,9 @@ class HeadPageData:
     are ``tokens``; the fit uses their strictly lower triangle. ``spectrum`` is ``(omega,
     power)`` with ω in rad/token; ``thetas`` the positional-encoding frequencies to mark.
     ``tables`` maps a caption to a small result table; ``r2_values`` names R² numbers shown
-    at the top; ``beyond`` holds the head's rows of further analyses (a frame)."""
+    at the top; ``beyond`` holds the head's rows of further analyses (a frame). ``q``,
+    ``k`` and ``logit_scale`` (logits = scale · q · kᵀ) let a view longer than its
+    ``max_tokens`` zoom into any window (:mod:`poskernel_tl.report.viewer_long`)."""
 
     title: str
     tokens: list[str]
@@ -142,6 +148,10 @@ class HeadPageData:
     links: dict[str, str] = field(default_factory=dict)
     beyond: pd.DataFrame | None = None
     max_lag: int | None = None  # a sliding window's last kept offset: the fit reads Δ ≤ it
+    # the zoom of a long view (past max_tokens): post-rotary q, the kv head's k, the factor
+    q: Float[np.ndarray, "query_pos d_head"] | None = None
+    k: Float[np.ndarray, "key_pos d_head"] | None = None
+    logit_scale: float | None = None
 
     def __post_init__(self):
         T = len(self.tokens)
@@ -190,14 +200,20 @@ def _frame_table(title: str, df: pd.DataFrame) -> dict:
 
 
 def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
-    """The viewer's payload for one head (arrays as base64 typed arrays)."""
+    """The viewer's payload for one head (arrays as base64 typed arrays). Past
+    ``max_tokens`` tokens the whole matrix travels as an overview of blocks and the zoom's
+    factors (``long``; :func:`~poskernel_tl.report.viewer_long.long_payload`) when the data
+    has q and k, else as its first ``max_tokens`` tokens."""
     T = len(data.tokens)
     n = min(T, max_tokens)
     r2, g, g_back = toeplitz_fit(data.logits, data.two_sided, data.max_lag)
     keep = fit_mask(T, data.two_sided, data.max_lag)
-    logits = np.where(keep, data.logits, np.nan)[:n, :n]
-    notes = list(data.notes)
-    if n < T:
+    logits = np.where(keep[:n, :n], np.asarray(data.logits)[:n, :n], np.nan)
+    notes, long = list(data.notes), None
+    if n < T and data.q is not None:
+        long, more = long_payload(data, keep, g, g_back)
+        notes += more
+    elif n < T:
         notes.append(f"Showing the first {n} of {T} tokens; the fit uses all {T}.")
     kernels = [{"label": label, "values": typed(v, "f4"),
                 "back": None if back is None else typed(back, "f4")} for label, v, back in
@@ -220,7 +236,8 @@ def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
             "perSeq": None if data.per_seq_r2 is None else
             {"values": typed(data.per_seq_r2, "f4"), "pooled": None},
             # display copies: half precision, deflated (every number shown is computed here)
-            "seq": {"T": n, "logits": typed(logits, "f2", deflate=True), "pattern": typed(
+            "long": long, "seq": None if long else {
+                "T": n, "logits": typed(logits, "f2", deflate=True), "pattern": typed(
                 np.asarray(data.pattern)[:n, :n], "f2", deflate=True), "g": typed(g, "f4"),
                 "r2": r2,
                 "gBack": None if g_back is None else typed(g_back, "f4"),

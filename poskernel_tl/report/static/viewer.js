@@ -176,6 +176,7 @@
       return el("tr", {}, [el("th", {}, [n[1]]), el("td", { "data-pk": n[0] }, [fixed(n[2], n[3])])]);
     }), { "class": "pk-table pk-numbers" }));
     if (p.seq) drawSequence(root, p.seq);
+    else if (p.long && PK.drawLong) PK.drawLong(root, p.long);
     else root.appendChild(section("Attention pattern and logits", "This condition saved no full logits (run with --save-logits yes to keep them).", []));
     drawKernels(root, p.kernels);
     p.spectra.forEach(function (s) { drawSpectrum(root, s); });

@@ -1,0 +1,1 @@
+/* the head map: written below */
