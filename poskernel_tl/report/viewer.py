@@ -87,13 +87,14 @@ def assets_rel_for(page_path: str | os.PathLike, report_dir: str | os.PathLike) 
     return relative_url(Path(report_dir) / ASSETS_DIR, page_path)
 
 
-def asset_tags(assets_rel: str | None) -> str:
+def asset_tags(assets_rel: str | None, skip: tuple[str, ...] = ()) -> str:
     """``<link>``/``<script>`` tags loading the assets from ``assets_rel`` (a relative
-    folder URL), or the assets themselves inline when ``assets_rel`` is None."""
+    folder URL), or the assets themselves inline when ``assets_rel`` is None (but those
+    named in ``skip``: a long view draws no circuitsvis pattern)."""
     if assets_rel is None:
         css = asset_bytes(VIEWER_CSS).decode("utf-8")
         scripts = [asset_bytes(n).decode("utf-8").replace("</script", "<\\/script")
-                   .replace("</SCRIPT", "<\\/SCRIPT") for n in SCRIPT_NAMES]
+                   .replace("</SCRIPT", "<\\/SCRIPT") for n in SCRIPT_NAMES if n not in skip]
         return f"<style>\n{css}\n</style>\n" + "\n".join(f"<script>\n{s}\n</script>"
                                                      for s in scripts)
     base = check_relative_url(assets_rel.rstrip("/"))
@@ -250,11 +251,12 @@ SHARED = "shared"  # ``assets_rel`` of a block that uses the assets an earlier b
 
 
 def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 256,
-              include_style: bool = True, **_ignored) -> str:
+              include_style: bool = True, lean: bool = False, **_ignored) -> str:
     """The head view as an HTML block: a notebook's ``_repr_html_`` (``assets_rel=None``
     inlines Plotly, circuitsvis and the viewer; :data:`SHARED` loads nothing and uses what
     an earlier block of the same page loaded, saying so where nothing was) or the body of
-    :func:`write_head_page`."""
+    :func:`write_head_page`. ``lean``: a long view (no circuitsvis pattern) inlines no
+    circuitsvis bundle (a standalone page; a notebook's later views may need it)."""
     payload = head_payload(data, max_tokens)
     text = json_for_script(payload)
     key = "pk-" + hashlib.sha256(text.encode()).hexdigest()[:12]  # same input, same page
@@ -266,7 +268,8 @@ def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 2
             f"</script>\n<script>if (window.PK) PK.showHead({json_for_script(key)}, "
             f"{json_for_script(key + '-data')}); else document.getElementById("
             f"{json_for_script(key)}).textContent = {missing};</script>")
-    tags = "" if assets_rel == SHARED else asset_tags(assets_rel) + "\n"
+    skip = (BUNDLE_NAME,) if lean and payload["long"] else ()
+    tags = "" if assets_rel == SHARED else asset_tags(assets_rel, skip) + "\n"
     return report_block(tags + body, include_style=include_style and assets_rel != SHARED)
 
 
@@ -274,7 +277,8 @@ def write_head_page(path: str | os.PathLike, data: HeadPageData, *, assets_rel: 
                     max_tokens: int = 256, **_ignored) -> Path:
     """Write ``data`` as a standalone page at ``path``; ``assets_rel`` as in
     :func:`head_html` (call :func:`write_assets` once for the folder it names)."""
-    block = head_html(data, assets_rel=assets_rel, max_tokens=max_tokens, include_style=False)
+    block = head_html(data, assets_rel=assets_rel, max_tokens=max_tokens, include_style=False,
+                      lean=True)
     return write_page(path, page_html(data.title, block))
 
 

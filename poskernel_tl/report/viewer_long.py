@@ -89,10 +89,10 @@ def overview_maps(logits, pattern, keep, g, g_back, n_blocks: int = N_BLOCKS
 
 
 def overview(logits, pattern, keep, g, g_back, n_blocks: int = N_BLOCKS) -> dict:
-    """The overview as the page reads it: the maps as deflated float32, ``block``, ``n``."""
+    """The overview as the page reads it: the maps as deflated float16, ``block``, ``n``."""
     b, maps = overview_maps(logits, pattern, keep, g, g_back, n_blocks)
     return {"block": b, "n": math.ceil(logits.shape[0] / b),
-            **{k: typed(v, "f4", deflate=True) for k, v in maps.items()}}
+            **{k: typed(v, "f2", deflate=True) for k, v in maps.items()}}
 
 
 def row_lse(logits: Float[np.ndarray, "query_pos key_pos"], causal: bool,

@@ -146,5 +146,6 @@
     });
     var n0 = Math.min(L.zoom, L.T);
     c.show(hashWindow(L) || { r0: 0, r1: n0 - 1, c0: 0, c1: n0 - 1 });
+    root.setAttribute("data-pk-opened-ms", String(Math.round(performance.now())));
   };
 })();
