@@ -151,7 +151,9 @@
       var layout = { margin: { l: 60, r: 20, t: 30, b: 50 }, height: 560, hovermode: "closest",
         xaxis: { title: { text: plain(D.labels[s.x]) } }, yaxis: { title: { text: plain(D.labels[s.y]) } },
         legend: { title: { text: plain(D.labels[s.c]) } }, uirevision: s.x + "|" + s.y };
-      Plotly.react(div, traces(D, s, idx), layout, { displaylogo: false, responsive: true }).then(function () {
+      var done = Plotly.react(div, traces(D, s, idx), layout, { displaylogo: false, responsive: true });
+      div.setAttribute("data-pk-sync-ms", String(Math.round(performance.now() - t0)));
+      done.then(function () {
         div.setAttribute("data-pk-ms", String(Math.round(performance.now() - t0)));
         div.setAttribute("data-pk-state", "drawn");
         div.setAttribute("data-pk-points", String(idx.length));
