@@ -25,7 +25,7 @@ from torch import Tensor
 
 from poskernel_tl.analyses.spectral.processing import two_sided_for_spectrum
 from poskernel_tl.analyses.spectral.summary import alignment_frames, alignment_line, kernel_spectrum
-from poskernel_tl.apps.head_inputs import MIN_TOKENS, check_head, token_ids
+from poskernel_tl.apps.head_inputs import check_head, token_ids
 from poskernel_tl.data.sequences import token_strings
 from poskernel_tl.fit.kernel_class import head_kernels
 from poskernel_tl.fit.toeplitz import (
@@ -344,4 +344,4 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     return view
 
 
-__all__ = ["MIN_TOKENS", "HeadView", "check_head", "inspect_head", "token_ids"]
+__all__ = ["HeadView", "inspect_head"]

@@ -14,7 +14,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from poskernel_tl.analyses.spectral.summary import alignment_line
-from poskernel_tl.apps.head_view import MIN_TOKENS, check_head, inspect_head
+from poskernel_tl.apps.head_inputs import MIN_TOKENS, check_head
+from poskernel_tl.apps.head_view import inspect_head
 from poskernel_tl.constants import model_slug
 from poskernel_tl.data.datasets import check_dataset_name
 from poskernel_tl.data.sequences import build_sequences, collect_windows, sequence_frame
