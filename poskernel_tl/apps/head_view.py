@@ -73,7 +73,9 @@ class HeadView:
     :func:`spectral_alignment` dict for rotary models, else None. ``tokens`` are the
     token strings, one per position. ``kernel``: the class and descriptors of this
     sequence's g (:mod:`poskernel_tl.fit.kernel_class`, against a 19-permutation null of this
-    matrix)."""
+    matrix). ``q`` (the head's post-rotary queries), ``k`` (its kv head's keys) and
+    ``logit_scale``: past 256 tokens the page shows the whole matrix as blocks and zooms into
+    any window from them (:mod:`poskernel_tl.report.viewer_long`)."""
 
     model_name: str
     layer: int
