@@ -142,3 +142,26 @@ def test_zoom_shows_the_tokens_of_the_window_asked_for(tmp_path):
     assert bad.probe == []
     assert bad.dom.find_all("div", class_="pk-zoom")[0].attrs["data-pk-window"] == "0,255,0,255"
     assert re.search(r"overview of \d+ × \d+ blocks", run.dom_text)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_real_head_view_zooms_from_its_own_q_and_k(arch, tiny_tokenizer):
+    """On a tiny model booted as a bridge (grouped-query llama, GPT-2), the view's q and k
+    times the logit scale are its hooked logits: a view longer than ``max_tokens`` gets the
+    zoom, its normaliser gives the hooked pattern."""
+    from tiny_models import tiny_loaded
+
+    from poskernel_tl.apps.head_view import inspect_head
+
+    model = tiny_loaded(arch, tiny_tokenizer, compatibility_mode=False)
+    ids = np.random.default_rng(0).integers(3, 250, 120)
+    view = inspect_head(model, ids.tolist(), 1, 3)
+    p = head_payload(view.page_data(), max_tokens=64)
+    L = p["long"]
+    assert L is not None and L["q"] is not None, p["notes"]
+    assert L["check"]["rel_err"] < 1e-3 and L["check"]["pattern_err"] < 1e-2
+    assert decode(L["q"]).shape == view.q.shape == view.k.shape
+    lse = decode(L["lse"]).astype(np.float64)
+    t, s = 100, np.arange(101)
+    a = view.logit_scale * (view.q[t].astype(np.float64) @ view.k[s].T.astype(np.float64))
+    np.testing.assert_allclose(np.exp(a - lse[t]), view.pattern[t, :101], atol=1e-4)
