@@ -110,6 +110,23 @@
     sel.value = value;
     return sel;
   }
+  function filterBoxes(D, s, draw) {  // one fieldset of checkboxes per filter column
+    return D.filters.map(function (col) {
+      var inputs = [];
+      var set = el("fieldset", { "data-pk-filter": col }, [el("legend", {}, [D.labels[col] || col])].concat(
+        D.categorical[col].levels.map(function (v) {
+          var box = el("input", { type: "checkbox", "data-level": v });
+          box.checked = s.filters[col].indexOf(v) >= 0;
+          inputs.push(box);
+          box.addEventListener("change", function () {
+            s.filters[col] = D.categorical[col].levels.filter(function (w, j) { return inputs[j].checked; });
+            draw();
+          });
+          return el("label", {}, [box, " " + v + " "]);
+        })));
+      return set;
+    });
+  }
   PK.headMap = function (id, data, report) {
     var root = document.getElementById(id);
     if (!root) return;
@@ -124,20 +141,7 @@
     Object.keys(asked.filters).forEach(function (col) { s.filters[col] = asked.filters[col]; });
     var sx = select(num, D.labels, s.x, "x"), sy = select(num, D.labels, s.y, "y");
     var sc = select(cats.concat(num), D.labels, s.c, "colour");
-    var boxes = D.filters.map(function (col) {
-      return el("fieldset", { "data-pk-filter": col }, [el("legend", {}, [D.labels[col] || col])].concat(
-        D.categorical[col].levels.map(function (v) {
-          var box = el("input", { type: "checkbox", "data-level": v });
-          box.checked = s.filters[col].indexOf(v) >= 0;
-          box.addEventListener("change", function () {
-            s.filters[col] = D.categorical[col].levels.filter(function (w, j) {
-              return root.querySelectorAll('fieldset[data-pk-filter="' + col + '"] input')[j].checked;
-            });
-            draw();
-          });
-          return el("label", {}, [box, " " + v + " "]);
-        })));
-    });
+    var boxes = filterBoxes(D, s, draw);
     var count = el("span", { "class": "pk-note", "data-pk-count": "" });
     var div = el("div", { "class": "pk-plot", "data-pk-state": "pending" });
     root.appendChild(el("div", { "class": "pk-map-controls" }, ["x ", sx, " y ", sy, " colour ", sc, count]));
