@@ -70,6 +70,12 @@ def test_notebook_figure_from_results(site):
     assert fig.layout.xaxis.title.text.startswith("Track A")
     with pytest.raises(ValueError, match="no column"):
         pk.plots.head_map(site["results"], x="nope")
+    folder = head_map.results_table(site["out"])  # a folder: its files, as the report reads
+    saved = pd.read_csv(site["page"].parent / "head_map.csv")
+    assert list(folder.columns) == list(saved.columns)
+    np.testing.assert_allclose(folder["tl_prev_token"], saved["tl_prev_token"])
+    fig = pk.plots.head_map(site["out"], y="prev_share", dataset="random")
+    assert sum(len(t.x) for t in fig.data) == len(saved[saved["dataset"] == "random"])
 
 
 # a click as Plotly's own tests make one: mouse events at the pixel position of the point

@@ -18,8 +18,10 @@ import numpy as np
 import pandas as pd
 
 from poskernel_tl import constants as C
+from poskernel_tl.analyses.spectral.io import read_spectral
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.report import nulls
+from poskernel_tl.report import extras, nulls
+from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.html import json_for_script, write_page
 from poskernel_tl.report.tables import dataset_label
 from poskernel_tl.report.viewer_data import DATA_DIR, condition_key, typed
@@ -115,14 +117,19 @@ def head_table(results_dir: str | os.PathLike, conds) -> pd.DataFrame:
 
 
 def results_table(results) -> pd.DataFrame:
-    """The head table of ``results``: a results folder, a list of
-    :class:`ConditionResult`, one of them, or a table made earlier (returned as it is)."""
+    """The head table of ``results``: a results folder (its saved tables, as the report
+    reads them), a list of :class:`ConditionResult` (their tables in memory), one of
+    them, or a table made earlier (returned as it is)."""
     if isinstance(results, pd.DataFrame):
         return results
-    if isinstance(results, str | os.PathLike):
+    if isinstance(results, str | os.PathLike):  # the files, as the report reads them
         folder = ConditionResult.folder(results)
-        results = [ConditionResult.load(folder, *key, lazy=True)
-                   for key in ConditionResult.conditions(folder)]
+        conds = []
+        for key in ConditionResult.conditions(folder):
+            r = ConditionResult.load(folder, *key, lazy=True)
+            conds.append(Condition(r, read_spectral(folder, *key, r.n_layers, r.n_heads),
+                                   extras.load_condition(folder, *key, r.n_layers, r.n_heads)))
+        return head_table(folder, conds)
     if isinstance(results, ConditionResult):
         results = [results]
     frames = [condition_heads(r, r.kernels(), r.tables().get("bands")) for r in results]
