@@ -138,9 +138,13 @@ def test_zoom_shows_the_tokens_of_the_window_asked_for(tmp_path):
     assert not [n for n in run.dom.find_all("img") if n.attrs.get("src") == "x"]
     zoom = run.dom.find_all("div", class_="pk-zoom")[0]
     assert zoom.attrs["data-pk-window"] == "300,555,200,455"
-    bad = load_page(page, budget_ms=6000, fragment="zoom=300-9999,0-10")  # out of range
-    assert bad.probe == []
-    assert bad.dom.find_all("div", class_="pk-zoom")[0].attrs["data-pk-window"] == "0,255,0,255"
+    for fragment in ("zoom=300-9999,0-10", "zoom=<img src=x onerror=alert(1)>",  # ignored
+                     "zoom=5-1,0-10", "zoom=0-600,0-600", "zoom=%E0%A4%A"):
+        bad = load_page(page, budget_ms=6000, fragment=fragment)
+        assert bad.probe == [] and bad.console == [], (fragment, bad.probe, bad.console)
+        assert not [n for n in bad.dom.find_all("img") if n.attrs.get("src") == "x"]
+        window = bad.dom.find_all("div", class_="pk-zoom")[0].attrs["data-pk-window"]
+        assert window == "0,255,0,255", fragment
     assert re.search(r"overview of \d+ × \d+ blocks", run.dom_text)
 
 
