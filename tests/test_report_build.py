@@ -64,7 +64,10 @@ def test_build_report_offline_and_escaped(built):
     scripts = re.findall(r"<script\b[^>]*>", text)
     assert scripts == ['<script src="assets/plotly.min.js">',
                        '<script src="assets/circuitsvis.js">', '<script src="assets/viewer.js">',
-                       '<script type="application/json" id="pk-index">', "<script>"]
+                       '<script src="assets/longview.js">', '<script src="assets/headmap.js">',
+                       '<script type="application/json" id="pk-index">', "<script>",
+                       '<script src="data/head_map.js">', "<script>"]
+    assert '<script>PK.headMap("pk-map", window.PK_HEAD_MAP, true);</script>' in text
     assert "<script>PK.start();</script>" in text
     for src in re.findall(r'(?:src|href)="([^"#]+)"', text):
         assert (out / src).exists(), src
@@ -75,7 +78,8 @@ def test_build_report_offline_and_escaped(built):
     for r in built["results"]:
         assert (out / "data" / f"{r.stem()}.js").is_file()
     assert {p.name for p in (out / "assets").iterdir()} == {
-        "plotly.min.js", "circuitsvis.js", "viewer.js", "viewer.css"}
+        "plotly.min.js", "circuitsvis.js", "viewer.js", "longview.js", "headmap.js", "viewer.css"}
+    assert (out / "data" / "head_map.js").is_file() and (out / "head_map.csv").is_file()
     v = pd.read_csv(out / "verdicts.csv").set_index("id")
     assert v.loc["nope", "reason"] == "no NoPE model in this folder"
     assert "<script>" not in (out / "table1.md").read_text(encoding="utf-8")

@@ -14,7 +14,6 @@ from the command line.
 
 import math
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,8 +25,8 @@ from torch import Tensor
 
 from poskernel_tl.analyses.spectral.processing import two_sided_for_spectrum
 from poskernel_tl.analyses.spectral.summary import alignment_frames, alignment_line, kernel_spectrum
-from poskernel_tl.data.sequences import is_int, sequence_frame, token_strings
-from poskernel_tl.errors import UserError
+from poskernel_tl.apps.head_inputs import check_head, token_ids
+from poskernel_tl.data.sequences import token_strings
 from poskernel_tl.fit.kernel_class import head_kernels
 from poskernel_tl.fit.toeplitz import (
     lag_counts,
@@ -56,7 +55,6 @@ from poskernel_tl.report import (
 from poskernel_tl.schema import check_shapes
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
-MIN_TOKENS = 3
 VIEW_NULL_PERMS = 19  # permutations of the head view's null (its class's content rule)
 
 
@@ -75,7 +73,9 @@ class HeadView:
     :func:`spectral_alignment` dict for rotary models, else None. ``tokens`` are the
     token strings, one per position. ``kernel``: the class and descriptors of this
     sequence's g (:mod:`poskernel_tl.fit.kernel_class`, against a 19-permutation null of this
-    matrix)."""
+    matrix). ``q`` (the head's post-rotary queries), ``k`` (its kv head's keys) and
+    ``logit_scale``: past 256 tokens the page shows the whole matrix as blocks and zooms into
+    any window from them (:mod:`poskernel_tl.report.viewer_long`)."""
 
     model_name: str
     layer: int
@@ -99,6 +99,10 @@ class HeadView:
     g_self: float | None = None
     max_lag: int | None = None  # a sliding window's last kept offset (the fit reads Δ ≤ it)
     kernel: dict | None = None  # this sequence's kernel descriptors and class
+    # the zoom of a long view: post-rotary q of the head, k of its kv head, logits = scale·q·kᵀ
+    q: Float[np.ndarray, "pos d_head"] | None = None
+    k: Float[np.ndarray, "pos d_head"] | None = None
+    logit_scale: float | None = None
 
     @property
     def two_sided(self) -> bool:
@@ -136,7 +140,7 @@ class HeadView:
             two_sided=self.two_sided, spectrum=self.spectrum, thetas=self.thetas,
             tables=tables,
             r2_values={"R² without the sink column (key 0)": self.r2_nosink},
-            notes=notes, max_lag=self.max_lag)
+            notes=notes, max_lag=self.max_lag, q=self.q, k=self.k, logit_scale=self.logit_scale)
 
     def to_html(self, assets_rel: str | None = None) -> str:
         """The view as an HTML block; ``assets_rel=None`` inlines the circuitsvis bundle."""
@@ -162,65 +166,6 @@ class HeadView:
             write_assets(path.parent)
             assets_rel = assets_rel_for(path, path.parent)
         return write_head_page(path, self.page_data(), assets_rel=assets_rel)
-
-
-# ------------------------------------------------------------------ input checks
-def check_head(model_name: str, n_layers: int, n_heads: int, layer, head) -> None:
-    """ValueError naming the valid range unless 0 ≤ layer < n_layers, 0 ≤ head < n_heads."""
-    if not is_int(layer) or not 0 <= layer < n_layers:
-        raise UserError(f"layer {layer!r} is out of range: {model_name} has layers "
-                         f"0..{n_layers - 1}")
-    if not is_int(head) or not 0 <= head < n_heads:
-        raise UserError(f"head {head!r} is out of range: {model_name} has heads "
-                         f"0..{n_heads - 1} per layer")
-
-
-def token_ids(model: LoadedModel, text_or_tokens, max_tokens: int | None = None
-              ) -> Int[Tensor, " pos"]:
-    """One sequence of token ids: a string (tokenized without special tokens; an
-    encoder's framed ``[CLS]`` … ``[SEP]`` as its sequences are, see
-    :func:`~poskernel_tl.data.sequences.sequence_frame`), a list or 1-D array of ids, or a
-    [1, pos] tensor; cut to ``max_tokens`` (the frame included); 3 ≤ T ≤ context."""
-    x = text_or_tokens
-    prefix, suffix = (), ()
-    if isinstance(x, str):
-        prefix, suffix = sequence_frame(model.tokenizer) if model.tokenizer else ((), ())
-        if model.tokenizer is None:
-            raise UserError("this model has no tokenizer: pass token ids instead of text")
-        ids = torch.tensor(model.tokenizer(x, add_special_tokens=False)["input_ids"],
-                           dtype=torch.long)
-    elif isinstance(x, Tensor | np.ndarray) or (isinstance(x, Sequence) and all(
-            is_int(i) for i in x)):
-        ids = torch.as_tensor(np.asarray(x) if isinstance(x, Sequence) else x)
-        if ids.ndim == 2 and ids.shape[0] == 1:
-            ids = ids[0]
-        if ids.ndim != 1 or (ids.numel() and ids.dtype.is_floating_point) or ids.dtype == \
-                torch.bool:
-            raise UserError(f"token ids must be one sequence of integers (pos) or "
-                             f"(1, pos), got {ids.dtype} {tuple(ids.shape)}")
-        ids = ids.long().cpu()
-    else:
-        raise UserError("text_or_tokens: a string, a list of token ids, or a 1-D / [1, pos] "
-                        f"integer tensor; got {type(x).__name__}")
-    if max_tokens is not None:
-        if not is_int(max_tokens) or max_tokens < MIN_TOKENS:
-            raise UserError(f"max_tokens must be an integer >= {MIN_TOKENS}, got "
-                             f"{max_tokens!r}")
-        ids = ids[:max_tokens - len(prefix) - len(suffix)]
-    if prefix or suffix:
-        ids = torch.cat([torch.tensor(prefix, dtype=torch.long), ids,
-                         torch.tensor(suffix, dtype=torch.long)])
-    T, name, n_ctx = len(ids), model.spec.name, model.spec.n_ctx
-    if T < MIN_TOKENS:
-        raise UserError(f"the text has {T} token(s); inspecting a head needs at least "
-                         f"{MIN_TOKENS} (the fit uses the lags Δ = 1..T−1)")
-    if n_ctx and T > n_ctx:
-        raise UserError(f"the text has {T} tokens, more than {name}'s context of {n_ctx}; "
-                         f"pass a shorter text or max_tokens={n_ctx}")
-    vocab = model.bridge.cfg.d_vocab
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        raise UserError(f"token ids outside the vocabulary [0, {vocab})")
-    return ids
 
 
 # ------------------------------------------------------------------ the forward pass
@@ -392,11 +337,13 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
         r2=fit["r2"], r2_nosink=r2_nosink, residual=fit["residual"], g_back=fit["g_back"],
         g_self=fit["g_self"], max_lag=max_lag, kernel=kernel_of(fit, t["scores"], max_lag, thetas),
         spectrum=(omega, power), alignment=alignment, thetas=thetas,
-        scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes)
+        scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes,
+        q=t["q"].float().cpu().numpy(), k=t["k"].float().cpu().numpy(),
+        logit_scale=float(model.logit_scale))
     T = len(ids)  # the view's arrays against the text's length (cheap: shapes only)
     check_shapes(view, {"pos": T, "query_pos": T, "key_pos": T, "lag": T - 1},
                  error=RuntimeError)
     return view
 
 
-__all__ = ["HeadView", "check_head", "inspect_head", "token_ids"]
+__all__ = ["HeadView", "inspect_head"]

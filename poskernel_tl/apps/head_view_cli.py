@@ -14,7 +14,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from poskernel_tl.analyses.spectral.summary import alignment_line
-from poskernel_tl.apps.head_view import MIN_TOKENS, check_head, inspect_head
+from poskernel_tl.apps.head_inputs import MIN_TOKENS, check_head
+from poskernel_tl.apps.head_view import inspect_head
 from poskernel_tl.constants import model_slug
 from poskernel_tl.data.datasets import TOKEN_DATASETS, check_dataset_name
 from poskernel_tl.data.sequences import build_sequences, collect_windows, sequence_frame
@@ -29,7 +30,10 @@ def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
         "inspect", help="one head on one text: a standalone HTML page",
         description="Inspect one attention head on one text: attention pattern "
                     "(circuitsvis), logits beside their Toeplitz fit and residual, g(Δ) and "
-                    "its spectrum with the rotary frequencies, written as one HTML page.")
+                    "its spectrum with the rotary frequencies, written as one HTML page. Past "
+                    "256 tokens the page shows the whole matrix as 256 × 256 blocks and zooms "
+                    "into any window of rows and keys at full resolution (address "
+                    "#zoom=R0-R1,K0-K1).")
     p.add_argument("--model", default=EMBEDDED_DEFAULT,
                    help="registry name (see `poskernel models`) or hf:<repo id>")
     p.add_argument("--layer", type=int, required=True, help="layer index (0-based)")
@@ -138,5 +142,5 @@ def cmd_inspect(args) -> int:
         print(note)
     size = path.stat().st_size / 1e6
     print(f"page written to {path} ({size:.2f} MB"
-          + (", circuitsvis inlined)" if not args.shared_assets else ", assets/ beside it)"))
+          + (", scripts inlined)" if not args.shared_assets else ", assets/ beside it)"))
     return 0

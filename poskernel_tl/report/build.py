@@ -33,6 +33,7 @@ from poskernel_tl.report import (
     extras,
     figure_nulls,
     figures,
+    head_map,
     nulls,
     sections,
     softmax_reads,
@@ -270,6 +271,7 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
     tables.write_table(thresholds, out / "nulls_thresholds", title="Thresholds within the nulls")
     workers = min(2, os.cpu_count() or 1) if workers is None else int(workers)
     figs, note4 = _figures(conds, out, gate[1], workers) if conds else ({}, "")
+    figs["map"] = [head_map.section(results_dir, conds, out)] if conds else []
     further = extras.report_section(results_dir, results,
                                 lambda fig, name, alt: _figure(fig, out, name, alt),
                                 {c.result.stem(): c.extras for c in conds})
@@ -328,7 +330,7 @@ def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, f
         "head's view has its own address (e.g. <code>"
         + esc(head_href(results[0].model, results[0].dataset, results[0].length, 0, 0)
                 if results else "report.html#model/dataset_T/L0H0")
-        + "</code>).</p>" + viewer_html(_index(conds)) + g("1"),
+        + "</code>).</p>" + viewer_html(_index(conds)) + g("1"), g("map"),
         "<h2>Figure 2 — mean R² per layer</h2>" + g("2"),
         "<h2>Figure 3 — per-sequence R² of the top early-layer heads</h2>" + g("3"),
         "<h2>Figure 4 — spectrum of one early rotary head</h2>" + g("4"),

@@ -8,6 +8,7 @@ dashed lines).
     pk.plots.r2_heatmap(res).show()
     pk.plots.kernels(res, [(1, 2), (5, 0)]).show()
     pk.plots.spectrum(res, 1, 2).show()
+    pk.plots.head_map([res1, res2], x="R2_pooled", y="tl_prev_token", color="kernel_class")
 """
 
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ import plotly.graph_objects as go
 
 from poskernel_tl.analyses.spectral.summary import kernel_spectrum
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.report import head_map as HM
 from poskernel_tl.report.html import first_display
 
 
@@ -92,4 +94,41 @@ def spectrum(r: ConditionResult, layer: int, head: int, track: str = "B") -> go.
     return fig
 
 
-__all__ = ["Figure", "kernels", "r2_heatmap", "spectrum"]
+def head_map(results, x: str = "R2_pooled", y: str | None = None, color: str | None = None,
+             **where) -> go.Figure:
+    """Every head of every condition as a point (the report's head map): ``results`` a
+    results folder, a list of :class:`ConditionResult` or a table of
+    :func:`~poskernel_tl.report.head_map.results_table`; ``x``, ``y`` any numeric per-head
+    column, ``color`` any column (categorical: one trace per value); ``where``: column =
+    value or list of values to keep (e.g. ``model="gpt2"``, ``kind=["rope"]``)."""
+    table = HM.results_table(results)
+    num, cat = HM.columns(table)
+    y = y or next((c for c in ("tl_prev_token", "R2_gram", "R2_nosink") if c in num), num[0])
+    color = color or next((c for c in ("kernel_class", "model") if c in cat), cat[0])
+    for name, col, allowed in (("x", x, num), ("y", y, num), ("color", color, num + cat)):
+        if col not in allowed:
+            raise ValueError(f"{name}={col!r}: no column of that name; choose from {allowed}")
+    for col, values in where.items():
+        table = table[table[col].isin(values if isinstance(values, list | tuple) else [values])]
+    names = (table["model"] + " · " + table["dataset"].astype(str) + " · T=" +
+             table["length"].astype(str) + " · L" + table["layer"].astype(str) + "H" +
+             table["head"].astype(str)).to_numpy()
+    kind = go.Scattergl if len(table) > 3000 else go.Scatter
+    label = lambda c: HM.LABELS.get(c, c)  # noqa: E731
+    hover = (f"%{{text}}<br>{label(x)}: %{{x:.4g}}<br>{label(y)}: %{{y:.4g}}<extra></extra>")
+    if color in cat:
+        groups = table.groupby(table[color].astype(str), sort=True)
+        traces = [kind(x=t[x], y=t[y], mode="markers", name=str(v), text=names[
+            table.index.get_indexer(t.index)], hovertemplate=hover, marker=dict(size=6))
+                  for v, t in groups]
+    else:
+        traces = [kind(x=table[x], y=table[y], mode="markers", text=names, hovertemplate=hover,
+                       marker=dict(size=6, color=table[color], colorscale="Viridis",
+                                   showscale=True, colorbar=dict(title=label(color))))]
+    fig = Figure(traces)
+    fig.update_layout(title=f"Head map: {len(table)} heads", xaxis_title=label(x),
+                      yaxis_title=label(y), legend_title=label(color), height=560)
+    return fig
+
+
+__all__ = ["Figure", "head_map", "kernels", "r2_heatmap", "spectrum"]

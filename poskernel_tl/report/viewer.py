@@ -2,7 +2,8 @@
 
 - **Assets**, written once per report under ``assets/``: Plotly's JavaScript bundle (from
   the ``plotly`` package's own data, never a CDN), circuitsvis' bundle, and the viewer
-  (``static/viewer.js`` and ``viewer.css`` of this package) (:func:`write_assets`).
+  (``static/viewer.js``, ``longview.js`` (a long view's overview and zoom), ``headmap.js``
+  (the head map) and ``viewer.css`` of this package) (:func:`write_assets`).
 - **The report**: :func:`viewer_html` is Figure 1 as a clickable heatmap per condition
   and the head panel that each permalink ``report.html#{model}/{dataset}_{T}/L{l}H{h}``
   opens; the index it needs (one R² grid per condition, the data file's path) is embedded
@@ -36,11 +37,14 @@ from poskernel_tl.report.html import (
     write_page,
 )
 from poskernel_tl.report.viewer_data import num, typed
+from poskernel_tl.report.viewer_long import long_payload
 
 PLOTLY_NAME = "plotly.min.js"
 BUNDLE_NAME = "circuitsvis.js"
 VIEWER_JS, VIEWER_CSS = "viewer.js", "viewer.css"
-ASSET_NAMES = (PLOTLY_NAME, BUNDLE_NAME, VIEWER_JS, VIEWER_CSS)
+LONG_JS, HEADMAP_JS = "longview.js", "headmap.js"  # a long head view's zoom; the head map
+SCRIPT_NAMES = (PLOTLY_NAME, BUNDLE_NAME, VIEWER_JS, LONG_JS, HEADMAP_JS)
+ASSET_NAMES = (*SCRIPT_NAMES, VIEWER_CSS)
 
 
 def plotly_js() -> bytes:
@@ -83,19 +87,20 @@ def assets_rel_for(page_path: str | os.PathLike, report_dir: str | os.PathLike) 
     return relative_url(Path(report_dir) / ASSETS_DIR, page_path)
 
 
-def asset_tags(assets_rel: str | None) -> str:
+def asset_tags(assets_rel: str | None, skip: tuple[str, ...] = ()) -> str:
     """``<link>``/``<script>`` tags loading the assets from ``assets_rel`` (a relative
-    folder URL), or the assets themselves inline when ``assets_rel`` is None."""
+    folder URL), or the assets themselves inline when ``assets_rel`` is None (but those
+    named in ``skip``: a long view draws no circuitsvis pattern)."""
     if assets_rel is None:
         css = asset_bytes(VIEWER_CSS).decode("utf-8")
         scripts = [asset_bytes(n).decode("utf-8").replace("</script", "<\\/script")
-                   .replace("</SCRIPT", "<\\/SCRIPT") for n in ASSET_NAMES[:3]]
+                   .replace("</SCRIPT", "<\\/SCRIPT") for n in SCRIPT_NAMES if n not in skip]
         return f"<style>\n{css}\n</style>\n" + "\n".join(f"<script>\n{s}\n</script>"
                                                      for s in scripts)
     base = check_relative_url(assets_rel.rstrip("/"))
     src = {n: escape(f"{base}/{n}") for n in ASSET_NAMES}
     return (f'<link rel="stylesheet" href="{src[VIEWER_CSS]}">\n' + "\n".join(
-        f'<script src="{src[n]}"></script>' for n in ASSET_NAMES[:3]))
+        f'<script src="{src[n]}"></script>' for n in SCRIPT_NAMES))
 
 
 def viewer_html(index: list[dict]) -> str:
@@ -123,7 +128,9 @@ class HeadPageData:
     are ``tokens``; the fit uses their strictly lower triangle. ``spectrum`` is ``(omega,
     power)`` with ω in rad/token; ``thetas`` the positional-encoding frequencies to mark.
     ``tables`` maps a caption to a small result table; ``r2_values`` names R² numbers shown
-    at the top; ``beyond`` holds the head's rows of further analyses (a frame)."""
+    at the top; ``beyond`` holds the head's rows of further analyses (a frame). ``q``,
+    ``k`` and ``logit_scale`` (logits = scale · q · kᵀ) let a view longer than its
+    ``max_tokens`` zoom into any window (:mod:`poskernel_tl.report.viewer_long`)."""
 
     title: str
     tokens: list[str]
@@ -142,6 +149,10 @@ class HeadPageData:
     links: dict[str, str] = field(default_factory=dict)
     beyond: pd.DataFrame | None = None
     max_lag: int | None = None  # a sliding window's last kept offset: the fit reads Δ ≤ it
+    # the zoom of a long view (past max_tokens): post-rotary q, the kv head's k, the factor
+    q: Float[np.ndarray, "query_pos d_head"] | None = None
+    k: Float[np.ndarray, "key_pos d_head"] | None = None
+    logit_scale: float | None = None
 
     def __post_init__(self):
         T = len(self.tokens)
@@ -190,14 +201,20 @@ def _frame_table(title: str, df: pd.DataFrame) -> dict:
 
 
 def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
-    """The viewer's payload for one head (arrays as base64 typed arrays)."""
+    """The viewer's payload for one head (arrays as base64 typed arrays). Past
+    ``max_tokens`` tokens the whole matrix travels as an overview of blocks and the zoom's
+    factors (``long``; :func:`~poskernel_tl.report.viewer_long.long_payload`) when the data
+    has q and k, else as its first ``max_tokens`` tokens."""
     T = len(data.tokens)
     n = min(T, max_tokens)
     r2, g, g_back = toeplitz_fit(data.logits, data.two_sided, data.max_lag)
     keep = fit_mask(T, data.two_sided, data.max_lag)
-    logits = np.where(keep, data.logits, np.nan)[:n, :n]
-    notes = list(data.notes)
-    if n < T:
+    logits = np.where(keep[:n, :n], np.asarray(data.logits)[:n, :n], np.nan)
+    notes, long = list(data.notes), None
+    if n < T and data.q is not None:
+        long, more = long_payload(data, keep, g, g_back)
+        notes += more
+    elif n < T:
         notes.append(f"Showing the first {n} of {T} tokens; the fit uses all {T}.")
     kernels = [{"label": label, "values": typed(v, "f4"),
                 "back": None if back is None else typed(back, "f4")} for label, v, back in
@@ -220,7 +237,8 @@ def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
             "perSeq": None if data.per_seq_r2 is None else
             {"values": typed(data.per_seq_r2, "f4"), "pooled": None},
             # display copies: half precision, deflated (every number shown is computed here)
-            "seq": {"T": n, "logits": typed(logits, "f2", deflate=True), "pattern": typed(
+            "long": long, "seq": None if long else {
+                "T": n, "logits": typed(logits, "f2", deflate=True), "pattern": typed(
                 np.asarray(data.pattern)[:n, :n], "f2", deflate=True), "g": typed(g, "f4"),
                 "r2": r2,
                 "gBack": None if g_back is None else typed(g_back, "f4"),
@@ -233,11 +251,12 @@ SHARED = "shared"  # ``assets_rel`` of a block that uses the assets an earlier b
 
 
 def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 256,
-              include_style: bool = True, **_ignored) -> str:
+              include_style: bool = True, lean: bool = False, **_ignored) -> str:
     """The head view as an HTML block: a notebook's ``_repr_html_`` (``assets_rel=None``
     inlines Plotly, circuitsvis and the viewer; :data:`SHARED` loads nothing and uses what
     an earlier block of the same page loaded, saying so where nothing was) or the body of
-    :func:`write_head_page`."""
+    :func:`write_head_page`. ``lean``: a long view (no circuitsvis pattern) inlines no
+    circuitsvis bundle (a standalone page; a notebook's later views may need it)."""
     payload = head_payload(data, max_tokens)
     text = json_for_script(payload)
     key = "pk-" + hashlib.sha256(text.encode()).hexdigest()[:12]  # same input, same page
@@ -249,7 +268,8 @@ def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 2
             f"</script>\n<script>if (window.PK) PK.showHead({json_for_script(key)}, "
             f"{json_for_script(key + '-data')}); else document.getElementById("
             f"{json_for_script(key)}).textContent = {missing};</script>")
-    tags = "" if assets_rel == SHARED else asset_tags(assets_rel) + "\n"
+    skip = (BUNDLE_NAME,) if lean and payload["long"] else ()
+    tags = "" if assets_rel == SHARED else asset_tags(assets_rel, skip) + "\n"
     return report_block(tags + body, include_style=include_style and assets_rel != SHARED)
 
 
@@ -257,7 +277,8 @@ def write_head_page(path: str | os.PathLike, data: HeadPageData, *, assets_rel: 
                     max_tokens: int = 256, **_ignored) -> Path:
     """Write ``data`` as a standalone page at ``path``; ``assets_rel`` as in
     :func:`head_html` (call :func:`write_assets` once for the folder it names)."""
-    block = head_html(data, assets_rel=assets_rel, max_tokens=max_tokens, include_style=False)
+    block = head_html(data, assets_rel=assets_rel, max_tokens=max_tokens, include_style=False,
+                      lean=True)
     return write_page(path, page_html(data.title, block))
 
 

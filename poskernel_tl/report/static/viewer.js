@@ -25,7 +25,8 @@
   }
   function typedOf(dtype, buf) {
     return dtype === "f4" ? new Float32Array(buf) : dtype === "f8" ? new Float64Array(buf)
-      : dtype === "f2" ? half(new Uint16Array(buf)) : new Uint8Array(buf);
+      : dtype === "f2" ? half(new Uint16Array(buf)) : dtype === "u2" ? new Uint16Array(buf)
+      : new Uint8Array(buf);
   }
   function decode(spec) {  // a decoded array, or a Promise of one when it was deflated
     var raw = atob(spec.b64), buf = new Uint8Array(raw.length);
@@ -176,6 +177,7 @@
       return el("tr", {}, [el("th", {}, [n[1]]), el("td", { "data-pk": n[0] }, [fixed(n[2], n[3])])]);
     }), { "class": "pk-table pk-numbers" }));
     if (p.seq) drawSequence(root, p.seq);
+    else if (p.long && PK.drawLong) PK.drawLong(root, p.long);
     else root.appendChild(section("Attention pattern and logits", "This condition saved no full logits (run with --save-logits yes to keep them).", []));
     drawKernels(root, p.kernels);
     p.spectra.forEach(function (s) { drawSpectrum(root, s); });
@@ -334,8 +336,11 @@
     document.head.appendChild(tag);
   }
   var decoded = {};
+  function hashText() {  // a malformed escape (%E0%A4%A) is no address
+    try { return decodeURIComponent(location.hash.slice(1)); } catch (e) { return ""; }
+  }
   function route() {
-    var panel = document.getElementById("pk-head"), hash = decodeURIComponent(location.hash.slice(1));
+    var panel = document.getElementById("pk-head"), hash = hashText();
     var m = /^(.+)\/L(\d+)H(\d+)$/.exec(hash);
     if (!m) { panel.hidden = true; panel.textContent = ""; return; }
     var cond = index.filter(function (c) { return c.key === m[1]; })[0];
@@ -350,7 +355,7 @@
       if (!d) { panel.textContent = "The data file " + cond.data + " did not load."; return; }
       decoded[d.key] = decoded[d.key] || decodeAll(d.arrays);
       decoded[d.key].then(function () {
-        if (decodeURIComponent(location.hash.slice(1)) !== hash) return;  // moved on meanwhile
+        if (hashText() !== hash) return;  // moved on meanwhile
         PK.renderHead(panel, PK.headFromCondition(d, layer, head, index));
         panel.scrollTop = 0;
       }, function (err) { panel.textContent = "The data of " + cond.label + " could not be decoded: " + err; });

@@ -1,0 +1,151 @@
+/* poskernel_tl long-context head view: the whole triangle as a grid of blocks (computed in
+ * Python, see poskernel_tl/report/viewer_long.py) and a zoom into any window of rows and
+ * keys at full resolution, computed here from the head's q and k (logits = scale·q·k),
+ * g(Δ) and each row's log-normaliser. Tokens reach the page through textContent only. */
+(function () {
+  "use strict";
+  var PK = (window.PK = window.PK || {});
+  var counter = 0;
+
+  function el(tag, attrs, kids) {
+    var node = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
+    (kids || []).forEach(function (c) {
+      if (c !== null && c !== undefined) node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
+    });
+    return node;
+  }
+  function plot(div, traces, layout) {
+    var base = { margin: { l: 60, r: 15, t: 30, b: 45 }, font: { size: 11 }, height: 330 };
+    Plotly.newPlot(div, traces, Object.assign(base, layout), { displaylogo: false, responsive: true, displayModeBar: false });
+  }
+  function grid(arr, n) {  // a flat n×n array as rows of numbers (null for NaN)
+    var out = [];
+    for (var i = 0; i < n; i++) {
+      var r = new Array(n);
+      for (var j = 0; j < n; j++) { var v = arr[i * n + j]; r[j] = isFinite(v) ? v : null; }
+      out.push(r);
+    }
+    return out;
+  }
+  var TITLES = [["logits", "logits A(t, s), block mean", "Viridis"], ["fit", "fit g(t − s), block mean", "Viridis"],
+    ["residual", "residual A − g, block mean", "RdBu"], ["mass", "pattern: attention mass per query row", "Viridis"]];
+
+  /* the window a permalink asks for: #…zoom=R0-R1,K0-K1 (digits only; anything else is ignored) */
+  function hashWindow(L) {
+    var m = /(?:^#|[&\/])zoom=(\d{1,7})-(\d{1,7}),(\d{1,7})-(\d{1,7})$/.exec(location.hash || "");
+    if (!m) return null;
+    var w = m.slice(1, 5).map(Number);
+    if (w[1] < w[0] || w[3] < w[2] || w[1] >= L.T || w[3] >= L.T) return null;
+    if (w[1] - w[0] + 1 > L.zoomMax || w[3] - w[2] + 1 > L.zoomMax) return null;
+    return { r0: w[0], r1: w[1], c0: w[2], c1: w[3] };
+  }
+
+  function zoomMatrices(L, w) {
+    var d = L.q.length / L.T, A = [], F = [], R = [], P = [], both = !!L.twoSided;
+    for (var t = w.r0; t <= w.r1; t++) {
+      var a = [], f = [], r = [], p = [];
+      for (var s = w.c0; s <= w.c1; s++) {
+        var lag = t - s, dot = 0;
+        var attends = both || (lag >= 0 && (L.maxLag === null || L.maxLag === undefined || lag <= L.maxLag));
+        var fitted = attends && lag !== 0;
+        if (attends) { for (var j = 0; j < d; j++) dot += L.q[t * d + j] * L.k[s * d + j]; dot *= L.scale; }
+        var g = !fitted ? null : lag > 0 ? L.g[lag - 1] : L.gBack ? L.gBack[-lag - 1] : null;
+        g = g === null || g === undefined || !isFinite(g) ? null : g;
+        a.push(fitted ? dot : null); f.push(g); r.push(fitted && g !== null ? dot - g : null);
+        p.push(attends ? Math.exp(dot - L.lse[t]) : 0);
+      }
+      A.push(a); F.push(f); R.push(r); P.push(p);
+    }
+    return { logits: A, fit: F, residual: R, mass: P };
+  }
+
+  function tokenStrip(L, which, from, to) {
+    var spans = [];
+    for (var i = from; i <= to; i++) spans.push(el("span", { "class": "pk-tok", title: String(i), "data-pos": String(i) }, [String(L.tokens[i])]));
+    return el("div", { "class": "pk-tokstrip", "data-pk-zoom": which, "data-pk-from": String(from), "data-pk-to": String(to) }, spans);
+  }
+
+  function drawZoom(L, holder, w) {
+    holder.textContent = "";
+    holder.setAttribute("data-pk-window", [w.r0, w.r1, w.c0, w.c1].join(","));
+    var m = zoomMatrices(L, w), xs = [], ys = [], plots = [];
+    for (var s = w.c0; s <= w.c1; s++) xs.push(s);
+    for (var t = w.r0; t <= w.r1; t++) ys.push(t);
+    TITLES.forEach(function () { plots.push(el("div", { "class": "pk-plot pk-half" })); });
+    holder.appendChild(el("div", { "class": "pk-row" }, plots));
+    holder.appendChild(el("p", { "class": "pk-note" }, ["Query rows " + w.r0 + "–" + w.r1 + ":"]));
+    holder.appendChild(tokenStrip(L, "rows", w.r0, w.r1));
+    holder.appendChild(el("p", { "class": "pk-note" }, ["Keys " + w.c0 + "–" + w.c1 + ":"]));
+    holder.appendChild(tokenStrip(L, "keys", w.c0, w.c1));
+    TITLES.forEach(function (tt, j) {
+      var z = m[tt[0]], title = j === 3 ? "pattern P(t, s) = exp(A − lse(t))" : tt[1].replace(", block mean", "");
+      plot(plots[j], [{ type: "heatmap", x: xs, y: ys, z: z, colorscale: tt[2], zmid: j === 2 ? 0 : undefined,
+        hovertemplate: "t=%{y} s=%{x}: %{z:.4g}<extra></extra>" }],
+      { title: { text: title }, yaxis: { autorange: "reversed", title: { text: "query t" } }, xaxis: { title: { text: "key s" } } });
+    });
+  }
+
+  function controls(L, holder) {
+    var inputs = {}, status = el("span", { "class": "pk-note", "data-pk-zoom-status": "" });
+    [["r0", "rows from"], ["c0", "keys from"], ["n", "size"]].forEach(function (f) {
+      inputs[f[0]] = el("input", { type: "number", min: "0", step: "1", "aria-label": f[1], "class": "pk-num" });
+    });
+    var button = el("button", { type: "button" }, ["Show"]);
+    function show(w) {
+      inputs.r0.value = w.r0; inputs.c0.value = w.c0; inputs.n.value = Math.max(w.r1 - w.r0, w.c1 - w.c0) + 1;
+      status.textContent = "rows " + w.r0 + "–" + w.r1 + ", keys " + w.c0 + "–" + w.c1;
+      drawZoom(L, holder, w);
+    }
+    function fromInputs() {
+      var n = Math.max(1, Math.min(L.zoomMax, Math.floor(Number(inputs.n.value) || L.zoom)));
+      var r0 = Math.max(0, Math.min(L.T - n, Math.floor(Number(inputs.r0.value) || 0)));
+      var c0 = Math.max(0, Math.min(L.T - n, Math.floor(Number(inputs.c0.value) || 0)));
+      show({ r0: r0, r1: r0 + n - 1, c0: c0, c1: c0 + n - 1 });
+    }
+    button.addEventListener("click", fromInputs);
+    var bar = el("p", {}, ["Rows from ", inputs.r0, " keys from ", inputs.c0, " size ", inputs.n, " ", button, " ", status]);
+    return { bar: bar, show: show, centre: function (t, s) {
+      var n = Math.min(L.zoom, L.T), r0 = Math.max(0, Math.min(L.T - n, Math.round(t - n / 2)));
+      var c0 = Math.max(0, Math.min(L.T - n, Math.round(s - n / 2)));
+      show({ r0: r0, r1: r0 + n - 1, c0: c0, c1: c0 + n - 1 });
+    } };
+  }
+
+  PK.drawLong = function (root, L) {
+    var n = L.n, b = L.block, sec = el("section", { "class": "pk-sec", "data-pk-long": String(L.T) }, [
+      el("h3", {}, ["Whole matrix, " + L.T + " tokens — overview of " + n + " × " + n + " blocks of " + b + " × " + b]),
+      el("p", { "class": "pk-note" }, ["Logits, fit and residual: mean over the entries of each block that the fit reads; pattern: the block's attention mass per query row (a row block's masses sum to 1). Click a block to zoom there."])]);
+    var plots = TITLES.map(function () { return el("div", { "class": "pk-plot pk-half" }); });
+    sec.appendChild(el("div", { "class": "pk-row" }, plots));
+    var gdiv = el("div", { "class": "pk-plot" });
+    sec.appendChild(gdiv);
+    root.appendChild(sec);
+    var zsec = el("section", { "class": "pk-sec" }, [el("h3", {}, ["Zoom: any window at full resolution"])]);
+    root.appendChild(zsec);
+    TITLES.forEach(function (tt, j) {
+      plot(plots[j], [{ type: "heatmap", z: grid(L[tt[0]], n), x0: (b - 1) / 2, dx: b, y0: (b - 1) / 2, dy: b,
+        colorscale: tt[2], zmid: j === 2 ? 0 : undefined, hovertemplate: "t≈%{y:.0f} s≈%{x:.0f}: %{z:.4g}<extra></extra>" }],
+      { title: { text: tt[1] }, yaxis: { autorange: "reversed", title: { text: "query t" } }, xaxis: { title: { text: "key s" } } });
+    });
+    var lags = Array.from(L.g, function (_, i) { return i + 1; });
+    var traces = [{ x: lags, y: Array.from(L.g, function (v) { return isFinite(v) ? v : null; }), mode: "lines", line: { width: 1 }, name: "g(Δ)" }];
+    if (L.gBack) traces.push({ x: lags, y: Array.from(L.gBack, function (v) { return isFinite(v) ? v : null; }), mode: "lines", line: { width: 1, dash: "dot" }, name: "g(−Δ)" });
+    plot(gdiv, traces, { title: { text: "g(Δ) over every offset Δ = 1.." + (L.T - 1) }, xaxis: { title: { text: "lag Δ = t − s" } },
+      yaxis: { title: { text: "g(Δ)" } }, showlegend: !!L.gBack, height: 280 });
+    if (!L.q) {
+      zsec.appendChild(el("p", { "class": "pk-missing" }, ["The zoom is not available for this view (see the notes above)."]));
+      return;
+    }
+    var holder = el("div", { "class": "pk-zoom", id: "pk-zoom-" + (++counter) });
+    var c = controls(L, holder);
+    zsec.appendChild(c.bar);
+    zsec.appendChild(holder);
+    plots.forEach(function (div) {
+      div.on("plotly_click", function (ev) { c.centre(ev.points[0].y, ev.points[0].x); });
+    });
+    var n0 = Math.min(L.zoom, L.T);
+    c.show(hashWindow(L) || { r0: 0, r1: n0 - 1, c0: 0, c1: n0 - 1 });
+    root.setAttribute("data-pk-opened-ms", String(Math.round(performance.now())));
+  };
+})();
