@@ -149,3 +149,19 @@ def test_pattern_rows_are_shared_by_the_pattern_statistics(arch, tiny_tokenizer,
     ids = torch.randint(3, 290, (4, T), generator=torch.Generator().manual_seed(4))
     pk.measure(model, ids, progress=False, null_seqs=4, batch_size=2)
     assert len(calls) == model.spec.n_layers * 2  # two batches, once per layer each
+
+
+def test_the_head_view_shows_every_registered_statistic(tiny_tokenizer):
+    """pk.inspect_head's rows of the registered statistics equal their values on its own
+    pattern (sink mass: mean weight on key 0 over rows t ≥ 1; TransformerLens's score:
+    mean weight on key t − 1)."""
+    model = tiny_loaded("llama", tiny_tokenizer)
+    ids = torch.randint(3, 290, (T,), generator=torch.Generator().manual_seed(6))
+    view = pk.inspect_head(model, ids, layer=1, head=2)
+    labels = registry.head_columns()
+    assert set(view.statistics) == set(labels.values())
+    p = view.pattern.astype(np.float64)
+    assert view.statistics[labels["sink_mass"]] == pytest.approx(p[1:, 0].mean(), abs=1e-6)
+    prev = np.mean([p[t, t - 1] for t in range(1, T)]) * (T - 1) / T
+    assert view.statistics[labels["tl_prev_token"]] == pytest.approx(prev, abs=1e-6)
+    assert "Per-head statistics on this sequence" in view.page_data().tables

@@ -13,7 +13,6 @@ from the command line.
 """
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,22 +25,23 @@ from torch import Tensor
 from poskernel_tl.analyses.spectral.processing import two_sided_for_spectrum
 from poskernel_tl.analyses.spectral.summary import alignment_frames, alignment_line, kernel_spectrum
 from poskernel_tl.apps.head_inputs import check_head, token_ids
+from poskernel_tl.apps.head_statistics import head_statistics
 from poskernel_tl.data.sequences import token_strings
 from poskernel_tl.fit.kernel_class import head_kernels
 from poskernel_tl.fit.toeplitz import (
     lag_counts,
-    lag_sums,
-    r2_two_sided,
     shift_invariance_r2,
     shift_invariance_r2_two_sided,
     two_sided,
 )
+from poskernel_tl.fit.variants import variant_r2
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.io import sentence
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.models.softmax_terms import attention_pattern, head_logits, sink_logits
 from poskernel_tl.reducers.perm_null import joint_permutations
+from poskernel_tl.reducers.track_a_result import NO_SINK
 from poskernel_tl.report import (
     SHARED,
     HeadPageData,
@@ -73,9 +73,11 @@ class HeadView:
     :func:`spectral_alignment` dict for rotary models, else None. ``tokens`` are the
     token strings, one per position. ``kernel``: the class and descriptors of this
     sequence's g (:mod:`poskernel_tl.fit.kernel_class`, against a 19-permutation null of this
-    matrix). ``q`` (the head's post-rotary queries), ``k`` (its kv head's keys) and
-    ``logit_scale``: past 256 tokens the page shows the whole matrix as blocks and zooms into
-    any window from them (:mod:`poskernel_tl.report.viewer_long`)."""
+    matrix); ``statistics``: the registered statistics' per-head values on this sequence
+    (:mod:`poskernel_tl.apps.head_statistics`). ``q`` (the head's post-rotary queries),
+    ``k`` (its kv head's keys) and ``logit_scale``: past 256 tokens the page shows the whole
+    matrix as blocks and zooms into any window from them
+    (:mod:`poskernel_tl.report.viewer_long`)."""
 
     model_name: str
     layer: int
@@ -103,6 +105,8 @@ class HeadView:
     q: Float[np.ndarray, "pos d_head"] | None = None
     k: Float[np.ndarray, "pos d_head"] | None = None
     logit_scale: float | None = None
+    # every registered statistic's per-head columns on this sequence (label -> value)
+    statistics: dict[str, float] = field(default_factory=dict)
 
     @property
     def two_sided(self) -> bool:
@@ -134,6 +138,9 @@ class HeadView:
         if self.kernel is not None:
             tables["Kernel class of this sequence's g(Δ) (exploratory)"] = \
                 pd.DataFrame({"quantity": list(self.kernel), "value": list(self.kernel.values())})
+        if self.statistics:
+            tables["Per-head statistics on this sequence"] = pd.DataFrame(
+                {"quantity": list(self.statistics), "value": list(self.statistics.values())})
         return HeadPageData(
             title=self.title, tokens=list(self.tokens), pattern=self.pattern,
             logits=self.logits, g_trackA=self.g, g_trackA_back=self.g_back,
@@ -184,7 +191,8 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
     got: dict = {}
 
     def on_layer(c) -> None:
-        got["q"], got["k"] = c.q[0, :, head].detach().clone(), c.k[0, :, kv].detach().clone()
+        got["q_layer"], got["k_layer"] = c.q[0].detach().clone(), c.k[0].detach().clone()
+        got["q"], got["k"] = got["q_layer"][:, head], got["k_layer"][:, kv]
         if c.scores is not None:
             got["scores"] = c.scores[0, head].detach().clone()
 
@@ -216,24 +224,7 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
                                     None if sinks is None else sinks[head])
         pattern_from = "softmax of the causal logits" if causal else "softmax of the logits"
     return {"scores": A, "pattern": pattern, "q": q, "k": k, "scores_from": scores_from,
-            "pattern_from": pattern_from}
-
-
-def fit_without_sink(A: Float[Tensor, "query_pos key_pos"], causal: bool = True,
-                     max_lag: int | None = None) -> float:
-    """R² of the shift-invariant fit with the key column s = 0 (the sink; [CLS] in an
-    encoder) left out; ``causal=False``: over both triangles (key 0 is never above the
-    diagonal, so the upper side is fitted whole)."""
-    T = A.shape[-1]
-    s1, sq = lag_sums(A, max_lag=max_lag)
-    counts = lag_counts(T, max_lag=max_lag)
-    col0 = A[1:, 0].double() * (counts > 0)  # a window keeps key 0 for t ≤ max_lag only
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        front = (s1 - col0, sq - (col0 * col0).sum(), (counts - 1).clamp(min=0))
-        back = None if causal else (*lag_sums(A.transpose(-1, -2)), lag_counts(T))
-        r2, _, _ = r2_two_sided(front, back)
-    return float(r2)
+            "pattern_from": pattern_from, "q_layer": got["q_layer"], "k_layer": got["k_layer"]}
 
 
 def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
@@ -318,7 +309,7 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     t = head_tensors(model, ids, layer, head)
     max_lag = (spec.max_lags(len(ids)) or [None] * spec.n_layers)[layer]
     fit = fit_one(t["scores"], spec.causal, max_lag)
-    r2_nosink = fit_without_sink(t["scores"], spec.causal, max_lag)
+    r2_nosink = variant_r2(t["scores"], NO_SINK, spec.causal, max_lag)
     thetas = spec.rotary_frequencies(layer)
     usage = _usage(model, t["q"], t["k"]) if thetas is not None else None
     if usage is not None and len(usage) != len(thetas):
@@ -339,7 +330,8 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
         spectrum=(omega, power), alignment=alignment, thetas=thetas,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes,
         q=t["q"].float().cpu().numpy(), k=t["k"].float().cpu().numpy(),
-        logit_scale=float(model.logit_scale))
+        logit_scale=float(model.logit_scale),
+        statistics=head_statistics(model, layer, head, t["q_layer"], t["k_layer"]))
     T = len(ids)  # the view's arrays against the text's length (cheap: shapes only)
     check_shapes(view, {"pos": T, "query_pos": T, "key_pos": T, "lag": T - 1},
                  error=RuntimeError)

@@ -17,6 +17,7 @@ A region that is neither is refused when it is declared.
 """
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.fit.toeplitz import r2_two_sided, skew_lower
 from poskernel_tl.protocol import INTERIOR_FROM
 
 STRIP = INTERIOR_FROM  # keys (rows, upper side) of the strip every region is read from
@@ -106,4 +108,27 @@ def region_sums(skewed: Float[Tensor, "batch head_index pos lag"], variant: Vari
     return (s1, sq) if variant.inside() else (whole[0] - s1, whole[1] - sq)
 
 
-__all__ = ["STRIP", "Variant", "fitted", "region_sums", "variants_of"]
+def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: bool = True,
+               max_lag: int | None = None) -> float:
+    """R² of the shift-invariant fit over ``variant``'s region of one materialised matrix
+    (the head view's; entry by entry): its strictly lower entries within ``max_lag``, and
+    for a bidirectional model (``causal`` false) its upper ones too, one g per signed lag."""
+    T = A.shape[-1]
+    t = torch.arange(T, device=A.device)[:, None]
+    s = torch.arange(T, device=A.device)[None]
+
+    def side(M: Tensor, upper: bool) -> tuple[Tensor, Tensor, Tensor]:
+        rows, keys = (s, t) if upper else (t, s)  # M's (i, j) is A's (rows, keys)
+        keep = (t > s) & variant.holds(rows, keys)
+        if max_lag is not None and not upper:
+            keep &= (t - s) <= max_lag
+        z = skew_lower(torch.where(keep, M.double(), 0.0))
+        return z.sum(-2), (z * z).sum((-2, -1)), variant.counts(T, max_lag, upper, A.device)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        r2, _, _ = r2_two_sided(side(A, False), None if causal else side(A.T, True))
+    return float(r2)
+
+
+__all__ = ["STRIP", "Variant", "fitted", "region_sums", "variant_r2", "variants_of"]
