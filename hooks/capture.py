@@ -29,8 +29,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.hooks.names import QKSource, qk_source, scores_hook_name
-from poskernel_tl.hooks.rotary import hooked_angles, pair_angles, rotate
-from poskernel_tl.models.scheme import LayerScheme
+from poskernel_tl.hooks.rotary import LayerScheme, hooked_angles, pair_angles, rotate
 
 
 @dataclass

@@ -15,11 +15,26 @@ TransformerLens's ``hook_cos`` holds cos per rotated dimension in the rotate-hal
 (``[θ_0..θ_{r/2−1}, θ_0..θ_{r/2−1}]``): its first r/2 columns are the pairs' cosines.
 """
 
+from typing import Protocol, runtime_checkable
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.models.scheme import LayerScheme
+
+@runtime_checkable
+class LayerScheme(Protocol):
+    """What the capture reads of a layer's positional scheme: the fields of
+    :class:`poskernel_tl.models.scheme.LayerScheme` it uses (the capture layer sits below
+    the models and reads a scheme, never builds one)."""
+
+    pe: str
+    rotary_dims: int | None
+    rotary_offset: int
+    layout: str | None
+    inv_freq: tuple[float, ...] | None
+    block: int | None
+    norm_after_rotary: float | None
 
 
 def pair_indices(scheme: LayerScheme) -> tuple[torch.Tensor, torch.Tensor]:

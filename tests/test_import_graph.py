@@ -20,7 +20,8 @@ PACKAGES = {"poskernel_tl": "poskernel_tl", "hooks": "poskernel_tl.hooks",
 # module that needs a folder belongs in a folder. The package's own ``__init__`` (the
 # public API) is the top.
 RANKS = [
-    ("models", "hooks"),  # the model and the capture of its q/k (each reads the other)
+    ("hooks",),  # the capture of q/k and the fast attention path (reads a scheme's fields)
+    ("models",),  # the model: registry, schemes, loading (installs the hooks' fast path)
     ("data",),
     ("fit",),
     ("reducers",),  # each states its own memory (and Track B its time) for the plan
