@@ -12,7 +12,8 @@ import poskernel_tl as pk
 from poskernel_tl import constants as C
 from poskernel_tl.apps.cli import main
 from poskernel_tl.errors import ResultFileError, UserError
-from poskernel_tl.measurement.result import ALIASES, owner
+from poskernel_tl.measurement.parts import owner
+from poskernel_tl.measurement.result import ALIASES
 from poskernel_tl.models.loading import boot_bridge
 
 T, N = 24, 6

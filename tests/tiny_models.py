@@ -12,7 +12,8 @@ from transformers import (
     OlmoForCausalLM,
 )
 
-from poskernel_tl.models.loading import LoadedModel, apply_nope, boot_bridge, describe
+from poskernel_tl.models.loading import LoadedModel, boot_bridge, describe
+from poskernel_tl.models.nope import apply_nope
 from poskernel_tl.models.registry import ModelSpec
 
 VOCAB = 300

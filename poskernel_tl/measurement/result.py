@@ -16,7 +16,6 @@ the protocol's files and ``load`` reads them back exactly, checking every file f
 """
 
 import dataclasses
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -31,35 +30,16 @@ from poskernel_tl.fit.kernel_class import condition_kernels
 from poskernel_tl.fit.toeplitz import two_sided
 from poskernel_tl.hooks import kv_head_map
 from poskernel_tl.io import save_arrays, save_csv, save_json
-from poskernel_tl.measurement.pe_kernel import PEKernel
+from poskernel_tl.measurement.parts import build_part, owner, part_classes
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.protocol import offset_bands
-from poskernel_tl.reducers import CenteringMeans, GramResult, SavedLogits, TrackAResult
+from poskernel_tl.reducers import GramResult, SavedLogits, TrackAResult
 from poskernel_tl.reducers.registry import STATISTICS, condition_values
 from poskernel_tl.schema import Part, SavedFiles, tidy_tables
 
-CORE_PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, PEKernel)
 # result attribute -> (part, field) where the names differ
 ALIASES = {"r2_perm_null": ("perm_null", "r2_null"),
            "r2_perm_same_seqs": ("perm_null", "r2_same_seqs")}
-UNSHOWN = ("seq_index", "eval_moments", "perms", "n_seqs", "seed")
-
-
-def part_classes() -> tuple[type[Part], ...]:
-    """Track A, Track B, the centering means and S_PE, then every registered statistic's
-    part (read from the registry each time: a statistic registered later joins)."""
-    return CORE_PARTS + tuple(s.part for s in STATISTICS.values())
-
-
-@functools.cache
-def _owners(classes: tuple[type[Part], ...]) -> dict[str, type[Part]]:
-    return {f.name: cls for cls in classes for f in dataclasses.fields(cls)
-            if f.name not in UNSHOWN}
-
-
-def owner() -> dict[str, type[Part]]:
-    """Field name -> the part that declares it (fields a result does not show left out)."""
-    return _owners(part_classes())
 META = ("model", "dataset", "length", "spec", "seq_id", "config", "provenance")
 
 
@@ -107,7 +87,7 @@ class ConditionResult:
             elif mine and cls.NAME in self.parts:
                 self.parts[cls.NAME] = dataclasses.replace(self.parts[cls.NAME], **mine)
             elif mine:
-                self.parts[cls.NAME] = _build(cls, mine)
+                self.parts[cls.NAME] = build_part(cls, mine)
         for required in ("track_a", "track_b"):
             if required not in self.parts:
                 raise TypeError(f"ConditionResult needs the {required} part")
@@ -365,15 +345,6 @@ class ConditionResult:
         return _load(cls, Path(out), model, dataset, int(length), lazy)
 
 
-def _build(cls: type[Part], values: dict) -> Part:
-    """A part from some of its fields; the rest take their defaults (None where absent)."""
-    for f in dataclasses.fields(cls):
-        if f.name not in values and f.default is dataclasses.MISSING \
-                and f.default_factory is dataclasses.MISSING:
-            values[f.name] = None
-    return cls(**values)
-
-
 def _meta(out, model: str, dataset: str, length: int) -> dict:
     path = C.result_path(out, model, dataset, length, C.CFG)
     try:
@@ -416,4 +387,4 @@ def _load(cls, out: Path, model: str, dataset: str, length: int, lazy: bool
                            config=meta.get("config", {}), provenance=meta.get("provenance", {}))
 
 
-__all__ = ["ALIASES", "CORE_PARTS", "ConditionResult", "owner", "part_classes"]
+__all__ = ["ALIASES", "ConditionResult"]
