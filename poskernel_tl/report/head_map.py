@@ -20,6 +20,7 @@ import pandas as pd
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import read_spectral
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.reducers.registry import head_columns
 from poskernel_tl.report import extras, nulls
 from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.html import json_for_script, write_page
@@ -34,11 +35,11 @@ FILTERS = ("model", "dataset", "length", "kind")  # the map's filters
 LABELS = {"R2_pooled": "Track A pooled R²", "R2_nosink": "Track A R², sink column left out",
           "R2_gram": "Track B R² (centered)", "R2_gram_raw": "Track B R² (raw Gram)",
           "depth": "relative depth (layer / (layers − 1))", "kind": "layer kind",
-          "kernel_class": "kernel class", "tl_prev_token": "TransformerLens previous-token score",
-          "null_percentile": "percentile in the permutation null",
+          "kernel_class": "kernel class", "null_percentile": "percentile in the permutation null",
           "prev_share": "previous-token share", "sink_share": "sink share",
           "null_max": "R² of the null (max)", "peak_lag": "peak lag Δ", "width": "local width",
-          "decay_slope": "decay slope over ln Δ", "periodic_share": "periodic share"}
+          "decay_slope": "decay slope over ln Δ", "periodic_share": "periodic share",
+          **head_columns()}  # every registered statistic's per-head columns
 SPECTRAL_COLS = ("aligned", "p_value", "frac_matched")
 
 
