@@ -18,9 +18,10 @@ same arguments, built on first use and shared by the layers of that kind.
 """
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
