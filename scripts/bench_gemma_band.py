@@ -12,11 +12,13 @@ full-size sdpa under a bool [T, T] band.
            attention, Hugging Face's eager attention and the previous fast path
   forward  ``--n-seqs`` random sequences one at a time through all 18 layers, without
            the unembedding: ``--path bridge`` (the bridge on the sdpa path, stopped after
-           the last block) or ``--path hf`` (Hugging Face's own sdpa forward,
-           ``model.model(ids)``); seconds per sequence and the process's peak RSS
+           the last block), ``--path hf`` (Hugging Face's own sdpa forward,
+           ``model.model(ids)``) or ``--path all`` (the three, bridge on the band, bridge on
+           the previous path and hf, in turn on each sequence in one process: the ratios
+           of a shared machine's timings); seconds per sequence and the peak RSS
 
 Usage: python scripts/bench_gemma_band.py parity [--length 1300]
-       python scripts/bench_gemma_band.py forward --path bridge|hf [--length 8192]
+       python scripts/bench_gemma_band.py forward --path bridge|hf|all [--length 8192]
               [--n-seqs 1] [--old-path]
 """
 
@@ -150,6 +152,37 @@ def forward(path: str, length: int, n_seqs: int, old: bool) -> None:
           f"peak RSS {peak:.2f} GiB (after loading {loaded:.2f} GiB)")
 
 
+def compare(length: int, n_seqs: int) -> None:
+    import poskernel_tl as pk
+    from poskernel_tl.models import embedded
+    from poskernel_tl.models.registry import REGISTRY
+
+    ids = torch.randint(3, VOCAB, (n_seqs, length), generator=torch.Generator().manual_seed(0))
+    hf, _ = embedded.from_gguf(REGISTRY["gemma3-270m"], torch.float32, progress=False)
+    hf.set_attn_implementation("sdpa")
+    bridge = pk.load_model("gemma3-270m", progress=False).bridge
+
+    def previous(x):
+        with old_path(bridge):
+            bridge_forward(bridge, x)
+
+    runs = {"band": lambda x: bridge_forward(bridge, x), "previous": previous,
+            "hf": lambda x: hf.model(x)}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with torch.no_grad():
+        for i in range(n_seqs):
+            for name, run in runs.items():
+                t0 = time.perf_counter()
+                run(ids[i:i + 1])
+                times[name].append(time.perf_counter() - t0)
+    hf_mean = sum(times["hf"]) / n_seqs
+    print(f"T = {length}, {n_seqs} sequences in turn, {torch.get_num_threads()} threads")
+    for name, ts in times.items():
+        mean = sum(ts) / n_seqs
+        print(f"  {name:9s} {mean:8.2f} s/seq ({', '.join(f'{t:.2f}' for t in ts)})  "
+              f"{mean / hf_mean:5.2f}× hf")
+
+
 def bridge_forward(bridge, ids) -> None:
     def stop(x, hook):
         raise _Stop
@@ -164,13 +197,15 @@ def bridge_forward(bridge, ids) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["parity", "forward"])
-    ap.add_argument("--path", choices=["bridge", "hf"], default="bridge")
+    ap.add_argument("--path", choices=["bridge", "hf", "all"], default="bridge")
     ap.add_argument("--length", type=int, default=None)
     ap.add_argument("--n-seqs", type=int, default=1)
     ap.add_argument("--old-path", action="store_true")
     a = ap.parse_args()
     if a.what == "parity":
         parity(a.length or 1300)
+    elif a.path == "all":
+        compare(a.length or 8192, a.n_seqs)
     else:
         forward(a.path, a.length or 8192, a.n_seqs, a.old_path)
 
