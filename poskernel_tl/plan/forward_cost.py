@@ -3,9 +3,10 @@
 On the sdpa path (:mod:`poskernel_tl.hooks.fast_attention`) a causal layer runs sdpa's
 causal kernel: about T²/2 entries per head, nothing T×T held. A sliding-window layer of
 w tokens runs :func:`~poskernel_tl.hooks.banded.banded_sdpa`: blocks of B queries against
-at most 2B + w keys, ≈ T·(w + 1.5·B) entries per head instead of T² (at T = 32,768,
-w = 512: 1/29 of the full-size masked call), holding one block's bool mask and, where the
-kernel falls back to the plain math path, its float scores. On TransformerLens's own
+at most 2B + w keys, at most T·(w + 2B) entries per head instead of T² (T·(w + B) for
+a window that is a multiple of B: at T = 32,768, w = 512, 1/32 of the full-size masked
+call), holding one block's bool mask and, where the kernel falls back to the plain math
+path, its float scores. On TransformerLens's own
 path every layer forms its [head, T, T] scores, whatever its window.
 
 Hugging Face builds one float [T, T] mask per kind of layer before the first layer
@@ -120,7 +121,7 @@ def attention_bytes(model: LoadedModel, length: int, materialised: bool | None =
 
 def describe(model: LoadedModel, length: int, sdpa: bool | None = None) -> str:
     """One line per kind, e.g. at T = 32,768 on Gemma-3-270M: ``"3 causal layers: 0.537 G
-    entries per head (1/2 of T²); 15 sliding 512 layers: 0.0419 G entries per head (1/26
+    entries per head (1/2 of T²); 15 sliding 512 layers: 0.0333 G entries per head (1/32
     of T²)"``."""
     parts = []
     for c in forward_costs(model, length, sdpa):
