@@ -46,7 +46,9 @@ from transformer_lens.model_bridge.generalized_components.position_embeddings_at
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.hooks.masks import band, causal_window
+from poskernel_tl.hooks.banded import banded_sdpa
+from poskernel_tl.hooks.lazy_masks import install_lazy_masks, materialize, uninstall_lazy_masks
+from poskernel_tl.hooks.masks import causal_window
 
 # TransformerLens versions whose attention forwards these subclasses were checked against
 VERIFIED_TL_VERSIONS: tuple[str, ...] = ("4.3.0",)
@@ -85,14 +87,13 @@ def _sdpa(
     v: Float[Tensor, "batch kv_head_index key_pos d_head"],
     scale: float, window: int = 0,
 ) -> Float[Tensor, "batch head_index query_pos d_head"]:
-    """Causal attention (``window`` > 0: a query t reads keys t − window < s ≤ t); query
-    head h reads key/value head h // (n_heads / n_kv_heads)."""
-    gqa = q.shape[1] != k.shape[1]
-    if not window:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                              enable_gqa=gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=band(q.shape[2], window, q.device),
-                                          scale=scale, enable_gqa=gqa)
+    """Causal attention (``window`` > 0: a query t reads keys t − window < s ≤ t, computed
+    on the band, :func:`banded_sdpa`); query head h reads key/value head
+    h // (n_heads / n_kv_heads)."""
+    if window:
+        return banded_sdpa(q, k, v, scale, window)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _listened(hook: nn.Module) -> bool:
@@ -174,6 +175,14 @@ def _only_hidden_states(args: tuple, kwargs: dict) -> Tensor | None:
     return found if isinstance(found, Tensor) else None
 
 
+def _materialized(kwargs: dict) -> dict:
+    """``kwargs`` with a described mask replaced by the tensor it stands for (for
+    TransformerLens's own attention)."""
+    if "attention_mask" not in kwargs:
+        return kwargs
+    return {**kwargs, "attention_mask": materialize(kwargs["attention_mask"])}
+
+
 class FastPositionEmbeddingsAttentionBridge(PositionEmbeddingsAttentionBridge):
     """TransformerLens's rotary attention bridge with an sdpa fast path (same hooks)."""
 
@@ -181,7 +190,7 @@ class FastPositionEmbeddingsAttentionBridge(PositionEmbeddingsAttentionBridge):
         hidden_states = _only_hidden_states(args, kwargs)
         if (self.original_component is None or hidden_states is None
                 or self.fast_path_blocker(hidden_states, kwargs) is not None):
-            return super().forward(*args, **kwargs)
+            return super().forward(*args, **_materialized(kwargs))
         return self._fast_forward(hidden_states, kwargs)
 
     def fast_path_blocker(self, hidden_states: Tensor, kwargs: dict) -> str | None:
@@ -277,7 +286,7 @@ class FastJointQKVAttentionBridge(JointQKVAttentionBridge):
 
     def _reconstruct_attention(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> tuple:
         if self.fast_path_blocker(q, k, v, kwargs) is not None:
-            return super()._reconstruct_attention(q, k, v, **kwargs)
+            return super()._reconstruct_attention(q, k, v, **_materialized(kwargs))
         n_heads = self.config.n_heads
         n_kv_heads = getattr(self.config, "n_key_value_heads", None) or n_heads
         q, k, v, batch, pos, head_dim = self._reshape_qkv_to_heads(q, k, v, n_heads, n_kv_heads)
@@ -304,6 +313,9 @@ def _attention_modules(bridge) -> list[nn.Module]:
 def install_fast_attention(bridge) -> int:
     """Switch the attention of every block of this one bridge to the sdpa fast path.
 
+    When every block runs the rotary class, the model's config also switches to masks
+    described instead of built (:mod:`poskernel_tl.hooks.lazy_masks`): no [T, T] mask for a
+    causal or sliding-window layer unless TransformerLens's own attention needs it.
     Only modules whose class is exactly a verified TransformerLens class are switched
     (other bridges, even of the same model, are untouched). Returns the number of blocks
     that run the fast path afterwards (0 on an unverified TransformerLens version, with a
@@ -313,12 +325,17 @@ def install_fast_attention(bridge) -> int:
     if version not in VERIFIED_TL_VERSIONS:
         _warn_unverified(version)
         return 0
-    switched = 0
-    for attn in _attention_modules(bridge):
+    switched, rotary = 0, 0
+    modules = _attention_modules(bridge)
+    for attn in modules:
         fast = FAST_CLASSES.get(type(attn))
         if fast is not None:
             attn.__class__ = fast
         switched += type(attn) in _ORIGINAL_CLASSES
+        rotary += type(attn) is FastPositionEmbeddingsAttentionBridge
+    config = getattr(getattr(bridge, "original_model", None), "config", None)
+    if modules and rotary == len(modules) and config is not None:
+        install_lazy_masks(config)  # every layer can read a described mask
     return switched
 
 
@@ -326,6 +343,9 @@ def uninstall_fast_attention(bridge) -> int:
     """Put every block of ``bridge`` back on TransformerLens's own attention; returns
     how many were switched back."""
     restored = 0
+    config = getattr(getattr(bridge, "original_model", None), "config", None)
+    if config is not None:
+        uninstall_lazy_masks(config)
     for attn in _attention_modules(bridge):
         base = _ORIGINAL_CLASSES.get(type(attn))
         if base is not None:

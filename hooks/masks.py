@@ -7,6 +7,8 @@ import weakref
 import torch
 from torch import Tensor
 
+from poskernel_tl.hooks.lazy_masks import LazyCausalMask
+
 _BANDS: dict = {}
 
 
@@ -45,13 +47,15 @@ def _check_window(mask: Tensor) -> int | None:
     return 0 if window >= n else window
 
 
-def causal_window(mask: Tensor | None, q_len: int) -> int | None:
+def causal_window(mask: Tensor | LazyCausalMask | None, q_len: int) -> int | None:
     """What the ``attention_mask`` a layer receives keeps, for every sequence of the batch:
     0 for exactly the causal mask over ``q_len`` positions (or None), w for a causal
     sliding window of w tokens, None for anything else (4D, 0 or True where kept, the
-    dtype's lowest value, -inf or False elsewhere)."""
+    dtype's lowest value, -inf or False elsewhere; or a :class:`LazyCausalMask`)."""
     if mask is None:
         return 0
+    if isinstance(mask, LazyCausalMask):  # described, never built: its window is exact
+        return mask.window if mask.q_length == q_len else None
     if not isinstance(mask, Tensor) or mask.ndim != 4 or tuple(mask.shape[-2:]) != (q_len,
                                                                                      q_len):
         return None

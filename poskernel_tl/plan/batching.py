@@ -38,6 +38,12 @@ import torch
 
 from poskernel_tl.errors import PlanError, UserError
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.plan.forward_cost import (  # noqa: F401 (SCORE_COPIES, mask_kinds: re-exported)
+    SCORE_COPIES,
+    attention_bytes,
+    describe,
+    mask_kinds,
+)
 from poskernel_tl.progress import tqdm
 from poskernel_tl.reducers import track_a
 from poskernel_tl.reducers.gram_cost import (
@@ -50,9 +56,6 @@ from poskernel_tl.reducers.gram_cost import (
 from poskernel_tl.reducers.moments import means_bytes
 from poskernel_tl.reducers.registry import STATISTICS
 
-# [head, T, T] float32 tensors of the forward alive at once per sequence where scores are
-# materialised (the reducers state their own bytes, beside each reducer)
-SCORE_COPIES = 8
 # the caps: on CPU larger batches only raise peak memory (the matmuls already use every
 # core at batch 4); on a GPU beyond 64 sequences the forward is long saturated
 CAP = {"cpu": 4, "cuda": 64}
@@ -106,22 +109,14 @@ def gib(n: int | float) -> str:
 def per_sequence_bytes(model: LoadedModel, length: int, materialised: bool | None = None
                        ) -> int:
     """Estimated peak bytes one more sequence in the batch costs. ``materialised``: T×T
-    scores are formed (default: unless the bridge runs the sdpa attention path)."""
+    scores are formed (default: unless the bridge runs the sdpa attention path); the
+    forward's attention per kind of layer (a window's band on the sdpa path) and Hugging
+    Face's masks: :mod:`poskernel_tl.plan.forward_cost`."""
     cfg, s, T = model.bridge.cfg, model.spec, length
     d_model = int(getattr(cfg, "d_model", 0) or s.n_heads * s.d_head)
     d_mlp = int(getattr(cfg, "d_mlp", 0) or 4 * d_model)
-    if materialised is None:
-        materialised = getattr(model, "attention", "eager") != "sdpa"
-    scores = SCORE_COPIES * s.n_heads * T * T * 4 if materialised else 0
     activations = T * (8 * d_model + 3 * d_mlp) * 4
-    return scores + activations + track_a.work_bytes(model, T) + mask_kinds(model) * T * T * 4
-
-
-def mask_kinds(model: LoadedModel) -> int:
-    """How many float [T, T] attention masks Hugging Face builds per sequence of a batch:
-    one per kind of mask its layers use (causal, and each sliding window's)."""
-    layers = model.spec.layers or ()
-    return max(1, len({(s.mask, s.window) for s in layers}))
+    return attention_bytes(model, T, materialised) + activations + track_a.work_bytes(model, T)
 
 
 def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False) -> int:
@@ -134,7 +129,9 @@ def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False
 
 
 def band_bytes(model: LoadedModel, length: int) -> int:
-    """The fast path's bool [T, T] band of a sliding window (one at a time), if any."""
+    """The bool [T, T] band of a sliding window (``hooks.masks.band``, one at a time) that
+    the previous-token reducer reads on a windowed layer, if any (the forward computes
+    its windows on their band and builds none)."""
     return length * length if any(x.window for x in model.spec.layers or ()) else 0
 
 
@@ -199,6 +196,7 @@ class Plan:
     flag: str = "auto"  # --max-memory as given
     factors: bool = False  # Track B kept as the evaluation sequences' q̃, k̃
     why: str = ""  # why Track B takes this path (the provenance's "track_b")
+    forward: str = ""  # what the forward's attention computes per kind of layer
 
     @property
     def blocked(self) -> bool:
@@ -247,7 +245,8 @@ def plan_measure(model: LoadedModel, w: Workload, batch_size: int | str = "auto"
                 peak = estimate_peak(model, w, b, size, factors)
                 if peak <= budget:
                     return Plan(b, layer_blocks(L, n_blocks), budget, peak, str(max_memory),
-                                factors, path_reason(paths, factors, n_blocks, budget))
+                                factors, path_reason(paths, factors, n_blocks, budget),
+                                describe(model, w.length, not w.materialised))
     raise refusal(model, w, batches[-1] if batch_size == "auto" else batch_size, budget,
                   limit is None)
 
@@ -273,7 +272,7 @@ def refusal(model: LoadedModel, w: Workload, batch: int, budget: int, auto: bool
     """The one-line error of a run that fits not even one layer of Track B at a time."""
     need = estimate_peak(model, w, batch, 1)
     what = (f"T={w.length}, {w.n_eval} evaluation and {w.n_centering} centering sequences, "
-            f"batch {batch}")
+            f"batch {batch}; forward: {describe(model, w.length, not w.materialised)}")
     if batch > 1 and estimate_peak(model, w, 1, 1) <= budget:
         return PlanError(f"--batch-size {batch}: needs ≈ {gib(need)} ({what}) with Track B "
                          f"one layer per pass, over the budget of {gib(budget)}; lower "
