@@ -124,15 +124,8 @@ def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False
     ``n_seqs`` sequences and Track B for every layer."""
     s, T = model.spec, length
     factors = gram_factors(model, T, n_seqs, full)
-    return track_a.state_bytes(model, T, n_seqs) + band_bytes(model, T) + \
+    return track_a.state_bytes(model, T, n_seqs) + \
         s.n_layers * gram_layer_bytes(model, T, full, n_seqs, factors)
-
-
-def band_bytes(model: LoadedModel, length: int) -> int:
-    """The bool [T, T] band of a sliding window (``hooks.masks.band``, one at a time) that
-    the previous-token reducer reads on a windowed layer, if any (the forward computes
-    its windows on their band and builds none)."""
-    return length * length if any(x.window for x in model.spec.layers or ()) else 0
 
 
 @dataclass(frozen=True)
@@ -164,7 +157,7 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int,
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
     gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval, factors)
     fit = gram_fit_bytes(model, T, w.n_eval, factors) + kept // s.n_layers
-    held = cen + U + extra + M + band_bytes(model, T)  # besides Track B, in pass 2
+    held = cen + U + extra + M  # besides Track B, in pass 2
     return {"centering pass": 2 * cen + per, "evaluation pass": held + gram + per,
             "Track B fit": held + gram + fit + kept,
             "Track A fit": cen + track_a.RESULT_COPIES * U + extra + M + kept}
