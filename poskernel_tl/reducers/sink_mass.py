@@ -59,7 +59,10 @@ def share_above(heads: pd.DataFrame) -> dict[str, float]:
 
 
 STATISTIC = StatisticSpec(
-    "sink", SinkMass, SinkMassReducer, "mean attention weight on key 0 (Gu et al. 2025)",
+    "sink", SinkMass, SinkMassReducer,
+    "a sink head puts a mean attention weight above 0.3 on key 0 over rows t ≥ 1 (Gu et "
+    "al., ICLR 2025, who report 92–99 % sink heads on natural text, 75–91 % on random and "
+    "0 % on repeated tokens for 7–8 B RoPE models at T = 64)",
     state_bytes=lambda model, work: model.spec.n_layers * model.spec.n_heads * 8,
     head_columns={"sink_mass": "attention-sink mass (mean weight on key 0, rows t ≥ 1)"},
     condition_values=share_above,
