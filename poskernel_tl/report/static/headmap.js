@@ -12,14 +12,7 @@
   var PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
     "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"];
 
-  function el(tag, attrs, kids) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
-    (kids || []).forEach(function (c) {
-      if (c !== null && c !== undefined) node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
-    });
-    return node;
-  }
+  var el = PK.el;  /* viewer.js: text reaches the page as text nodes only */
   function plain(s) {  // a string for Plotly's labels: no markup survives
     return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }

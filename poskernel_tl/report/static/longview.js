@@ -7,14 +7,7 @@
   var PK = (window.PK = window.PK || {});
   var counter = 0;
 
-  function el(tag, attrs, kids) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
-    (kids || []).forEach(function (c) {
-      if (c !== null && c !== undefined) node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
-    });
-    return node;
-  }
+  var el = PK.el;  /* viewer.js: text reaches the page as text nodes only */
   function plot(div, traces, layout) {
     var base = { margin: { l: 60, r: 15, t: 30, b: 45 }, font: { size: 11 }, height: 330 };
     Plotly.newPlot(div, traces, Object.assign(base, layout), { displaylogo: false, responsive: true, displayModeBar: false });

@@ -62,6 +62,8 @@
   function fixed(x, d) { return x === null || x === undefined || !isFinite(x) ? "–" : Number(x).toFixed(d); }
   function sig(x) { return x === null || x === undefined || !isFinite(x) ? "–" : String(Number(Number(x).toPrecision(4))); }
   function yes(x) { return x === null || x === undefined ? "–" : x ? "yes" : "no"; }
+  /* an element with attributes and children; text reaches the page as text nodes only
+   * (also PK.el, for the long view and the head map, loaded after this file) */
   function el(tag, attrs, kids) {
     var node = document.createElement(tag);
     Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
@@ -70,6 +72,7 @@
     });
     return node;
   }
+  PK.el = el;
   function table(head, rows, attrs) {
     return el("table", Object.assign({ "class": "pk-table" }, attrs || {}), [
       el("tr", {}, head.map(function (h) { return el("th", {}, [h]); }))
