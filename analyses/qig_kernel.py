@@ -14,11 +14,15 @@ off-diagonal correlation between feature dimensions across positions, :func:`kap
 the mean L2 norm of the token vectors. They are computed and reported under those names,
 nothing more.
 
-The joint position-permutation null (:func:`permutation_null_r2`) applies one permutation
-π to query and key positions alike: the lower triangle's values are kept (as a multiset),
-their offsets t − s are scrambled. For a symmetric score matrix (the QIG logits) this is
-A[π(t), π(s)]; for any other matrix the lower triangle is first reflected onto the upper
-one, so the null acts on unordered position pairs and masked fills never enter the fit.
+The pair-permutation null (:func:`pair_permutation_null_r2`) applies one permutation π
+to query and key positions alike and permutes the lower triangle's position pairs: its
+values are kept (as a multiset), their offsets t − s are scrambled. For a symmetric score
+matrix (the QIG logits) this is A[π(t), π(s)]; for any other matrix the lower triangle is
+first reflected onto the upper one, so the null acts on unordered position pairs and
+masked fills never enter the fit. That sets it apart from the position-permutation null
+of ``pk.measure`` (:mod:`poskernel_tl.reducers.perm_null`, and the head view's on one
+matrix), which fits A[π(t), π(s)] whole and so reads both triangles of a causal head's
+product q·kᵀ.
 """
 
 import re
@@ -179,7 +183,7 @@ def synthetic_basins(n_seqs: int, length: int, dim: int = 64, *, n_basins: int =
 
 
 # ------------------------------------------------------- joint-permutation null
-def permutation_null_r2(
+def pair_permutation_null_r2(
     scores: Float[Tensor, "*batch query_pos key_pos"], n_perm: int = 200, seed: int = 0
 ) -> Float[Tensor, " perm *batch"]:
     """Toeplitz R² of ``scores`` after ``n_perm`` joint permutations of query and key
@@ -227,9 +231,9 @@ def r2_vs_permutation_null(
     scores: Float[Tensor, "*batch query_pos key_pos"], n_perm: int = 200, seed: int = 0
 ) -> PermutationNull:
     """Toeplitz R² of ``scores`` (:func:`poskernel_tl.fit.toeplitz.shift_invariance_r2`) and
-    its percentile within :func:`permutation_null_r2`."""
+    its percentile within :func:`pair_permutation_null_r2`."""
     r2, _ = shift_invariance_r2(scores)
-    null = permutation_null_r2(scores, n_perm, seed)
+    null = pair_permutation_null_r2(scores, n_perm, seed)
     host = (r2.cpu(), null.cpu())
     return PermutationNull(r2, null, torch.as_tensor(null_percentile(*host), device=r2.device),
                            torch.as_tensor(null_p_value(*host), device=r2.device))

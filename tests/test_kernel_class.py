@@ -108,7 +108,7 @@ def test_a_head_view_classes_one_sequence(T):
     """The head view's class of one sequence's fit, against the view's own permutation
     null: each planted head of one sequence in its class, and the null equal to naive fits
     of the permuted matrices."""
-    from poskernel_tl.apps.head_view import fit_one, kernel_of, view_null
+    from poskernel_tl.apps.head_view import fit_one, kernel_of, position_permutation_null
     from poskernel_tl.reducers.perm_null import joint_permutations
 
     A = planted_logits(T, seed=1)[0]
@@ -117,4 +117,4 @@ def test_a_head_view_classes_one_sequence(T):
     assert got == list(PLANTED)
     a = A[5]
     naive = [naive_r2(a[p][:, p].numpy())[0] for p in joint_permutations(T, 19)]
-    assert view_null(a, True, None) == pytest.approx(naive, abs=1e-9)
+    assert position_permutation_null(a, True, None) == pytest.approx(naive, abs=1e-9)

@@ -14,7 +14,7 @@ from poskernel_tl.analyses.qig_kernel import (
     fisher_rao_distance,
     fisher_rao_distances,
     kappa_proxy,
-    permutation_null_r2,
+    pair_permutation_null_r2,
     phi_proxy,
     plot_qig_null,
     project_to_simplex,
@@ -95,7 +95,7 @@ def test_null_equals_explicit_joint_permutation(rng):
     T = 15
     a = torch.randn(2, T, T, generator=rng, dtype=torch.float64)
     sym = a + a.transpose(-1, -2)
-    null = permutation_null_r2(sym, n_perm=12, seed=3)
+    null = pair_permutation_null_r2(sym, n_perm=12, seed=3)
     perms = joint_permutations(T, 12, seed=3)
     for k, pi in enumerate(perms):
         want, _ = shift_invariance_r2(sym[:, pi][:, :, pi])
@@ -103,8 +103,8 @@ def test_null_equals_explicit_joint_permutation(rng):
     # a causal-masked matrix: the null only ever sees lower-triangle values
     masked = a.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(), float("-inf"))
     lower_sym = torch.tril(a, -1) + torch.tril(a, -1).transpose(-1, -2)
-    assert torch.allclose(permutation_null_r2(masked, 12, 3),
-                          permutation_null_r2(lower_sym, 12, 3), atol=1e-12, rtol=0)
+    assert torch.allclose(pair_permutation_null_r2(masked, 12, 3),
+                          pair_permutation_null_r2(lower_sym, 12, 3), atol=1e-12, rtol=0)
 
 
 def test_qig_on_iid_basins_matches_the_null_and_planted_kernel_does_not(rng):

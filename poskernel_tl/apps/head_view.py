@@ -253,8 +253,9 @@ def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
             "residual": to_np(residual), "logits": to_np(logits)}
 
 
-def view_null(A: Float[Tensor, "query_pos key_pos"], causal: bool, max_lag: int | None,
-              n_perm: int = VIEW_NULL_PERMS) -> Float[np.ndarray, " perm"]:
+def position_permutation_null(A: Float[Tensor, "query_pos key_pos"], causal: bool,
+                              max_lag: int | None, n_perm: int = VIEW_NULL_PERMS
+                              ) -> Float[np.ndarray, " perm"]:
     """R² of the fit to A[π][:, π] for ``n_perm`` joint position permutations π: the run's
     permutation null (:func:`~poskernel_tl.reducers.perm_null.joint_permutations`, seed
     0) on this one matrix, fitted as the view fits A."""
@@ -269,11 +270,12 @@ def view_null(A: Float[Tensor, "query_pos key_pos"], causal: bool, max_lag: int 
 def kernel_of(fit: dict, A: Float[Tensor, "query_pos key_pos"], max_lag: int | None,
               thetas: np.ndarray | None) -> dict:
     """:func:`~poskernel_tl.fit.kernel_class.head_kernels` of this one sequence's fit, against
-    :func:`view_null`: class first, then the descriptors."""
+    :func:`position_permutation_null`: class first, then the descriptors."""
     causal = fit["g_back"] is None
     counts = lag_counts(A.shape[-1], max_lag=max_lag).numpy()
     sink = np.where(counts > 0, A[1:, 0].double().cpu().numpy(), np.nan)
-    back, null = None if causal else fit["g_back"][None, None], view_null(A, causal, max_lag)
+    back = None if causal else fit["g_back"][None, None]
+    null = position_permutation_null(A, causal, max_lag)
     row = head_kernels(fit["g"][None, None], sink[None, None], counts[None],
                        np.array([[fit["r2"]]]), null[:, None, None], back, thetas).iloc[0]
     return {"kernel_class": row["kernel_class"],
