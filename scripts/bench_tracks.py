@@ -164,7 +164,8 @@ def track_b_path(model, T: int, n_eval: int, max_memory: str) -> str:
     factors or the [T, T] accumulator, and in how many blocks of layers."""
     w = batching.Workload(T, n_eval, n_eval, False, T <= 256, 0, False, 4)
     plan = batching.plan_measure(model, w, "auto", max_memory)
-    kind = "factors" if plan.factors else "accumulator"
+    kind = "factors" if all(plan.factors) else "accumulator" if not any(plan.factors) \
+        else "per kind of layer"
     return f"{kind}, {len(plan.layer_blocks)} block(s) of layers"
 
 

@@ -219,7 +219,8 @@ def plan_run(model: LoadedModel, opts: MeasureConfig, ev_ids: Tokens,
 
 
 def gram_reducer(model: LoadedModel, T: int, centering: Moments | None,
-                 layers: Sequence[int], full: bool, factors: bool) -> GramReducer:
+                 layers: Sequence[int], full: bool, factors: Sequence[bool] | bool
+                 ) -> GramReducer:
     """Track B's reducer for ``layers`` (``full``: every key, to keep the matrices;
     ``factors``: the sequences' q/k instead of an accumulator, as the plan chose)."""
     s = model.spec
@@ -231,7 +232,7 @@ def gram_reducer(model: LoadedModel, T: int, centering: Moments | None,
 def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
                   wanted: dict[int, int], opts: MeasureConfig,
                   gram_layers: Sequence[int] | None = None, full: bool = False,
-                  factors: bool = False) -> dict:
+                  factors: Sequence[bool] | bool = False) -> dict:
     """Pass 2's reducers by the name of the result part each makes: Track A, Track B (for
     ``gram_layers``, default all), then every statistic of the registry this run wants
     (:data:`~poskernel_tl.reducers.registry.STATISTICS`)."""

@@ -10,9 +10,10 @@ evaluation pass(es) and the final fits — from the tensors each phase holds:
   O(T·d_head) per head), and Track A's float64 work on q/k;
 - what does not: the centering means, Track A's per-sequence lag sums, the optional
   reducers, and Track B (:mod:`poskernel_tl.reducers.gram_cost`): its accumulator, ≈ T²/2
-  float32 per head and layer in blocks of query rows, or T² where the full matrices are
-  kept, or the evaluation sequences' q/k factors, whichever the plan estimates faster
-  (:func:`~poskernel_tl.reducers.gram_cost.track_b_seconds`) among those that fit.
+  float32 per head and layer in blocks of query rows (on a layer with a sliding window, only
+  its band, ≈ T·w), or T² where the full matrices are kept, or the evaluation sequences'
+  q/k factors, chosen per kind of layer (global, or its window) as the plan estimates
+  fastest (:func:`~poskernel_tl.reducers.gram_cost.track_b_seconds`) among those that fit.
 
 A bidirectional model (``model.spec.causal`` false) fits both triangles: Track B's
 accumulator holds every key (T² per head), its fit carries the upper triangle's pieces
@@ -47,10 +48,12 @@ from poskernel_tl.plan.forward_cost import (  # noqa: F401 (SCORE_COPIES, mask_k
 from poskernel_tl.progress import tqdm
 from poskernel_tl.reducers import track_a
 from poskernel_tl.reducers.gram_cost import (
-    FACTOR_RANK_MAX,
+    Path,
+    as_path,
+    gram_block_bytes,
     gram_factors,
     gram_fit_bytes,
-    gram_layer_bytes,
+    layer_lags,
     track_b_paths,
 )
 from poskernel_tl.reducers.moments import means_bytes
@@ -123,9 +126,9 @@ def fixed_bytes(model: LoadedModel, length: int, n_seqs: int, full: bool = False
     """Reducer state that does not grow with the batch: Track A's per-sequence sums of
     ``n_seqs`` sequences and Track B for every layer."""
     s, T = model.spec, length
-    factors = gram_factors(model, T, n_seqs, full)
+    path = gram_factors(model, T, n_seqs, full)
     return track_a.state_bytes(model, T, n_seqs) + \
-        s.n_layers * gram_layer_bytes(model, T, full, n_seqs, factors)
+        gram_block_bytes(model, T, full, n_seqs, path, range(s.n_layers))
 
 
 @dataclass(frozen=True)
@@ -143,9 +146,10 @@ class Workload:
 
 
 def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int,
-                factors: bool = False) -> dict[str, int]:
+                factors: Path | bool = False) -> dict[str, int]:
     """Estimated bytes held in each phase of a measurement with Track B accumulated for
-    ``block_layers`` layers at a time (``factors``: kept as the sequences' factors)."""
+    at most ``block_layers`` consecutive layers at a time (the costliest such block;
+    ``factors``: per layer or for all, kept as the sequences' factors)."""
     s, T = model.spec, w.length
     # M: one set of float32 means (Track B's reference where there is no centering set);
     # cen: the centering means and the random half's (float64 sums, 2·cen, in their pass)
@@ -155,8 +159,11 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int,
     per = batch * per_sequence_bytes(model, T, w.materialised)
     extra = sum(stat.state_bytes(model, w) for stat in STATISTICS.values())
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
-    gram = block_layers * gram_layer_bytes(model, T, w.keep_gram, w.n_eval, factors)
-    fit = gram_fit_bytes(model, T, w.n_eval, factors) + kept // s.n_layers
+    path = as_path(factors, s.n_layers)
+    gram = max(gram_block_bytes(model, T, w.keep_gram, w.n_eval, path, range(l0, l0 + size))
+               for size in [min(block_layers, s.n_layers)]
+               for l0 in range(s.n_layers - size + 1))
+    fit = max(gram_fit_bytes(model, T, w.n_eval, f) for f in set(path)) + kept // s.n_layers
     held = cen + U + extra + M  # besides Track B, in pass 2
     return {"centering pass": 2 * cen + per, "evaluation pass": held + gram + per,
             "Track B fit": held + gram + fit + kept,
@@ -164,7 +171,7 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int,
 
 
 def estimate_peak(model: LoadedModel, w: Workload, batch: int, block_layers: int,
-                  factors: bool = False) -> int:
+                  factors: Path | bool = False) -> int:
     """The largest phase of :func:`phase_bytes`, with the margin for the allocator."""
     phases = phase_bytes(model, w, batch, block_layers, factors)
     return int(max(phases.values()) * MARGIN + SLACK)
@@ -187,7 +194,7 @@ class Plan:
     budget: int
     peak: int
     flag: str = "auto"  # --max-memory as given
-    factors: bool = False  # Track B kept as the evaluation sequences' q̃, k̃
+    factors: Path = ()  # per layer, Track B kept as the evaluation sequences' q̃, k̃
     why: str = ""  # why Track B takes this path (the provenance's "track_b")
     forward: str = ""  # what the forward's attention computes per kind of layer
 
@@ -233,40 +240,53 @@ def plan_measure(model: LoadedModel, w: Workload, batch_size: int | str = "auto"
         size = math.ceil(L / n_blocks)
         if n_blocks > 1 and math.ceil(L / (n_blocks - 1)) == size:
             continue  # no smaller blocks than with one block fewer
-        for factors in paths:
+        for path in paths:
             for b in batches:
-                peak = estimate_peak(model, w, b, size, factors)
+                peak = estimate_peak(model, w, b, size, path)
                 if peak <= budget:
+                    why = path_reason(paths, path, n_blocks, budget,
+                                      lambda p: path_name(model, w.length, p))
                     return Plan(b, layer_blocks(L, n_blocks), budget, peak, str(max_memory),
-                                factors, path_reason(paths, factors, n_blocks, budget),
-                                describe(model, w.length, not w.materialised))
+                                path, why, describe(model, w.length, not w.materialised))
     raise refusal(model, w, batches[-1] if batch_size == "auto" else batch_size, budget,
                   limit is None)
 
 
-def path_reason(seconds: dict[bool, float], factors: bool, n_blocks: int, budget: int
-                ) -> str:
-    """One line: Track B's path and why the plan took it."""
+def path_name(model: LoadedModel, length: int, path: Path) -> str:
+    """Track B's path in words: one for every layer, or per kind of layer (its window)."""
     name = {True: "the sequences' q/k factors", False: "the [T, T] accumulator"}
-    est = lambda f: f"≈ {seconds[f]:.0f} CPU s estimated"
+    lags = layer_lags(model, length)
+    kinds = {m: {f for f, lag in zip(path, lags) if lag == m} for m in lags}
+    if len(set(path)) == 1 and None in kinds and len(kinds) == 1:
+        return name[path[0]]
+    what = lambda f, m: name[f] if m is None or f else f"the accumulator on the band Δ ≤ {m}"
+    return "; ".join(f"{'global layers' if m is None else f'layers with a {m + 1}-token window'}"
+                     f": {what(next(iter(fs)), m)}" for m, fs in kinds.items())
+
+
+def path_reason(seconds: dict[Path, float], path: Path, n_blocks: int, budget: int,
+                name: Callable[[Path], str]) -> str:
+    """One line: Track B's path and why the plan took it (``seconds``: every path it may
+    take, fastest first)."""
+    est = f"≈ {seconds[path]:.0f} CPU s estimated"
     if len(seconds) == 1:
-        return f"{name[factors]} ({est(factors)}; factors only up to n·d_head = " \
-               f"{FACTOR_RANK_MAX}, never for kept matrices)"
-    faster = min(seconds, key=seconds.get)
-    if factors == faster:
-        return f"{name[factors]}: {est(factors)}, against {seconds[not factors]:.0f} s " \
-               f"for {name[not factors]}"
-    return f"{name[factors]} ({est(factors)}): {name[faster]} ({seconds[faster]:.0f} s) " \
+        return f"{name(path)} ({est}; factors never for kept matrices)"
+    faster = next(iter(seconds))
+    if path == faster:
+        other = list(seconds)[1]
+        return f"{name(path)}: {est}, against {seconds[other]:.0f} s for {name(other)}"
+    return f"{name(path)} ({est}): {name(faster)} ({seconds[faster]:.0f} s) " \
            f"does not fit {gib(budget)} in {n_blocks} pass{'es' if n_blocks > 1 else ''}"
 
 
 def refusal(model: LoadedModel, w: Workload, batch: int, budget: int, auto: bool
             ) -> PlanError:
     """The one-line error of a run that fits not even one layer of Track B at a time."""
-    need = estimate_peak(model, w, batch, 1)
+    paths = track_b_paths(model, w.length, w.n_eval, w.keep_gram)
+    need = min(estimate_peak(model, w, batch, 1, p) for p in paths)
     what = (f"T={w.length}, {w.n_eval} evaluation and {w.n_centering} centering sequences, "
             f"batch {batch}; forward: {describe(model, w.length, not w.materialised)}")
-    if batch > 1 and estimate_peak(model, w, 1, 1) <= budget:
+    if batch > 1 and min(estimate_peak(model, w, 1, 1, p) for p in paths) <= budget:
         return PlanError(f"--batch-size {batch}: needs ≈ {gib(need)} ({what}) with Track B "
                          f"one layer per pass, over the budget of {gib(budget)}; lower "
                          "--batch-size or raise --max-memory")

@@ -8,13 +8,16 @@ them and there is no cancellation to lose precision to. It is kept either
 
 - as a float32 accumulator in blocks of query rows (:func:`~poskernel_tl.reducers.gram_cost.
   gram_row_blocks`): rows [r0, r1) with keys [0, r1), i.e. only the strictly lower
-  triangle the fit reads plus the diagonal blocks (≈ T²/2 per head), or every key where
-  the full matrices are to be returned (T ≤ 256 by default). One in-place batched matmul
+  triangle the fit reads plus the diagonal blocks (≈ T²/2 per head) — on a layer with a
+  sliding window only the keys its window keeps, [r0 − w, r1) (≈ T·(w + 64) per head) —
+  or every key where the full matrices are to be returned (T ≤ 256 by default). One
+  in-place batched matmul
   per row block, layer and batch adds a whole batch (the batch axis folded into the
   contraction); or
 - as the evaluation sequences' q̃, k̃ themselves (``factors=True``), n·T·d_head per head
   instead of T²/2: the smaller state for few sequences at long T
-  (:func:`~poskernel_tl.reducers.gram_cost.gram_factors`).
+  (:func:`~poskernel_tl.reducers.gram_cost.gram_factors`; the path is chosen per kind of
+  layer, ``factors`` then one flag per layer of the model).
 
 Every Gram the fit needs then follows exactly from the evaluation means q̄, k̄:
 
@@ -151,13 +154,17 @@ class GramReducer:
     row, so that :meth:`result` can return the whole matrices (default: T ≤ 256, where
     they are saved), else only the lower triangle's row blocks. ``factors``: keep the
     evaluation sequences' q̃, k̃ instead of any accumulator (smaller when n·d_head is
-    well below T/2; the fit then costs O(T·(n·d_head)²)). ``causal=False``: fit both
+    well below T/2; the fit then costs O(T·(n·d_head)²), or, above
+    :data:`~poskernel_tl.reducers.gram_cost.FACTOR_RANK_MAX`, as much as the accumulator:
+    its blocks are formed from them), for every layer or per layer of the model (a
+    sequence of ``n_layers`` flags). ``causal=False``: fit both
     triangles (every key of every row is accumulated; see the module docstring)."""
 
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, length: int,
                  d_head: int, scale: float, device: torch.device | str = "cpu",
                  reference: Moments | None = None, *, layers: Sequence[int] | None = None,
-                 full: bool | None = None, factors: bool = False, causal: bool = True,
+                 full: bool | None = None, factors: bool | Sequence[bool] = False,
+                 causal: bool = True,
                  max_lags: Sequence[int] | None = None):
         if not causal:
             check_two_sided(n_heads, n_kv_heads)
@@ -167,15 +174,19 @@ class GramReducer:
         self.max_lags = [length - 1] * n_layers if max_lags is None else list(max_lags)
         self.layers = list(range(n_layers)) if layers is None else list(layers)
         self.slot = {L: i for i, L in enumerate(self.layers)}
-        self.full = length <= GRAM_SAVE_MAX_T and not factors if full is None else full
-        if factors and self.full:
+        per_layer = not isinstance(factors, bool)  # one path per layer of the model
+        self.factors = [bool(factors[L]) if per_layer else factors for L in self.layers]
+        self.full = length <= GRAM_SAVE_MAX_T and not any(self.factors) if full is None \
+            else full
+        if any(self.factors) and self.full:
             raise ValueError("GramReducer: factors=True keeps no matrix (full=False)")
-        self.factors = factors
-        self.blocks = gram_row_blocks(length, self.full or not causal)
+        every_key = self.full or not causal
+        self.blocks = [gram_row_blocks(length, every_key, max_lag=None if every_key else
+                                       self.max_lags[L]) for L in self.layers]
         f64 = dict(dtype=torch.float64, device=device)
-        self.acc = [[] if factors else
-                    [torch.zeros(n_heads, r1 - r0, keys, dtype=torch.float32, device=device)
-                     for r0, r1, keys in self.blocks] for _ in self.layers]
+        self.acc = [[] if f else
+                    [torch.zeros(n_heads, r1 - r0, k1 - k0, dtype=torch.float32, device=device)
+                     for r0, r1, k0, k1 in blocks] for f, blocks in zip(self.factors, self.blocks)]
         self.kept: list[list[tuple[Tensor, Tensor]]] = [[] for _ in self.layers]
         nl = len(self.layers)
         self.q_sum = torch.zeros(nl, n_heads, length, d_head, **f64)  # evaluation sums
@@ -206,7 +217,7 @@ class GramReducer:
         # (m the float32 reference, which the fit's corrections use as it is)
         q = (qd - self.ref_q[i]).mul_(self.scale).float()
         k = (kd - self.ref_k[i]).float()
-        if self.factors:
+        if self.factors[i]:
             self.kept[i].append((q, k))
             return
         b, T, H, d = q.shape
@@ -215,9 +226,9 @@ class GramReducer:
         # every query head of the block's rows (row j·rows + i: head kv·group + j, row i)
         qc = q.permute(2, 1, 0, 3)  # [H, T, b, d]
         kc = k.permute(2, 0, 3, 1).reshape(kv, b * d, T)
-        for (r0, r1, keys), acc in zip(self.blocks, self.acc[i]):
+        for (r0, r1, k0, k1), acc in zip(self.blocks[i], self.acc[i]):
             rows = qc[:, r0:r1].reshape(kv, g * (r1 - r0), b * d)
-            acc.view(kv, g * (r1 - r0), keys).baddbmm_(rows, kc[:, :, :keys])
+            acc.view(kv, g * (r1 - r0), k1 - k0).baddbmm_(rows, kc[:, :, k0:k1])
 
     def eval_moments(self) -> Moments:
         """The evaluation means of q and k of this reducer's layers (float64), taken once:
@@ -275,11 +286,11 @@ class GramReducer:
     def pieces(self, i: int, x: Tensor, keep, max_lag: int) -> Pieces:
         """B's pieces of layer slot ``i`` over the offsets Δ ≤ ``max_lag``."""
         window = None if max_lag >= self.T - 1 else max_lag
-        if self.factors:
+        if self.factors[i]:
             q = torch.cat([q for q, _ in self.kept[i]])
             return factor_pieces(q, torch.cat([k for _, k in self.kept[i]]), x,
                                  upper=not self.causal, max_lag=window)
-        return dense_pieces(self.acc[i], self.blocks, self.count[i], x, keep,
+        return dense_pieces(zip(self.blocks[i], self.acc[i]), self.count[i], x, keep,
                             upper=not self.causal, max_lag=window)
 
     def result(self, centering: Moments | None = None, keep_matrices: bool = False

@@ -21,7 +21,12 @@ every variant. B's own pieces (S1_B, Σ B², Y) come
 - from the factors q̃, k̃ of the evaluation sequences when those are kept instead
   (:func:`factor_pieces`): B = Q·Kᵀ with Q, K the per-sequence factors side by side, so
   S1_B and Σ B² are again the lag-sum identities and Y a chunked running product
-  (:func:`lower_apply`), O(T·(n·d)²) instead of O(T²).
+  (:func:`lower_apply`), O(T·(n·d)²) instead of O(T²); above a rank n·d of
+  :data:`~poskernel_tl.reducers.gram_cost.FACTOR_RANK_MAX` the running moments would
+  outgrow the accumulator's blocks, so the blocks themselves are formed from the factors
+  one at a time (:func:`factor_blocks`) and read as the accumulator's are: the
+  accumulator's work, deferred to the fit, in n·T·d memory (the triangle of Gemma 3's
+  global layers at T = 32,768).
 
 Bidirectional models (``upper=True``) fit both triangles: the upper triangle of G is the
 lower one of Gᵀ = Bᵀ + scale·V·Uᵀ, so its pieces are the same with the roles swapped —
@@ -31,6 +36,7 @@ with q̃ and k̃ swapped), Y_up = B_up·X (from the factors: :func:`lower_apply`
 reversed), the U·Vᵀ terms with U and V swapped, and B's diagonal for the mean at Δ = 0.
 """
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -40,6 +46,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.fit.toeplitz import lag_counts, r2_two_sided
+from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX, gram_row_blocks
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
     before,
@@ -135,40 +142,42 @@ def _add(out: Pieces, upper: bool, r0: int, G: Tensor, x: Tensor,
     y[:, r0:r0 + rows] = prod
 
 
-def dense_pieces(acc: list[Tensor],
-                 blocks: list[tuple[int, int, int]], n: int,
+Block = tuple[tuple[int, int, int, int], Tensor]  # (r0, r1, k0, k1), rows × keys [k0, k1)
+
+
+def dense_pieces(blocks: Iterable[Block], n: int,
                  x: Float[Tensor, "kv_head_index pos rank"], keep=None,
                  upper: bool = False, max_lag: int | None = None) -> Pieces:
-    """B = acc / n from the accumulator's row blocks ``(r0, r1, keys)``, read once: each
-    block's kept keys copied into a float32 buffer with the excluded entries zeroed,
-    their sums and B_low·X formed in float32 and added up in float64 (the division by n
-    applied to the totals). ``keep(r0, r1, block)``, if given, sees each block whole
-    (float32, divided by n). ``upper``: the upper triangle's pieces too (the blocks must
-    hold every key). ``max_lag``: B_low keeps only the offsets t − s ≤ max_lag (a
-    sliding window): the keys before the window are never read."""
+    """B = acc / n from the accumulator's row blocks ``((r0, r1, k0, k1), block)`` (the
+    block holding keys [k0, k1) of rows [r0, r1)), read once: each block's kept keys
+    copied into a float32 buffer with the excluded entries zeroed, their sums and
+    B_low·X formed in float32 and added up in float64 (the division by n applied to the
+    totals). ``keep(r0, r1, block)``, if given, sees each block whole (float32, divided
+    by n). ``upper``: the upper triangle's pieces too (the blocks must hold every key).
+    ``max_lag``: B_low keeps only the offsets t − s ≤ max_lag (a sliding window): the
+    keys before the window are never read (a block may start at the window's first)."""
     if upper and max_lag is not None:
         raise ValueError("dense_pieces: a window on a two-sided fit is not supported")
-    H, T = acc[0].shape[0], blocks[-1][1]
-    x32, dev = x.float(), str(x.device)
-    rows_max = max(r1 - r0 for r0, r1, _ in blocks)
-    flat = torch.empty(H * rows_max * (rows_max + T), dtype=torch.float32, device=x.device)
-    out = Pieces(x.new_zeros(H, T - 1), x.new_zeros(H), x.new_zeros(H, T, x.shape[-1]))
-    if upper:
-        out.s1_up, out.sq_up = x.new_zeros(H, T - 1), x.new_zeros(H)
-        out.y_up, out.diag = x.new_zeros(H, T, x.shape[-1]), x.new_zeros(H, T)
-    for (r0, r1, keys), a in zip(blocks, acc):
-        rows = r1 - r0
-        if upper and keys != T:
-            raise ValueError(f"dense_pieces(upper=True): block [{r0}, {r1}) holds {keys} "
-                             f"of {T} keys")
+    T, dev, out, flat = x.shape[1], str(x.device), None, None
+    x32 = x.float()
+    for (r0, r1, k0, k1), a in blocks:
+        rows, H = r1 - r0, a.shape[0]
+        if out is None:
+            flat = torch.empty(H * rows * (rows + T), dtype=torch.float32, device=x.device)
+            out = _empty_pieces(H, x, upper)
+        if upper and (k0, k1) != (0, T):
+            raise ValueError(f"dense_pieces(upper=True): block [{r0}, {r1}) holds keys "
+                             f"[{k0}, {k1}) of {T}")
         if keep is not None:
             keep(r0, r1, a / n)
         # the lower side: keys [lo, r1) behind ``rows`` zero columns, s ≥ t zeroed
         lo = 0 if max_lag is None else max(0, r0 - max_lag)
+        if lo < k0:
+            raise ValueError(f"dense_pieces: block [{r0}, {r1}) starts at key {k0} > {lo}")
         buf = flat[:H * rows * (r1 - lo + rows)].view(H, rows, r1 - lo + rows)
         buf[:, :, :rows].zero_()
         G = buf[:, :, rows:]
-        G.copy_(a[:, :, lo:r1])
+        G.copy_(a[:, :, lo - k0:r1 - k0])
         G[:, :, r0 - lo:].masked_fill_(_band_mask(rows, rows, 0, True, dev), 0.0)
         if max_lag is not None and r1 - 1 - lo > max_lag:  # t − s > max_lag zeroed
             G.masked_fill_(_band_mask(rows, r1 - lo, r0 - lo - max_lag - 1, False, dev), 0.0)
@@ -181,6 +190,30 @@ def dense_pieces(acc: list[Tensor],
             G.copy_(a[:, :, r0:]).masked_fill_(_band_mask(rows, T - r0, 0, False, dev), 0.0)
             _add(out, True, r0, G, x32[:, r0:], upper_block_sums(buf, T))
     return out.divided(n)
+
+
+def _empty_pieces(H: int, x: Tensor, upper: bool) -> Pieces:
+    """Zero totals for :func:`dense_pieces` (float64, like ``x``)."""
+    T, m = x.shape[1], x.shape[-1]
+    out = Pieces(x.new_zeros(H, T - 1), x.new_zeros(H), x.new_zeros(H, T, m))
+    if upper:
+        out.s1_up, out.sq_up = x.new_zeros(H, T - 1), x.new_zeros(H)
+        out.y_up, out.diag = x.new_zeros(H, T, m), x.new_zeros(H, T)
+    return out
+
+
+def factor_blocks(q: Float[Tensor, "batch pos head_index d_head"],
+                  k: Float[Tensor, "batch pos kv_head_index d_head"],
+                  blocks: list[tuple[int, int, int, int]]) -> Iterator[Block]:
+    """The accumulator's row blocks Σ_x q̃_x k̃_xᵀ formed from the factors, one at a time
+    (float32, the batch folded into the contraction as in the accumulator's update)."""
+    n, T, H, d = q.shape
+    kv = k.shape[2]
+    qc = q.permute(2, 1, 0, 3)  # [H, T, n, d]
+    kc = k.permute(2, 0, 3, 1).reshape(kv, n * d, T)
+    for r0, r1, k0, k1 in blocks:
+        rows = qc[:, r0:r1].reshape(kv, H // kv * (r1 - r0), n * d)
+        yield (r0, r1, k0, k1), torch.bmm(rows, kc[:, :, k0:k1]).view(H, r1 - r0, k1 - k0)
 
 
 def lower_apply(q: Float[Tensor, "pos head_index rank"],
@@ -230,10 +263,14 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
                   max_lag: int | None = None) -> Pieces:
     """B = mean_x q̃_x·k̃_xᵀ from the factors (``q`` already carries the scale). ``upper``:
     the upper triangle's pieces too (Bᵀ's lower ones, one key head per query head).
-    ``max_lag``: the pieces of the offsets t − s ≤ max_lag only (a sliding window)."""
+    ``max_lag``: the pieces of the offsets t − s ≤ max_lag only (a sliding window). Above
+    a rank n·d_head of :data:`FACTOR_RANK_MAX`, from the blocks (:func:`factor_blocks`)."""
     if upper and max_lag is not None:
         raise ValueError("factor_pieces: a window on a two-sided fit is not supported")
     n, T, H, d = q.shape
+    if n * d > FACTOR_RANK_MAX:  # the moments would outgrow the blocks: form the blocks
+        blocks = gram_row_blocks(T, upper, max_lag=max_lag)
+        return dense_pieces(factor_blocks(q, k, blocks), n, x, upper=upper, max_lag=max_lag)
     s1 = windowed(lag_sums(q, k, 1.0).sum(0), max_lag)  # (lag_sums bounds its FFTs)
     # the factors side by side, [1, T, heads, n·d] in FIT_DTYPE (one copy each): n·B = qs·ksᵀ
     side = lambda t: cast_permuted(t, (1, 2, 0, 3), FIT_DTYPE).view(1, T, t.shape[2], n * d)
@@ -282,5 +319,5 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
     return r2, g, g_back, None if diag is None else diag.mean(-1)
 
 
-__all__ = ["Pieces", "dense_pieces", "factor_pieces", "lower_apply", "lower_block_sums",
-           "upper_block_sums", "variant_fit"]
+__all__ = ["Pieces", "dense_pieces", "factor_blocks", "factor_pieces", "lower_apply",
+           "lower_block_sums", "upper_block_sums", "variant_fit"]
