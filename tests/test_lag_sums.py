@@ -196,6 +196,15 @@ def test_region_sums_match_naive_loops(T, max_lag):
                 for lag in range(1, T)]
 
 
+def test_region_counts_need_no_t_by_t_mask():
+    """n(Δ) per region in O(T): at T = 2²⁰ a [T, T] mask would need a terabyte."""
+    T = 1 << 20
+    lag = torch.arange(1, T, dtype=torch.float64)
+    assert torch.equal(Variant().counts(T), T - lag)
+    assert torch.equal(Variant().counts(T, 511), (T - lag) * (lag <= 511))
+    assert torch.equal(SINK_COLUMN.counts(T), torch.ones(T - 1, dtype=torch.float64))
+
+
 def test_a_region_neither_in_nor_out_of_the_strip_is_refused():
     with pytest.raises(ValueError, match="strip"):
         Variant(rows=(60, 90))

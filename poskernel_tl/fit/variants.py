@@ -65,14 +65,22 @@ class Variant:
 
     def counts(self, T: int, max_lag: int | None = None, upper: bool = False,
                device=None) -> Float[Tensor, " lag"]:
-        """n(Δ) of the region, Δ = 1..T−1 (upper: Δ = −1..−(T−1)), within ``max_lag``."""
-        t = torch.arange(T, device=device)[:, None]
-        lag = torch.arange(1, T, device=device)[None]
-        s = t + lag if upper else t - lag
-        keep = (s >= 0) & (s < T) & self.holds(t, s)
+        """n(Δ) of the region, Δ = 1..T−1 (upper: Δ = −1..−(T−1)), within ``max_lag``:
+        per Δ the rows t with t and its key s = t ∓ Δ both in range (O(T), no T×T mask)."""
+        (r0, r1), (k0, k1) = self.rows, self.keys
+        r1, k1 = T if r1 is None else min(r1, T), T if k1 is None else min(k1, T)
+        lag = torch.arange(1, T, device=device, dtype=torch.int64)
+        sign = -1 if upper else 1  # s = t − sign·Δ
+        lo = torch.clamp(sign * lag + k0, min=max(r0, 0))  # s ≥ k0
+        hi = torch.clamp(sign * lag + k1, max=r1)  # s < k1
+        if upper:
+            hi = torch.minimum(hi, T - lag)  # s < T
+        else:
+            lo = torch.maximum(lo, lag)  # s ≥ 0
+        n = (hi - lo).clamp(min=0)
         if max_lag is not None:
-            keep &= lag <= max_lag
-        return keep.sum(0).double()
+            n = n * (lag <= max_lag)
+        return n.double()
 
 
 def fitted(field: Any, variant: Variant) -> Any:
