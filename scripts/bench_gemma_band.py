@@ -17,7 +17,13 @@ full-size sdpa under a bool [T, T] band.
            the previous path and hf, in turn on each sequence in one process: the ratios
            of a shared machine's timings); seconds per sequence and the peak RSS
 
+  run      the whole ``poskernel run --model gemma3-270m --dataset random`` of ``--n-seqs``
+           sequences (a child process: its wall seconds, CPU seconds and peak RSS), then
+           Hugging Face's own sdpa forward ``model.model(ids)`` of the same sequences (read
+           from the run's sequence file, one at a time, loading excluded); the ratio
+
 Usage: python scripts/bench_gemma_band.py parity [--length 1300]
+       python scripts/bench_gemma_band.py run [--length 8192] [--n-seqs 4] [--out DIR]
        python scripts/bench_gemma_band.py forward --path bridge|hf|all [--length 8192]
               [--n-seqs 1] [--old-path]
 """
@@ -183,6 +189,42 @@ def compare(length: int, n_seqs: int) -> None:
               f"{mean / hf_mean:5.2f}× hf")
 
 
+def whole_run(length: int, n_seqs: int, out: str | None) -> None:
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from poskernel_tl.models import embedded
+    from poskernel_tl.models.registry import REGISTRY
+
+    out = out or tempfile.mkdtemp(prefix="bench_gemma_run_")
+    cmd = [str(Path(sys.executable).parent / "poskernel"), "run", "--model", "gemma3-270m",
+           "--dataset", "random", "--length", str(length), "--n-seqs", str(n_seqs),
+           "--out", out, "--quiet", "--overwrite"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(f"poskernel run: T = {length}, {n_seqs} sequences: {wall:.1f} s wall "
+          f"({wall / n_seqs:.1f} s/seq), {cpu:.0f} CPU s, peak RSS "
+          f"{after.ru_maxrss / 2**20:.2f} GiB", flush=True)
+    ids = torch.load(next(Path(out).glob(f"data/*_{length}_seqs.pt")))["input_ids"]
+    hf, _ = embedded.from_gguf(REGISTRY["gemma3-270m"], torch.float32, progress=False)
+    hf.set_attn_implementation("sdpa")
+    times = []
+    with torch.no_grad():
+        for i in range(len(ids)):
+            t0 = time.perf_counter()
+            hf.model(ids[i:i + 1])
+            times.append(time.perf_counter() - t0)
+    print(f"Hugging Face sdpa forward, same {len(ids)} sequences: {sum(times):.1f} s "
+          f"({', '.join(f'{t:.1f}' for t in times)}); the whole run: "
+          f"{wall / sum(times):.2f}× it")
+
+
 def bridge_forward(bridge, ids) -> None:
     def stop(x, hook):
         raise _Stop
@@ -196,14 +238,17 @@ def bridge_forward(bridge, ids) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["parity", "forward"])
+    ap.add_argument("what", choices=["parity", "forward", "run"])
     ap.add_argument("--path", choices=["bridge", "hf", "all"], default="bridge")
     ap.add_argument("--length", type=int, default=None)
     ap.add_argument("--n-seqs", type=int, default=1)
     ap.add_argument("--old-path", action="store_true")
+    ap.add_argument("--out", default=None, help="run: the output folder (default: a new one)")
     a = ap.parse_args()
     if a.what == "parity":
         parity(a.length or 1300)
+    elif a.what == "run":
+        whole_run(a.length or 8192, a.n_seqs, a.out)
     elif a.path == "all":
         compare(a.length or 8192, a.n_seqs)
     else:

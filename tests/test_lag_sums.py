@@ -338,3 +338,21 @@ def test_perm_null_lags_match_permuted_full_product():
         wantsq = (np.tril(Ap, -1) ** 2).sum((-2, -1))
         assert np.abs(red.s1[p, 0].numpy() - want1.sum(0)).max() <= 1e-12 * np.abs(A).max() * T
         assert np.abs(red.sq[p, 0].numpy() - wantsq.sum(0)).max() <= 1e-12 * wantsq.sum()
+
+
+def test_windowed_sums_of_squares_in_pieces_of_chunks(monkeypatch):
+    """The windowed sums' query moments formed a few chunks at a time (as at T = 32,768
+    with rank 512) give the sums of every end formed at once, and the naive ones."""
+    from poskernel_tl.reducers import lag_sums as ls
+
+    q, k = draw(300, n=2, seed=4)
+    ends = [299, 40, 100, 170]
+    whole = ls.sum_squares_upto(q, k, SCALE, ends, chunk=16)
+    monkeypatch.setattr(ls, "MOMENT_BYTES", 3 * 2 * HKV * (H // HKV) * D * D * 8)
+    pieces = ls.sum_squares_upto(q, k, SCALE, ends, chunk=16)
+    assert torch.allclose(pieces, whole, rtol=1e-12, atol=0)
+    A = full_logits(q, k)
+    lag = np.arange(300)[:, None] - np.arange(300)[None]
+    for j, W in enumerate(ends):
+        want = (A ** 2 * ((lag >= 1) & (lag <= W))).sum((-2, -1))
+        assert np.allclose(pieces[..., j].numpy(), want, rtol=1e-10)

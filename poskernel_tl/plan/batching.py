@@ -163,7 +163,8 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int,
     gram = max(gram_block_bytes(model, T, w.keep_gram, w.n_eval, path, range(l0, l0 + size))
                for size in [min(block_layers, s.n_layers)]
                for l0 in range(s.n_layers - size + 1))
-    fit = max(gram_fit_bytes(model, T, w.n_eval, f) for f in set(path)) + kept // s.n_layers
+    fit = max(gram_fit_bytes(model, T, w.n_eval, f, m is not None)
+              for f, m in set(zip(path, layer_lags(model, T)))) + kept // s.n_layers
     held = cen + U + extra + M  # besides Track B, in pass 2
     return {"centering pass": 2 * cen + per, "evaluation pass": held + gram + per,
             "Track B fit": held + gram + fit + kept,

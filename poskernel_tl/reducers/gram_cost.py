@@ -8,6 +8,7 @@ import itertools
 import math
 
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.reducers.lag_sums import MOMENT_BYTES
 from poskernel_tl.reducers.two_sided import sides
 
 GRAM_ROWS = 64  # query rows per block of the Track B accumulator
@@ -138,17 +139,22 @@ def accumulator_bytes(model: LoadedModel, length: int, full: bool,
     return model.spec.n_heads * block_entries(length, every_key, max_lag) * 4
 
 
-def gram_fit_bytes(model: LoadedModel, length: int, n_eval: int, factors: bool) -> int:
+def gram_fit_bytes(model: LoadedModel, length: int, n_eval: int, factors: bool,
+                   windowed: bool = False) -> int:
     """Temporaries of Track B's fit of one layer: two centerings' corrections (U and V of
     rank 2·d_head in float64, their FFT lag sums), X, Y = B_side·X and a variant's W
     (X three d_head wide), and the float32 row block, or the factors' side-by-side copies
     and running moments (above their rank: a row block formed from them); per side the
-    fit reads. Measured peaks are 0.5–0.9 of it (tested at two lengths)."""
+    fit reads; on a layer with a window (``windowed``) the corrections' running key
+    moments too (float32 and float64 [T/64, kv, 2·d_head, 2·d_head]). Measured peaks are
+    0.5–0.9 of it (tested at two lengths)."""
     s, T, n_sides = model.spec, length, sides(model)
     d, r = s.d_head, max(n_eval * s.d_head, 2 * s.d_head)
     vectors = (s.n_heads + s.n_kv_heads) * T * d * 8  # float64 [head, T, d_head], q and k
     lags = 8 * vectors * n_sides  # the FFTs of U and V padded to 2T, complex
     corrections = 6 * vectors + lags  # U, V of two centerings; X; their lag sums
+    if windowed:
+        corrections += s.n_kv_heads * -(-T // 64) * (2 * d) ** 2 * 12 + MOMENT_BYTES
     rows = min(GRAM_ROWS, T)
     pad = rows if n_sides == 2 else 0  # the upper side's zero columns
     y_w = s.n_heads * T * 5 * d * 8 * n_sides  # Y = B_side·X and one variant's W

@@ -53,6 +53,7 @@ from poskernel_tl.protocol import band_ends
 
 ACC = torch.float64
 DEFAULT_CHUNK = 64
+MOMENT_BYTES = 256 << 20  # per piece of the windowed sums of squares' query moments
 # positions of a batch the float64 FFT and key-moment work holds at once: longer batches
 # are taken a few sequences at a time (same sums, less transient memory at long T)
 PIECE_TOKENS = 4096
@@ -157,6 +158,18 @@ def before(x: Tensor, dim: int) -> Tensor:
     return out
 
 
+def before_(x: Tensor, dim: int) -> Tensor:
+    """:func:`before` in place (the same sums in the same order), with one slice of
+    temporaries instead of a second copy of ``x``."""
+    xs = x.movedim(dim, 0)
+    running = torch.zeros_like(xs[0])
+    for c in range(xs.shape[0]):
+        here = xs[c].clone()
+        xs[c].copy_(running)
+        running.add_(here)
+    return x
+
+
 def windowed(x: Float[Tensor, "*batch lag"], max_lag: int | None) -> Float[Tensor, "*batch lag"]:
     """``x`` over lags Δ = 1..T−1 with the lags past ``max_lag`` (those a sliding window
     removes) zeroed; ``x`` itself when the window keeps every lag."""
@@ -230,14 +243,11 @@ def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
                  ).view(nc, b, kv, g * C, d)
     kc = cast_permuted(k.reshape(b, nc, C, kv, d), (1, 0, 3, 2, 4), dtype)  # [chunk, b, kv, C, d]
     # M_c = Σ_{c' < c} K_c' in float64; moment[J] = Σ_c Σ_{t in c} q_tᵀ M_{c−J} q_t
-    prior = before(torch.matmul(kc.transpose(-1, -2), kc).to(ACC), 0)
+    prior = before_(torch.matmul(kc.transpose(-1, -2), kc).to(ACC), 0)
     fulls = [min(max(0, (W + 1) // C - 1), nc - 1) for W in ends]
     windows = sorted(set(fulls) - {0, nc - 1})
     if windows:  # as ⟨Q_c, M_{c−J}⟩: d² per chunk and end, not per query
-        qv = qc.view(nc, b, kv, g, C, d)
-        qm = torch.matmul(qv.transpose(-1, -2), qv).to(ACC).view(nc, b, kv, g, d * d)
-        pv = prior.view(nc, b, kv, d * d, 1)
-        moment = {J: torch.matmul(qm[J:], pv[:nc - J]).sum((0, 4)) for J in [0] + windows}
+        moment = _window_moments(qc.view(nc, b, kv, g, C, d), prior, [0] + windows)
     else:
         moment = {0: torch.matmul(qc, prior.to(dtype)).mul_(qc).view(nc, b, kv, g, C, d).sum(
             (0, 4, 5), dtype=ACC)}
@@ -257,6 +267,27 @@ def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
         total[W] = acc.reshape(b, H)
     out = [total[W] for W in ends]
     return torch.stack(out, -1) * (scale * scale)
+
+
+def _window_moments(qv: Float[Tensor, "chunk batch kv_head_index group pos d_head"],
+                    prior: Float[Tensor, "chunk batch kv_head_index d_head d_head"],
+                    lags: list[int]) -> dict[int, Tensor]:
+    """moment[J] = Σ_{c ≥ J} ⟨Q_c, M_{c−J}⟩ per (sequence, kv head, group), the Q_c formed
+    for :data:`MOMENT_BYTES` worth of chunks at a time (at rank 512 and T = 32,768 all of
+    them at once would be 4 GiB)."""
+    nc, b, kv, g, _, d = qv.shape
+    pv = prior.view(nc, b, kv, d * d, 1)
+    moment = {J: prior.new_zeros(b, kv, g) for J in lags}
+    step = max(1, MOMENT_BYTES // (b * kv * g * d * d * 8))
+    for c0 in range(0, nc, step):
+        c1 = min(nc, c0 + step)
+        part = qv[c0:c1]
+        qm = torch.matmul(part.transpose(-1, -2), part).to(ACC).view(c1 - c0, b, kv, g, d * d)
+        for J in lags:
+            lo = max(c0, J)  # the chunks c ≥ J of this piece
+            if lo < c1:
+                moment[J] += torch.matmul(qm[lo - c0:], pv[lo - J:c1 - J]).sum((0, 4))
+    return moment
 
 
 def key_strip(q: Float[Tensor, "batch pos head_index d_head"],
