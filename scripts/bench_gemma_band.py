@@ -24,6 +24,7 @@ full-size sdpa under a bool [T, T] band.
 
 Usage: python scripts/bench_gemma_band.py parity [--length 1300]
        python scripts/bench_gemma_band.py run [--length 8192] [--n-seqs 4] [--out DIR]
+              [--hf-seqs N]
        python scripts/bench_gemma_band.py forward --path bridge|hf|all [--length 8192]
               [--n-seqs 1] [--old-path]
 """
@@ -189,7 +190,7 @@ def compare(length: int, n_seqs: int) -> None:
               f"{mean / hf_mean:5.2f}× hf")
 
 
-def whole_run(length: int, n_seqs: int, out: str | None) -> None:
+def whole_run(length: int, n_seqs: int, out: str | None, hf_seqs: int | None) -> None:
     import subprocess
     import sys
     import tempfile
@@ -211,7 +212,7 @@ def whole_run(length: int, n_seqs: int, out: str | None) -> None:
     print(f"poskernel run: T = {length}, {n_seqs} sequences: {wall:.1f} s wall "
           f"({wall / n_seqs:.1f} s/seq), {cpu:.0f} CPU s, peak RSS "
           f"{after.ru_maxrss / 2**20:.2f} GiB", flush=True)
-    ids = torch.load(next(Path(out).glob(f"data/*_{length}_seqs.pt")))["input_ids"]
+    ids = torch.load(next(Path(out).glob(f"data/*_{length}_seqs.pt")))["input_ids"][:hf_seqs]
     hf, _ = embedded.from_gguf(REGISTRY["gemma3-270m"], torch.float32, progress=False)
     hf.set_attn_implementation("sdpa")
     times = []
@@ -220,9 +221,10 @@ def whole_run(length: int, n_seqs: int, out: str | None) -> None:
             t0 = time.perf_counter()
             hf.model(ids[i:i + 1])
             times.append(time.perf_counter() - t0)
-    print(f"Hugging Face sdpa forward, same {len(ids)} sequences: {sum(times):.1f} s "
+    per = sum(times) / len(times)
+    print(f"Hugging Face sdpa forward, the run's first {len(ids)} sequences: {per:.1f} s/seq "
           f"({', '.join(f'{t:.1f}' for t in times)}); the whole run: "
-          f"{wall / sum(times):.2f}× it")
+          f"{wall / n_seqs / per:.2f}× it per sequence")
 
 
 def bridge_forward(bridge, ids) -> None:
@@ -244,11 +246,13 @@ def main() -> None:
     ap.add_argument("--n-seqs", type=int, default=1)
     ap.add_argument("--old-path", action="store_true")
     ap.add_argument("--out", default=None, help="run: the output folder (default: a new one)")
+    ap.add_argument("--hf-seqs", type=int, default=None,
+                    help="run: time Hugging Face's forward on the first N sequences only")
     a = ap.parse_args()
     if a.what == "parity":
         parity(a.length or 1300)
     elif a.what == "run":
-        whole_run(a.length or 8192, a.n_seqs, a.out)
+        whole_run(a.length or 8192, a.n_seqs, a.out, a.hf_seqs)
     elif a.path == "all":
         compare(a.length or 8192, a.n_seqs)
     else:

@@ -95,6 +95,8 @@ def test_factors_are_chosen_for_few_sequences_at_long_t(smol_sized):
     # rank > 256: the factors would form the accumulator's blocks, as dear; the accumulator
     assert not any(gram_cost.gram_factors(smol_sized, 1024, 100, False))
     assert not any(gram_cost.gram_factors(smol_sized, 256, 2, False))  # T² is small
+    tied = batching.plan_measure(smol_sized, batching.Workload(1024, 100, 0), "auto", "64G")
+    assert not any(tied.factors) and "the factors as fast, the accumulator kept" in tied.why
     seconds = gram_cost.track_b_seconds
     for T in (256, 1024, 4096, 8192):  # the accumulator's fit is O(T²), the factors' O(T)
         assert seconds(smol_sized, 2 * T, 2, False) > 3.9 * seconds(smol_sized, T, 2, False)
