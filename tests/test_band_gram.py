@@ -113,8 +113,9 @@ def gemma(tiny_tokenizer):
 
 
 def test_the_plan_chooses_per_kind_of_layer(gemma):
-    """A tiny Gemma 3 (window 16) at T = 4096 with 4 sequences: the windowed layers keep their band (≈ T·(w + 64) per head), the global ones the factors
-    when the triangle does not fit; the plan says so per kind of layer."""
+    """A tiny Gemma 3 (window 16) at T = 4096 with 4 sequences: the windowed layers keep
+    their band (≈ T·(w + 64) per head), the global ones the factors when the triangle does
+    not fit; the plan says so per kind of layer."""
     T4, n = 4096, 4
     lags = gram_cost.layer_lags(gemma, T4)
     sliding = [i for i, m in enumerate(lags) if m is not None]

@@ -44,3 +44,24 @@ def test_track_a_equals_hugging_face_on_the_kept_entries(gemma3):
         assert np.abs(res.r2_pooled[layer] - kept).max() <= 1e-4, layer
         assert np.abs(res.r2_pooled_whole[layer] - whole).max() <= 1e-4, layer
     assert "window 512" in res.provenance["layers"]
+
+
+def test_full_context_is_planned_per_kind_of_layer(gemma3):
+    """At T = 32,768 (4 random-token sequences) the local layers keep their band in
+    Track B's accumulator, the global ones the sequences' factors, and the run fits a 16 GiB
+    budget in 4 blocks of layers (3 with the README's 16.4 GiB); at T = 2048 the global
+    layers keep the triangle."""
+    from poskernel_tl.plan import batching
+    from poskernel_tl.reducers import gram_cost
+
+    T = 32768
+    lags = gram_cost.layer_lags(gemma3, T)
+    local = [i for i, m in enumerate(lags) if m is not None]
+    assert len(local) == 15 and all(lags[i] == 511 for i in local)
+    band = gram_cost.accumulator_bytes(gemma3, T, False, 511)
+    assert band < 0.3 * 2**30 < 8 * 2**30 < gram_cost.accumulator_bytes(gemma3, T, False)
+    plan = batching.plan_measure(gemma3, batching.Workload(T, 4, 0, null_draws=4), 1, "16G")
+    assert plan.factors == tuple(m is None for m in lags) and len(plan.layer_blocks) <= 4
+    assert "the accumulator on the band Δ ≤ 511" in plan.why
+    short = batching.plan_measure(gemma3, batching.Workload(2048, 4, 0), "auto", "16G")
+    assert not any(short.factors) and not short.blocked
