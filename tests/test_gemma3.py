@@ -49,7 +49,7 @@ def test_track_a_equals_hugging_face_on_the_kept_entries(gemma3):
 def test_full_context_is_planned_per_kind_of_layer(gemma3):
     """At T = 32,768 (4 random-token sequences) the local layers keep their band in
     Track B's accumulator, the global ones the sequences' factors, and the run fits a 16 GiB
-    budget in 4 blocks of layers (3 with the README's 16.4 GiB); at T = 2048 the global
+    budget in 4 blocks of layers (3 with the README's 16.3 GiB); at T = 2048 the global
     layers keep the triangle."""
     from poskernel_tl.plan import batching
     from poskernel_tl.reducers import gram_cost
