@@ -55,7 +55,7 @@ from poskernel_tl.constants import GRAM_SAVE_MAX_T
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.fit.toeplitz import kept_finite, sym_antisym, two_sided
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.gram_cost import gram_row_blocks
+from poskernel_tl.reducers.gram_cost import as_path, gram_row_blocks
 from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, variant_fit
 from poskernel_tl.reducers.moments import Moments, means_in_place
 from poskernel_tl.reducers.two_sided import check_two_sided
@@ -174,8 +174,8 @@ class GramReducer:
         self.max_lags = [length - 1] * n_layers if max_lags is None else list(max_lags)
         self.layers = list(range(n_layers)) if layers is None else list(layers)
         self.slot = {L: i for i, L in enumerate(self.layers)}
-        per_layer = not isinstance(factors, bool)  # one path per layer of the model
-        self.factors = [bool(factors[L]) if per_layer else factors for L in self.layers]
+        path = as_path(factors, n_layers)  # one path per layer of the model
+        self.factors = [bool(path[L]) for L in self.layers]
         self.full = length <= GRAM_SAVE_MAX_T and not any(self.factors) if full is None \
             else full
         if any(self.factors) and self.full:

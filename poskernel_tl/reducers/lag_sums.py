@@ -147,20 +147,11 @@ def _strict_lower(C: int, device) -> Tensor:
 
 
 def before(x: Tensor, dim: int) -> Tensor:
-    """Exclusive prefix sums along ``dim``: out[c] = Σ_{c' < c} x[c'] (a chunk's running
-    moment of the chunks before it). One in-place add per step: on CPU many times faster
-    than ``torch.cumsum`` along a leading dimension of [d, d] blocks."""
-    out = torch.empty_like(x)
-    xs, outs = x.movedim(dim, 0), out.movedim(dim, 0)
-    outs[0].zero_()
-    for c in range(1, xs.shape[0]):
-        torch.add(outs[c - 1], xs[c - 1], out=outs[c])
-    return out
-
-
-def before_(x: Tensor, dim: int) -> Tensor:
-    """:func:`before` in place (the same sums in the same order), with one slice of
-    temporaries instead of a second copy of ``x``."""
+    """Exclusive prefix sums along ``dim``, in place: x[c] becomes Σ_{c' < c} x[c'] (a
+    chunk's running moment of the chunks before it), with one slice of temporaries and no
+    second copy of ``x`` (4 GiB at rank 512 and T = 32,768). One in-place add per step: on
+    CPU many times faster than ``torch.cumsum`` along a leading dimension of [d, d]
+    blocks. Returns ``x``."""
     xs = x.movedim(dim, 0)
     running = torch.zeros_like(xs[0])
     for c in range(xs.shape[0]):
@@ -243,7 +234,7 @@ def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
                  ).view(nc, b, kv, g * C, d)
     kc = cast_permuted(k.reshape(b, nc, C, kv, d), (1, 0, 3, 2, 4), dtype)  # [chunk, b, kv, C, d]
     # M_c = Σ_{c' < c} K_c' in float64; moment[J] = Σ_c Σ_{t in c} q_tᵀ M_{c−J} q_t
-    prior = before_(torch.matmul(kc.transpose(-1, -2), kc).to(ACC), 0)
+    prior = before(torch.matmul(kc.transpose(-1, -2), kc).to(ACC), 0)
     fulls = [min(max(0, (W + 1) // C - 1), nc - 1) for W in ends]
     windows = sorted(set(fulls) - {0, nc - 1})
     if windows:  # as ⟨Q_c, M_{c−J}⟩: d² per chunk and end, not per query
