@@ -5,6 +5,7 @@ The public API, re-exported from the layers below (the package's top layer).
 
 from poskernel_tl.analyses.spectral.align import spectral_alignment
 from poskernel_tl.apps.head_view import HeadView, inspect_head
+from poskernel_tl.apps.head_zoom import HeadZoom
 from poskernel_tl.constants import VERSION
 from poskernel_tl.errors import UserError
 from poskernel_tl.fit.toeplitz import shift_invariance_r2
@@ -20,6 +21,7 @@ __all__ = [
     "REGISTRY",
     "ConditionResult",
     "HeadView",
+    "HeadZoom",
     "LoadedModel",
     "ModelSpec",
     "UserError",

@@ -19,6 +19,7 @@ from poskernel_tl.report.viewer import (
     head_payload,
     toeplitz_fit,
     write_head_page,
+    zoom_payload,
 )
 
 needs_chromium = pytest.mark.skipif(find_chromium() is None, reason="headless Chromium not found")
@@ -169,3 +170,76 @@ def test_a_real_head_view_zooms_from_its_own_q_and_k(arch, tiny_tokenizer):
     t, s = 100, np.arange(101)
     a = view.logit_scale * (view.q[t].astype(np.float64) @ view.k[s].T.astype(np.float64))
     np.testing.assert_allclose(np.exp(a - lse[t]), view.pattern[t, :101], atol=1e-4)
+
+
+def test_a_notebook_view_carries_one_window_and_zoom_draws_any_other():
+    """Over the notebook's budget a view carries q, k and lse of its first window only
+    (rows of q, keys of k, with their offsets) and says how to draw another; ``zoom``
+    carries exactly the window asked for, whose logits are the view's."""
+    data = planted(600)
+    whole = head_payload(data, factor_budget=VL.factor_bytes(600, 16))["long"]
+    assert decode(whole["q"]).shape == (600, 16) and "hint" not in whole
+    L = head_payload(data, factor_budget=VL.factor_bytes(600, 16) - 1)["long"]
+    assert decode(L["q"]).shape == decode(L["k"]).shape == (256, 16)
+    assert (L["qFrom"], L["kFrom"], L["start"]) == (0, 0, [0, 255, 0, 255])
+    assert "view.zoom(" in L["hint"] and decode(L["logits"]).shape == (L["n"], L["n"])
+    z = zoom_payload(data, (300, 555, 200, 455))
+    Z = z["long"]
+    assert z["zoomOnly"] and Z["overview"] is False and "logits" not in Z
+    assert (Z["qFrom"], Z["kFrom"]) == (300, 200) and decode(Z["lse"]).shape == (256,)
+    q, k = decode(Z["q"]).astype(np.float64), decode(Z["k"]).astype(np.float64)
+    np.testing.assert_array_equal(q, data.q[300:556].astype(np.float16))
+    A = Z["scale"] * q @ k.T
+    lag = np.arange(300, 556)[:, None] - np.arange(200, 456)[None]
+    want = data.logits[300:556, 200:456]
+    np.testing.assert_allclose(A[lag > 0], want[lag > 0], atol=0.02)
+    lse = VL.row_lse(data.logits, True)[300:556]
+    np.testing.assert_allclose(decode(Z["lse"]), lse, rtol=1e-6)
+    for bad in ((300, 9999, 0, 10), (5, 1, 0, 10), (0, 600, 0, 600), (-1, 10, 0, 10)):
+        with pytest.raises(ValueError):
+            VL.factor_window(600, bad)
+
+
+def test_head_view_notebook_display_uses_the_budget(monkeypatch):
+    """``HeadView._repr_html_`` hands the notebook budget to the page; ``zoom`` checks its
+    window before anything is drawn."""
+    import poskernel_tl.report.html as report_html
+    from poskernel_tl.apps import head_view as HV
+
+    monkeypatch.setattr(report_html, "SHOWN", set())  # a fresh notebook session
+    seen = {}
+    monkeypatch.setattr(HV, "head_html", lambda data, **kw: seen.update(kw) or "")
+    view = HV.HeadView.__new__(HV.HeadView)
+    monkeypatch.setattr(HV.HeadView, "page_data", lambda self: planted(300))
+    view._repr_html_()
+    assert seen["factor_budget"] == VL.NOTEBOOK_FACTOR_BYTES
+    assert view.zoom((10, 40)).window == (10, 40, 10, 40)
+    with pytest.raises(ValueError, match="not inside"):
+        view.zoom((0, 299), (0, 9999))
+
+
+@needs_chromium
+def test_notebook_views_zoom_within_what_they_carry(tmp_path):
+    """A first view (the assets), a later view carrying one window, and a zoom of another
+    window, on one page as a notebook shows them: the later view draws its window (a
+    permalink outside it is ignored) and names ``view.zoom``; the zoom shows its tokens."""
+    from poskernel_tl.apps.head_zoom import HeadZoom
+    from poskernel_tl.report.html import page_html
+    from poskernel_tl.report.viewer import SHARED, head_html
+
+    data = planted(600)
+    blocks = [head_html(planted(300, seed=1), assets_rel=None, lean=True),
+              head_html(data, assets_rel=SHARED, factor_budget=1000),
+              HeadZoom.of(data, (300, 555), (200, 455)).to_html(assets_rel=SHARED)]
+    page = tmp_path / "notebook.html"
+    page.write_text(page_html("notebook", "".join(blocks)), encoding="utf-8")
+    run = load_page(page, budget_ms=8000, fragment="zoom=300-555,200-455")
+    assert run.probe == [] and run.console == [], (run.probe, run.console)
+    windows = [z.attrs["data-pk-window"] for z in run.dom.find_all("div", class_="pk-zoom")]
+    assert windows == ["0,255,0,255", "0,255,0,255", "300,555,200,455"]  # the first: T = 300
+    heads = run.dom.find_all("div", class_="pk-head")
+    assert "view.zoom(" in heads[1].text() and "overview of" not in heads[2].text()
+    strips = {n.attrs["data-pk-zoom"]: n for n in heads[2].find_all("div", class_="pk-tokstrip")}
+    assert [s.text() for s in strips["rows"].find_all("span")] == data.tokens[300:556]
+    assert [s.text() for s in strips["keys"].find_all("span")] == data.tokens[200:456]
+    assert not [n for n in run.dom.find_all("img") if n.attrs.get("src") == "x"]

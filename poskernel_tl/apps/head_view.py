@@ -26,6 +26,7 @@ from poskernel_tl.analyses.spectral.processing import two_sided_for_spectrum
 from poskernel_tl.analyses.spectral.summary import alignment_frames, alignment_line, kernel_spectrum
 from poskernel_tl.apps.head_inputs import check_head, token_ids
 from poskernel_tl.apps.head_statistics import head_statistics
+from poskernel_tl.apps.head_zoom import HeadZoom
 from poskernel_tl.data.sequences import token_strings
 from poskernel_tl.fit.kernel_class import head_kernels
 from poskernel_tl.fit.toeplitz import (
@@ -52,6 +53,7 @@ from poskernel_tl.report import (
     write_assets,
     write_head_page,
 )
+from poskernel_tl.report.viewer_long import NOTEBOOK_FACTOR_BYTES
 from poskernel_tl.schema import check_shapes
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
@@ -155,10 +157,18 @@ class HeadView:
 
     def _repr_html_(self) -> str:
         """In a notebook the first view carries Plotly, circuitsvis and the viewer; later
-        views reuse them (a few hundred kB each instead of ≈ 6 MB). ``to_html()`` and
-        ``save()`` stay self-contained."""
+        views reuse them (a few hundred kB each instead of ≈ 6 MB). A long view carries
+        q and k whole up to ``NOTEBOOK_FACTOR_BYTES``, else its first window's only
+        (:meth:`zoom` draws any other). ``to_html()`` and ``save()`` stay self-contained."""
         first = first_display("viewer", carries=("plotly",))
-        return self.to_html(assets_rel=None if first else SHARED)
+        return head_html(self.page_data(), assets_rel=None if first else SHARED,
+                         factor_budget=NOTEBOOK_FACTOR_BYTES)
+
+    def zoom(self, rows: tuple[int, int], keys: tuple[int, int] | None = None) -> HeadZoom:
+        """The window of query rows ``rows`` = (R0, R1) and keys ``keys`` (default the
+        same), ends included, at full resolution from this view's q and k: displays in a
+        notebook, ``.save(path)`` writes it as a page. At most 512 rows and keys."""
+        return HeadZoom.of(self.page_data(), rows, keys)
 
     def save(self, path, *, inline: bool = True) -> Path:
         """Write the view as a standalone HTML page at ``path`` and return the path.

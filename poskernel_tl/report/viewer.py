@@ -200,11 +200,13 @@ def _frame_table(title: str, df: pd.DataFrame) -> dict:
     return {"title": title, "columns": [str(c) for c in df.columns], "rows": rows}
 
 
-def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
+def head_payload(data: HeadPageData, max_tokens: int = 256, *,
+                 factor_budget: int | None = None) -> dict:
     """The viewer's payload for one head (arrays as base64 typed arrays). Past
     ``max_tokens`` tokens the whole matrix travels as an overview of blocks and the zoom's
-    factors (``long``; :func:`~poskernel_tl.report.viewer_long.long_payload`) when the data
-    has q and k, else as its first ``max_tokens`` tokens."""
+    factors (``long``; :func:`~poskernel_tl.report.viewer_long.long_payload`, whole or,
+    over ``factor_budget`` bytes, those of the first window) when the data has q and k,
+    else as its first ``max_tokens`` tokens."""
     T = len(data.tokens)
     n = min(T, max_tokens)
     r2, g, g_back = toeplitz_fit(data.logits, data.two_sided, data.max_lag)
@@ -212,7 +214,7 @@ def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
     logits = np.where(keep[:n, :n], np.asarray(data.logits)[:n, :n], np.nan)
     notes, long = list(data.notes), None
     if n < T and data.q is not None:
-        long, more = long_payload(data, keep, g, g_back)
+        long, more = long_payload(data, keep, g, g_back, factor_budget=factor_budget)
         notes += more
     elif n < T:
         notes.append(f"Showing the first {n} of {T} tokens; the fit uses all {T}.")
@@ -222,8 +224,9 @@ def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
                 ("Track B g(Δ)", data.g_trackB, None)) if v is not None]
     spectra = []
     if data.spectrum is not None:
-        spectra.append({"label": "g(Δ)", "status": "ok", "omega": typed(data.spectrum[0], "f8"),
-                        "power": typed(data.spectrum[1], "f8"), "peaks": [], "summary": [],
+        # a display copy in float32 (the peaks and alignment are computed in Python)
+        spectra.append({"label": "g(Δ)", "status": "ok", "omega": typed(data.spectrum[0], "f4"),
+                        "power": typed(data.spectrum[1], "f4"), "peaks": [], "summary": [],
                         "thetas": None if data.thetas is None else
                         [num(t) for t in np.asarray(data.thetas)]})
     tables = [_frame_table(k, v) for k, v in data.tables.items()]
@@ -247,17 +250,35 @@ def head_payload(data: HeadPageData, max_tokens: int = 256) -> dict:
                 "label": f"{T} tokens"}}
 
 
+def zoom_payload(data: HeadPageData, window: tuple[int, int, int, int]) -> dict:
+    """The payload of one zoom window (r0, r1, c0, c1) of a head, without the rest of its
+    view: the window's logits, fit, residual and pattern at full resolution, its tokens."""
+    T = len(data.tokens)
+    _, g, g_back = toeplitz_fit(data.logits, data.two_sided, data.max_lag)
+    keep = fit_mask(T, data.two_sided, data.max_lag)
+    long, notes = long_payload(data, keep, g, g_back, window=window, overview_maps_too=False)
+    r0, r1, c0, c1 = window
+    return {"title": f"{data.title} · rows {r0}–{r1}, keys {c0}–{c1}", "anchor": None,
+            "notes": notes, "links": [], "numbers": [], "kernels": [], "spectra": [],
+            "tables": [], "perSeq": None, "long": long, "seq": None, "zoomOnly": True}
+
+
 SHARED = "shared"  # ``assets_rel`` of a block that uses the assets an earlier block loaded
 
 
 def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 256,
-              include_style: bool = True, lean: bool = False, **_ignored) -> str:
+              include_style: bool = True, lean: bool = False,
+              factor_budget: int | None = None, zoom: tuple | None = None,
+              **_ignored) -> str:
     """The head view as an HTML block: a notebook's ``_repr_html_`` (``assets_rel=None``
     inlines Plotly, circuitsvis and the viewer; :data:`SHARED` loads nothing and uses what
     an earlier block of the same page loaded, saying so where nothing was) or the body of
     :func:`write_head_page`. ``lean``: a long view (no circuitsvis pattern) inlines no
-    circuitsvis bundle (a standalone page; a notebook's later views may need it)."""
-    payload = head_payload(data, max_tokens)
+    circuitsvis bundle (a standalone page; a notebook's later views may need it).
+    ``factor_budget``: see :func:`head_payload`; ``zoom``: the window (r0, r1, c0, c1)
+    alone (:func:`zoom_payload`)."""
+    payload = zoom_payload(data, zoom) if zoom is not None else \
+        head_payload(data, max_tokens, factor_budget=factor_budget)
     text = json_for_script(payload)
     key = "pk-" + hashlib.sha256(text.encode()).hexdigest()[:12]  # same input, same page
     missing = json_for_script("The viewer's scripts are not loaded on this page: display "
@@ -274,14 +295,14 @@ def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 2
 
 
 def write_head_page(path: str | os.PathLike, data: HeadPageData, *, assets_rel: str | None,
-                    max_tokens: int = 256, **_ignored) -> Path:
-    """Write ``data`` as a standalone page at ``path``; ``assets_rel`` as in
+                    max_tokens: int = 256, zoom: tuple | None = None, **_ignored) -> Path:
+    """Write ``data`` as a standalone page at ``path``; ``assets_rel`` and ``zoom`` as in
     :func:`head_html` (call :func:`write_assets` once for the folder it names)."""
     block = head_html(data, assets_rel=assets_rel, max_tokens=max_tokens, include_style=False,
-                      lean=True)
+                      lean=True, zoom=zoom)
     return write_page(path, page_html(data.title, block))
 
 
 __all__ = ["ASSET_NAMES", "BUNDLE_NAME", "SHARED", "HeadPageData", "PLOTLY_NAME", "asset_tags",
            "assets_rel_for", "fit_mask", "head_html", "head_payload", "plotly_js",
-           "toeplitz_fit", "viewer_html", "write_assets", "write_head_page"]
+           "toeplitz_fit", "viewer_html", "write_assets", "write_head_page", "zoom_payload"]

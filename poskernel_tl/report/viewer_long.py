@@ -15,7 +15,9 @@ per matrix). The viewer then gets, instead of the matrices:
   lse(t) = log Σ_{s ≤ t} exp A(t, s) and g(Δ) over every offset, so that any window of
   rows and keys is drawn at full resolution in the page: A = scale · q_t · k_s,
   fit g(t − s), residual, pattern exp(A − lse(t)). The error the float16 factors make is
-  measured here on sampled rows and stated on the page.
+  measured here on sampled rows and stated on the page. A notebook view whose factors
+  exceed :data:`NOTEBOOK_FACTOR_BYTES` carries those of one window (rows of q, keys of
+  k, ``qFrom``/``kFrom``) and zooms within it; ``HeadView.zoom`` draws any other.
 
 A head whose logits are not scale · q · kᵀ (ALiBi, soft-capping: what the softmax reads
 adds terms) gets the overview only, with a note saying why.
@@ -31,6 +33,8 @@ from poskernel_tl.report.viewer_data import num, typed
 N_BLOCKS = 256  # the overview's grid: at most N_BLOCKS × N_BLOCKS blocks
 ZOOM = 256  # the default zoom window: ZOOM rows × ZOOM keys
 ZOOM_MAX = 512  # the largest window the page draws at full resolution
+NOTEBOOK_FACTOR_BYTES = 384 << 10  # a notebook view's q, k and lse whole up to this, else
+# its first window's (T = 8192, d_head 64: 2.1 MB whole; 66 kB for 256 rows and keys)
 CHECK_ROWS = 64  # rows sampled to measure the float16 factors' error
 FACTOR_TOL = 1e-3  # relative error above which the logits are not scale · q · kᵀ
 
@@ -129,19 +133,48 @@ def factor_check(logits, pattern, q, k, scale: float, lse, keep) -> dict:
     return {"logit_err": err, "rel_err": err / max(size, 1e-30), "pattern_err": p_err}
 
 
+def factor_window(T: int, window=None, size: int = ZOOM) -> tuple[int, int, int, int]:
+    """The zoom window (r0, r1, c0, c1), ends included: ``window`` checked against T and
+    :data:`ZOOM_MAX`, or the default first ``size`` rows and keys."""
+    if window is None:
+        n = min(size, T)
+        return 0, n - 1, 0, n - 1
+    r0, r1, c0, c1 = (int(x) for x in window)
+    if not (0 <= r0 <= r1 < T and 0 <= c0 <= c1 < T):
+        raise ValueError(f"zoom window rows {r0}..{r1}, keys {c0}..{c1} is not inside "
+                         f"0..{T - 1}")
+    if max(r1 - r0, c1 - c0) + 1 > ZOOM_MAX:
+        raise ValueError(f"a zoom window has at most {ZOOM_MAX} rows and keys; asked "
+                         f"{r1 - r0 + 1} × {c1 - c0 + 1}")
+    return r0, r1, c0, c1
+
+
+def factor_bytes(T: int, d_head: int) -> int:
+    """Bytes of the whole factors as the page carries them (float16 q and k, float32 lse)."""
+    return 2 * T * d_head * 2 + 4 * T
+
+
 def long_payload(data, keep: Bool[np.ndarray, "query_pos key_pos"], g, g_back,
-                 n_blocks: int = N_BLOCKS) -> tuple[dict, list[str]]:
+                 n_blocks: int = N_BLOCKS, *, window=None, factor_budget: int | None = None,
+                 overview_maps_too: bool = True) -> tuple[dict, list[str]]:
     """The ``long`` part of a head's payload (overview, factors, tokens) and its notes;
     ``data`` a :class:`~poskernel_tl.report.viewer.HeadPageData`, ``keep`` its fit mask,
-    ``g``/``g_back`` the fit the page shows."""
+    ``g``/``g_back`` the fit the page shows.
+
+    The factors travel whole (any window zooms in the page) unless ``window`` names one
+    (r0, r1, c0, c1) or they exceed ``factor_budget`` bytes (a notebook keeps its views
+    light): then only that window's rows of q and keys of k travel, the page zooms within
+    them, and ``HeadView.zoom`` draws any other from the same q and k.
+    ``overview_maps_too=False``: the zoom alone (no overview, no g(Δ) plot)."""
     T = len(data.tokens)
     logits = np.asarray(data.logits)
-    out = overview(logits, np.asarray(data.pattern), keep, g, g_back, n_blocks)
-    b, n = out["block"], out["n"]
+    b, n = block_size(T, n_blocks)
+    out = overview(logits, np.asarray(data.pattern), keep, g, g_back, n_blocks) \
+        if overview_maps_too else {"block": b, "n": n, "overview": False}
     notes = [f"{T} tokens: the overview reduces the whole matrix to {n} × {n} blocks of "
              f"{b} × {b} entries (logits, fit, residual: mean over the block's entries the "
              "fit reads; pattern: attention mass per query row); the zoom draws any window "
-             "of rows and keys at full resolution."]
+             "of rows and keys at full resolution."] if overview_maps_too else []
     out.update(T=T, twoSided=bool(data.two_sided), maxLag=data.max_lag,
                g=typed(g, "f4"), gBack=None if g_back is None else typed(g_back, "f4"),
                tokens=[str(t) for t in data.tokens], zoom=min(ZOOM, T), zoomMax=ZOOM_MAX,
@@ -157,13 +190,24 @@ def long_payload(data, keep: Bool[np.ndarray, "query_pos key_pos"], g, g_back,
                      f"softmax reads adds terms; relative difference {check['rel_err']:.2g}"
                      "); the overview is exact.")
         return out, notes
-    out.update(q=typed(data.q, "f2"), k=typed(data.k, "f2"), scale=float(data.logit_scale),
-               lse=typed(lse, "f4"), check={k: num(v) for k, v in check.items()})
+    whole = window is None and (factor_budget is None or
+                                factor_bytes(T, np.shape(data.q)[1]) <= factor_budget)
+    r0, r1, c0, c1 = (0, T - 1, 0, T - 1) if whole else factor_window(T, window)
+    out.update(q=typed(np.asarray(data.q)[r0:r1 + 1], "f2"),
+               k=typed(np.asarray(data.k)[c0:c1 + 1], "f2"), d=int(np.shape(data.q)[1]),
+               qFrom=r0, kFrom=c0, scale=float(data.logit_scale),
+               lse=typed(lse[r0:r1 + 1], "f4"), check={k: num(v) for k, v in check.items()},
+               start=None if whole else [r0, r1, c0, c1])
     notes.append("Zoom: logits recomputed in the page as scale · q · k from float16 q and k "
                  f"(max |error| {check['logit_err']:.2g} against the float32 logits, "
                  f"pattern {check['pattern_err']:.2g}, on {CHECK_ROWS} sampled rows).")
+    if not whole:
+        out["hint"] = (f"This view carries q and k of rows {r0}–{r1} and keys {c0}–{c1} "
+                       "only (a notebook keeps each view light): view.zoom(rows=(R0, R1), "
+                       "keys=(K0, K1)) draws any other window from the same q and k.")
     return out, notes
 
 
-__all__ = ["N_BLOCKS", "ZOOM", "ZOOM_MAX", "block_size", "factor_check", "fitted_matrix_rows",
+__all__ = ["NOTEBOOK_FACTOR_BYTES", "N_BLOCKS", "ZOOM", "ZOOM_MAX", "block_size",
+           "factor_bytes", "factor_check", "factor_window", "fitted_matrix_rows",
            "long_payload", "overview", "overview_maps", "row_lse"]

@@ -24,29 +24,39 @@
   var TITLES = [["logits", "logits A(t, s), block mean", "Viridis"], ["fit", "fit g(t − s), block mean", "Viridis"],
     ["residual", "residual A − g, block mean", "RdBu"], ["mass", "pattern: attention mass per query row", "Viridis"]];
 
+  /* the rows and keys whose factors the page carries (all, or one window's in a notebook) */
+  function carried(L) {
+    var d = L.d || L.q.length / L.T, r0 = L.qFrom || 0, c0 = L.kFrom || 0;
+    return { d: d, r0: r0, r1: r0 + L.q.length / d - 1, c0: c0, c1: c0 + L.k.length / d - 1 };
+  }
+
   /* the window a permalink asks for: #…zoom=R0-R1,K0-K1 (digits only; anything else is ignored) */
   function hashWindow(L) {
     var m = /(?:^#|[&\/])zoom=(\d{1,7})-(\d{1,7}),(\d{1,7})-(\d{1,7})$/.exec(location.hash || "");
     if (!m) return null;
-    var w = m.slice(1, 5).map(Number);
-    if (w[1] < w[0] || w[3] < w[2] || w[1] >= L.T || w[3] >= L.T) return null;
+    var w = m.slice(1, 5).map(Number), c = carried(L);
+    if (w[1] < w[0] || w[3] < w[2] || w[0] < c.r0 || w[1] > c.r1 || w[2] < c.c0 || w[3] > c.c1) return null;
     if (w[1] - w[0] + 1 > L.zoomMax || w[3] - w[2] + 1 > L.zoomMax) return null;
     return { r0: w[0], r1: w[1], c0: w[2], c1: w[3] };
   }
 
   function zoomMatrices(L, w) {
-    var d = L.q.length / L.T, A = [], F = [], R = [], P = [], both = !!L.twoSided;
+    var c = carried(L), d = c.d, A = [], F = [], R = [], P = [], both = !!L.twoSided;
     for (var t = w.r0; t <= w.r1; t++) {
       var a = [], f = [], r = [], p = [];
       for (var s = w.c0; s <= w.c1; s++) {
         var lag = t - s, dot = 0;
         var attends = both || (lag >= 0 && (L.maxLag === null || L.maxLag === undefined || lag <= L.maxLag));
         var fitted = attends && lag !== 0;
-        if (attends) { for (var j = 0; j < d; j++) dot += L.q[t * d + j] * L.k[s * d + j]; dot *= L.scale; }
+        if (attends) {
+          var qi = (t - c.r0) * d, ki = (s - c.c0) * d;
+          for (var j = 0; j < d; j++) dot += L.q[qi + j] * L.k[ki + j];
+          dot *= L.scale;
+        }
         var g = !fitted ? null : lag > 0 ? L.g[lag - 1] : L.gBack ? L.gBack[-lag - 1] : null;
         g = g === null || g === undefined || !isFinite(g) ? null : g;
         a.push(fitted ? dot : null); f.push(g); r.push(fitted && g !== null ? dot - g : null);
-        p.push(attends ? Math.exp(dot - L.lse[t]) : 0);
+        p.push(attends ? Math.exp(dot - L.lse[t - c.r0]) : 0);
       }
       A.push(a); F.push(f); R.push(r); P.push(p);
     }
@@ -90,22 +100,25 @@
       status.textContent = "rows " + w.r0 + "–" + w.r1 + ", keys " + w.c0 + "–" + w.c1;
       drawZoom(L, holder, w);
     }
+    var c = carried(L), side = Math.min(L.zoomMax, c.r1 - c.r0 + 1, c.c1 - c.c0 + 1);
+    function place(r0, c0, n) {  // an n×n window inside the carried rows and keys
+      r0 = Math.max(c.r0, Math.min(c.r1 - n + 1, r0));
+      c0 = Math.max(c.c0, Math.min(c.c1 - n + 1, c0));
+      return { r0: r0, r1: r0 + n - 1, c0: c0, c1: c0 + n - 1 };
+    }
     function fromInputs() {
-      var n = Math.max(1, Math.min(L.zoomMax, Math.floor(Number(inputs.n.value) || L.zoom)));
-      var r0 = Math.max(0, Math.min(L.T - n, Math.floor(Number(inputs.r0.value) || 0)));
-      var c0 = Math.max(0, Math.min(L.T - n, Math.floor(Number(inputs.c0.value) || 0)));
-      show({ r0: r0, r1: r0 + n - 1, c0: c0, c1: c0 + n - 1 });
+      var n = Math.max(1, Math.min(side, Math.floor(Number(inputs.n.value) || L.zoom)));
+      show(place(Math.floor(Number(inputs.r0.value) || 0), Math.floor(Number(inputs.c0.value) || 0), n));
     }
     button.addEventListener("click", fromInputs);
     var bar = el("p", {}, ["Rows from ", inputs.r0, " keys from ", inputs.c0, " size ", inputs.n, " ", button, " ", status]);
     return { bar: bar, show: show, centre: function (t, s) {
-      var n = Math.min(L.zoom, L.T), r0 = Math.max(0, Math.min(L.T - n, Math.round(t - n / 2)));
-      var c0 = Math.max(0, Math.min(L.T - n, Math.round(s - n / 2)));
-      show({ r0: r0, r1: r0 + n - 1, c0: c0, c1: c0 + n - 1 });
+      var n = Math.min(L.zoom, side);
+      show(place(Math.round(t - n / 2), Math.round(s - n / 2), n));
     } };
   }
 
-  PK.drawLong = function (root, L) {
+  function drawOverview(root, L) {
     var n = L.n, b = L.block, sec = el("section", { "class": "pk-sec", "data-pk-long": String(L.T) }, [
       el("h3", {}, ["Whole matrix, " + L.T + " tokens — overview of " + n + " × " + n + " blocks of " + b + " × " + b]),
       el("p", { "class": "pk-note" }, ["Logits, fit and residual: mean over the entries of each block that the fit reads; pattern: the block's attention mass per query row (a row block's masses sum to 1). Click a block to zoom there."])]);
@@ -114,8 +127,6 @@
     var gdiv = el("div", { "class": "pk-plot" });
     sec.appendChild(gdiv);
     root.appendChild(sec);
-    var zsec = el("section", { "class": "pk-sec" }, [el("h3", {}, ["Zoom: any window at full resolution"])]);
-    root.appendChild(zsec);
     TITLES.forEach(function (tt, j) {
       plot(plots[j], [{ type: "heatmap", z: grid(L[tt[0]], n), x0: (b - 1) / 2, dx: b, y0: (b - 1) / 2, dy: b,
         colorscale: tt[2], zmid: j === 2 ? 0 : undefined, hovertemplate: "t≈%{y:.0f} s≈%{x:.0f}: %{z:.4g}<extra></extra>" }],
@@ -126,10 +137,18 @@
     if (L.gBack) traces.push({ x: lags, y: Array.from(L.gBack, function (v) { return isFinite(v) ? v : null; }), mode: "lines", line: { width: 1, dash: "dot" }, name: "g(−Δ)" });
     plot(gdiv, traces, { title: { text: "g(Δ) over every offset Δ = 1.." + (L.T - 1) }, xaxis: { title: { text: "lag Δ = t − s" } },
       yaxis: { title: { text: "g(Δ)" } }, showlegend: !!L.gBack, height: 280 });
+    return plots;
+  }
+
+  PK.drawLong = function (root, L) {
+    var plots = L.overview === false ? [] : drawOverview(root, L);
+    var zsec = el("section", { "class": "pk-sec" }, [el("h3", {}, ["Zoom: any window at full resolution"])]);
+    root.appendChild(zsec);
     if (!L.q) {
       zsec.appendChild(el("p", { "class": "pk-missing" }, ["The zoom is not available for this view (see the notes above)."]));
       return;
     }
+    if (L.hint) zsec.appendChild(el("p", { "class": "pk-note", "data-pk-zoom-hint": "" }, [L.hint]));
     var holder = el("div", { "class": "pk-zoom", id: "pk-zoom-" + (++counter) });
     var c = controls(L, holder);
     zsec.appendChild(c.bar);
@@ -137,8 +156,8 @@
     plots.forEach(function (div) {
       div.on("plotly_click", function (ev) { c.centre(ev.points[0].y, ev.points[0].x); });
     });
-    var n0 = Math.min(L.zoom, L.T);
-    c.show(hashWindow(L) || { r0: 0, r1: n0 - 1, c0: 0, c1: n0 - 1 });
+    var n0 = Math.min(L.zoom, L.T), s = L.start;
+    c.show(hashWindow(L) || (s ? { r0: s[0], r1: s[1], c0: s[2], c1: s[3] } : { r0: 0, r1: n0 - 1, c0: 0, c1: n0 - 1 }));
     root.setAttribute("data-pk-opened-ms", String(Math.round(performance.now())));
   };
 })();

@@ -176,6 +176,11 @@
       return el("li", {}, [el("a", { href: l[1] }, [l[0]])]);
     })));
     p.notes.forEach(function (n) { root.appendChild(el("p", { "class": "pk-note" }, [n])); });
+    if (p.zoomOnly && p.long && PK.drawLong) {  // one window of a head (HeadView.zoom)
+      PK.drawLong(root, p.long);
+      root.setAttribute("data-pk-state", "drawn");
+      return;
+    }
     root.appendChild(table(["quantity", "value"], p.numbers.map(function (n) {
       return el("tr", {}, [el("th", {}, [n[1]]), el("td", { "data-pk": n[0] }, [fixed(n[2], n[3])])]);
     }), { "class": "pk-table pk-numbers" }));
