@@ -76,7 +76,8 @@ def test_overview_equals_a_naive_reduction(T, n_blocks, two_sided, max_lag):
     data = planted(T, two_sided=two_sided, max_lag=max_lag)
     _, g, g_back = toeplitz_fit(data.logits, two_sided, max_lag)
     keep = fit_mask(T, two_sided, max_lag)
-    b, maps = VL.overview_maps(data.logits, data.pattern, keep, g, g_back, n_blocks)
+    b, maps = VL.overview_maps(data.logits, data.pattern, g, g_back, two_sided, max_lag,
+                               n_blocks)
     assert b == max(1, -(-T // n_blocks))
     want = naive_maps(data.logits, data.pattern, keep, g, g_back, b)
     for key in want:

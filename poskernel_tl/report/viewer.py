@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 
+from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.fit.toeplitz import shift_invariance_r2, shift_invariance_r2_two_sided
 from poskernel_tl.io import atomic_write
 from poskernel_tl.report.html import (
@@ -167,16 +168,6 @@ class HeadPageData:
             raise ValueError("spectrum omega and power differ in length")
 
 
-def fit_mask(T: int, two_sided: bool = False, max_lag: int | None = None
-             ) -> Bool[np.ndarray, "query_pos key_pos"]:
-    """The entries a head's fit reads: every off-diagonal one (``two_sided``), else the
-    strict lower triangle, up to offset ``max_lag`` (a sliding window) where given."""
-    if two_sided:
-        return ~np.eye(T, dtype=bool)
-    keep = np.tril(np.ones((T, T), dtype=bool), k=-1)
-    return keep if max_lag is None else np.triu(keep, k=-max_lag)
-
-
 def toeplitz_fit(logits: Float[np.ndarray, "query_pos key_pos"], two_sided: bool = False,
                  max_lag: int | None = None
                  ) -> tuple[float, Float[np.ndarray, " lag"], Float[np.ndarray, " lag"] | None]:
@@ -214,7 +205,7 @@ def head_payload(data: HeadPageData, max_tokens: int = 256, *,
     logits = np.where(keep[:n, :n], np.asarray(data.logits)[:n, :n], np.nan)
     notes, long = list(data.notes), None
     if n < T and data.q is not None:
-        long, more = long_payload(data, keep, g, g_back, factor_budget=factor_budget)
+        long, more = long_payload(data, g, g_back, factor_budget=factor_budget)
         notes += more
     elif n < T:
         notes.append(f"Showing the first {n} of {T} tokens; the fit uses all {T}.")
@@ -253,10 +244,8 @@ def head_payload(data: HeadPageData, max_tokens: int = 256, *,
 def zoom_payload(data: HeadPageData, window: tuple[int, int, int, int]) -> dict:
     """The payload of one zoom window (r0, r1, c0, c1) of a head, without the rest of its
     view: the window's logits, fit, residual and pattern at full resolution, its tokens."""
-    T = len(data.tokens)
     _, g, g_back = toeplitz_fit(data.logits, data.two_sided, data.max_lag)
-    keep = fit_mask(T, data.two_sided, data.max_lag)
-    long, notes = long_payload(data, keep, g, g_back, window=window, overview_maps_too=False)
+    long, notes = long_payload(data, g, g_back, window=window, overview_maps_too=False)
     r0, r1, c0, c1 = window
     return {"title": f"{data.title} · rows {r0}–{r1}, keys {c0}–{c1}", "anchor": None,
             "notes": notes, "links": [], "numbers": [], "kernels": [], "spectra": [],

@@ -6,7 +6,7 @@ per matrix). The viewer then gets, instead of the matrices:
 - **the overview**: the logits A(t, s), the fit g(t − s), the residual A − g(t − s) and
   the pattern, each reduced to at most ``n_blocks`` × ``n_blocks`` blocks of b × b entries
   (b = ⌈T / n_blocks⌉). Logits, fit and residual: the **mean over the entries of the block
-  that the fit reads** (:func:`~poskernel_tl.report.viewer.fit_mask`; NaN where the block
+  that the fit reads** (:func:`~poskernel_tl.fit.blocks.fit_mask`; NaN where the block
   holds none). Pattern: the block's **attention mass per query row**, the sum of the
   pattern over the block divided by the rows of the block (each row block's masses sum to
   1 over the key blocks). Every entry of the triangle counts in exactly one block.
@@ -23,14 +23,14 @@ A head whose logits are not scale · q · kᵀ (ALiBi, soft-capping: what the so
 adds terms) gets the overview only, with a note saying why.
 """
 
-import math
+from dataclasses import dataclass
 
 import numpy as np
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 
+from poskernel_tl.fit.blocks import N_BLOCKS, block_size, fit_blocks, fit_mask
 from poskernel_tl.report.viewer_data import num, typed
 
-N_BLOCKS = 256  # the overview's grid: at most N_BLOCKS × N_BLOCKS blocks
 ZOOM = 256  # the default zoom window: ZOOM rows × ZOOM keys
 ZOOM_MAX = 512  # the largest window the page draws at full resolution
 NOTEBOOK_FACTOR_BYTES = 384 << 10  # a notebook view's q, k and lse whole up to this, else
@@ -39,64 +39,41 @@ CHECK_ROWS = 64  # rows sampled to measure the float16 factors' error
 FACTOR_TOL = 1e-3  # relative error above which the logits are not scale · q · kᵀ
 
 
-def block_size(T: int, n_blocks: int = N_BLOCKS) -> tuple[int, int]:
-    """(b, number of blocks per side) of the overview of a T×T matrix."""
-    b = max(1, math.ceil(T / n_blocks))
-    return b, math.ceil(T / b)
-
-
-def _reduce(v: np.ndarray, k: np.ndarray, n: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """(Σ v, count) over the kept entries ``k`` of one block row, per key block."""
-    pad = n * b - v.shape[1]
-    v = np.pad(np.where(k, v, 0.0), ((0, 0), (0, pad)))
-    k = np.pad(k, ((0, 0), (0, pad)))
-    return v.reshape(len(v), n, b).sum(axis=(0, 2)), k.reshape(len(k), n, b).sum(axis=(0, 2))
-
-
-def fitted_matrix_rows(g: Float[np.ndarray, " lag"], g_back, rows: slice, T: int
-                       ) -> Float[np.ndarray, "query_pos key_pos"]:
-    """g(t − s) for the rows ``rows`` (g_back(s − t) above the diagonal when given, NaN
-    where neither defines it)."""
-    t = np.arange(T)[rows][:, None]
-    lag = t - np.arange(T)[None]
-    full = np.concatenate([[np.nan], np.asarray(g, np.float64)])
-    out = full[np.clip(lag, 0, T - 1)]
-    if g_back is not None:
-        back = np.concatenate([[np.nan], np.asarray(g_back, np.float64)])
-        out = np.where(lag < 0, back[np.clip(-lag, 0, T - 1)], out)
-    else:
-        out[lag <= 0] = np.nan
-    return out
-
-
-def overview_maps(logits, pattern, keep, g, g_back, n_blocks: int = N_BLOCKS
-                  ) -> tuple[int, dict[str, Float[np.ndarray, "row_block key_block"]]]:
-    """(b, the four block maps of the module docstring), in one pass over the rows
-    (g(t − s) is formed one block row at a time: no T×T temporary)."""
-    T = logits.shape[0]
-    b, n = block_size(T, n_blocks)
-    a_sum, f_sum, count, mass = (np.zeros((n, n)) for _ in range(4))
-    for i in range(n):
-        rows = slice(i * b, min((i + 1) * b, T))
-        a = np.asarray(logits[rows], np.float64)
-        f = fitted_matrix_rows(g, g_back, rows, T)
-        k = keep[rows] & np.isfinite(a) & np.isfinite(f)
-        a_sum[i], count[i] = _reduce(a, k, n, b)
-        f_sum[i], _ = _reduce(f, k, n, b)
-        p = np.nan_to_num(np.asarray(pattern[rows], np.float64))
-        mass[i] = _reduce(p, np.ones_like(k), n, b)[0] / len(p)
+def maps_from_sums(a_sum, f_sum, count, mass
+                   ) -> dict[str, Float[np.ndarray, "*head row_block key_block"]]:
+    """The four maps of the module docstring from the blocks' sums of the logits and of
+    the fit over the entries the fit reads, their count, and the pattern's mass."""
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = lambda x: np.where(count > 0, x / np.maximum(count, 1), np.nan)  # noqa: E731
-        maps = {"logits": mean(a_sum), "fit": mean(f_sum), "residual": mean(a_sum - f_sum),
-                "mass": mass}
-    return b, maps
+        return {"logits": mean(a_sum), "fit": mean(f_sum), "residual": mean(a_sum - f_sum),
+                "mass": np.asarray(mass, np.float64)}
 
 
-def overview(logits, pattern, keep, g, g_back, n_blocks: int = N_BLOCKS) -> dict:
+def overview_maps(logits, pattern, g, g_back, two_sided: bool, max_lag: int | None,
+                  n_blocks: int = N_BLOCKS
+                  ) -> tuple[int, dict[str, Float[np.ndarray, "row_block key_block"]]]:
+    """(b, the four block maps of the module docstring) of one head's matrices: the
+    logits' and the pattern's block sums in one pass over the block rows, the fit's from
+    g and the geometry (:func:`poskernel_tl.fit.blocks.fit_blocks`)."""
+    T = logits.shape[0]
+    b, n = block_size(T, n_blocks)
+    a_sum, mass = np.zeros((n, n)), np.zeros((n, n))
+    pad = n * b - T
+    for i in range(n):
+        rows = slice(i * b, min((i + 1) * b, T))
+        keep = fit_mask(T, two_sided, max_lag, rows)
+        a = np.where(keep, np.asarray(logits[rows], np.float64), 0.0)
+        p = np.nan_to_num(np.asarray(pattern[rows], np.float64))
+        a_sum[i] = np.pad(a, ((0, 0), (0, pad))).reshape(len(a), n, b).sum(axis=(0, 2))
+        mass[i] = np.pad(p, ((0, 0), (0, pad))).reshape(len(p), n, b).sum(axis=(0, 2)) / len(p)
+    f_sum, count = fit_blocks(g, g_back, T, b, two_sided, max_lag)
+    return b, maps_from_sums(a_sum, f_sum, count, mass)
+
+
+def overview(maps: dict, b: int, T: int) -> dict:
     """The overview as the page reads it: the maps as deflated float16, ``block``, ``n``."""
-    b, maps = overview_maps(logits, pattern, keep, g, g_back, n_blocks)
-    return {"block": b, "n": math.ceil(logits.shape[0] / b),
-            **{k: typed(v, "f2", deflate=True) for k, v in maps.items()}}
+    return {"block": b, "n": -(-T // b), **{k: typed(v, "f2", deflate=True)
+                                             for k, v in maps.items()}}
 
 
 def row_lse(logits: Float[np.ndarray, "query_pos key_pos"], causal: bool,
@@ -154,53 +131,52 @@ def factor_bytes(T: int, d_head: int) -> int:
     return 2 * T * d_head * 2 + 4 * T
 
 
-def long_payload(data, keep: Bool[np.ndarray, "query_pos key_pos"], g, g_back,
-                 n_blocks: int = N_BLOCKS, *, window=None, factor_budget: int | None = None,
-                 overview_maps_too: bool = True) -> tuple[dict, list[str]]:
-    """The ``long`` part of a head's payload (overview, factors, tokens) and its notes;
-    ``data`` a :class:`~poskernel_tl.report.viewer.HeadPageData`, ``keep`` its fit mask,
-    ``g``/``g_back`` the fit the page shows.
+@dataclass
+class Factors:
+    """What the zoom computes from: the head's q [pos d_head] and its kv head's k (any
+    float dtype; float16 in the page), the logit scale, each row's log-normaliser and the
+    measured error of the float16 copies (:func:`factor_check`; None: not measured)."""
 
-    The factors travel whole (any window zooms in the page) unless ``window`` names one
-    (r0, r1, c0, c1) or they exceed ``factor_budget`` bytes (a notebook keeps its views
-    light): then only that window's rows of q and keys of k travel, the page zooms within
-    them, and ``HeadView.zoom`` draws any other from the same q and k.
-    ``overview_maps_too=False``: the zoom alone (no overview, no g(Δ) plot)."""
-    T = len(data.tokens)
-    logits = np.asarray(data.logits)
-    b, n = block_size(T, n_blocks)
-    out = overview(logits, np.asarray(data.pattern), keep, g, g_back, n_blocks) \
-        if overview_maps_too else {"block": b, "n": n, "overview": False}
-    notes = [f"{T} tokens: the overview reduces the whole matrix to {n} × {n} blocks of "
-             f"{b} × {b} entries (logits, fit, residual: mean over the block's entries the "
-             "fit reads; pattern: attention mass per query row); the zoom draws any window "
-             "of rows and keys at full resolution."] if overview_maps_too else []
-    out.update(T=T, twoSided=bool(data.two_sided), maxLag=data.max_lag,
-               g=typed(g, "f4"), gBack=None if g_back is None else typed(g_back, "f4"),
-               tokens=[str(t) for t in data.tokens], zoom=min(ZOOM, T), zoomMax=ZOOM_MAX,
+    q: np.ndarray
+    k: np.ndarray
+    scale: float
+    lse: np.ndarray
+    check: dict | None = None
+
+
+def assemble(T: int, tokens, g, g_back, two_sided: bool, max_lag: int | None,
+             maps: dict | None, b: int, factors: Factors | None, *, window=None,
+             factor_budget: int | None = None) -> tuple[dict, list[str]]:
+    """The ``long`` part of a head's payload and its notes: the overview ``maps`` (None:
+    the zoom alone), g, the tokens and the factors, whole or (``window``, or over
+    ``factor_budget`` bytes) one window's rows of q and keys of k."""
+    n = -(-T // b)
+    out = overview(maps, b, T) if maps is not None else {"block": b, "n": n, "overview": False}
+    notes = [] if maps is None else [
+        f"{T} tokens: the overview reduces the whole matrix to {n} × {n} blocks of {b} × {b} "
+        "entries (logits, fit, residual: mean over the block's entries the fit reads; "
+        "pattern: attention mass per query row); the zoom draws any window of rows and keys "
+        "at full resolution."]
+    out.update(T=T, twoSided=bool(two_sided), maxLag=max_lag, g=typed(g, "f4"),
+               gBack=None if g_back is None else typed(g_back, "f4"),
+               tokens=[str(t) for t in tokens], zoom=min(ZOOM, T), zoomMax=ZOOM_MAX,
                q=None, k=None)
-    if data.q is None or data.k is None or data.logit_scale is None:
-        notes.append("The zoom needs the head's q and k: not available for this view.")
+    if factors is None:
         return out, notes
-    causal = not data.two_sided
-    lse = row_lse(logits, causal, data.max_lag)
-    check = factor_check(logits, data.pattern, data.q, data.k, data.logit_scale, lse, keep)
-    if check["rel_err"] > FACTOR_TOL:
-        notes.append("The zoom is off: this head's logits are not scale · q · kᵀ (what its "
-                     f"softmax reads adds terms; relative difference {check['rel_err']:.2g}"
-                     "); the overview is exact.")
-        return out, notes
-    whole = window is None and (factor_budget is None or
-                                factor_bytes(T, np.shape(data.q)[1]) <= factor_budget)
+    d = int(np.shape(factors.q)[1])
+    whole = window is None and (factor_budget is None or factor_bytes(T, d) <= factor_budget)
     r0, r1, c0, c1 = (0, T - 1, 0, T - 1) if whole else factor_window(T, window)
-    out.update(q=typed(np.asarray(data.q)[r0:r1 + 1], "f2"),
-               k=typed(np.asarray(data.k)[c0:c1 + 1], "f2"), d=int(np.shape(data.q)[1]),
-               qFrom=r0, kFrom=c0, scale=float(data.logit_scale),
-               lse=typed(lse[r0:r1 + 1], "f4"), check={k: num(v) for k, v in check.items()},
+    out.update(q=typed(np.asarray(factors.q[r0:r1 + 1]), "f2"), d=d, qFrom=r0, kFrom=c0,
+               k=typed(np.asarray(factors.k[c0:c1 + 1]), "f2"), scale=float(factors.scale),
+               lse=typed(np.asarray(factors.lse[r0:r1 + 1]), "f4"),
                start=None if whole else [r0, r1, c0, c1])
-    notes.append("Zoom: logits recomputed in the page as scale · q · k from float16 q and k "
-                 f"(max |error| {check['logit_err']:.2g} against the float32 logits, "
-                 f"pattern {check['pattern_err']:.2g}, on {CHECK_ROWS} sampled rows).")
+    check = factors.check
+    notes.append("Zoom: logits recomputed in the page as scale · q · k from float16 q and k" +
+                 ("." if check is None else
+                  f" (max |error| {check['logit_err']:.2g} against the float32 logits, "
+                  f"pattern {check['pattern_err']:.2g}, on {CHECK_ROWS} sampled rows)."))
+    if check is not None:
+        out["check"] = {k: num(v) for k, v in check.items()}
     if not whole:
         out["hint"] = (f"This view carries q and k of rows {r0}–{r1} and keys {c0}–{c1} "
                        "only (a notebook keeps each view light): view.zoom(rows=(R0, R1), "
@@ -208,6 +184,32 @@ def long_payload(data, keep: Bool[np.ndarray, "query_pos key_pos"], g, g_back,
     return out, notes
 
 
-__all__ = ["NOTEBOOK_FACTOR_BYTES", "N_BLOCKS", "ZOOM", "ZOOM_MAX", "block_size",
-           "factor_bytes", "factor_check", "factor_window", "fitted_matrix_rows",
-           "long_payload", "overview", "overview_maps", "row_lse"]
+def long_payload(data, g, g_back, n_blocks: int = N_BLOCKS, *, window=None,
+                 factor_budget: int | None = None, overview_maps_too: bool = True
+                 ) -> tuple[dict, list[str]]:
+    """:func:`assemble` for a :class:`~poskernel_tl.report.viewer.HeadPageData` with its
+    whole matrices (``g``/``g_back`` the fit the page shows): the overview from them, the
+    factors checked against them (a head whose logits are not scale · q · kᵀ gets none,
+    with a note). ``overview_maps_too=False``: the zoom alone."""
+    T, two, last = len(data.tokens), bool(data.two_sided), data.max_lag
+    logits = np.asarray(data.logits)
+    b, maps = overview_maps(logits, np.asarray(data.pattern), g, g_back, two, last, n_blocks) \
+        if overview_maps_too else (block_size(T, n_blocks)[0], None)
+    factors, why = None, "The zoom needs the head's q and k: not available for this view."
+    if data.q is not None and data.k is not None and data.logit_scale is not None:
+        lse = row_lse(logits, not two, last)
+        check = factor_check(logits, data.pattern, data.q, data.k, data.logit_scale, lse,
+                             fit_mask(T, two, last))
+        factors = Factors(data.q, data.k, data.logit_scale, lse, check)
+        why = ("The zoom is off: this head's logits are not scale · q · kᵀ (what its softmax "
+               f"reads adds terms; relative difference {check['rel_err']:.2g}); the overview "
+               "is exact.")
+        factors = factors if check["rel_err"] <= FACTOR_TOL else None
+    out, notes = assemble(T, data.tokens, g, g_back, two, last, maps, b, factors,
+                          window=window, factor_budget=factor_budget)
+    return out, notes if factors is not None else notes + [why]
+
+
+__all__ = ["CHECK_ROWS", "FACTOR_TOL", "NOTEBOOK_FACTOR_BYTES", "ZOOM", "ZOOM_MAX",
+           "Factors", "assemble", "factor_bytes", "factor_check", "factor_window",
+           "long_payload", "maps_from_sums", "overview", "overview_maps", "row_lse"]

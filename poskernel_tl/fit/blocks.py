@@ -1,0 +1,88 @@
+"""The overview grid of a long head view: a T×T matrix as n × n blocks of b × b entries.
+
+b = ⌈T / n_blocks⌉ and n = ⌈T / b⌉ (the last row and column of blocks may be shorter).
+Every entry belongs to exactly one block. Two sums per block pair follow from the geometry
+and g alone, for every head at once and without a T×T temporary:
+
+- how many entries the fit reads in the block (1 ≤ t − s ≤ ``last`` for a causal layer,
+  t ≠ s for a bidirectional one), and
+- the sum of the fit g(t − s) over them.
+
+Both are Σ_{t ∈ rows} Σ_{s ∈ keys} G(t − s) for a function G of the offset (the indicator
+of a read offset, or g there and 0 elsewhere): with S the prefix sum of G over offsets and
+SS the prefix sum of S, the block [a0, a1) × [c0, c1) sums to
+SS(a1−1−c0) − SS(a0−1−c0) − SS(a1−1−c1) + SS(a0−1−c1): O(T + n²) per head.
+"""
+
+import math
+
+import numpy as np
+from jaxtyping import Bool, Float
+
+N_BLOCKS = 256  # the overview's grid: at most N_BLOCKS × N_BLOCKS blocks
+
+
+def block_size(T: int, n_blocks: int = N_BLOCKS) -> tuple[int, int]:
+    """(b, number of blocks per side) of the overview of a T×T matrix."""
+    b = max(1, math.ceil(T / n_blocks))
+    return b, math.ceil(T / b)
+
+
+def read_offsets(T: int, two_sided: bool, last: int | None) -> np.ndarray:
+    """[2T − 1] booleans over the offsets t − s = −(T−1) … T−1: those the fit reads."""
+    lag = np.arange(-(T - 1), T)
+    keep = lag != 0 if two_sided else lag >= 1
+    if last is not None:
+        keep &= np.abs(lag) <= last
+    return keep
+
+
+def fit_mask(T: int, two_sided: bool = False, max_lag: int | None = None,
+             rows: slice = slice(None)) -> Bool[np.ndarray, "query_pos key_pos"]:
+    """The entries a head's fit reads, of the rows ``rows``: every off-diagonal one
+    (``two_sided``), else the strict lower triangle, up to offset ``max_lag`` (a sliding
+    window) where given (:func:`read_offsets`)."""
+    lag = np.arange(T)[rows][:, None] - np.arange(T)[None]
+    return read_offsets(T, two_sided, max_lag)[lag + T - 1]
+
+
+def offset_function(g: Float[np.ndarray, "*head lag"], g_back, keep: np.ndarray
+                    ) -> Float[np.ndarray, "*head offset"]:
+    """g over the offsets −(T−1) … T−1 (g_back(−Δ) before the diagonal when given), 0 where
+    ``keep`` is False."""
+    g = np.asarray(g, np.float64)
+    back = np.zeros_like(g) if g_back is None else np.asarray(g_back, np.float64)
+    zero = np.zeros(g.shape[:-1] + (1,))
+    full = np.concatenate([back[..., ::-1], zero, g], axis=-1)
+    return np.where(keep, np.nan_to_num(full), 0.0)
+
+
+def block_sums(G: Float[np.ndarray, "*head offset"], T: int, b: int
+               ) -> Float[np.ndarray, "*head row_block key_block"]:
+    """Σ over each block of G(t − s) (G over the offsets −(T−1) … T−1), by the double
+    prefix sums of the module docstring."""
+    n = math.ceil(T / b)
+    edges = np.minimum(np.arange(n + 1) * b, T)
+    S = np.cumsum(G, axis=-1)
+    # SS over x = −T−1 … T−1 (index x + T + 1); S(x) = 0 below −(T−1)
+    SS = np.concatenate([np.zeros(G.shape[:-1] + (2,)), np.cumsum(S, axis=-1)], axis=-1)
+
+    def at(x):  # SS(x) for an integer array x
+        return SS[..., x + T + 1]
+
+    a0, a1 = edges[:-1, None], edges[1:, None]
+    c0, c1 = edges[None, :-1], edges[None, 1:]
+    return at(a1 - 1 - c0) - at(a0 - 1 - c0) - at(a1 - 1 - c1) + at(a0 - 1 - c1)
+
+
+def fit_blocks(g, g_back, T: int, b: int, two_sided: bool, last: int | None
+               ) -> tuple[Float[np.ndarray, "*head row_block key_block"],
+                          Float[np.ndarray, "row_block key_block"]]:
+    """(Σ of the fit g(t − s), count) over each block's entries the fit reads."""
+    keep = read_offsets(T, two_sided, last)
+    count = block_sums(keep.astype(np.float64), T, b)
+    return block_sums(offset_function(g, g_back, keep), T, b), np.rint(count)
+
+
+__all__ = ["N_BLOCKS", "block_size", "block_sums", "fit_blocks", "fit_mask", "offset_function",
+           "read_offsets"]

@@ -1,0 +1,41 @@
+"""The overview grid's block sums of a function of the offset (double prefix sums)
+against a naive loop over every entry, and the fit mask against its definition."""
+
+import numpy as np
+import pytest
+
+from poskernel_tl.fit.blocks import block_size, block_sums, fit_blocks, fit_mask, read_offsets
+
+
+@pytest.mark.parametrize("T,n_blocks", [(1, 4), (7, 3), (50, 7), (64, 8), (97, 10)])
+def test_block_sums_equal_a_naive_loop(T, n_blocks):
+    rng = np.random.default_rng(T)
+    G = rng.standard_normal((3, 2 * T - 1))  # three heads
+    b, n = block_size(T, n_blocks)
+    want = np.zeros((3, n, n))
+    for t in range(T):
+        for s in range(T):
+            want[:, t // b, s // b] += G[:, t - s + T - 1]
+    np.testing.assert_allclose(block_sums(G, T, b), want, rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize("two_sided,last", [(False, None), (False, 5), (True, None)])
+def test_fit_blocks_count_the_read_entries(two_sided, last):
+    T, b = 23, 4
+    keep = fit_mask(T, two_sided, last)
+    t, s = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    lag = t - s
+    rule = (lag != 0) if two_sided else (lag >= 1)
+    if last is not None:
+        rule &= np.abs(lag) <= last
+    assert (keep == rule).all() and (read_offsets(T, two_sided, last)[lag + T - 1] == rule).all()
+    assert (fit_mask(T, two_sided, last, slice(5, 9)) == rule[5:9]).all()
+    g = np.arange(1.0, T)
+    f_sum, count = fit_blocks(g, -g if two_sided else None, T, b, two_sided, last)
+    fit = np.where(lag > 0, lag, -lag if not two_sided else lag).astype(float)
+    n = -(-T // b)
+    for i in range(n):
+        for j in range(n):
+            block = (slice(i * b, (i + 1) * b), slice(j * b, (j + 1) * b))
+            assert count[i, j] == keep[block].sum()
+            np.testing.assert_allclose(f_sum[i, j], fit[block][keep[block]].sum(), atol=1e-9)
