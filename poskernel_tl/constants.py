@@ -10,6 +10,8 @@ MANIFEST = "manifest.json"
 
 VERSION = "0.2.0"
 GRAM_SAVE_MAX_T = 256  # full T×T Gram matrices are written only up to this length
+VIEW_TOKENS = 256  # full logits are saved (and head views drawn whole) up to this length;
+# past it one sequence's long view: an overview of blocks and the zoom's q and k
 
 
 def dataset_slug(dataset: str) -> str:

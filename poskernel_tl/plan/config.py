@@ -173,7 +173,8 @@ class RunConfig(MeasureConfig):
         "auto", "forward dtype; auto: float32 on CPU, the model's recommended dtype on a "
         "GPU (statistics accumulate in float32/float64)")
     save_logits: Literal["auto", "yes", "no"] = option(
-        "auto", "full logits of 10 eval sequences (auto: Wikipedia-like, T=256)")
+        "auto", "full logits of 10 eval sequences (auto: Wikipedia-like, T=256); past "
+        "T=256 one sequence's long view for the report's head views (yes only)")
     allow_cross_doc: bool = option(False, "let windows span document boundaries "
                                           "(recorded in the data file)")
     compatibility_mode: bool = option(False, "TransformerLens' HookedTransformer weight "

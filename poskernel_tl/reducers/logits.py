@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
-from poskernel_tl.constants import VIS_DIR
+from poskernel_tl.constants import VIEW_TOKENS, VIS_DIR
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.reducers.base import LayerBatch
@@ -47,8 +47,11 @@ class SavedLogits(Part):
 
 
 def logit_bytes(model: LoadedModel, length: int, n_logits: int) -> int:
-    """``n_logits`` sequences' float32 [layer, head, T, T] logits."""
+    """``n_logits`` sequences' float32 [layer, head, T, T] logits (none past VIEW_TOKENS:
+    :mod:`poskernel_tl.reducers.long_view` keeps one sequence's long view there)."""
     s = model.spec
+    if length > VIEW_TOKENS:
+        return 0
     return n_logits * s.n_layers * s.n_heads * length * length * 4
 
 
@@ -74,8 +77,9 @@ class LogitSaver:
 
 
 def build(run: Run) -> LogitSaver | None:
-    """The full logits of the pass positions ``run.wanted`` (None: none wanted)."""
-    if not run.wanted:
+    """The full logits of the pass positions ``run.wanted`` (None: none wanted, or past
+    VIEW_TOKENS tokens)."""
+    if not run.wanted or run.length > VIEW_TOKENS:
         return None
     return LogitSaver(dict(run.wanted), run.spec.n_layers, causal=run.spec.causal)
 

@@ -97,27 +97,39 @@ def _pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int |
     return PatternRows(keep, q, k, lse, mass, last)
 
 
+def score_blocks(q: Float[Tensor, "seq pos head_index d_logit"],
+                 k: Float[Tensor, "seq pos kv_head_index d_logit"], scale: float,
+                 last: int | None, terms, rows: int = ROWS, align: int = 1):
+    """Yield (r0, r1, lo, A) per block of ``rows`` query rows: A [seq, kv, group, r1 − r0,
+    hi − lo] what the softmax reads of keys [lo, hi) — every key (``last`` None), else the
+    block's keys up to its last row from ``align``·⌊(r0 − last) / align⌋ on, −inf where
+    the mask removes them (s > t or t − s > last)."""
+    b, T, H, d = q.shape
+    kv = k.shape[2]
+    qg = q.permute(0, 2, 1, 3).reshape(b, kv, H // kv, T, d)
+    kt = k.permute(0, 2, 3, 1).unsqueeze(2)  # [b, kv, 1, d, T]
+    for r0 in range(0, T, rows):
+        r1 = min(T, r0 + rows)
+        lo, hi = (0, T) if last is None else (max(0, r0 - last) // align * align, r1)
+        A = cap_scores(torch.matmul(qg[..., r0:r1, :], kt[..., lo:hi]).mul_(scale), terms)
+        if last is not None:  # the block's own mask: keys t − last ≤ s ≤ t
+            lag = torch.arange(r0, r1, device=q.device)[:, None] - \
+                torch.arange(lo, hi, device=q.device)[None]
+            A.masked_fill_((lag < 0) | (lag > last), float("-inf"))
+        yield r0, r1, lo, A
+
+
 def row_logsumexp(q: Float[Tensor, "seq pos head_index d_logit"],
                   k: Float[Tensor, "seq pos kv_head_index d_logit"], scale: float,
                   last: int | None, terms) -> Float[Tensor, "seq head_index pos"]:
     """logsumexp_s A[t, s] over the keys row t reads (``last`` None: all of them), in
     blocks of :data:`ROWS` rows over those keys only, a key/value head's query heads
     together."""
-    b, T, H, d = q.shape
-    kv = k.shape[2]
-    qg = q.permute(0, 2, 1, 3).reshape(b, kv, H // kv, T, d)
-    kt = k.permute(0, 2, 3, 1).unsqueeze(2)  # [b, kv, 1, d, T]
-    out = q.new_empty(b, kv, H // kv, T)
-    for r0 in range(0, T, ROWS):
-        r1 = min(T, r0 + ROWS)
-        lo, hi = (0, T) if last is None else (max(0, r0 - last), r1)
-        A = cap_scores(torch.matmul(qg[..., r0:r1, :], kt[..., lo:hi]).mul_(scale), terms)
-        if last is not None:  # the block's own mask: keys t − last ≤ s ≤ t
-            lag = torch.arange(r0, r1, device=q.device)[:, None] - \
-                torch.arange(lo, hi, device=q.device)[None]
-            A.masked_fill_((lag < 0) | (lag > last), float("-inf"))
+    b, T, H, _ = q.shape
+    out = q.new_empty(b, k.shape[2], H // k.shape[2], T)
+    for r0, r1, _, A in score_blocks(q, k, scale, last, terms):
         out[..., r0:r1] = torch.logsumexp(A, -1)
     return out.reshape(b, H, T)
 
 
-__all__ = ["MAX_POS", "ROWS", "PatternRows", "pattern_rows", "row_logsumexp"]
+__all__ = ["MAX_POS", "ROWS", "PatternRows", "pattern_rows", "row_logsumexp", "score_blocks"]
