@@ -88,3 +88,56 @@ def test_long_view_is_saved_loaded_and_planned(tiny_tokenizer, short_view, tmp_p
     work = Workload(length=T, n_eval=4, n_centering=0, n_logits=1)
     assert LV.state_bytes(model, work) > 0 and saved_logits.logit_bytes(model, T, 1) == 0
     assert "long_view" not in pk.measure(model, ids, progress=False, batch_size=2).parts
+
+
+def _file_payload(path):
+    import json
+    import re
+    text = path.read_text(encoding="utf-8")
+    return json.loads(re.search(r"=\s*(\{.*\})\s*;?\s*$", text, re.S).group(1))
+
+
+def test_report_opens_a_long_head_and_zooms(tiny_tokenizer, short_view, tmp_path):
+    """The report writes each head's overview file (≈ its overview, g and notes) and the
+    zoom's q/k files; the overview is the hooked head's block means; in Chromium the head
+    opens on its overview, and a permalink's zoom loads q and k and shows that window."""
+    import base64
+    import zlib
+
+    from browser import find_chromium, load_page
+
+    from poskernel_tl.report.build import build_report
+    from poskernel_tl.report.viewer_data import condition_key
+
+    model = tiny_loaded("llama", tiny_tokenizer)
+    ids = torch.randint(3, 250, (4, T), generator=torch.Generator().manual_seed(3))
+    r = pk.measure(model, ids, progress=False, logits_for=[0], batch_size=2, dataset="prose")
+    r.save(tmp_path)
+    page = build_report(tmp_path, workers=1)
+    folder = tmp_path / "report" / "data" / r.stem()
+    assert {p.name for p in folder.iterdir()} >= {"L1H2.js", "Q1H2.js", "K1G1.js"}
+    head = _file_payload(folder / "L1H2.js")["long"]
+    spec = head["logits"]
+    got = np.frombuffer(zlib.decompress(base64.b64decode(spec["b64"])), "<f2").reshape(
+        spec["shape"]).astype(np.float64)
+    view = pk.inspect_head(model, ids[0].tolist(), 1, 2)
+    b, _ = block_size(T)
+    a_sum, _ = naive(view, b)
+    count = np.array([[fit_mask(T)[i * b:(i + 1) * b, j * b:(j + 1) * b].sum()
+                       for j in range(got.shape[1])] for i in range(got.shape[0])])
+    want = np.where(count > 0, a_sum / np.maximum(count, 1), np.nan)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+    if find_chromium() is None:
+        pytest.skip("headless Chromium not found")
+    key = condition_key(r.model, r.dataset, r.length)
+    opened = load_page(page, budget_ms=8000, fragment=f"{key}/L1H2")
+    assert opened.probe == [] and opened.console == [], (opened.probe, opened.console)
+    assert 'data-pk-long="100"' in opened.dom_text and "loads this head's q and k" in \
+        opened.dom_text
+    zoomed = load_page(page, budget_ms=8000, fragment=f"{key}/L1H2/zoom=50-80,10-40")
+    assert zoomed.probe == [] and zoomed.console == [], (zoomed.probe, zoomed.console)
+    zoom = zoomed.dom.find_all("div", class_="pk-zoom")[0]
+    assert zoom.attrs["data-pk-window"] == "50,80,10,40"
+    strips = {n.attrs["data-pk-zoom"]: n for n in zoom.find_all("div", class_="pk-tokstrip")}
+    assert [s.attrs["data-pos"] for s in strips["rows"].find_all("span")] == \
+        [str(i) for i in range(50, 81)]

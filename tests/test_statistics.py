@@ -14,6 +14,7 @@ from tiny_models import arch_loaded, tiny_loaded
 from torch.overrides import TorchFunctionMode
 
 import poskernel_tl as pk
+import poskernel_tl.reducers.long_view as long_view
 from poskernel_tl.measurement import measure as measure_module
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.plan import batching
@@ -78,6 +79,9 @@ def test_no_reducer_syncs_in_update(arch, tiny_tokenizer, monkeypatch):
     expected = {"MomentsReducer", "TrackAReducer", "GramReducer", "PermNullReducer",
                 "LogitSaver", "PrevTokenReducer"} | ({"WhitenedGramReducer"} if whiten else set())
     assert expected <= seen
+    monkeypatch.setattr(long_view, "VIEW_TOKENS", T // 2)  # past it: the long view
+    pk.measure(model, ids[4:], ids[:4], progress=False, logits_for=[0], batch_size=2)
+    assert "LongViewReducer" in seen
 
 
 def test_every_statistic_is_declared_consistently():

@@ -43,6 +43,7 @@ CHECK_ROWS = 64
 class LongView(Part):
     NAME = "long_view"
     seq: Int[np.ndarray, " one"] = stored(FILE, "seq_id")
+    scale: Float[np.ndarray, " one"] = stored(FILE, "scale")  # A = scale · q · k
     logit_sum: Float[np.ndarray, "layer head_index row_block key_block"] = stored(
         FILE, "logit_sum")
     mass: Float[np.ndarray, "layer head_index row_block key_block"] = stored(FILE, "mass")
@@ -73,6 +74,7 @@ class LongViewReducer:
         self.max_lags = run.max_lags
         self.b, self.n = block_size(self.T)
         self.layers: dict[int, dict] = {}
+        self.scale = float(run.model.logit_scale)
 
     def _last(self, layer: int) -> int | None:
         if not self.causal:
@@ -135,7 +137,7 @@ class LongViewReducer:
             out.update({key: torch.stack([x[key] for x in layers]).cpu().numpy()
                         for key in ("q", "k")})
             out["factor_err"] = torch.stack([x["factor_err"] for x in layers]).cpu().numpy()
-        return LongView(seq=np.array([self.seq_id]), **out)
+        return LongView(seq=np.array([self.seq_id]), scale=np.array([self.scale]), **out)
 
 
 def build(run: Run) -> LongViewReducer | None:

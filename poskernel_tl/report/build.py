@@ -42,6 +42,7 @@ from poskernel_tl.report import (
 )
 from poskernel_tl.report.collect import Condition, Damaged, iter_conditions, slim
 from poskernel_tl.report.html import esc, page_html, report_block, write_page
+from poskernel_tl.report.long_files import write_long_views
 from poskernel_tl.report.sections import cond_text, fmt, table_html
 from poskernel_tl.report.tables import dataset_label
 from poskernel_tl.report.tokens import Decoder
@@ -94,14 +95,16 @@ def _read(results_dir: Path, out: Path, decoders, progress: bool
         if isinstance(item, Damaged):
             damaged.append(item)
             continue
-        written.add(write_data(out, item).name)
+        written.add(write_data(out, item, write_long_views(out, item)).name)
         top = figures.top_early_heads(item.result, 1)
         ramps = softmax_reads.alibi_frame(item.result)  # before its g(Δ) are dropped
         conds.append(slim(item, top[0] if top else None))
         conds[-1].kept[softmax_reads.KEPT] = ramps
         release_freed_memory()
-    for old in (out / DATA_DIR).glob("*.js"):
-        if old.name not in written:
+    for old in (out / DATA_DIR).glob("*"):  # conditions no longer in the results
+        if old.is_dir() and f"{old.name}.js" not in written:
+            shutil.rmtree(old)
+        elif old.suffix == ".js" and old.name not in written:
             old.unlink()
     return conds, damaged
 

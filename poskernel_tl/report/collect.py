@@ -40,7 +40,8 @@ class Damaged:
 class Condition:
     """One readable condition and what its analyses saved. ``logits_seq`` is the sequence
     whose logits the head views show (the first saved one; None when none was saved) and
-    ``tokens`` its token strings (None when no vocabulary was found)."""
+    ``tokens`` its token strings, or those of the long view's sequence past 256 tokens
+    (None when no vocabulary was found)."""
 
     result: ConditionResult
     spectral: SavedSpectral
@@ -124,6 +125,8 @@ def read_condition(results_dir: str | Path, key: Key, decoders: Callable
     if r.logits:
         cond.logits_seq = int(sorted(r.logits)[0])
         cond.tokens = sequence_tokens(results_dir, r, cond.logits_seq, decoders(r))
+    elif r.parts.get("long_view") is not None:  # the tokens of the long view's sequence
+        cond.tokens = sequence_tokens(results_dir, r, r.parts["long_view"].seq_id, decoders(r))
     return cond
 
 

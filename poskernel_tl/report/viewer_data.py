@@ -5,8 +5,10 @@ permalink prefix), so the page loads it with a ``<script>`` element from ``file:
 (Chromium refuses ``fetch()`` of local files). It holds only numbers the run and its
 analyses saved: R² grids, the g(Δ) of both tracks, per-sequence R², the spectral tables,
 peaks and spectra of both g sources, the further analyses' rows, and the logits of one
-saved sequence with that sequence's own g(Δ) and token strings. Large arrays travel as
-base64 typed arrays (``f4`` float32, ``f8`` float64, ``u1`` uint8, ``f2`` float16):
+saved sequence with that sequence's own g(Δ) and token strings (past 256 tokens: where
+the heads' long views are, :mod:`poskernel_tl.report.long_files`, and the tokens).
+Large arrays travel as base64 typed arrays (``f4`` float32, ``f8`` float64, ``u1`` uint8,
+``f2`` float16):
 
 - logits (strict lower triangle, row by row) as 8-bit codes per head, value = lo + code ×
   step (``logits_lo``, ``logits_step``), zlib-compressed: a display copy; every R² shown
@@ -176,8 +178,9 @@ def kernel_rows(r: ConditionResult) -> dict:
             "intervals": [None] * len(values)}
 
 
-def condition_payload(cond: Condition) -> dict:
-    """Everything the head views of one condition show (see the module docstring)."""
+def condition_payload(cond: Condition, long: dict | None = None) -> dict:
+    """Everything the head views of one condition show (see the module docstring);
+    ``long``: where its heads' long views are (:mod:`poskernel_tl.report.long_files`)."""
     r = cond.result
     g_b, b_source = r.g_trackB
     seq = None
@@ -199,13 +202,13 @@ def condition_payload(cond: Condition) -> dict:
         "spectral": {source: _spectral(cond, source) for source in SOURCES},
         "extras": [kernel_rows(r)] + extras.viewer_tables(cond.extras, r.model, r.dataset,
                                                           r.length, r.n_layers, r.n_heads),
-        "arrays": _arrays(cond),
+        "arrays": _arrays(cond), "long": long,
     }
 
 
-def write_data(report_dir: str | Path, cond: Condition) -> Path:
+def write_data(report_dir: str | Path, cond: Condition, long: dict | None = None) -> Path:
     """Write the condition's data file (temp file + rename) and return its path."""
-    payload = condition_payload(cond)
+    payload = condition_payload(cond, long)
     text = (f"(window.{GLOBAL} = window.{GLOBAL} || {{}})[{json_for_script(payload['key'])}]"
             f" = {json_for_script(payload)};\n")
     return write_page(data_path(report_dir, cond.result), text)

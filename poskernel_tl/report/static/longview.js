@@ -26,6 +26,7 @@
 
   /* the rows and keys whose factors the page carries (all, or one window's in a notebook) */
   function carried(L) {
+    if (!L.q) return { d: 0, r0: 0, r1: L.T - 1, c0: 0, c1: L.T - 1 };  // loaded on first use
     var d = L.d || L.q.length / L.T, r0 = L.qFrom || 0, c0 = L.kFrom || 0;
     return { d: d, r0: r0, r1: r0 + L.q.length / d - 1, c0: c0, c1: c0 + L.k.length / d - 1 };
   }
@@ -96,6 +97,11 @@
     });
     var button = el("button", { type: "button" }, ["Show"]);
     function show(w) {
+      if (!L.q && L.loadFactors) {  // a report's head: its q and k load with the first zoom
+        status.textContent = "loading this head's q and k …";
+        L.loadFactors(function (ok) { if (ok) show(w); else status.textContent = "q and k did not load"; });
+        return;
+      }
       inputs.r0.value = w.r0; inputs.c0.value = w.c0; inputs.n.value = Math.max(w.r1 - w.r0, w.c1 - w.c0) + 1;
       status.textContent = "rows " + w.r0 + "–" + w.r1 + ", keys " + w.c0 + "–" + w.c1;
       drawZoom(L, holder, w);
@@ -144,11 +150,11 @@
     var plots = L.overview === false ? [] : drawOverview(root, L);
     var zsec = el("section", { "class": "pk-sec" }, [el("h3", {}, ["Zoom: any window at full resolution"])]);
     root.appendChild(zsec);
-    if (!L.q) {
+    if (!L.q && !L.loadFactors) {
       zsec.appendChild(el("p", { "class": "pk-missing" }, ["The zoom is not available for this view (see the notes above)."]));
       return;
     }
-    if (L.hint) zsec.appendChild(el("p", { "class": "pk-note", "data-pk-zoom-hint": "" }, [L.hint]));
+    [L.hint, L.factorNote].forEach(function (t) { if (t) zsec.appendChild(el("p", { "class": "pk-note", "data-pk-zoom-hint": "" }, [t])); });
     var holder = el("div", { "class": "pk-zoom", id: "pk-zoom-" + (++counter) });
     var c = controls(L, holder);
     zsec.appendChild(c.bar);
@@ -156,8 +162,40 @@
     plots.forEach(function (div) {
       div.on("plotly_click", function (ev) { c.centre(ev.points[0].y, ev.points[0].x); });
     });
-    var n0 = Math.min(L.zoom, L.T), s = L.start;
-    c.show(hashWindow(L) || (s ? { r0: s[0], r1: s[1], c0: s[2], c1: s[3] } : { r0: 0, r1: n0 - 1, c0: 0, c1: n0 - 1 }));
+    var n0 = Math.min(L.zoom, L.T), s = L.start, w = hashWindow(L);
+    if (!w && !L.q) holder.appendChild(el("p", { "class": "pk-note" }, ["Click a block of the overview, or Show: the zoom loads this head's q and k."]));
+    else c.show(w || (s ? { r0: s[0], r1: s[1], c0: s[2], c1: s[3] } : { r0: 0, r1: n0 - 1, c0: 0, c1: n0 - 1 }));
     root.setAttribute("data-pk-opened-ms", String(Math.round(performance.now())));
+  };
+
+  /* a report's head past 256 tokens: its overview file, then (on the first zoom) its q and
+   * its key/value head's k (poskernel_tl/report/long_files.py) */
+  PK.loadLong = function (root, F) {
+    var base = F.dir + "/", stem = "L" + F.layer + "H" + F.head;
+    function get(name, done) {
+      PK.script(base + name + ".js", "PK_LONG", F.key + "/" + name, function (v) {
+        if (!v) { done(null); return; }
+        PK.decodeAll(v).then(function (x) { done(PK.flat(x)); }, function () { done(null); });
+      });
+    }
+    root.textContent = "Loading the long view …";
+    get(stem, function (v) {
+      if (!v) { root.textContent = "The long view's file " + base + stem + ".js did not load."; return; }
+      root.textContent = "";
+      var L = v.long;
+      L.tokens = F.tokens || Array.from({ length: L.T }, function (_, i) { return "#" + i; });
+      root.appendChild(el("p", { "class": "pk-note" }, ["Long view of evaluation sequence " + F.seq + (F.tokens ? "" : " (token strings not available: positions shown)") + "."]));
+      v.notes.forEach(function (n) { root.appendChild(el("p", { "class": "pk-note" }, [n])); });
+      if (F.zoom) L.loadFactors = function (done) {
+        get("Q" + F.layer + "H" + F.head, function (Q) {
+          get("K" + F.layer + "G" + F.kv, function (K) {
+            if (!Q || !K) { done(false); return; }
+            Object.assign(L, { q: Q.q, lse: Q.lse, scale: Q.scale, d: Q.d, check: Q.check, k: K.k, qFrom: 0, kFrom: 0 });
+            done(true);
+          });
+        });
+      };
+      PK.drawLong(root, L);
+    });
   };
 })();

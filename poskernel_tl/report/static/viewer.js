@@ -42,7 +42,7 @@
     (function walk(o) {
       Object.keys(o).forEach(function (k) {
         var v = o[k];
-        if (!v || typeof v !== "object") return;
+        if (!v || typeof v !== "object" || ArrayBuffer.isView(v)) return;
         if (v.b64 !== undefined && v.dtype) {
           var out = decode(v);
           if (out.then) pending.push(out.then(function (d) { o[k] = d; }));
@@ -117,6 +117,8 @@
         tokens: d.tokens, step: step,
         label: "evaluation sequence " + d.logits_seq + (d.tokens ? "" : " (token strings not available: positions shown)") };
     }
+    if (d.long) p.longFiles = { dir: d.long.dir, key: d.key, layer: layer, head: head, seq: d.long.seq,
+      kv: Math.floor(head / (d.group_size || 1)), zoom: d.long.zoom, tokens: d.tokens };
     p.links = otherConditions(d, layer, head, index);
     return p;
   };
@@ -186,6 +188,7 @@
     }), { "class": "pk-table pk-numbers" }));
     if (p.seq) drawSequence(root, p.seq);
     else if (p.long && PK.drawLong) PK.drawLong(root, p.long);
+    else if (p.longFiles && PK.loadLong) PK.loadLong(root.appendChild(el("div", {})), p.longFiles);
     else root.appendChild(section("Attention pattern and logits", "This condition saved no full logits (run with --save-logits yes to keep them).", []));
     drawKernels(root, p.kernels);
     p.spectra.forEach(function (s) { drawSpectrum(root, s); });
@@ -335,21 +338,22 @@
     select.addEventListener("change", show);
     show();
   }
-  function load(cond, done) {
-    var store = window.PK_DATA || {};
-    if (store[cond.key]) { done(store[cond.key]); return; }
-    var tag = el("script", { src: cond.data });
-    tag.onload = function () { done((window.PK_DATA || {})[cond.key] || null); };
+  /* a data file that assigns window[store][key], loaded once with a <script> element (file://) */
+  PK.script = function (src, store, key, done) {
+    if ((window[store] || {})[key]) { done(window[store][key]); return; }
+    var tag = el("script", { src: src });
+    tag.onload = function () { done((window[store] || {})[key] || null); };
     tag.onerror = function () { done(null); };
     document.head.appendChild(tag);
-  }
+  };
+  function load(cond, done) { PK.script(cond.data, "PK_DATA", cond.key, done); }
   var decoded = {};
   function hashText() {  // a malformed escape (%E0%A4%A) is no address
     try { return decodeURIComponent(location.hash.slice(1)); } catch (e) { return ""; }
   }
   function route() {
     var panel = document.getElementById("pk-head"), hash = hashText();
-    var m = /^(.+)\/L(\d+)H(\d+)$/.exec(hash);
+    var m = /^(.+)\/L(\d+)H(\d+)(?:\/zoom=\d{1,7}-\d{1,7},\d{1,7}-\d{1,7})?$/.exec(hash);
     if (!m) { panel.hidden = true; panel.textContent = ""; return; }
     var cond = index.filter(function (c) { return c.key === m[1]; })[0];
     var layer = Number(m[2]), head = Number(m[3]);
@@ -386,6 +390,8 @@
     });
     return o;
   }
+  PK.decodeAll = decodeAll;
+  PK.flat = flat;
   PK.showHead = function (id, payloadId) {  // a single head from an inline payload (notebooks)
     decodeAll(JSON.parse(document.getElementById(payloadId).textContent)).then(function (p) {
       PK.renderHead(document.getElementById(id), flat(p));
