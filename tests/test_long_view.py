@@ -12,10 +12,10 @@ import pytest
 from browser import find_chromium, load_page
 from scipy.special import logsumexp
 
+from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.report import viewer_long as VL
 from poskernel_tl.report.viewer import (
     HeadPageData,
-    fit_mask,
     head_payload,
     toeplitz_fit,
     write_head_page,

@@ -272,8 +272,8 @@ def test_freed_memory_is_handed_back_after_each_condition(tmp_path, monkeypatch)
     save_all(tmp_path, results)
     written, calls = [], []
     write = B.write_data
-    monkeypatch.setattr(B, "write_data", lambda out, item: written.append(item) or
-                        write(out, item))
+    monkeypatch.setattr(B, "write_data", lambda out, item, long=None: written.append(item) or
+                        write(out, item, long))
     monkeypatch.setattr(B, "release_freed_memory", lambda: calls.append(len(written)))
     build_report(tmp_path, workers=1)
     assert calls == [1, 2]

@@ -28,6 +28,7 @@ from poskernel_tl.apps.head_inputs import check_head, token_ids
 from poskernel_tl.apps.head_statistics import head_statistics
 from poskernel_tl.apps.head_zoom import HeadZoom
 from poskernel_tl.data.sequences import token_strings
+from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.fit.kernel_class import head_kernels
 from poskernel_tl.fit.toeplitz import (
     lag_counts,
@@ -48,7 +49,6 @@ from poskernel_tl.report import (
     HeadPageData,
     assets_rel_for,
     first_display,
-    fit_mask,
     head_html,
     write_assets,
     write_head_page,

@@ -293,5 +293,5 @@ def write_head_page(path: str | os.PathLike, data: HeadPageData, *, assets_rel: 
 
 
 __all__ = ["ASSET_NAMES", "BUNDLE_NAME", "SHARED", "HeadPageData", "PLOTLY_NAME", "asset_tags",
-           "assets_rel_for", "fit_mask", "head_html", "head_payload", "plotly_js",
+           "assets_rel_for", "head_html", "head_payload", "plotly_js",
            "toeplitz_fit", "viewer_html", "write_assets", "write_head_page", "zoom_payload"]
