@@ -7,17 +7,17 @@ Inspects one head on the first ``--tokens`` tokens of a text file (one forward p
 - a notebook as ``pk.inspect_head`` displays it: the first view (the assets), a later view
   of the same head (its data only; q and k of one window past the notebook's budget) and a
   ``view.zoom`` window; the size of each block;
-- the open time: Chromium loads the standalone page in real time until ``--runs`` loads
-  recorded it: the page records ``performance.now()`` when its zoom is drawn (from
-  navigation start: parsing the page, decoding the data, drawing the overview, g(Δ) and
-  the zoom; Chromium's own start, ≈ 1.5 s, is not counted).
+- the open time: Chromium's wall time to load the standalone page at a zoom permalink and
+  run it to rest (the dumped page must hold that zoom), less that of an empty page
+  (Chromium's own start), over ``--runs`` loads; with ``--report-page`` the same for a
+  report's head view (overview only, then with the zoom, whose q and k load on demand).
 
 Usage: python scripts/bench_long_view.py --file TEXT [--model smollm2-135m] [--layer 1]
        [--head 2] [--tokens 8192] [--zoom 6000] [--runs 5] [--out DIR]
+       [--report-page DIR/report/report.html --report-head KEY/L1H2]
 """
 
 import argparse
-import re
 import statistics
 import tempfile
 import time
@@ -31,10 +31,31 @@ from poskernel_tl.report.viewer import SHARED, head_html
 from poskernel_tl.report.viewer_long import NOTEBOOK_FACTOR_BYTES, ZOOM
 
 
-def open_ms(page: Path, fragment: str) -> float | None:
-    proc = chromium(["--timeout=30000", "--dump-dom", page.resolve().as_uri() + fragment])
-    m = re.search(r'data-pk-opened-ms="(\d+)"', proc.stdout)
-    return float(m.group(1)) if m else None
+def load_seconds(uri: str, want: str | None) -> float | None:
+    """Chromium's wall time to load ``uri`` and run it to rest (virtual time: timers do
+    not wait, work does); None unless the dumped page holds ``want``."""
+    t0 = time.perf_counter()
+    proc = chromium(["--virtual-time-budget=30000", "--dump-dom", uri])
+    wall = time.perf_counter() - t0
+    return wall if want is None or want in proc.stdout else None
+
+
+def open_time(page: Path, fragment: str, want: str, runs: int) -> tuple[list[float], float]:
+    """The page's load times to ``want`` (``runs`` loads that reached it) and the median
+    time of an empty page, which each is measured against."""
+    empty = page.with_name(".empty.html")
+    empty.write_text("<!DOCTYPE html><html><body></body></html>", encoding="utf-8")
+    base = statistics.median(load_seconds(empty.resolve().as_uri(), None) for _ in range(3))
+    empty.unlink()
+    done = [t for t in (load_seconds(page.resolve().as_uri() + fragment, want)
+                        for _ in range(runs)) if t is not None]
+    return [t - base for t in done], base
+
+
+def report(times: list[float], base: float, runs: int, what: str) -> None:
+    print(f"{what} open (s, wall time less an empty page's {base:.2f} s; {len(times)} of "
+          f"{runs} loads drew it): {', '.join(f'{t:.2f}' for t in times)}; median "
+          f"{statistics.median(times) if times else float('nan'):.2f}")
 
 
 def main() -> None:
@@ -47,6 +68,9 @@ def main() -> None:
     ap.add_argument("--zoom", type=int, default=6000, help="first row and key of the zoom")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--report-page", default=None,
+                    help="also time a report's head view (DIR/report/report.html)")
+    ap.add_argument("--report-head", default="smollm2-135m/random_8192/L1H2")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
@@ -67,17 +91,17 @@ def main() -> None:
         print(f"notebook {name} view: {len(block.encode()) / 1e6:.3f} MB")
     nb = out / "notebook.html"
     nb.write_text(page_html("notebook", first + later + zoom), encoding="utf-8")
-    done, tries = [], 0
-    while len(done) < args.runs and tries < 3 * args.runs:
-        # Chromium's --dump-dom may come before the page has drawn (its data decode is
-        # asynchronous): such a load records nothing and is tried again
-        tries += 1
-        t = open_ms(page, f"#zoom={z0}-{z0 + ZOOM - 1},{z0}-{z0 + ZOOM - 1}")
-        if t is not None:
-            done.append(t / 1000)
-    print(f"standalone page open (s, {len(done)} loads that drew the zoom of {tries}): "
-          f"{', '.join(f'{t:.2f}' for t in done)}; median "
-          f"{statistics.median(done) if done else float('nan'):.2f}")
+    z = f"{z0},{z0 + ZOOM - 1},{z0},{z0 + ZOOM - 1}"
+    frag = f"#zoom={z0}-{z0 + ZOOM - 1},{z0}-{z0 + ZOOM - 1}"
+    report(*open_time(page, frag, f'data-pk-window="{z}"', args.runs), args.runs,
+           "standalone page with the zoom")
+    if args.report_page:
+        head = f"#{args.report_head}"
+        report(*open_time(Path(args.report_page), head, "data-pk-long=", args.runs),
+               args.runs, f"report head {args.report_head}")
+        report(*open_time(Path(args.report_page), f"{head}/{frag[1:]}",
+                          f'data-pk-window="{z}"', args.runs), args.runs,
+               f"report head {args.report_head} with the zoom")
     print(f"pages in {out}")
 
 

@@ -73,6 +73,7 @@
   function drawZoom(L, holder, w) {
     holder.textContent = "";
     holder.setAttribute("data-pk-window", [w.r0, w.r1, w.c0, w.c1].join(","));
+    holder.setAttribute("data-pk-drawn-ms", String(Math.round(performance.now())));
     var m = zoomMatrices(L, w), xs = [], ys = [], plots = [];
     for (var s = w.c0; s <= w.c1; s++) xs.push(s);
     for (var t = w.r0; t <= w.r1; t++) ys.push(t);
