@@ -244,3 +244,8 @@ def test_notebook_views_zoom_within_what_they_carry(tmp_path):
     assert [s.text() for s in strips["rows"].find_all("span")] == data.tokens[300:556]
     assert [s.text() for s in strips["keys"].find_all("span")] == data.tokens[200:456]
     assert not [n for n in run.dom.find_all("img") if n.attrs.get("src") == "x"]
+    saved = HeadZoom.of(data, (10, 40)).save(tmp_path / "zoom.html")  # a page of its own
+    alone = load_page(saved, budget_ms=8000)
+    assert alone.probe == [] and alone.console == [], (alone.probe, alone.console)
+    assert alone.dom.find_all("div", class_="pk-zoom")[0].attrs["data-pk-window"] == \
+        "10,40,10,40"
