@@ -134,13 +134,15 @@ def spectral(out: Path, plan: list, workers: int) -> float:
 def report(out: Path, workers: int) -> tuple[float, float, float]:
     """(wall s, CPU s, peak RSS GB) of build_report in a child process with the allocator
     setting of the ``poskernel`` command (POSKERNEL_MALLOC=default: glibc's); the peak is the
-    report process's own or its figure workers', as that child reads it (this process's
-    children include the synthetic build's workers)."""
-    code = ("import resource, sys; from poskernel_tl.report.build import build_report; "
+    report process's own (its VmHWM: Linux carries a forked parent's peak into the child's
+    ``ru_maxrss`` across exec, so after building the folder that read ≈ 3.2 GB) or its
+    figure workers', as that child reads it (this process's children include the synthetic
+    build's workers)."""
+    code = ("import re, resource, sys; from poskernel_tl.report.build import build_report; "
             "from poskernel_tl.plan.allocator import reuse_freed_memory; "
             f"reuse_freed_memory(); build_report(sys.argv[1], workers={workers}); "
-            "print('peak', max(resource.getrusage(w).ru_maxrss for w in "
-            "(resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))")
+            "own = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]); "
+            "print('peak', max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code, str(out)], check=True,

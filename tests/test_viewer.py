@@ -220,3 +220,20 @@ def test_screenshots(site, tmp_path):
                         fragment=head_anchor(r.model, "prose", T, 0, 1))]
     for png in shots:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 30_000
+
+
+def test_data_files_are_written_in_pieces_as_one_text(tmp_path):
+    """A data file written key by key (json_pieces) is the text json_for_script gives the
+    whole payload, hostile strings escaped the same way."""
+    from poskernel_tl.report.html import json_for_script, json_pieces, write_script_data
+
+    payload = {"key": "m/d_8", "tokens": NASTY, "arrays": {"a": {"b64": "AAAA", "shape": [3]},
+                                                          "</script>": [1.5, None, True]},
+               "n": 3, "empty": {}, "list": [{"x": "<!--"}]}
+    assert "".join(json_pieces(payload)) == json_for_script(payload)
+    assert "".join(json_pieces(payload, depth=5)) == json_for_script(payload)
+    path = write_script_data(tmp_path / "d.js", "PK_DATA", "m/d_8", payload)
+    text = path.read_text(encoding="utf-8")
+    assert text == ('(window.PK_DATA = window.PK_DATA || {})["m/d_8"] = ' +
+                    json_for_script(payload) + ";\n")
+    assert "</script>" not in text and "\u2028" not in text

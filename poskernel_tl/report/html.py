@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -84,6 +85,32 @@ def json_for_script(obj: object) -> str:
                        ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(char, code)
     return text
+
+
+def json_pieces(obj: object, depth: int = 2) -> Iterator[str]:
+    """:func:`json_for_script` of ``obj`` in pieces whose concatenation is the same text:
+    dicts down to ``depth`` levels key by key, each value whole below (a large payload is
+    written without its whole text in memory at once)."""
+    if depth <= 0 or not isinstance(obj, dict):
+        yield json_for_script(obj)
+        return
+    yield "{"
+    for i, (key, value) in enumerate(obj.items()):
+        yield ("," if i else "") + json_for_script(str(key)) + ":"
+        yield from json_pieces(value, depth - 1)
+    yield "}"
+
+
+def write_script_data(path: str | os.PathLike, store: str, key: str, obj: object) -> Path:
+    """Write ``(window.{store} = window.{store} || {}){[key]} = {obj};`` to ``path`` (temp
+    file + rename), ``obj`` in :func:`json_pieces`: a data file a ``<script>`` loads."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(f"(window.{store} = window.{store} || {{}})[{json_for_script(key)}] = ")
+            for piece in json_pieces(obj):
+                fh.write(piece)
+            fh.write(";\n")
+    return atomic_write(Path(path), write)
 
 
 def check_relative_url(url: str) -> str:
@@ -178,4 +205,5 @@ def write_page(path: str | os.PathLike, text: str) -> Path:
 
 __all__ = ["ASSETS_DIR", "SHOWN", "bundle_js", "check_relative_url", "clean_text", "escape",
            "first_display",
-           "json_for_script", "page_html", "relative_url", "report_block", "write_page"]
+           "json_for_script", "json_pieces", "page_html", "relative_url", "report_block",
+           "write_page", "write_script_data"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from poskernel_tl.fit.blocks import block_size, fit_blocks
 from poskernel_tl.report.collect import Condition
-from poskernel_tl.report.html import json_for_script, write_page
+from poskernel_tl.report.html import write_script_data
 from poskernel_tl.report.viewer_data import DATA_DIR, condition_key, num, typed
 from poskernel_tl.report.viewer_long import assemble, maps_from_sums
 
@@ -34,9 +34,7 @@ def long_dir(report_dir: str | Path, stem: str) -> Path:
 
 
 def _write(folder: Path, key: str, name: str, payload: dict) -> None:
-    text = (f"(window.{GLOBAL} = window.{GLOBAL} || {{}})[{json_for_script(f'{key}/{name}')}]"
-            f" = {json_for_script(payload)};\n")
-    write_page(folder / f"{name}.js", text)
+    write_script_data(folder / f"{name}.js", GLOBAL, f"{key}/{name}", payload)
 
 
 def _head(r, part, i: int, layer: int, head: int, last, count, b: int) -> dict:

@@ -30,7 +30,7 @@ from poskernel_tl.reducers.registry import head_columns
 from poskernel_tl.report import extras
 from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.figures import model_label
-from poskernel_tl.report.html import json_for_script, write_page
+from poskernel_tl.report.html import write_script_data
 from poskernel_tl.report.tables import dataset_label
 
 DATA_DIR = "data"
@@ -209,9 +209,7 @@ def condition_payload(cond: Condition, long: dict | None = None) -> dict:
 def write_data(report_dir: str | Path, cond: Condition, long: dict | None = None) -> Path:
     """Write the condition's data file (temp file + rename) and return its path."""
     payload = condition_payload(cond, long)
-    text = (f"(window.{GLOBAL} = window.{GLOBAL} || {{}})[{json_for_script(payload['key'])}]"
-            f" = {json_for_script(payload)};\n")
-    return write_page(data_path(report_dir, cond.result), text)
+    return write_script_data(data_path(report_dir, cond.result), GLOBAL, payload["key"], payload)
 
 
 __all__ = ["DATA_DIR", "GLOBAL", "condition_key", "condition_payload", "data_path",
