@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from poskernel_tl.fit.blocks import block_size, fit_blocks
+from poskernel_tl.reducers.long_view import CHECK_ROWS
 from poskernel_tl.report.collect import Condition
 from poskernel_tl.report.html import write_script_data
 from poskernel_tl.report.viewer_data import DATA_DIR, condition_key, num, typed
@@ -49,7 +50,7 @@ def _head(r, part, i: int, layer: int, head: int, last, count, b: int) -> dict:
         err = float(part.factor_err[layer, head])
         long["factorNote"] = ("Zoom: logits recomputed in the page as scale · q · k from the "
                               f"run's float16 q and k (max |error| {err:.2g} of the largest "
-                              "|logit| on 64 sampled rows).")
+                              f"|logit| on {CHECK_ROWS} sampled rows).")
     return {"long": long, "notes": notes}
 
 

@@ -29,13 +29,13 @@ import numpy as np
 from jaxtyping import Float
 
 from poskernel_tl.fit.blocks import N_BLOCKS, block_size, fit_blocks, fit_mask
+from poskernel_tl.reducers.long_view import CHECK_ROWS  # rows sampled for the factors' error
 from poskernel_tl.report.viewer_data import num, typed
 
 ZOOM = 256  # the default zoom window: ZOOM rows × ZOOM keys
 ZOOM_MAX = 512  # the largest window the page draws at full resolution
 NOTEBOOK_FACTOR_BYTES = 384 << 10  # a notebook view's q, k and lse whole up to this, else
 # its first window's (T = 8192, d_head 64: 2.1 MB whole; 66 kB for 256 rows and keys)
-CHECK_ROWS = 64  # rows sampled to measure the float16 factors' error
 FACTOR_TOL = 1e-3  # relative error above which the logits are not scale · q · kᵀ
 
 
@@ -210,6 +210,6 @@ def long_payload(data, g, g_back, n_blocks: int = N_BLOCKS, *, window=None,
     return out, notes if factors is not None else notes + [why]
 
 
-__all__ = ["CHECK_ROWS", "FACTOR_TOL", "NOTEBOOK_FACTOR_BYTES", "ZOOM", "ZOOM_MAX",
+__all__ = ["FACTOR_TOL", "NOTEBOOK_FACTOR_BYTES", "ZOOM", "ZOOM_MAX",
            "Factors", "assemble", "factor_bytes", "factor_check", "factor_window",
            "long_payload", "maps_from_sums", "overview", "overview_maps", "row_lse"]
