@@ -50,7 +50,7 @@ def test_full_context_is_planned_per_kind_of_layer(gemma3):
     """At T = 32,768 (4 random-token sequences) the local layers keep their band in
     Track B's accumulator, the global ones the sequences' factors, and the run fits a 16 GiB
     budget in 4 blocks of layers (3 with the README's 16.3 GiB); at T = 2048 the global
-    layers keep the triangle."""
+    layers keep the triangle, at 8192 their factors (as fast, a smaller state)."""
     from poskernel_tl.plan import batching
     from poskernel_tl.reducers import gram_cost
 
@@ -65,3 +65,7 @@ def test_full_context_is_planned_per_kind_of_layer(gemma3):
     assert "the accumulator on the band Δ ≤ 511" in plan.why
     short = batching.plan_measure(gemma3, batching.Workload(2048, 4, 0), "auto", "16G")
     assert not any(short.factors) and not short.blocked
+    # at 8192 the global layers' factors are as fast as their triangle and a smaller state
+    mid = batching.plan_measure(gemma3, batching.Workload(8192, 4, 0), "auto", "16G")
+    assert mid.factors == tuple(m is None for m in gram_cost.layer_lags(gemma3, 8192))
+    assert "with a smaller state" in mid.why and not mid.blocked

@@ -276,8 +276,7 @@ def path_reason(seconds: dict[Path, float], path: Path, n_blocks: int, budget: i
     if path == faster:
         other = list(seconds)[1]
         if seconds[other] == seconds[path]:  # factors forming the blocks: as dear
-            return f"{name(path)} ({est}; the factors as fast, the accumulator kept " \
-                   "where it fits)"
+            return f"{name(path)} ({est}; as fast as {name(other)}, with a smaller state)"
         return f"{name(path)}: {est}, against {seconds[other]:.0f} s for {name(other)}"
     return f"{name(path)} ({est}): {name(faster)} ({seconds[faster]:.0f} s) " \
            f"does not fit {gib(budget)} in {n_blocks} pass{'es' if n_blocks > 1 else ''}"

@@ -94,14 +94,16 @@ def as_path(path: Path | bool, n_layers: int) -> Path:
 def track_b_paths(model: LoadedModel, length: int, n_eval: int, full: bool
                   ) -> dict[Path, float]:
     """The paths Track B may take, one choice per kind of layer (its window: layers alike
-    choose alike), fastest first (ties: the fewer factors), with their estimated CPU
-    seconds. Factors never where full matrices are to be returned."""
+    choose alike), fastest first (ties: the smaller state, then the fewer factors), with
+    their estimated CPU seconds. Factors never where full matrices are to be returned."""
     lags = layer_lags(model, length)
     kinds = sorted(set(lags), key=lambda m: -1 if m is None else m)
     choices = itertools.product(*[(False,) if full else (False, True) for _ in kinds])
     paths = [tuple(c[kinds.index(m)] for m in lags) for c in choices]
     seconds = {p: track_b_seconds(model, length, n_eval, p) for p in paths}
-    return dict(sorted(seconds.items(), key=lambda p: (p[1], sum(p[0]))))
+    every = range(len(lags))
+    return dict(sorted(seconds.items(), key=lambda p: (
+        p[1], gram_block_bytes(model, length, full, n_eval, p[0], every), sum(p[0]))))
 
 
 def gram_factors(model: LoadedModel, length: int, n_eval: int, full: bool) -> Path:
