@@ -55,3 +55,54 @@ def test_hook_shapes_and_scores_all_layers(smollm2):
         ours = LayerBatch(layer, q, k, torch.arange(1), scale).scores
         worst = max(worst, (ours - scores[layer])[..., tri].abs().max().item())
     assert worst < SCORES_TOL, f"max diff {worst:.3g}"
+
+
+def _conversion_round_trip(name: str, monkeypatch, tmp_path, text: str):
+    """from_gguf twice with an empty cache: the first converts the GGUF file and keeps the
+    result, the second reads the kept folder (no GGUF read) and gives the same weights,
+    config, token ids and logits; a damaged copy is converted again."""
+    import transformers
+
+    from poskernel_tl.models import embedded
+    from poskernel_tl.models.registry import REGISTRY
+
+    spec = REGISTRY[name]
+    assembled = embedded.weights_path(spec)  # an assembled file stays where it is
+    monkeypatch.setattr(embedded, "weights_path", lambda s: assembled)
+    monkeypatch.setenv("POSKERNEL_CACHE", str(tmp_path))
+    first, tok1 = embedded.from_gguf(spec, torch.float32, progress=False)
+    folder = embedded.converted_dir(spec)
+    assert (folder / "float32" / "model.safetensors").is_file()
+    assert (folder / "tokenizer" / "tokenizer_config.json").is_file()
+    reads = []
+    real = transformers.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **kw: reads.append(kw.get("gguf_file")) or real(*a, **kw))
+    second, tok2 = embedded.from_gguf(spec, torch.float32, progress=False)
+    assert reads == [None]  # the kept folder, not the GGUF file
+    a, b = first.state_dict(), second.state_dict()
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    diff = {k for k, v in first.config.to_diff_dict().items()
+            if second.config.to_diff_dict().get(k) != v} - {"quantization_config"}
+    assert not diff, diff
+    ids1, ids2 = tok1(text)["input_ids"], tok2(text)["input_ids"]
+    assert ids1 == ids2 and tok1.name_or_path == tok2.name_or_path == assembled.name
+    ids = torch.tensor([ids1[:64]])
+    with torch.no_grad():
+        assert torch.equal(first(ids).logits, second(ids).logits)
+    (folder / "float32" / "model.safetensors").write_bytes(b"damaged")
+    third, _ = embedded.from_gguf(spec, torch.float32, progress=False)
+    assert reads[-1] == assembled.name  # converted again
+    assert all(torch.equal(a[k], third.state_dict()[k]) for k in a)
+
+
+def test_the_gguf_conversion_is_kept_and_read_back_the_same(monkeypatch, tmp_path):
+    _conversion_round_trip("smollm2-135m", monkeypatch, tmp_path,
+                           "def f(x):\n    return x ** 2  # Héllo, wörld! 1905 " * 8)
+
+
+@pytest.mark.gemma3
+@pytest.mark.slow
+def test_gemma3_conversion_is_kept_and_read_back_the_same(monkeypatch, tmp_path):
+    _conversion_round_trip("gemma3-270m", monkeypatch, tmp_path,
+                           "def f(x):\n    return x ** 2  # Héllo, wörld! 1905 日本語 " * 8)
