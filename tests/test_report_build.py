@@ -313,3 +313,31 @@ def test_table_cells_in_markdown_and_html():
     html = table_html(df)
     assert "<th>a|b</th>" in html and "<td>0.1235</td>" in html
     assert "<td>x|y\n&lt;b&gt;</td>" in html and html.count("<td>–</td>") == 4
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+def test_released_pages_keep_their_contents_and_leave_the_rss(tmp_path):
+    """release_pages is a hint that keeps every value (a mapped file's array, an ordinary
+    array); a mapped file's pages read once leave the process's RSS (Linux ≥ 5.4)."""
+    import re
+
+    from poskernel_tl.plan.allocator import release_pages
+
+    def rss() -> int:
+        return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read())[1]) * 1024
+
+    values = np.random.default_rng(0).standard_normal((64 << 20) // 8)  # 64 MiB
+    path = tmp_path / "a.npy"
+    np.save(path, values)
+    mapped = np.load(path, mmap_mode="r")
+    before = rss()
+    total = float(mapped.sum())  # every page read
+    read = rss()
+    release_pages(mapped)
+    after = rss()
+    assert np.array_equal(mapped, values) and float(mapped.sum()) == total
+    plain = values.copy()
+    release_pages(plain)
+    assert np.array_equal(plain, values)
+    assert read - before > values.nbytes // 2  # the mapped pages count in the RSS once read
+    assert after < read - values.nbytes // 2, (before, read, after)  # and leave it

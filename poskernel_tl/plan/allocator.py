@@ -23,6 +23,7 @@ a caller knows it is done with it (the report, after each condition).
 """
 
 import ctypes
+import mmap
 import os
 
 import numpy as np
@@ -30,6 +31,8 @@ import numpy as np
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 MMAP_THRESHOLD = 1 << 30  # blocks up to 1 GiB from the heap
 TRIM_THRESHOLD = (1 << 31) - 1  # free heap kept up to 2 GiB (mallopt takes an int)
+MADV_PAGEOUT = 21  # Linux ≥ 5.4: reclaim these pages now (their contents kept)
+PAGE = mmap.PAGESIZE
 
 
 def reuse_freed_memory() -> bool:
@@ -62,4 +65,21 @@ def release_freed_memory() -> None:
         pass
 
 
-__all__ = ["release_freed_memory", "reuse_freed_memory"]
+def release_pages(a: np.ndarray) -> None:
+    """Ask the kernel to reclaim the whole pages of ``a``'s memory (Linux's MADV_PAGEOUT,
+    a hint that keeps the contents: the clean pages of a mapped file leave the process's
+    RSS and are read again if touched; memory without a file behind it stays). For a
+    mapped array read once, e.g. a saved sequence's logits in the report; a no-op where
+    the call is missing."""
+    start = a.__array_interface__["data"][0]
+    lo, hi = -(-start // PAGE) * PAGE, (start + a.nbytes) // PAGE * PAGE
+    if hi <= lo:
+        return
+    try:
+        madvise = ctypes.CDLL("libc.so.6").madvise
+    except (OSError, AttributeError):
+        return
+    madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_PAGEOUT)
+
+
+__all__ = ["release_freed_memory", "release_pages", "reuse_freed_memory"]

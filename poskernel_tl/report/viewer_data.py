@@ -26,6 +26,7 @@ from jaxtyping import Float
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import LABELS, SOURCES
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.plan.allocator import release_pages
 from poskernel_tl.reducers.registry import head_columns
 from poskernel_tl.report import extras
 from poskernel_tl.report.collect import Condition
@@ -101,6 +102,7 @@ def quantize_logits(logits: Float[np.ndarray, "layer head_index query_pos key_po
     lo, step = np.empty((L, H), np.float32), np.empty((L, H), np.float32)
     for layer in range(L):
         x = np.take(np.asarray(logits[layer], np.float32).reshape(H, T * T), flat, axis=-1)
+        release_pages(np.asarray(logits[layer]))  # a mapped file's pages, read once
         # nanmin/nanmax: a damaged matrix's NaN are skipped
         lo[layer], hi = np.nanmin(x, axis=-1), np.nanmax(x, axis=-1)
         step[layer] = (hi - lo[layer]) / np.float32(255.0)
