@@ -17,7 +17,10 @@ SS(a1−1−c0) − SS(a0−1−c0) − SS(a1−1−c1) + SS(a0−1−c1): O(T +
 import math
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from jaxtyping import Bool, Float
+from torch import Tensor
 
 N_BLOCKS = 256  # the overview's grid: at most N_BLOCKS × N_BLOCKS blocks
 
@@ -41,9 +44,28 @@ def fit_mask(T: int, two_sided: bool = False, max_lag: int | None = None,
              rows: slice = slice(None)) -> Bool[np.ndarray, "query_pos key_pos"]:
     """The entries a head's fit reads, of the rows ``rows``: every off-diagonal one
     (``two_sided``), else the strict lower triangle, up to offset ``max_lag`` (a sliding
-    window) where given (:func:`read_offsets`)."""
-    lag = np.arange(T)[rows][:, None] - np.arange(T)[None]
-    return read_offsets(T, two_sided, max_lag)[lag + T - 1]
+    window) where given (:func:`read_offsets`: entry (t, s) is offset t − s, read from a
+    Toeplitz view of the offsets, so that no T × T index is formed)."""
+    back = read_offsets(T, two_sided, max_lag)[::-1]  # back[T − 1 − t + s] = (t − s read)
+    return np.lib.stride_tricks.sliding_window_view(back, T)[::-1][rows].copy()
+
+
+def read_mask(T: int, two_sided: bool, last: int | None, rows: Tensor, keys: Tensor
+              ) -> Bool[Tensor, "query_pos key_pos"]:
+    """:func:`fit_mask` of query positions ``rows`` against key positions ``keys`` (index
+    tensors on the device that holds them)."""
+    keep = torch.as_tensor(read_offsets(T, two_sided, last), device=rows.device)
+    return keep[rows[:, None] - keys[None] + T - 1]
+
+
+def reduce_blocks(x: Float[Tensor, "*head row key"], b: int
+                  ) -> Float[Tensor, "*head row_block key_block"]:
+    """Sums over b × b blocks of the last two axes (zero-padded at their ends): the
+    overview's reduction of a block of rows against keys whose first row and key are
+    multiples of b."""
+    r, w = x.shape[-2:]
+    x = F.pad(x, (0, -w % b, 0, -r % b))
+    return x.unflatten(-1, (-1, b)).unflatten(-3, (-1, b)).sum((-3, -1))
 
 
 def offset_function(g: Float[np.ndarray, "*head lag"], g_back, keep: np.ndarray
@@ -85,4 +107,4 @@ def fit_blocks(g, g_back, T: int, b: int, two_sided: bool, last: int | None
 
 
 __all__ = ["N_BLOCKS", "block_size", "block_sums", "fit_blocks", "fit_mask", "offset_function",
-           "read_offsets"]
+           "read_mask", "read_offsets", "reduce_blocks"]

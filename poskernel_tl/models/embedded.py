@@ -134,22 +134,32 @@ def _keep(folder: Path, write) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _kept(folder: Path, marker: str, read, convert, write):
+    """``read(folder)`` where a kept copy is (``marker`` in it), else ``convert()`` and keep
+    its result with ``write(result, tmp)``; a copy that cannot be read is converted again."""
+    from safetensors import SafetensorError
+
+    if (folder / marker).is_file():
+        try:
+            return read(folder)
+        except (OSError, ValueError, RuntimeError, SafetensorError):  # damaged
+            shutil.rmtree(folder, ignore_errors=True)
+    result = convert()
+    _keep(folder, lambda tmp: write(result, tmp))
+    return result
+
+
 def gguf_tokenizer(spec: ModelSpec):
     """The tokenizer stored in a GGUF entry's file: converted once (≈ 15 s for
     Gemma-3-270M's 262,144 tokens) and kept in :func:`converted_dir` as a Hugging Face
     tokenizer folder (read back in a fraction of a second; the same token ids, tested)."""
     from transformers import AutoTokenizer
 
-    path, folder = weights_path(spec), converted_dir(spec) / "tokenizer"
-    tokenizer = None
-    if (folder / "tokenizer_config.json").is_file():
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-        except (OSError, ValueError):  # a damaged copy: convert again
-            shutil.rmtree(folder, ignore_errors=True)
-    if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        _keep(folder, tokenizer.save_pretrained)
+    path = weights_path(spec)
+    tokenizer = _kept(converted_dir(spec) / "tokenizer", "tokenizer_config.json",
+                      AutoTokenizer.from_pretrained,
+                      lambda: AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name),
+                      lambda tok, tmp: tok.save_pretrained(tmp))
     tokenizer.name_or_path = path.name  # what a sequence file records: the GGUF file
     return tokenizer
 
@@ -179,21 +189,17 @@ def from_gguf(spec: ModelSpec, dtype: torch.dtype, progress: bool = True):
     path = weights_path(spec)
     if importlib.util.find_spec("gguf") is None:
         raise ModelUnavailableError("reading GGUF weights needs the gguf package: pip install gguf")
-    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    folder = converted_dir(spec) / str(dtype).removeprefix("torch.")
-    if (folder / "model.safetensors").is_file():
-        try:
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype,
-                                                         attn_implementation="eager")
-            return model, gguf_tokenizer(spec)
-        except (OSError, ValueError, RuntimeError, SafetensorError):  # damaged: convert again
-            shutil.rmtree(folder, ignore_errors=True)
-    with gguf_progress(progress):
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=dtype, attn_implementation="eager")
-    _keep(folder, lambda tmp: _save_dequantized(model, tmp))
+    def convert():
+        with gguf_progress(progress):
+            return AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=dtype, attn_implementation="eager")
+
+    model = _kept(converted_dir(spec) / str(dtype).removeprefix("torch."), "model.safetensors",
+                  lambda folder: AutoModelForCausalLM.from_pretrained(
+                      folder, dtype=dtype, attn_implementation="eager"),
+                  convert, _save_dequantized)
     return model, gguf_tokenizer(spec)
 
 

@@ -24,11 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 
 from poskernel_tl.constants import VIEW_TOKENS, VIS_DIR
-from poskernel_tl.fit.blocks import block_size
+from poskernel_tl.fit.blocks import block_size, read_mask, reduce_blocks
 from poskernel_tl.models.softmax_terms import logsumexp_with_sinks, sink_logits
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import ROWS, score_blocks
@@ -57,13 +56,6 @@ class LongView(Part):
     @property
     def seq_id(self) -> int:
         return int(np.asarray(self.seq).ravel()[0])
-
-
-def _reduce(x: torch.Tensor, b: int) -> torch.Tensor:
-    """[H, r, w] → [H, ⌈r/b⌉, ⌈w/b⌉] block sums (zero-padded at the ends)."""
-    H, r, w = x.shape
-    x = F.pad(x, (0, -w % b, 0, -r % b))
-    return x.reshape(H, x.shape[1] // b, b, x.shape[2] // b, b).sum((2, 4))
 
 
 class LongViewReducer:
@@ -97,12 +89,12 @@ class LongViewReducer:
             A = A.reshape(H, r1 - r0, -1)
             row_lse = logsumexp_with_sinks(torch.logsumexp(A, -1), sinks)
             lse[:, r0:r1] = row_lse
-            lag = torch.arange(r0, r1, device=A.device)[:, None] - \
-                torch.arange(lo, lo + A.shape[-1], device=A.device)[None]
-            read = (lag != 0) if last is None else (lag >= 1) & (lag <= last)
+            read = read_mask(self.T, not self.causal, last,
+                             torch.arange(r0, r1, device=A.device),
+                             torch.arange(lo, lo + A.shape[-1], device=A.device))
             rb, kb = slice(r0 // b, -(-r1 // b)), slice(lo // b, lo // b + -(-A.shape[-1] // b))
-            a_sum[:, rb, kb] += _reduce(torch.where(read, A, 0.0), b).double()
-            mass[:, rb, kb] += _reduce((A - row_lse[..., None]).exp(), b).double()
+            a_sum[:, rb, kb] += reduce_blocks(torch.where(read, A, 0.0), b).double()
+            mass[:, rb, kb] += reduce_blocks((A - row_lse[..., None]).exp(), b).double()
         rows_per_block = torch.clamp(self.T - torch.arange(n, device=mass.device) * b, max=b)
         self.layers[batch.layer] = {"logit_sum": a_sum,
                                     "mass": mass / rows_per_block[:, None].to(mass),
@@ -121,8 +113,8 @@ class LongViewReducer:
         exact = torch.einsum("rhd,shd->hrs", q[0, rows], kk) * batch.scale
         approx = torch.einsum("rhd,shd->hrs", q16[rows].float(),
                               k16.float().repeat_interleave(g, 1)) * batch.scale
-        lag = rows[:, None] - torch.arange(self.T, device=q.device)[None]
-        read = (lag != 0) if last is None else (lag >= 1) & (lag <= last)
+        read = read_mask(self.T, not self.causal, last, rows,
+                         torch.arange(self.T, device=q.device))
         err = torch.where(read, (approx - exact).abs(), 0.0).amax((1, 2))
         size = torch.where(read, exact.abs(), 0.0).amax((1, 2)).clamp_min(1e-30)
         return {"q": q16.transpose(0, 1), "k": k16.transpose(0, 1), "factor_err": err / size}

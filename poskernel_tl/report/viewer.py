@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from poskernel_tl.constants import VIEW_TOKENS
 from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.fit.toeplitz import shift_invariance_r2, shift_invariance_r2_two_sided
 from poskernel_tl.io import atomic_write
@@ -191,7 +192,7 @@ def _frame_table(title: str, df: pd.DataFrame) -> dict:
     return {"title": title, "columns": [str(c) for c in df.columns], "rows": rows}
 
 
-def head_payload(data: HeadPageData, max_tokens: int = 256, *,
+def head_payload(data: HeadPageData, max_tokens: int = VIEW_TOKENS, *,
                  factor_budget: int | None = None) -> dict:
     """The viewer's payload for one head (arrays as base64 typed arrays). Past
     ``max_tokens`` tokens the whole matrix travels as an overview of blocks and the zoom's
@@ -201,8 +202,8 @@ def head_payload(data: HeadPageData, max_tokens: int = 256, *,
     T = len(data.tokens)
     n = min(T, max_tokens)
     r2, g, g_back = toeplitz_fit(data.logits, data.two_sided, data.max_lag)
-    keep = fit_mask(T, data.two_sided, data.max_lag)
-    logits = np.where(keep[:n, :n], np.asarray(data.logits)[:n, :n], np.nan)
+    keep = fit_mask(T, data.two_sided, data.max_lag, slice(0, n))[:, :n]
+    logits = np.where(keep, np.asarray(data.logits)[:n, :n], np.nan)
     notes, long = list(data.notes), None
     if n < T and data.q is not None:
         long, more = long_payload(data, g, g_back, factor_budget=factor_budget)
@@ -255,7 +256,7 @@ def zoom_payload(data: HeadPageData, window: tuple[int, int, int, int]) -> dict:
 SHARED = "shared"  # ``assets_rel`` of a block that uses the assets an earlier block loaded
 
 
-def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 256,
+def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = VIEW_TOKENS,
               include_style: bool = True, lean: bool = False,
               factor_budget: int | None = None, zoom: tuple | None = None,
               **_ignored) -> str:
@@ -284,7 +285,7 @@ def head_html(data: HeadPageData, *, assets_rel: str | None, max_tokens: int = 2
 
 
 def write_head_page(path: str | os.PathLike, data: HeadPageData, *, assets_rel: str | None,
-                    max_tokens: int = 256, zoom: tuple | None = None, **_ignored) -> Path:
+                    max_tokens: int = VIEW_TOKENS, zoom: tuple | None = None, **_ignored) -> Path:
     """Write ``data`` as a standalone page at ``path``; ``assets_rel`` and ``zoom`` as in
     :func:`head_html` (call :func:`write_assets` once for the folder it names)."""
     block = head_html(data, assets_rel=assets_rel, max_tokens=max_tokens, include_style=False,

@@ -26,9 +26,10 @@ adds terms) gets the overview only, with a note saying why.
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from jaxtyping import Float
 
-from poskernel_tl.fit.blocks import N_BLOCKS, block_size, fit_blocks, fit_mask
+from poskernel_tl.fit.blocks import N_BLOCKS, block_size, fit_blocks, fit_mask, reduce_blocks
 from poskernel_tl.reducers.long_view import CHECK_ROWS  # rows sampled for the factors' error
 from poskernel_tl.report.viewer_data import num, typed
 
@@ -58,14 +59,13 @@ def overview_maps(logits, pattern, g, g_back, two_sided: bool, max_lag: int | No
     T = logits.shape[0]
     b, n = block_size(T, n_blocks)
     a_sum, mass = np.zeros((n, n)), np.zeros((n, n))
-    pad = n * b - T
     for i in range(n):
         rows = slice(i * b, min((i + 1) * b, T))
         keep = fit_mask(T, two_sided, max_lag, rows)
-        a = np.where(keep, np.asarray(logits[rows], np.float64), 0.0)
-        p = np.nan_to_num(np.asarray(pattern[rows], np.float64))
-        a_sum[i] = np.pad(a, ((0, 0), (0, pad))).reshape(len(a), n, b).sum(axis=(0, 2))
-        mass[i] = np.pad(p, ((0, 0), (0, pad))).reshape(len(p), n, b).sum(axis=(0, 2)) / len(p)
+        a = torch.from_numpy(np.where(keep, np.asarray(logits[rows], np.float64), 0.0))
+        p = torch.from_numpy(np.nan_to_num(np.asarray(pattern[rows], np.float64)))
+        a_sum[i] = reduce_blocks(a, b)[0].numpy()
+        mass[i] = reduce_blocks(p, b)[0].numpy() / len(p)
     f_sum, count = fit_blocks(g, g_back, T, b, two_sided, max_lag)
     return b, maps_from_sums(a_sum, f_sum, count, mass)
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from poskernel_tl import constants as C
 from poskernel_tl import protocol
 from poskernel_tl.data.sequences import centering_mask, ensure_sequences, eval_mask
 from poskernel_tl.measurement.measure import measure
@@ -61,8 +60,6 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None
     cond = prepare(cfg, model)
     n_eval = len(cond.eval_tokens)
     logits_for = [i for i in protocol.VIS_EVAL_INDICES if i < n_eval] if cfg.wants_logits() else []
-    if cfg.length > C.VIEW_TOKENS:  # one sequence's long view (reducers/long_view.py)
-        logits_for = logits_for[:1]
     result = measure(
         cond.model, cond.eval_tokens, cond.centering_tokens, **cfg.measure_kwargs(),
         progress=cfg.progress, seq_id=cond.eval_seq_id, logits_for=logits_for,
