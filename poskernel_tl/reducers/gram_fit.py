@@ -12,7 +12,8 @@ the per-lag sums and the sum of squares (:mod:`poskernel_tl.fit.toeplitz`), and 
 
 over the strictly lower triangle (B_low: B with the entries s ≥ t zeroed). The U·Vᵀ terms
 are the identities Track A uses for q·kᵀ (:mod:`poskernel_tl.reducers.lag_sums`: an FFT
-cross-correlation, a running key moment). B_low·V is linear in V = [k̄ − b, m_k − b], so
+cross-correlation, a running key moment; under a window of a few times the rank, the
+band's entries, :mod:`poskernel_tl.reducers.band_sums`). B_low·V is linear in V = [k̄ − b, m_k − b], so
 ``Y = B_low·X`` with X the distinct vectors among k̄, m_k and the centerings b serves
 every variant. B's own pieces (S1_B, Σ B², Y) come
 
@@ -46,12 +47,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.fit.toeplitz import lag_counts, r2_two_sided
+from poskernel_tl.reducers.band_sums import band_is_cheaper
 from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX, gram_row_blocks
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
     before,
     cast_permuted,
     lag_sums,
+    lower_stats,
     lower_sum_squares,
     windowed,
 )
@@ -303,10 +306,13 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
     s1_up, sq_up, diag = pieces.s1_up, pieces.sq_up, pieces.diag
     if u is not None:
         ut, vt = u.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, T, heads, rank]
-        s1 = s1 + scale * windowed(lag_sums(ut, vt, 1.0)[0], max_lag)
-        cross = (u * w).sum(dim=(1, 2))
-        sq = sq + 2 * scale * cross + scale * scale * lower_sum_squares(
-            ut, vt, 1.0, max_lag=max_lag, dtype=FIT_DTYPE)[0]
+        if band_is_cheaper(ut.shape[1], max_lag, ut.shape[-1]):  # float64, on the band
+            s1_uv, sq_uv, _ = lower_stats(ut, vt, 1.0, max_lag=max_lag)
+        else:
+            s1_uv = windowed(lag_sums(ut, vt, 1.0), max_lag)
+            sq_uv = lower_sum_squares(ut, vt, 1.0, max_lag=max_lag, dtype=FIT_DTYPE)
+        s1 = s1 + scale * s1_uv[0]
+        sq = sq + 2 * scale * (u * w).sum(dim=(1, 2)) + scale * scale * sq_uv[0]
         if s1_up is not None:  # Gᵀ = Bᵀ + scale·V·Uᵀ
             s1_up = s1_up + scale * lag_sums(vt, ut, 1.0)[0]
             sq_up = sq_up + 2 * scale * (u * w_up).sum(dim=(1, 2)) + \

@@ -50,6 +50,7 @@ from torch import Tensor
 
 from poskernel_tl.fit.variants import STRIP
 from poskernel_tl.protocol import band_ends
+from poskernel_tl.reducers.band_sums import band_is_cheaper, band_lag_sums, band_part_sums
 
 ACC = torch.float64
 DEFAULT_CHUNK = 64
@@ -191,8 +192,14 @@ def band_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
     """Σ (scale·q_t·k_s)² over the whole strictly lower triangle, over t − s ≤ ``max_lag``
     (the whole again without one) and over each band of offsets of the partition
     :func:`~poskernel_tl.protocol.band_ends` (0 past ``max_lag``), from one
-    :func:`sum_squares_upto` (products formed in ``dtype``)."""
+    :func:`sum_squares_upto` (products formed in ``dtype``); a window the band path
+    sums more cheaply (:func:`~poskernel_tl.reducers.band_sums.band_is_cheaper`) from
+    its band's entries, the whole triangle then by the running moment alone."""
     T = q.shape[1]
+    if band_is_cheaper(T, max_lag, q.shape[-1]):
+        _, s2 = band_lag_sums(q, k, scale, max_lag, dtype)
+        return (lower_sum_squares(q, k, scale, chunk, dtype=dtype), s2.sum(-1),
+                band_part_sums(s2, T))
     last = T - 1 if max_lag is None else min(max_lag, T - 1)
     ends = band_ends(T)
     upto = sum_squares_upto(q, k, scale, [T - 1, last] + [min(e, last) for e in ends], chunk,
@@ -348,7 +355,12 @@ def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
                            Float[Tensor, "batch head_index part"]]:
     """(S1(Δ), Σ A², Σ A² of each band of offsets) of the strictly lower triangle of
     scale·q·kᵀ (identities 1, 2), over t − s ≤ ``max_lag`` where given, formed in
-    ``dtype`` with float64 totals; for the permutation null, pass q[:, π], k[:, π]."""
+    ``dtype`` with float64 totals; for the permutation null, pass q[:, π], k[:, π]. A
+    window the band path sums more cheaply is summed on its band alone (no FFT)."""
+    T = q.shape[1]
+    if band_is_cheaper(T, max_lag, q.shape[-1]):
+        s1, s2 = band_lag_sums(q, k, scale, max_lag, dtype)
+        return F.pad(s1, (0, T - 1 - s1.shape[-1])), s2.sum(-1), band_part_sums(s2, T)
     _, kept, bands = band_sum_squares(q, k, scale, chunk, max_lag, dtype)
     return windowed(lag_sums(q, k, scale, dtype), max_lag), kept, bands
 
