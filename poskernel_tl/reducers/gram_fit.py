@@ -13,9 +13,9 @@ the per-lag sums and the sum of squares (:mod:`poskernel_tl.fit.toeplitz`), and 
 over the strictly lower triangle (B_low: B with the entries s ≥ t zeroed). The U·Vᵀ terms
 are the identities Track A uses for q·kᵀ (:mod:`poskernel_tl.reducers.lag_sums`: an FFT
 cross-correlation, a running key moment; under a window of a few times the rank, the
-band's entries, :mod:`poskernel_tl.reducers.band_sums`). B_low·V is linear in V = [k̄ − b, m_k − b], so
-``Y = B_low·X`` with X the distinct vectors among k̄, m_k and the centerings b serves
-every variant. B's own pieces (S1_B, Σ B², Y) come
+band's entries, :mod:`poskernel_tl.reducers.band_sums`). B_low·V is linear in
+V = [k̄ − b, m_k − b], so ``Y = B_low·X`` with X the distinct vectors among k̄, m_k and the
+centerings b serves every variant. B's own pieces (S1_B, Σ B², Y) come
 
 - from the accumulator (:func:`dense_pieces`), one block of query rows at a time: the
   block in float64, its sub-diagonals read as strided lines, one matmul for Y;
