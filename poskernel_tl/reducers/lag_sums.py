@@ -110,10 +110,10 @@ def cross_correlation(q: Float[Tensor, "batch pos head_index d_head"],
     kv = k.shape[2]
     if scipy is None:
         scipy = q.device.type == "cpu" and dtype == torch.float64 and n >= SCIPY_FROM
-    if scipy:
+    if scipy:  # on rows already zero-padded to n (scipy's own padding is the slower)
         workers = torch.get_num_threads()
-        qf, kf = (sp_fft.rfft(cast_permuted(x, (0, 2, 3, 1), dtype).numpy(), n=n, workers=workers)
-                  for x in (q, k))
+        qf, kf = (sp_fft.rfft(_padded_acc(x, n, dtype).numpy(), workers=workers,
+                              overwrite_x=True) for x in (q, k))
         f = qf.shape[-1]
         spec = np.einsum("bkgdf,bkdf->bkgf", qf.reshape(b, kv, H // kv, d, f), kf.conj())
         return torch.from_numpy(sp_fft.irfft(spec.reshape(b, H, f), n=n, workers=workers))
