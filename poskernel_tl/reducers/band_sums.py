@@ -17,8 +17,9 @@ Cost per head O(T·(W + C)·d) in matmuls of a good shape, memory O(C·(W + C)) 
 beyond q and k: for a window of a few d_head (Gemma 3's 512 at d_head 256) cheaper than
 the FFT cross-correlation plus the running moments of :mod:`poskernel_tl.reducers.lag_sums`
 (which cost the same whatever the window) and exact alike; :func:`band_is_cheaper`
-says which. The blocks are formed and summed over chunks in ``dtype`` (float64 exact;
-float32 for the permutation null, ~1e-7 relative), the lines summed in float64.
+says which. The blocks are formed and summed over a piece's chunks in ``dtype`` (float64
+exact; float32 for the permutation null, ~1e-7 relative), the pieces and the lines summed
+in float64.
 """
 
 import torch
@@ -64,17 +65,23 @@ def band_lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
         F.pad(q, (0, 0, 0, 0, 0, nc * C - T)).view(b, nc, C, kv, g, d).permute(0, 3, 1, 4, 2, 5))
     kp = torch.zeros(b, kv, P + nc * C, d, dtype=dtype, device=q.device)
     kp[:, :, P:P + T] = k.transpose(1, 2)
-    r1 = torch.zeros(b, kv, g * C, span, dtype=dtype, device=q.device)
+    # each piece's sums over its chunks in ``dtype``, the pieces' in float64
+    r1 = torch.zeros(b, kv, g * C, span, dtype=ACC, device=q.device)
     r2 = torch.zeros_like(r1)
+    a1, a2 = (torch.empty_like(r1, dtype=dtype) for _ in range(2))
     step = max(1, PIECE_BYTES // (b * kv * g * C * span * qc.element_size()))
     for c0 in range(0, nc, step):
         c1 = min(nc, c0 + step)
         keys = kp[:, :, c0 * C:].as_strided((b, kv, c1 - c0, span, d),
                                             (kp.stride(0), kp.stride(1), C * d, d, 1))
         blocks = torch.matmul(qc[:, :, c0:c1], keys.transpose(-1, -2))
-        for c in range(c1 - c0):
-            r1.add_(blocks[:, :, c])
-            r2.addcmul_(blocks[:, :, c], blocks[:, :, c])
+        a1.copy_(blocks[:, :, 0])
+        a2.copy_(blocks[:, :, 0]).square_()
+        for c in range(1, c1 - c0):
+            a1.add_(blocks[:, :, c])
+            a2.addcmul_(blocks[:, :, c], blocks[:, :, c])
+        r1 += a1
+        r2 += a2
     return tuple(diagonal_sums(r.view(b, H, C, span), P, W) * s
                  for r, s in ((r1, scale), (r2, scale * scale)))
 
