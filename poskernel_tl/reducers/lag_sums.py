@@ -217,20 +217,21 @@ def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
     The chunk itself (j = 0) and the ≤ 2 key chunks W cuts through are formed explicitly
     (C × C per chunk and offset, each formed once for all ends), masked to 1 ≤ t − s ≤ W.
     Positions are zero-padded to a multiple of C (zero rows add nothing); a kv head's
-    query heads share its key moments. C is ``chunk``, in float64 at least d_head / 2
-    (Gemma-3-270M's d_head 256 at T = 8192: Track A's sums by band 218 → 189 ms with
-    C = 128 against 64; every C is exact alike). Products, the C × C squares and Q_c are
-    formed in ``dtype`` (float32 is 2–3× faster on CPU, ~1e-7 relative), the moments'
-    inner products and every total in float64."""
+    query heads share its key moments. C is ``chunk``, at least d_head / 2: on
+    Gemma-3-270M at T = 8192, Track A's float64 sums by band 218 → 189 ms and the null's
+    float32 ones 268 → 230 ms with C = 128 against 64, and with Track B's rank-512
+    correction at C = 256 the whole run's peak RSS 8.61 → 7.81 GiB (15.12 → 13.74 GiB at
+    T = 16,384). In float32 the chunking is part of the rounding (~1e-7 relative either
+    way). Products, the C × C squares and Q_c are formed in ``dtype`` (float32 is 2–3×
+    faster on CPU, ~1e-7 relative), the moments' inner products and every total in
+    float64."""
     b, T, H, d = q.shape
     if len(parts := _pieces(b, T)) > 1:
         return torch.cat([sum_squares_upto(q[p], k[p], scale, ends, chunk, dtype)
                           for p in parts])
     kv = k.shape[2]
     g = H // kv
-    # float64: at least d_head / 2 positions (longer contractions); float32 keeps ``chunk``
-    # (its chunking is its rounding: the null's and Track B's float32 sums stay as they were)
-    C = max(1, min(max(chunk, d // 2) if dtype == ACC else chunk, T))
+    C = max(1, min(max(chunk, d // 2), T))  # at least d_head / 2: longer contractions
     nc = -(-T // C)
     if nc * C > T:
         q = F.pad(q, (0, 0, 0, 0, 0, nc * C - T))
