@@ -61,8 +61,9 @@ def band_lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
     nc, P = -(-T // C), -(-W // C) * C
     span = P + C
     qc = torch.empty(b, kv, nc, g * C, d, dtype=dtype, device=q.device)
-    qc.view(b, kv, nc, g, C, d).copy_(
-        F.pad(q, (0, 0, 0, 0, 0, nc * C - T)).view(b, nc, C, kv, g, d).permute(0, 3, 1, 4, 2, 5))
+    if nc * C > T:  # (F.pad copies even when it pads nothing)
+        q = F.pad(q, (0, 0, 0, 0, 0, nc * C - T))
+    qc.view(b, kv, nc, g, C, d).copy_(q.view(b, nc, C, kv, g, d).permute(0, 3, 1, 4, 2, 5))
     kp = torch.zeros(b, kv, P + nc * C, d, dtype=dtype, device=q.device)
     kp[:, :, P:P + T] = k.transpose(1, 2)
     # each piece's sums over its chunks in ``dtype``, the pieces' in float64
@@ -88,12 +89,19 @@ def band_lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
 
 def diagonal_sums(r: Float[Tensor, "batch head_index rows keys"], P: int, W: int
                   ) -> Float[Tensor, "batch head_index lag"]:
-    """Σ_i r[..., i, i + P − Δ] for Δ = 1..W (float64): line m = P − Δ starts at column m
-    of row 0 and steps one row and one column."""
-    b, H, C, span = r.shape
-    r = r.contiguous()
-    lines = r.as_strided((b, H, P + 1, C), (*r.stride()[:2], 1, span + 1), r.storage_offset())
-    return lines.sum(-1, dtype=ACC).flip(-1)[..., 1:W + 1]
+    """Σ_i r[..., i, i + P − Δ] for Δ = 1..W (float64): the lines m = P − W .. P − 1."""
+    return diagonal_lines(r.contiguous(), P - W, W).sum(-1, dtype=ACC).flip(-1)
+
+
+def diagonal_lines(m: Float[Tensor, "*batch rows keys"], first: int, n: int
+                   ) -> Float[Tensor, "*batch line rows"]:
+    """A view of ``n`` diagonals of ``m`` (unit stride along keys): line j is
+    m[..., i, first + j + i] for every row i, starting at column first + j of row 0 and
+    stepping one row and one column. A line that runs past the end of a row reads on into
+    the next one: callers keep their lines within the rows (or zero what they reach)."""
+    *lead, rows, _ = m.shape
+    return m.as_strided((*lead, n, rows), (*m.stride()[:-2], 1, m.stride(-2) + 1),
+                        m.storage_offset() + first)
 
 
 def band_part_sums(s2: Float[Tensor, "batch head_index lag"], length: int
@@ -107,4 +115,5 @@ def band_part_sums(s2: Float[Tensor, "batch head_index lag"], length: int
     return torch.diff(at, dim=-1, prepend=torch.zeros_like(at[..., :1]))
 
 
-__all__ = ["band_is_cheaper", "band_lag_sums", "band_part_sums", "diagonal_sums"]
+__all__ = ["band_is_cheaper", "band_lag_sums", "band_part_sums", "diagonal_lines",
+           "diagonal_sums"]

@@ -47,7 +47,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.fit.toeplitz import lag_counts, r2_two_sided
-from poskernel_tl.reducers.band_sums import band_is_cheaper
+from poskernel_tl.reducers.band_sums import band_is_cheaper, diagonal_lines
 from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX, gram_row_blocks
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
@@ -99,11 +99,9 @@ def lower_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], r0: i
     H, rows, W = buf.shape
     r1 = r0 + rows
     sq = torch.linalg.vector_norm(buf[:, :, rows:], dim=(-2, -1), dtype=ACC).square()
-    # line e = r1 − 1 − Δ starts at column e + 1 of row 0 and steps one row and one column
-    lines = buf.as_strided((H, r1 - 1, rows), (buf.stride(0), 1, buf.stride(1) + 1),
-                           buf.storage_offset() + 1)
+    # line e = r1 − 1 − Δ starts at column e + 1 of row 0
     s1 = buf.new_zeros(H, length - 1)
-    s1[:, :r1 - 1] = lines.sum(-1).flip(-1)
+    s1[:, :r1 - 1] = diagonal_lines(buf, 1, r1 - 1).sum(-1).flip(-1)
     return s1, sq
 
 
@@ -119,9 +117,7 @@ def upper_block_sums(buf: Float[Tensor, "head_index rows padded_key_pos"], lengt
     sq = torch.linalg.vector_norm(buf, dim=(-2, -1), dtype=ACC).square()
     s1 = buf.new_zeros(H, length - 1)
     if n_lines > 0:
-        lines = buf.as_strided((H, n_lines, rows), (buf.stride(0), 1, buf.stride(1) + 1),
-                               buf.storage_offset() + 1)
-        s1[:, :n_lines] = lines.sum(-1)
+        s1[:, :n_lines] = diagonal_lines(buf, 1, n_lines).sum(-1)
     return s1, sq
 
 
