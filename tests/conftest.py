@@ -4,6 +4,9 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# the GPU kernels run under Triton's interpreter on CPU tensors (tests/test_kernels.py);
+# on a GPU, TRITON_INTERPRET=0 pytest --device cuda compiles them instead
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch

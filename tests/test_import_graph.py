@@ -24,6 +24,7 @@ RANKS = [
     ("models",),  # the model: registry, schemes, loading (installs the hooks' fast path)
     ("data",),
     ("fit",),
+    ("kernels",),  # the GPU's tiled kernels (Triton), which the reducers call
     ("reducers",),  # each states its own memory (and Track B its time) for the plan
     ("plan",),
     ("measurement",),

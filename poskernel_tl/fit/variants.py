@@ -96,6 +96,22 @@ def variants_of(cls) -> dict[str, Variant]:
             if "variant" in f.metadata}
 
 
+def region_mask(variant: Variant, K: int, n_lag: int, max_lag: int | None = None,
+                upper: bool = False, device=None) -> Tensor:
+    """Bool [K, n_lag]: the entries of the skewed strip :func:`region_sums` sums for
+    ``variant`` — the region's own within ``max_lag``, or (a region whose complement lies
+    in the strip) the complement's."""
+    p = torch.arange(K, device=device)[:, None]
+    lag = torch.arange(1, n_lag + 1, device=device)[None]
+    t, s = (p, p + lag) if upper else (p + lag, p)
+    mine = variant.holds(t, s)
+    if max_lag is not None:
+        mine &= lag <= max_lag
+    if not variant.inside():  # the complement, within the window
+        mine = ~variant.holds(t, s) & (lag <= (n_lag if max_lag is None else max_lag))
+    return mine
+
+
 def region_sums(skewed: Float[Tensor, "batch head_index pos lag"], variant: Variant,
                 whole: Block, max_lag: int | None = None, upper: bool = False) -> Block:
     """(S1(Δ), Σ A²) of ``variant``'s region from the skewed strip (entry (p, Δ−1) is
@@ -103,17 +119,26 @@ def region_sums(skewed: Float[Tensor, "batch head_index pos lag"], variant: Vari
     whole side's sums ``whole`` (S1 may hold lags past ``max_lag``: they pass through);
     positions past the end of the sequence are zero in the strip."""
     K, n_lag = skewed.shape[-2], skewed.shape[-1]
-    p = torch.arange(K, device=skewed.device)[:, None]
-    lag = torch.arange(1, n_lag + 1, device=skewed.device)[None]
-    t, s = (p, p + lag) if upper else (p + lag, p)
-    mine = variant.holds(t, s)
-    if max_lag is not None:
-        mine &= lag <= max_lag
-    if not variant.inside():  # the complement, within the window
-        mine = ~variant.holds(t, s) & (lag <= (n_lag if max_lag is None else max_lag))
+    mine = region_mask(variant, K, n_lag, max_lag, upper, skewed.device)
     part = torch.where(mine, skewed, 0.0)
     s1, sq = part.sum(-2), torch.linalg.vector_norm(part, dim=(-2, -1)).square()
     return (s1, sq) if variant.inside() else (whole[0] - s1, whole[1] - sq)
+
+
+def regions_sums(skewed: Float[Tensor, "batch head_index pos lag"],
+                 masks: Float[Tensor, "region pos lag"], complement: Float[Tensor, " region"],
+                 whole: Block) -> tuple[Float[Tensor, "region batch head_index lag"],
+                                        Float[Tensor, "region batch head_index"]]:
+    """:func:`region_sums` of several regions at once, in a fixed number of operations
+    (the tiled kernels' path, :mod:`poskernel_tl.reducers.tile_sums`): ``masks`` their
+    :func:`region_mask` as float64, ``complement`` 1.0 where a region is the whole less
+    its mask's entries, else 0.0. Equal to :func:`region_sums` up to the order of the
+    float64 sums."""
+    s1 = torch.einsum("bhkl,rkl->rbhl", skewed, masks)
+    sq = torch.einsum("bhkl,rkl->rbh", skewed * skewed, masks)
+    sign = (1 - 2 * complement).view(-1, 1, 1, 1)
+    c = complement.view(-1, 1, 1, 1)
+    return c * whole[0] + sign * s1, c[..., 0] * whole[1] + sign[..., 0] * sq
 
 
 def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: bool = True,
@@ -139,4 +164,5 @@ def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: 
     return float(r2)
 
 
-__all__ = ["STRIP", "Variant", "fitted", "region_sums", "variant_r2", "variants_of"]
+__all__ = ["STRIP", "Variant", "fitted", "region_mask", "region_sums", "regions_sums", "variant_r2",
+           "variants_of"]

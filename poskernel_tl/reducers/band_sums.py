@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.fit.diagonals import diagonal_sums
 from poskernel_tl.protocol import band_ends
 
 ACC = torch.float64
@@ -87,21 +88,7 @@ def band_lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
                  for r, s in ((r1, scale), (r2, scale * scale)))
 
 
-def diagonal_sums(r: Float[Tensor, "batch head_index rows keys"], P: int, W: int
-                  ) -> Float[Tensor, "batch head_index lag"]:
-    """Σ_i r[..., i, i + P − Δ] for Δ = 1..W (float64): the lines m = P − W .. P − 1."""
-    return diagonal_lines(r.contiguous(), P - W, W).sum(-1, dtype=ACC).flip(-1)
-
-
-def diagonal_lines(m: Float[Tensor, "*batch rows keys"], first: int, n: int
-                   ) -> Float[Tensor, "*batch line rows"]:
-    """A view of ``n`` diagonals of ``m`` (unit stride along keys): line j is
-    m[..., i, first + j + i] for every row i, starting at column first + j of row 0 and
-    stepping one row and one column. A line that runs past the end of a row reads on into
-    the next one: callers keep their lines within the rows (or zero what they reach)."""
-    *lead, rows, _ = m.shape
-    return m.as_strided((*lead, n, rows), (*m.stride()[:-2], 1, m.stride(-2) + 1),
-                        m.storage_offset() + first)
+_ENDS: dict = {}
 
 
 def band_part_sums(s2: Float[Tensor, "batch head_index lag"], length: int
@@ -110,10 +97,11 @@ def band_part_sums(s2: Float[Tensor, "batch head_index lag"], length: int
     per-lag squares of Δ = 1..W (0 past W: bands a window removes)."""
     W = s2.shape[-1]
     upto = torch.cumsum(s2, -1)
-    ends = torch.tensor([min(e, W) - 1 for e in band_ends(length)], device=s2.device)
-    at = upto.index_select(-1, ends)
+    key = (length, W, str(s2.device))
+    if key not in _ENDS:  # made once (no host-to-device copy per call on a GPU)
+        _ENDS[key] = torch.tensor([min(e, W) - 1 for e in band_ends(length)], device=s2.device)
+    at = upto.index_select(-1, _ENDS[key])
     return torch.diff(at, dim=-1, prepend=torch.zeros_like(at[..., :1]))
 
 
-__all__ = ["band_is_cheaper", "band_lag_sums", "band_part_sums", "diagonal_lines",
-           "diagonal_sums"]
+__all__ = ["band_is_cheaper", "band_lag_sums", "band_part_sums"]

@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from poskernel_tl import kernels
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms, cap_scores, fold_qk
 
 
@@ -76,6 +77,13 @@ class LayerBatch:
         """Whether the logits are a bilinear form of :attr:`logit_qk`, so that fits may
         stream sums of q and k (False for soft-capped logits: those read :attr:`scores`)."""
         return not self.terms.nonlinear
+
+    @cached_property
+    def on_kernels(self) -> bool:
+        """Whether this batch's statistics are read from the tiled kernels (on a GPU:
+        :func:`poskernel_tl.kernels.active`, the one rule) rather than the chunked
+        sums designed for a CPU."""
+        return kernels.active(self.q)
 
     @property
     def group(self) -> int:

@@ -13,7 +13,8 @@ them and there is no cancellation to lose precision to. It is kept either
   or every key where the full matrices are to be returned (T ≤ 256 by default). One
   in-place batched matmul
   per row block, layer and batch adds a whole batch (the batch axis folded into the
-  contraction); or
+  contraction; on a GPU one tiled kernel per layer and batch adds it to every block,
+  :mod:`poskernel_tl.kernels.gram_tiles`); or
 - as the evaluation sequences' q̃, k̃ themselves (``factors=True``), n·T·d_head per head
   instead of T²/2: the smaller state for few sequences at long T
   (:func:`~poskernel_tl.reducers.gram_cost.gram_factors`; the path is chosen per kind of
@@ -51,11 +52,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl import kernels
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.fit.toeplitz import kept_finite, sym_antisym, two_sided
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.gram_cost import as_path, gram_row_blocks
+from poskernel_tl.reducers.gram_cost import GRAM_ROWS, as_path, gram_row_blocks
 from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, variant_fit
 from poskernel_tl.reducers.moments import Moments, means_in_place
 from poskernel_tl.reducers.two_sided import check_two_sided
@@ -184,9 +186,12 @@ class GramReducer:
         self.blocks = [gram_row_blocks(length, every_key, max_lag=None if every_key else
                                        self.max_lags[L]) for L in self.layers]
         f64 = dict(dtype=torch.float64, device=device)
-        self.acc = [[] if f else
-                    [torch.zeros(n_heads, r1 - r0, k1 - k0, dtype=torch.float32, device=device)
-                     for r0, r1, k0, k1 in blocks] for f, blocks in zip(self.factors, self.blocks)]
+        # on the tiled kernels' device each layer's blocks are views of one flat buffer,
+        # updated by one launch (:mod:`poskernel_tl.kernels.gram_tiles`)
+        self.tiled = kernels.active(torch.empty(0, device=device))
+        self.flat: list[tuple[Tensor, Tensor] | None] = [None] * len(self.layers)
+        self.acc = [[] if f else self._blocks(i, n_heads, device)
+                    for i, f in enumerate(self.factors)]
         self.kept: list[list[tuple[Tensor, Tensor]]] = [[] for _ in self.layers]
         nl = len(self.layers)
         self.q_sum = torch.zeros(nl, n_heads, length, d_head, **f64)  # evaluation sums
@@ -200,6 +205,16 @@ class GramReducer:
             for i, L in enumerate(self.layers):
                 self.ref_q[i] = reference.mean_q[L].transpose(0, 1)
                 self.ref_k[i] = reference.mean_k[L].transpose(0, 1)
+
+    def _blocks(self, i: int, n_heads: int, device) -> list[Tensor]:
+        """Layer slot ``i``'s zeroed row blocks [head, rows, keys] (on the kernels'
+        device, views of one flat buffer, kept with its tile table in ``self.flat``)."""
+        if not self.tiled:
+            return [torch.zeros(n_heads, r1 - r0, k1 - k0, dtype=torch.float32, device=device)
+                    for r0, r1, k0, k1 in self.blocks[i]]
+        flat, views, table = kernels.gram_layout(self.blocks[i], n_heads, device)
+        self.flat[i] = (flat, table)
+        return views
 
     def update(self, batch: LayerBatch) -> None:
         i = self.slot.get(batch.layer)
@@ -219,6 +234,9 @@ class GramReducer:
         k = (kd - self.ref_k[i]).float()
         if self.factors[i]:
             self.kept[i].append((q, k))
+            return
+        if self.flat[i] is not None:  # every row block in one launch
+            kernels.gram_tile_update(*self.flat[i], GRAM_ROWS, q, k)
             return
         b, T, H, d = q.shape
         kv, g = k.shape[2], self.group

@@ -46,8 +46,9 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.fit.diagonals import diagonal_lines
 from poskernel_tl.fit.toeplitz import lag_counts, r2_two_sided
-from poskernel_tl.reducers.band_sums import band_is_cheaper, diagonal_lines
+from poskernel_tl.reducers.band_sums import band_is_cheaper
 from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX, gram_row_blocks
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,

@@ -9,7 +9,8 @@ layer's mask keeps (causal, a sliding window, or every key for a bidirectional m
 and, where the model has them (gpt-oss), its learned sink logits. A statistic that needs
 a few entries of the pattern forms those entries from q and k and reads lse from here: no
 pattern is kept. The log-sum-exp is formed in blocks of :data:`ROWS` rows over the keys
-they read (a causal block reads the keys up to its last row only).
+they read (a causal block reads the keys up to its last row only); on a GPU by one tiled
+kernel per layer and batch (:mod:`poskernel_tl.kernels.row_lse`).
 
 Taken on the first ``max_seqs`` sequences of the pass and, for a causal model, the first
 :data:`MAX_POS` positions: a causal row sees no later token, so this is exactly the
@@ -22,6 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl import kernels
 from poskernel_tl.models.softmax_terms import cap_scores, logsumexp_with_sinks, sink_logits
 from poskernel_tl.reducers.base import LayerBatch
 
@@ -88,9 +90,14 @@ def _pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int |
     T = min(bq.shape[1], max_pos) if causal else bq.shape[1]
     last = None if not causal else T - 1 if max_lag is None else min(max_lag, T - 1)
     dtype = torch.float64 if bq.dtype == torch.float64 else torch.float32
-    sel = torch.as_tensor(keep, device=bq.device)
+    sel = slice(keep[0], keep[-1] + 1) if keep == list(range(keep[0], keep[-1] + 1)) \
+        else torch.as_tensor(keep, device=bq.device)
     q, k = bq[sel, :T].to(dtype), bk[sel, :T].to(dtype)
-    tokens = row_logsumexp(q, k, batch.scale, last, batch.terms)
+    if batch.on_kernels:  # one launch; the kernel applies the softmax's terms itself
+        tokens = kernels.row_lse_tiles(batch.q[sel, :T], batch.k[sel, :T], batch.scale, last,
+                               batch.terms)
+    else:
+        tokens = row_logsumexp(q, k, batch.scale, last, batch.terms)
     sinks = sink_logits(batch.terms, q.device)
     lse = logsumexp_with_sinks(tokens, None if sinks is None else sinks.expand(len(keep), -1))
     mass = None if sinks is None else (tokens - lse).exp()

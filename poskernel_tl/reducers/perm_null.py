@@ -56,6 +56,7 @@ from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
 from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.reducers.tile_sums import null_tile_stats
 from poskernel_tl.reducers.two_sided import check_two_sided, sides
 from poskernel_tl.schema import Part, stored
 
@@ -179,17 +180,17 @@ class PermNullReducer:
         keep = [i for i, row in enumerate(batch.rows) if row < self.max_seqs]
         if not keep:
             return
-        q, k = batch.logit_qk  # what the softmax reads (an ALiBi ramp permuted with q, k)
-        if len(keep) < q.shape[0]:
-            if keep == list(range(keep[0], keep[-1] + 1)):
-                q, k = q[keep[0]:keep[-1] + 1], k[keep[0]:keep[-1] + 1]
-            else:
-                idx = torch.as_tensor(keep, device=q.device)
-                q, k = q.index_select(0, idx), k.index_select(0, idx)
         L = batch.layer
         if not self.causal:
-            check_two_sided(q.shape[2], k.shape[2])
-        if self.source == "lags" and batch.streams:
+            check_two_sided(batch.q.shape[2], batch.k.shape[2])
+        if self.source == "lags" and batch.on_kernels:  # every draw in one launch
+            # (q and k as the model gave them: the kernels apply the softmax's terms)
+            lower, upper = null_tile_stats(batch, *self._select(batch.q, batch.k, keep),
+                                           self.perms, self.max_lags[L], self.causal)
+            self._add(slice(None), L, lower, upper)
+        elif self.source == "lags" and batch.streams:
+            # what the softmax reads (an ALiBi ramp permuted with q, k)
+            q, k = self._select(*batch.logit_qk, keep)
             for p in range(len(self.perms)):
                 pi = self.perms[p]
                 qp, kp = q.index_select(1, pi), k.index_select(1, pi)
@@ -198,8 +199,20 @@ class PermNullReducer:
                           None if self.causal else lower_stats(kp, qp, batch.scale, self.chunk,
                                                                dtype=self.dtype))
         else:
+            q, k = self._select(*batch.logit_qk, keep)
             self._update_from_scores(q.float(), k.float(), batch)
         self.n_seen[L] += len(keep)
+
+    @staticmethod
+    def _select(q: Tensor, k: Tensor, keep: list[int]) -> tuple[Tensor, Tensor]:
+        """q and k of the batch's sequences ``keep`` (a slice where they are
+        consecutive)."""
+        if len(keep) < q.shape[0]:
+            if keep == list(range(keep[0], keep[-1] + 1)):
+                return q[keep[0]:keep[-1] + 1], k[keep[0]:keep[-1] + 1]
+            idx = torch.as_tensor(keep, device=q.device)
+            q, k = q.index_select(0, idx), k.index_select(0, idx)
+        return q, k
 
     def _update_from_scores(self, q: Tensor, k: Tensor, batch: LayerBatch) -> None:
         """The reference path: form each permuted product and sweep its lower triangle."""
@@ -221,16 +234,18 @@ class PermNullReducer:
                                            bands=True)
             self._add(p, L, lower, upper)
 
-    def _add(self, p: int, L: int, lower: tuple[Tensor, Tensor, Tensor],
+    def _add(self, p: int | slice, L: int, lower: tuple[Tensor, Tensor, Tensor],
              upper: tuple[Tensor, Tensor, Tensor] | None) -> None:
-        """Add one batch's (S1, Σ A², Σ A² by band) of draw ``p`` (and of its upper
-        triangle)."""
+        """Add one batch's (S1, Σ A², Σ A² by band) of draw ``p``, summed over its
+        sequences (and of its upper triangle); ``p`` a slice: every draw's sums, already
+        summed over the sequences, one row per draw."""
+        pool = (lambda x: x.sum(0)) if isinstance(p, int) else (lambda x: x)
         for state, sums in ((self.s1, lower[0]), (self.sq, lower[1]), (self.bands, lower[2])):
-            state[p, L] += sums.sum(0)
+            state[p, L] += pool(sums)
         if upper is not None:
             for state, sums in ((self.s1_back, upper[0]), (self.sq_back, upper[1]),
                                 (self.bands_back, upper[2])):
-                state[p, L] += sums.sum(0)
+                state[p, L] += pool(sums)
 
     def result(self) -> PermNull:
         n = self.n_seen

@@ -43,7 +43,7 @@ from poskernel_tl.fit.toeplitz import (
     r2_two_sided,
     upper_lag_counts,
 )
-from poskernel_tl.fit.variants import STRIP, Variant, region_sums
+from poskernel_tl.fit.variants import STRIP, Variant, region_mask, region_sums, regions_sums
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.protocol import (
     N_SPLITS,
@@ -53,6 +53,7 @@ from poskernel_tl.protocol import (
 )
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, skew_keys, track_a_stats
+from poskernel_tl.reducers.tile_sums import track_a_tile_stats, upper_tile_stats
 from poskernel_tl.reducers.track_a_result import (
     PER_SEQ,
     SINK_COLUMN,
@@ -120,9 +121,12 @@ class TrackAReducer:
         # every region a variant (or g_sink) reads: its sums pooled over the sequences
         # (lower side, and upper for a bidirectional model), its n(Δ) per layer
         self.regions = list(dict.fromkeys([*VARIANTS.values(), SINK_COLUMN]))
-        self.region_s1 = {v: torch.zeros(2, n_layers, n_heads, T - 1, **f64)
-                          for v in self.regions}
-        self.region_sq = {v: torch.zeros(2, n_layers, n_heads, **f64) for v in self.regions}
+        # (one tensor per statistic; each region's sums a view of it)
+        self.region_stack = (torch.zeros(len(self.regions), 2, n_layers, n_heads, T - 1, **f64),
+                             torch.zeros(len(self.regions), 2, n_layers, n_heads, **f64))
+        self.region_s1 = dict(zip(self.regions, self.region_stack[0]))
+        self.region_sq = dict(zip(self.regions, self.region_stack[1]))
+        self.masks: dict = {}  # the regions' masks of the batched path, per layer and side
         self.region_counts = {v: torch.stack([v.counts(T, m, device=device)
                                               for m in self.max_lags])[:, None]
                               for v in self.regions}
@@ -140,7 +144,9 @@ class TrackAReducer:
         bad = (~torch.isfinite(batch.q)).sum(dim=(1, 3)) + \
             bad_k.repeat_interleave(batch.group, dim=1)
         self.nonfinite[idx, L] += bad
-        if self.source == "lags" and batch.streams:
+        if self.source == "lags" and batch.on_kernels:
+            self._update_from_tiles(batch)
+        elif self.source == "lags" and batch.streams:
             self._update_from_lags(batch)
         else:  # the reference path, and logits that are no bilinear form of q and k
             self._update_from_scores(batch)
@@ -154,6 +160,16 @@ class TrackAReducer:
         if self.sq_whole is not None:
             self.sq_whole[batch.index, batch.layer] = st.sq_whole
         self._store(batch.layer, batch.index, (st.s1, st.sq), st.bands, st.skewed, upper)
+
+    def _update_from_tiles(self, batch: LayerBatch) -> None:
+        """The same sums from the tiled kernels (:mod:`~poskernel_tl.reducers.tile_sums`;
+        soft-capped layers too: the cap is applied on the tiles)."""
+        st = track_a_tile_stats(batch, self.max_lags[batch.layer])
+        upper = None if self.upper is None else upper_tile_stats(batch)
+        if self.sq_whole is not None:
+            self.sq_whole[batch.index, batch.layer] = st.sq_whole
+        self._store(batch.layer, batch.index, (st.s1, st.sq), st.bands, st.skewed, upper,
+                    batched=True)
 
     def _update_from_scores(self, batch: LayerBatch) -> None:
         """The sums from the materialised logits ``batch.scores`` (the reference path)."""
@@ -175,10 +191,11 @@ class TrackAReducer:
         self._store(L, idx, (s1, sq), bands, skewed, upper)
 
     def _store(self, L: int, idx: Tensor, whole: tuple[Tensor, Tensor], bands: Tensor,
-               skewed: Tensor, upper: UpperStats | None) -> None:
+               skewed: Tensor, upper: UpperStats | None, batched: bool = False) -> None:
         """Keep one batch's sums: per sequence the whole triangle (``s1`` of every lag,
         ``sq`` of what the mask keeps), its bands and its R²; per region, its sums from the
-        skewed strip, summed over the batch (and the per-sequence variants' R²)."""
+        skewed strip, summed over the batch (and the per-sequence variants' R²);
+        ``batched``: every region at once (:meth:`_store_regions`)."""
         s1, sq = whole
         self.s1[idx, L], self.sq[idx, L], self.bands[idx, L] = s1, sq, bands
         s1 = s1 * self.kept[L, 0]  # the lags the window keeps
@@ -187,6 +204,9 @@ class TrackAReducer:
         back = None if upper is None else (*upper.whole, upper_lag_counts(self.T,
                                                                          device=s1.device))
         self.r2_seq[idx, L] = r2_two_sided((s1, sq, self.counts[L, 0]), back, warn=False)[0]
+        if batched:
+            self._store_regions(L, idx, skewed, (s1, sq), upper)
+            return
         for v in self.regions:
             front = region_sums(skewed, v, (s1, sq), self.max_lags[L])
             up = None if upper is None else region_sums(upper.skewed, v, upper.whole,
@@ -199,6 +219,44 @@ class TrackAReducer:
                 self.r2_variant[field][idx, L] = r2_two_sided(
                     (*front, self.region_counts[v][L, 0]),
                     None if up is None else (*up, self.upper_counts[v]), warn=False)[0]
+
+    def _store_regions(self, L: int, idx: Tensor, skewed: Tensor, whole: tuple[Tensor, Tensor],
+                       upper: UpperStats | None) -> None:
+        """The regions' part of :meth:`_store` in a fixed number of operations, whatever
+        the number of regions (:func:`~poskernel_tl.fit.variants.regions_sums`: the tiled
+        kernels' path)."""
+        sides = [(skewed, whole, False)] + ([] if upper is None else
+                                             [(upper.skewed, upper.whole, True)])
+        per_side = []
+        for side, (strip, sums, up) in enumerate(sides):
+            masks, complement = self._region_masks(L, strip.shape[-2], strip.shape[-1], up,
+                                                   strip.device)
+            s1, sq = regions_sums(strip, masks, complement, sums)
+            self.region_stack[0][:, side, L] += s1.sum(1)
+            self.region_stack[1][:, side, L] += sq.sum(1)
+            per_side.append((s1, sq))
+        for field in PER_SEQ:
+            r = self.regions.index(VARIANTS[field])
+            v = self.regions[r]
+            (s1, sq), back = per_side[0], per_side[1] if len(per_side) > 1 else None
+            self.r2_variant[field][idx, L] = r2_two_sided(
+                (s1[r], sq[r], self.region_counts[v][L, 0]),
+                None if back is None else (back[0][r], back[1][r], self.upper_counts[v]),
+                warn=False)[0]
+
+    def _region_masks(self, L: int, K: int, n_lag: int, upper: bool, device
+                      ) -> tuple[Tensor, Tensor]:
+        """Every region's :func:`~poskernel_tl.fit.variants.region_mask` on layer ``L``'s
+        side (float64 [region, K, lag]) and which are complements, made once."""
+        key = (L, K, n_lag, upper)
+        if key not in self.masks:
+            max_lag = None if upper else self.max_lags[L]
+            self.masks[key] = (
+                torch.stack([region_mask(v, K, n_lag, max_lag, upper, device)
+                             for v in self.regions]).double(),
+                torch.tensor([0.0 if v.inside() else 1.0 for v in self.regions],
+                             dtype=torch.float64, device=device))
+        return self.masks[key]
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteError` naming the first bad (sequence, layer, head).

@@ -1,0 +1,46 @@
+"""Fused tiled kernels for the statistics on a GPU (Triton), and the one rule that says
+when the reducers take them.
+
+On a CPU the reducers stream running moments in chunks, so that no T × T block is ever
+held (:mod:`poskernel_tl.reducers.lag_sums`). On a GPU that design turns into tens of
+thousands of tiny launches, while a T × T tile of logits is cheap: there the reducers
+read the same sums from a few tiled kernels per layer and batch —
+
+- :mod:`~poskernel_tl.kernels.lag_tiles`: per head and lag Σ logit and Σ logit² over the
+  strictly lower triangle (a window, a permutation of the positions, every draw of the
+  null in one launch), for Track A and the permutation null;
+- :mod:`~poskernel_tl.kernels.row_lse`: each query row's log-sum-exp of what the softmax
+  reads under the layer's mask, for the pattern statistics;
+- :mod:`~poskernel_tl.kernels.gram_tiles`: Track B's accumulator of Σ_x q̃ k̃ᵀ, every row
+  block of a layer in one launch;
+
+each forming its logits as the layer's softmax reads them
+(:mod:`~poskernel_tl.kernels.tile_logits`: the scale, a temperature, ALiBi, the soft-cap).
+
+:func:`~poskernel_tl.kernels.dispatch.active` is the rule, read by
+:attr:`~poskernel_tl.reducers.base.LayerBatch.on_kernels`: CUDA tensors take the kernels
+when Triton imports; CPU tensors never do, unless :func:`forced` (the tests, under
+``TRITON_INTERPRET=1``, Triton's interpreter on CPU tensors). ``POSKERNEL_KERNELS=0`` keeps
+a GPU on the chunked CPU path. Triton is imported only when a kernel is first used (the
+entry points below load their module on first access): a CPU install needs none.
+"""
+
+import importlib
+
+from poskernel_tl.kernels.dispatch import active, forced, interpreting
+
+# the kernels' entry points, importable as ``kernels.NAME`` without importing Triton
+# until one is first used (PEP 562)
+_ENTRY = {"lag_tile_sums": "lag_tiles", "row_lse_tiles": "row_lse",
+          "gram_tile_update": "gram_tiles", "gram_layout": "gram_tiles"}
+
+
+def __getattr__(name: str):
+    if name in _ENTRY:
+        module = importlib.import_module(f"{__name__}.{_ENTRY[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["active", "forced", "gram_layout", "gram_tile_update", "interpreting",
+           "lag_tile_sums", "row_lse_tiles"]

@@ -1,0 +1,127 @@
+"""Per-lag sums of the logits over the strictly lower triangle, from tiles.
+
+For each head (query head h reads key/value head h // (H / H_kv)) and offset Δ = 1..W:
+S1(Δ) = Σ_t A[t, t−Δ] and S2(Δ) = Σ_t A[t, t−Δ]², A what the layer's softmax reads
+(:mod:`~poskernel_tl.kernels.tile_logits`). From S2 every sum of squares Track A and the
+null fit follows: the whole triangle, a window's, each band of offsets.
+
+The triangle is cut into B × B tiles; tile (i, j) of query block i and key block j holds
+the offsets (i − j)·B + r − c. The tiles of one block diagonal D = i − j share those
+offsets, so one program per (D, head, sequence group) sums its tiles *elementwise* into a
+B × B accumulator — each tile's values formed in float32 and added in float64, tile by
+tile in a fixed order (deterministic, no atomics) — and writes it into columns
+[P − D·B, P − D·B + B) of a [B, P + B] matrix per head, P = B·⌈W / B⌉: entry (r, c) of
+block diagonal D lands where entry (i, j) of :mod:`~poskernel_tl.reducers.band_sums`'s
+matrix would, at offset P + r − column, so S1 and S2 are the matrix's diagonals, read as
+strided lines (:func:`~poskernel_tl.fit.diagonals.diagonal_sums`). Offsets past W
+and at or above the diagonal land on lines that are not read.
+
+Positions may be read through a permutation (the null: A'[t, s] = A[π(t), π(s)], every
+draw in one launch), and the sums of a group of sequences taken together (the null's
+pooled sums). Long block diagonals are split over several programs (``splits``), each
+writing its own partial matrix, summed in a fixed order after.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from poskernel_tl.fit.diagonals import diagonal_sums
+from poskernel_tl.kernels.dispatch import launch
+from poskernel_tl.kernels.tile_logits import logits_tile, operand, term_args
+from poskernel_tl.models.softmax_terms import SoftmaxTerms
+
+TILE = 32  # B: query rows and keys per tile
+PROGRAMS = 2048  # at least this many programs per launch where the work allows
+
+
+@triton.jit
+def _lag_tiles(Q, K, PERM, TAU, SLOPES, OUT, T, H, G, n_groups, seqs, P, span, n_split,
+               out_split, out_stat, sqb, sqt, sqh, skb, skt, skh, scale, cap,
+               D_HEAD: tl.constexpr, BD: tl.constexpr, B: tl.constexpr,
+               HAS_PERM: tl.constexpr, HAS_TAU: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               HAS_CAP: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+               TRANSPOSED: tl.constexpr):
+    diag = tl.program_id(0)
+    z = tl.program_id(1).to(tl.int64)  # ((draw · n_groups) + group) · H + head
+    part = tl.program_id(2)
+    h = z % H
+    group = (z // H) % n_groups
+    draw = z // (H * n_groups)
+    kvh = h // G
+    nb = tl.cdiv(T, B)
+    per = tl.cdiv(nb - diag, n_split)  # query blocks of this program's share
+    first = diag + part * per
+    last = tl.minimum(first + per, nb)
+    r = tl.arange(0, B)
+    dd = tl.arange(0, BD)
+    dmask = dd < D_HEAD
+    acc1 = tl.zeros([B, B], dtype=tl.float64)
+    acc2 = tl.zeros([B, B], dtype=tl.float64)
+    for j in range(0, seqs):
+        seq = group * seqs + j
+        for i in range(first, last):
+            rows = i * B + r
+            keys = (i - diag) * B + r
+            rok = rows < T
+            kok = keys < T
+            if HAS_PERM:
+                rpos = tl.load(PERM + draw * T + rows, mask=rok, other=0)
+                kpos = tl.load(PERM + draw * T + keys, mask=kok, other=0)
+            else:  # (rows past T read position 0: masked below)
+                rpos = tl.where(rok, rows, 0)
+                kpos = tl.where(kok, keys, 0)
+            q = tl.load(Q + seq * sqb + rpos[:, None] * sqt + h * sqh + dd[None, :],
+                        mask=rok[:, None] & dmask[None, :], other=0.0)
+            k = tl.load(K + seq * skb + kpos[:, None] * skt + kvh * skh + dd[None, :],
+                        mask=kok[:, None] & dmask[None, :], other=0.0)
+            s = logits_tile(q, k, rpos, kpos, h, scale, cap, TAU, SLOPES, HAS_TAU, HAS_ALIBI,
+                            HAS_CAP, UPCAST, IEEE, TRANSPOSED)
+            s = tl.where(rok[:, None] & kok[None, :], s, 0.0).to(tl.float64)
+            acc1 += s
+            acc2 += s * s
+    at = OUT + part * out_split + z * B * span + r[:, None] * span + (P - diag * B) + r[None, :]
+    tl.store(at, acc1)
+    tl.store(at + out_stat, acc2)
+
+
+def lag_tile_sums(q: Float[Tensor, "batch pos head_index d_head"],
+                  k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+                  terms: SoftmaxTerms, max_lag: int | None = None,
+                  perms: Int[Tensor, "draw pos"] | None = None, pooled: bool = False,
+                  splits: int | None = None, transposed: bool = False
+                  ) -> Float[Tensor, "stat out head_index lag"]:
+    """(S1, S2) of Δ = 1..W (W = ``max_lag``, default T − 1), float64 [2, out, H, W]:
+    ``out`` the sequences, or with ``perms`` [draw, T] (positions read through each
+    permutation) the draws; ``pooled``: summed over the sequences (then ``out`` is 1, or
+    the draws). ``splits``: programs per block diagonal (default: enough for
+    :data:`PROGRAMS` programs). ``transposed``: q and k are passed swapped, for the upper
+    triangle of A (the lower one of Aᵀ; one key head per query head), and the softmax's
+    terms are read accordingly."""
+    b, T, H, d = q.shape
+    kv = k.shape[2]
+    W = T - 1 if max_lag is None else min(max_lag, T - 1)
+    B = TILE
+    nb, P = -(-T // B), -(-W // B) * B
+    n_diag, span = P // B + 1, P + B
+    draws = 1 if perms is None else perms.shape[0]
+    n_groups, seqs = (1, b) if pooled else (b, 1)
+    Z = draws * n_groups * H
+    if splits is None:
+        splits = max(1, min(nb, -(-PROGRAMS // (n_diag * Z))))
+    q, k = operand(q), operand(k)
+    (cap, tau, slopes), flags = term_args(terms, T, q.dtype, q.device)
+    perm = q.new_zeros(1, dtype=torch.int32) if perms is None else perms.to(torch.int32)
+    out = q.new_zeros(2, splits, Z, B, span, dtype=torch.float64)
+    launch(_lag_tiles, (n_diag, Z, splits), q, k, perm, tau, slopes, out, T, H, H // kv,
+           n_groups, seqs, P, span, splits, Z * B * span, splits * Z * B * span,
+           q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+           float(scale), cap, D_HEAD=d, BD=max(16, triton.next_power_of_2(d)), B=B,
+           HAS_PERM=perms is not None, TRANSPOSED=transposed, **flags)
+    summed = out[:, 0] if splits == 1 else out.sum(1)
+    return diagonal_sums(summed, P, W).view(2, draws * n_groups, H, W)
+
+
+__all__ = ["TILE", "lag_tile_sums"]

@@ -1,0 +1,99 @@
+"""What a layer's softmax reads, formed on one tile of queries against keys: the one
+definition every kernel of this folder calls (:mod:`poskernel_tl.models.softmax_terms`
+says what each term is and where it is read from the model).
+
+A tile is scale·q·kᵀ of BM query rows against BN keys, formed by one ``tl.dot`` with
+float32 accumulation: bf16 and fp16 operands go to the tensor cores as they are (their
+products are exact in float32), float32 operands with full float32 products
+(``input_precision="ieee"``: no TF32). Then, by original position (the permutation null
+passes the permuted positions): a per-row temperature τ_t (Llama 4's NoPE layers), the
+paper-form ALiBi term −m_h·(t − s), the soft-cap cap·tanh(x / cap) (Gemma 2).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from poskernel_tl.kernels.dispatch import interpreting
+from poskernel_tl.models.softmax_terms import SoftmaxTerms, temperatures
+
+
+@triton.jit
+def tanh(x):
+    """tanh in float32 without cancellation near 0: the odd series to x⁹ below |x| = 0.3
+    (remainder < 1e-7 relative), (1 − e^(−2|x|)) / (1 + e^(−2|x|)) with the sign above."""
+    a = tl.abs(x)
+    x2 = x * x
+    series = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0
+                                                                     + x2 * (62.0 / 2835.0)))))
+    e = tl.exp(-2.0 * a)
+    far = (1.0 - e) / (1.0 + e)
+    return tl.where(a < 0.3, series, tl.where(x < 0, -far, far))
+
+
+@triton.jit
+def logits_tile(q, k, row_pos, key_pos, h, scale, cap, TAU, SLOPES,
+                HAS_TAU: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr,
+                UPCAST: tl.constexpr, IEEE: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """What the softmax reads at (row_pos[i], key_pos[j]) of head ``h``, float32 [BM, BN],
+    from q [BM, BD] and k [BN, BD] as loaded (``UPCAST``: cast to float32 first, for
+    Triton's interpreter, which has no bf16 products). ``TRANSPOSED``: the operands are
+    (k, q), the tile is of Aᵀ (rows are key positions: the temperature goes with the
+    columns, the ALiBi offset changes sign)."""
+    if UPCAST:
+        q = q.to(tl.float32)
+        k = k.to(tl.float32)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s * scale
+    if HAS_TAU:
+        if TRANSPOSED:
+            s = s * tl.load(TAU + key_pos)[None, :]
+        else:
+            s = s * tl.load(TAU + row_pos)[:, None]
+    if HAS_ALIBI:
+        slope = tl.load(SLOPES + h)
+        if TRANSPOSED:
+            s = s - slope * (key_pos[None, :] - row_pos[:, None]).to(tl.float32)
+        else:
+            s = s - slope * (row_pos[:, None] - key_pos[None, :]).to(tl.float32)
+    if HAS_CAP:
+        s = cap * tanh(s / cap)
+    return s
+
+
+_TERMS: dict = {}
+
+
+def term_args(terms: SoftmaxTerms, length: int, dtype: torch.dtype, device
+              ) -> tuple[tuple, dict]:
+    """The arguments of :func:`logits_tile` for a layer's ``terms`` at ``length`` and
+    operands of ``dtype``: (``cap``, ``TAU``, ``SLOPES``) and the constexpr switches.
+    The per-position temperatures and the slopes are made once per (terms, length,
+    device) and kept (no host-to-device copy per batch)."""
+    key = (terms, length, str(device))
+    if key not in _TERMS:
+        tau = temperatures(terms, length, device, torch.float32)
+        slopes = None if terms.slopes is None else torch.tensor(
+            terms.slopes, dtype=torch.float32, device=device)
+        none = torch.zeros(1, dtype=torch.float32, device=device)
+        _TERMS[key] = (float(terms.softcap or 1.0), none if tau is None else tau,
+                       none if slopes is None else slopes)
+    upcast = interpreting() and dtype in (torch.bfloat16, torch.float16)
+    flags = dict(HAS_TAU=terms.temperature is not None, HAS_ALIBI=terms.slopes is not None,
+                 HAS_CAP=terms.softcap is not None, UPCAST=upcast,
+                 IEEE=upcast or dtype == torch.float32)
+    return _TERMS[key], flags
+
+
+def operand(x: torch.Tensor) -> torch.Tensor:
+    """q or k as a kernel reads it: unit stride along d_head; float32 for float64 input
+    (the tiles' products are float32)."""
+    if x.dtype == torch.float64:
+        x = x.float()
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+__all__ = ["logits_tile", "operand", "tanh", "term_args"]
