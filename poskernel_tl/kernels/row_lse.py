@@ -10,6 +10,8 @@ in float32. Entries the mask removes (s > t, t − s > last) and positions past 
 nothing. One launch per layer and batch.
 """
 
+from typing import no_type_check
+
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +27,7 @@ KEYS = 32  # BN
 
 
 @triton.jit
+@no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
 def _row_lse(Q, K, TAU, SLOPES, OUT, T, H, G, last, sqb, sqt, sqh, skb, skt, skh, scale,
              cap, CAUSAL: tl.constexpr, D_HEAD: tl.constexpr, BD: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, HAS_TAU: tl.constexpr,

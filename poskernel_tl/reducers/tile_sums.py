@@ -26,7 +26,7 @@ Triple = tuple[Float[Tensor, "out head_index lag"], Float[Tensor, "out head_inde
                Float[Tensor, "out head_index part"]]
 
 
-def kept_sums(sums: Float[Tensor, "stat out head_index lag"], length: int,
+def kept_sums(sums: Float[Tensor, "stat out head_index window"], length: int,
               max_lag: int | None) -> Triple:
     """(S1 of every lag, zero past ``max_lag``; Σ A² over Δ ≤ max_lag; Σ A² by band) from
     the per-lag (S1, S2) of :func:`~poskernel_tl.kernels.lag_tiles.lag_tile_sums` over

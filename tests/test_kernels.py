@@ -1,0 +1,272 @@
+"""The GPU's tiled kernels (:mod:`poskernel_tl.kernels`), run under Triton's interpreter on
+CPU tensors (``TRITON_INTERPRET=1``, set in conftest): each against a naive float64
+computation of what the softmax reads (T not a multiple of the tile, GQA, windows,
+ALiBi, a temperature, the soft-cap, permuted positions, the transposed side of a
+bidirectional fit, bf16 operands), a planted Toeplitz head, and the whole measurement on
+the kernels' path against the CPU path on tiny models of every kind of softmax."""
+
+import contextlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tiny_models import arch_loaded, tiny_loaded  # noqa: E402
+
+import poskernel_tl as pk  # noqa: E402
+from poskernel_tl import kernels  # noqa: E402
+from poskernel_tl.kernels.gram_tiles import gram_layout, gram_tile_update  # noqa: E402
+from poskernel_tl.kernels.lag_tiles import TILE, lag_tile_sums  # noqa: E402
+from poskernel_tl.kernels.row_lse import row_lse_tiles  # noqa: E402
+from poskernel_tl.models.softmax_terms import (  # noqa: E402
+    NONE,
+    SoftmaxTerms,
+    temperatures,
+)
+from poskernel_tl.reducers.gram_cost import gram_row_blocks  # noqa: E402
+
+TERMS = {"plain": NONE, "softcap": SoftmaxTerms(softcap=4.0),
+         "alibi": SoftmaxTerms(slopes=(0.5, 0.25, 0.125, 0.0625)),
+         "temperature": SoftmaxTerms(temperature=(8.0, 0.1))}
+
+
+def qk(b=2, T=75, H=4, kv=2, d=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, T, H, d, generator=g), torch.randn(b, T, kv, d, generator=g)
+
+
+def naive_logits(q, k, scale, terms, pos=None):
+    """What the softmax reads, float64 [b, H, T, T], at positions ``pos`` (q and k read
+    through them: the permuted product)."""
+    T, H = q.shape[1], q.shape[2]
+    pos = torch.arange(T) if pos is None else pos
+    q, k = q[:, pos].double(), k[:, pos].double()
+    A = torch.einsum("bthd,bshd->bhts", q, k.repeat_interleave(H // k.shape[2], 2)) * scale
+    if terms.temperature is not None:
+        A = A * temperatures(terms, T)[pos][None, None, :, None]
+    if terms.slopes is not None:
+        p = pos.double()
+        A = A - torch.tensor(terms.slopes).double()[None, :, None, None] * (p[:, None] - p)
+    if terms.softcap is not None:
+        A = terms.softcap * torch.tanh(A / terms.softcap)
+    return A
+
+
+def per_lag(A, W):
+    """(S1, S2) of offsets 1..W of the strictly lower triangle: [2, b, H, W]."""
+    diag = [A.diagonal(-lag, -2, -1) for lag in range(1, W + 1)]
+    return torch.stack([torch.stack([d.sum(-1) for d in diag], -1),
+                        torch.stack([(d * d).sum(-1) for d in diag], -1)])
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("terms", TERMS)
+@pytest.mark.parametrize("window,splits", [(None, None), (40, 1), (40, 3), (5, 2)])
+def test_lag_tiles_equal_naive_sums(terms, window, splits):
+    """Per-lag sums and squares of every sequence and head (T = 75: not a multiple of the
+    tile; GQA; a window shorter and longer than a tile; a block diagonal split over
+    programs) within float32's rounding of the float64 reference."""
+    q, k = qk()
+    got = lag_tile_sums(q, k, 0.3, TERMS[terms], window, splits=splits)
+    want = per_lag(naive_logits(q, k, 0.3, TERMS[terms]), window or q.shape[1] - 1)
+    assert got.dtype == torch.float64 and got.shape == want.shape
+    assert rel(got[0], want[0]) < 1e-6 and rel(got[1], want[1]) < 1e-6, terms
+
+
+@pytest.mark.parametrize("terms", ["plain", "alibi", "temperature"])
+def test_lag_tiles_permuted_draws_pooled(terms):
+    """Every draw of the null in one launch: the lower triangle of the product of q and k
+    read through each permutation, summed over the sequences."""
+    q, k = qk(b=3, T=50)
+    perms = torch.stack([torch.randperm(50, generator=torch.Generator().manual_seed(i))
+                         for i in range(3)])
+    got = lag_tile_sums(q, k, 0.3, TERMS[terms], 20, perms=perms, pooled=True)
+    for p in range(3):
+        want = per_lag(naive_logits(q, k, 0.3, TERMS[terms], perms[p]), 20).sum(1)
+        assert rel(got[:, p], want) < 1e-6, (terms, p)
+
+
+@pytest.mark.parametrize("terms", ["plain", "alibi", "temperature", "softcap"])
+def test_lag_tiles_transposed_side(terms):
+    """The upper triangle of A (a bidirectional fit) as the lower one of Aᵀ: q and k passed
+    swapped with ``transposed``, the softmax's terms read the right way round."""
+    q, k = qk(H=4, kv=4)
+    got = lag_tile_sums(k, q, 0.3, TERMS[terms], transposed=True)
+    want = per_lag(naive_logits(q, k, 0.3, TERMS[terms]).transpose(-1, -2), q.shape[1] - 1)
+    assert rel(got, want) < 1e-6
+
+
+def test_lag_tiles_bf16_operands_are_exact_products():
+    """bf16 q and k: products exact in float32 (the model's own attention), so the sums
+    equal the float64 sums of the bf16 values to float32 accumulation."""
+    q, k = (x.bfloat16() for x in qk())
+    got = lag_tile_sums(q, k, 0.3, NONE)
+    want = per_lag(naive_logits(q, k, 0.3, NONE), q.shape[1] - 1)
+    assert rel(got, want) < 1e-6
+
+
+def test_lag_tiles_planted_toeplitz_head():
+    """A planted shift-invariant head: q_t·k_s = cos θ(t − s) exactly (one rotary pair),
+    so S1(Δ) = (T − Δ)·cos θΔ and S2(Δ) = (T − Δ)·cos² θΔ."""
+    T, theta = 3 * TILE + 7, 0.37
+    ang = theta * torch.arange(T, dtype=torch.float64)
+    rot = torch.stack([ang.cos(), ang.sin()], -1)  # [T, 2]
+    q, k = rot[None, :, None].float(), rot[None, :, None].float()
+    got = lag_tile_sums(q, k, 1.0, NONE)
+    lag = torch.arange(1, T, dtype=torch.float64)
+    n = T - lag
+    assert torch.allclose(got[0, 0, 0], n * torch.cos(theta * lag), atol=1e-5)
+    assert torch.allclose(got[1, 0, 0], n * torch.cos(theta * lag) ** 2, atol=1e-5)
+
+
+@pytest.mark.parametrize("terms", TERMS)
+@pytest.mark.parametrize("last", [None, 74, 20])
+def test_row_lse_equals_naive(terms, last):
+    """Each row's log-sum-exp over the keys its mask keeps (every key; causal; a window)."""
+    q, k = qk()
+    A = naive_logits(q, k, 0.3, TERMS[terms])
+    if last is not None:
+        lag = torch.arange(75)[:, None] - torch.arange(75)
+        A = A.masked_fill((lag < 0) | (lag > last), float("-inf"))
+    got = row_lse_tiles(q, k, 0.3, last, TERMS[terms])
+    assert float((got - torch.logsumexp(A, -1)).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("full,max_lag", [(False, None), (False, 40), (True, None)])
+def test_gram_tiles_update_every_block(full, max_lag):
+    """Track B's accumulator: every row block (the triangle, a window's band, every key)
+    after two batches equals Σ_x q_x k_xᵀ over them, GQA keys by index."""
+    q, k = qk(b=3, T=150)
+    blocks = gram_row_blocks(150, full, max_lag=max_lag)
+    flat, views, table = gram_layout(blocks, 4, "cpu")
+    for _ in range(2):
+        gram_tile_update(flat, table, 64, q, k)
+    want = 2 * torch.einsum("bthd,bshd->hts", q.double(), k.double().repeat_interleave(2, 2))
+    for (r0, r1, k0, k1), view in zip(blocks, views):
+        assert float((view - want[:, r0:r1, k0:k1]).abs().max()) < 1e-4 * float(want.abs().max())
+
+
+def test_dispatch_rule(monkeypatch):
+    """CPU tensors take the chunked path unless forced; forcing needs the interpreter."""
+    x = torch.zeros(1)
+    assert not kernels.active(x)
+    with kernels.forced():
+        assert kernels.active(x)
+    assert not kernels.active(x)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        with kernels.forced():
+            pass
+
+
+def test_cpu_install_needs_no_triton():
+    """Without Triton (a CPU build of torch ships none) the package imports, measures on
+    the CPU and says the kernels are unavailable: kernels load their modules on first
+    use only."""
+    code = ("import sys; sys.modules['triton'] = None  # import triton now fails\n"
+            "import torch, poskernel_tl as pk\n"
+            "from poskernel_tl.kernels.dispatch import triton_available\n"
+            "from poskernel_tl.reducers.lag_sums import track_a_stats\n"
+            "track_a_stats(torch.randn(1, 8, 2, 4), torch.randn(1, 8, 1, 4), 0.5)\n"
+            "assert not triton_available() and not pk.kernels.active(torch.zeros(1))\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+ARCHS = ["llama", "bert", "gpt_oss", "bloom", "gemma2", "llama4", "qwen2"]
+
+
+def compare_results(ref, got) -> dict[str, tuple[float, float]]:
+    """Per float array of every part: (max |Δ| over its finite entries, NaN where one is
+    NaN and the other not; the largest |value|, at least 1)."""
+    out = {}
+    for name, part in ref.parts.items():
+        for field, value in vars(part).items():
+            other = getattr(got.parts[name], field)
+            if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                ok = np.isfinite(value)
+                if not (ok == np.isfinite(other)).all():
+                    out[f"{name}.{field}"] = (float("nan"), 1.0)
+                elif ok.any():
+                    out[f"{name}.{field}"] = (float(np.abs(value[ok] - other[ok]).max()),
+                                              max(1.0, float(np.abs(value[ok]).max())))
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_kernel_path_equals_cpu_path(arch, tiny_tokenizer):
+    """``pk.measure`` on the kernels' path equals the CPU path on every array of the
+    result, on models whose softmax adds nothing (llama, GQA), is bidirectional (bert),
+    has sinks and alternating windows (gpt-oss), ALiBi (BLOOM), a soft-cap and a window
+    (Gemma 2), a temperature (Llama 4) or windows on some layers (Qwen2): R² to float32's
+    rounding (≤ 1e-6), g and the Gram within 1e-6 of their scale."""
+    model = tiny_loaded(arch, tiny_tokenizer) if arch in ("llama", "bert") \
+        else arch_loaded(arch, tiny_tokenizer)
+    ids = torch.randint(3, 290, (8, 40), generator=torch.Generator().manual_seed(0))
+    run = dict(progress=False, null_perms=2, null_seqs=3, batch_size=2)
+    ref = pk.measure(model, ids[4:], ids[:4], **run)
+    with kernels.forced():
+        got = pk.measure(model, ids[4:], ids[:4], **run)
+    diffs = compare_results(ref, got)
+    assert {"track_a.r2_pooled", "track_b.r2_gram", "perm_null.r2_null",
+            "prev_token.tl_prev_token", "sink.sink_mass"} <= set(diffs)
+    for field, (diff, scale) in diffs.items():
+        bound = 1e-6 if ".r2" in field else 1e-6 * scale
+        assert diff <= bound, (arch, field, diff)
+
+
+# the kernels' path: PyTorch operators and Triton launches per layer and batch of the
+# evaluation pass, every default statistic together (README, "On a GPU")
+LAUNCH_BOUND = 300
+
+
+def launches_per_update(model, T: int, forced: bool, monkeypatch) -> dict[str, list[int]]:
+    """Kernels launched by each reducer's ``update``, per call, over one measurement."""
+    from poskernel_tl.kernels.launch_count import LaunchCount
+    from poskernel_tl.measurement import measure as measure_module
+
+    counts: dict[str, list[int]] = {}
+    monkeypatch.undo()  # the real forward pass, not a spy of an earlier call
+    real = measure_module.forward_pass
+
+    def spied(model, ids, make_reducers, *args, **kwargs):
+        def made():
+            reds = make_reducers()
+            for red in reds.values() if isinstance(reds, dict) else reds:
+                def counted(batch, update=red.update, name=type(red).__name__):
+                    with LaunchCount() as c:
+                        update(batch)
+                    counts.setdefault(name, []).append(c.total)
+                red.update = counted
+            return reds
+        return real(model, ids, made, *args, **kwargs)
+
+    monkeypatch.setattr(measure_module, "forward_pass", spied)
+    ids = torch.randint(3, 290, (8, T), generator=torch.Generator().manual_seed(0))
+    with kernels.forced() if forced else contextlib.nullcontext():
+        pk.measure(model, ids[4:], ids[:4], progress=False, null_perms=4, null_seqs=4,
+                   batch_size=2)
+    return counts
+
+
+def test_launches_per_layer_are_bounded(tiny_tokenizer, monkeypatch):
+    """On the kernels' path every reducer launches the same number of kernels per layer
+    and batch whatever T (the CPU path's chunked loops grow with it), and all of the
+    evaluation pass's together at most :data:`LAUNCH_BOUND`."""
+    model = tiny_loaded("llama", tiny_tokenizer)
+    short, long = (launches_per_update(model, T, True, monkeypatch) for T in (40, 120))
+    assert short == long
+    updates = len(long["TrackAReducer"])
+    per_update = [sum(v[i] for name, v in long.items() if name != "MomentsReducer")
+                  for i in range(updates)]
+    assert max(per_update) <= LAUNCH_BOUND, long
+    assert long["PermNullReducer"][-1] < 30  # 4 draws: one launch, not 4 passes
+    cpu = [launches_per_update(model, T, False, monkeypatch)["PermNullReducer"][-1]
+           for T in (40, 120)]
+    assert cpu[1] > cpu[0] > long["PermNullReducer"][-1]  # the counter sees the loops
