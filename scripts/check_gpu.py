@@ -23,43 +23,14 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench_gpu import build as build_shape  # noqa: E402  (scripts/bench_gpu.py)
+
 import poskernel_tl as pk  # noqa: E402
-from poskernel_tl.models.loading import LoadedModel, boot_bridge, describe  # noqa: E402
-from poskernel_tl.models.registry import placeholder_spec  # noqa: E402
-
-
-def placeholder_tokenizer():
-    """The bridge wants a tokenizer; this measurement feeds token ids, so a three-token
-    one (saved and reloaded so that it has a name) does."""
-    import tempfile
-
-    from tokenizers import Tokenizer, models
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
-        bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    folder = tempfile.mkdtemp()
-    fast.save_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
+from poskernel_tl.models.loading import LoadedModel  # noqa: E402
 
 
 def build(dtype: torch.dtype, device: str) -> LoadedModel:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                      num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=64, max_position_embeddings=131072, rope_theta=500000.0,
-                      tie_word_embeddings=True)
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(cfg).eval().to(device=device, dtype=dtype)
-    hf.config.architectures = ["LlamaForCausalLM"]
-    spec = describe(hf, placeholder_spec("llama-3.2-1b-shaped", hub_id=None))
-    tok = placeholder_tokenizer()
-    bridge = boot_bridge(hf, tok, device=torch.device(device), dtype=dtype)
-    return LoadedModel(bridge=bridge, tokenizer=tok, spec=spec, hf_model=hf)
+    return build_shape("llama-3.2-1b", dtype, device)
 
 
 def main() -> None:

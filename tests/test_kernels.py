@@ -21,30 +21,40 @@ import poskernel_tl as pk  # noqa: E402
 from poskernel_tl import kernels  # noqa: E402
 from poskernel_tl.kernels.gram_tiles import gram_layout, gram_tile_update  # noqa: E402
 from poskernel_tl.kernels.lag_tiles import TILE, lag_tile_sums  # noqa: E402
+from poskernel_tl.kernels.launch_count import LaunchCount  # noqa: E402
 from poskernel_tl.kernels.row_lse import row_lse_tiles  # noqa: E402
+from poskernel_tl.measurement import measure as measure_module  # noqa: E402
 from poskernel_tl.models.softmax_terms import (  # noqa: E402
     NONE,
     SoftmaxTerms,
     temperatures,
 )
+from poskernel_tl.reducers.base import LayerBatch  # noqa: E402
+from poskernel_tl.reducers.gram import GramReducer  # noqa: E402
 from poskernel_tl.reducers.gram_cost import gram_row_blocks  # noqa: E402
+from poskernel_tl.reducers.moments import MomentsReducer  # noqa: E402
+
+interpreted = pytest.mark.skipif(not kernels.interpreting(), reason="forces the kernels' "
+                                 "path on CPU tensors (TRITON_INTERPRET=1)")
+
 
 TERMS = {"plain": NONE, "softcap": SoftmaxTerms(softcap=4.0),
          "alibi": SoftmaxTerms(slopes=(0.5, 0.25, 0.125, 0.0625)),
          "temperature": SoftmaxTerms(temperature=(8.0, 0.1))}
 
 
-def qk(b=2, T=75, H=4, kv=2, d=24, seed=0):
+def qk(b=2, T=75, H=4, kv=2, d=24, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(b, T, H, d, generator=g), torch.randn(b, T, kv, d, generator=g)
+    q, k = torch.randn(b, T, H, d, generator=g), torch.randn(b, T, kv, d, generator=g)
+    return q.to(device), k.to(device)
 
 
 def naive_logits(q, k, scale, terms, pos=None):
     """What the softmax reads, float64 [b, H, T, T], at positions ``pos`` (q and k read
     through them: the permuted product)."""
     T, H = q.shape[1], q.shape[2]
-    pos = torch.arange(T) if pos is None else pos
-    q, k = q[:, pos].double(), k[:, pos].double()
+    pos = torch.arange(T) if pos is None else pos.cpu()
+    q, k = q.cpu()[:, pos].double(), k.cpu()[:, pos].double()
     A = torch.einsum("bthd,bshd->bhts", q, k.repeat_interleave(H // k.shape[2], 2)) * scale
     if terms.temperature is not None:
         A = A * temperatures(terms, T)[pos][None, None, :, None]
@@ -64,29 +74,41 @@ def per_lag(A, W):
 
 
 def rel(a, b):
-    return float((a - b).abs().max() / b.abs().max())
+    return float((a.cpu() - b).abs().max() / b.abs().max())
 
 
 @pytest.mark.parametrize("terms", TERMS)
 @pytest.mark.parametrize("window,splits", [(None, None), (40, 1), (40, 3), (5, 2)])
-def test_lag_tiles_equal_naive_sums(terms, window, splits):
+def test_lag_tiles_equal_naive_sums(terms, window, splits, device):
     """Per-lag sums and squares of every sequence and head (T = 75: not a multiple of the
     tile; GQA; a window shorter and longer than a tile; a block diagonal split over
     programs) within float32's rounding of the float64 reference."""
-    q, k = qk()
+    q, k = qk(device=device)
     got = lag_tile_sums(q, k, 0.3, TERMS[terms], window, splits=splits)
     want = per_lag(naive_logits(q, k, 0.3, TERMS[terms]), window or q.shape[1] - 1)
     assert got.dtype == torch.float64 and got.shape == want.shape
     assert rel(got[0], want[0]) < 1e-6 and rel(got[1], want[1]) < 1e-6, terms
 
 
+def test_lag_tiles_wide_heads(device):
+    """d_head past one chunk of the product (Gemma 3's 256, Track B's ranks): d = 150 in
+    chunks of 64, the last one partial."""
+    q, k = qk(T=40, H=2, kv=1, d=150, device=device)
+    got = lag_tile_sums(q, k, 0.1, TERMS["softcap"])
+    assert rel(got, per_lag(naive_logits(q, k, 0.1, TERMS["softcap"]), 39)) < 1e-6
+    lse = row_lse_tiles(q, k, 0.1, 39, NONE)
+    A = naive_logits(q, k, 0.1, NONE)
+    A = A.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), float("-inf"))
+    assert float((lse.cpu() - torch.logsumexp(A, -1)).abs().max()) < 1e-5
+
+
 @pytest.mark.parametrize("terms", ["plain", "alibi", "temperature"])
-def test_lag_tiles_permuted_draws_pooled(terms):
+def test_lag_tiles_permuted_draws_pooled(terms, device):
     """Every draw of the null in one launch: the lower triangle of the product of q and k
     read through each permutation, summed over the sequences."""
-    q, k = qk(b=3, T=50)
+    q, k = qk(b=3, T=50, device=device)
     perms = torch.stack([torch.randperm(50, generator=torch.Generator().manual_seed(i))
-                         for i in range(3)])
+                         for i in range(3)]).to(device)
     got = lag_tile_sums(q, k, 0.3, TERMS[terms], 20, perms=perms, pooled=True)
     for p in range(3):
         want = per_lag(naive_logits(q, k, 0.3, TERMS[terms], perms[p]), 20).sum(1)
@@ -94,32 +116,32 @@ def test_lag_tiles_permuted_draws_pooled(terms):
 
 
 @pytest.mark.parametrize("terms", ["plain", "alibi", "temperature", "softcap"])
-def test_lag_tiles_transposed_side(terms):
+def test_lag_tiles_transposed_side(terms, device):
     """The upper triangle of A (a bidirectional fit) as the lower one of Aᵀ: q and k passed
     swapped with ``transposed``, the softmax's terms read the right way round."""
-    q, k = qk(H=4, kv=4)
+    q, k = qk(H=4, kv=4, device=device)
     got = lag_tile_sums(k, q, 0.3, TERMS[terms], transposed=True)
     want = per_lag(naive_logits(q, k, 0.3, TERMS[terms]).transpose(-1, -2), q.shape[1] - 1)
     assert rel(got, want) < 1e-6
 
 
-def test_lag_tiles_bf16_operands_are_exact_products():
+def test_lag_tiles_bf16_operands_are_exact_products(device):
     """bf16 q and k: products exact in float32 (the model's own attention), so the sums
     equal the float64 sums of the bf16 values to float32 accumulation."""
-    q, k = (x.bfloat16() for x in qk())
+    q, k = (x.bfloat16() for x in qk(device=device))
     got = lag_tile_sums(q, k, 0.3, NONE)
     want = per_lag(naive_logits(q, k, 0.3, NONE), q.shape[1] - 1)
     assert rel(got, want) < 1e-6
 
 
-def test_lag_tiles_planted_toeplitz_head():
+def test_lag_tiles_planted_toeplitz_head(device):
     """A planted shift-invariant head: q_t·k_s = cos θ(t − s) exactly (one rotary pair),
     so S1(Δ) = (T − Δ)·cos θΔ and S2(Δ) = (T − Δ)·cos² θΔ."""
     T, theta = 3 * TILE + 7, 0.37
     ang = theta * torch.arange(T, dtype=torch.float64)
     rot = torch.stack([ang.cos(), ang.sin()], -1)  # [T, 2]
-    q, k = rot[None, :, None].float(), rot[None, :, None].float()
-    got = lag_tile_sums(q, k, 1.0, NONE)
+    q, k = (rot[None, :, None].float().to(device) for _ in range(2))
+    got = lag_tile_sums(q, k, 1.0, NONE).cpu()
     lag = torch.arange(1, T, dtype=torch.float64)
     n = T - lag
     assert torch.allclose(got[0, 0, 0], n * torch.cos(theta * lag), atol=1e-5)
@@ -128,31 +150,34 @@ def test_lag_tiles_planted_toeplitz_head():
 
 @pytest.mark.parametrize("terms", TERMS)
 @pytest.mark.parametrize("last", [None, 74, 20])
-def test_row_lse_equals_naive(terms, last):
+def test_row_lse_equals_naive(terms, last, device):
     """Each row's log-sum-exp over the keys its mask keeps (every key; causal; a window)."""
-    q, k = qk()
+    q, k = qk(device=device)
     A = naive_logits(q, k, 0.3, TERMS[terms])
     if last is not None:
         lag = torch.arange(75)[:, None] - torch.arange(75)
         A = A.masked_fill((lag < 0) | (lag > last), float("-inf"))
     got = row_lse_tiles(q, k, 0.3, last, TERMS[terms])
-    assert float((got - torch.logsumexp(A, -1)).abs().max()) < 1e-5
+    assert float((got.cpu() - torch.logsumexp(A, -1)).abs().max()) < 1e-5
 
 
 @pytest.mark.parametrize("full,max_lag", [(False, None), (False, 40), (True, None)])
-def test_gram_tiles_update_every_block(full, max_lag):
+def test_gram_tiles_update_every_block(full, max_lag, device):
     """Track B's accumulator: every row block (the triangle, a window's band, every key)
     after two batches equals Σ_x q_x k_xᵀ over them, GQA keys by index."""
-    q, k = qk(b=3, T=150)
+    q, k = qk(b=3, T=150, device=device)
     blocks = gram_row_blocks(150, full, max_lag=max_lag)
-    flat, views, table = gram_layout(blocks, 4, "cpu")
+    flat, views, table = gram_layout(blocks, 4, device)
     for _ in range(2):
         gram_tile_update(flat, table, 64, q, k)
-    want = 2 * torch.einsum("bthd,bshd->hts", q.double(), k.double().repeat_interleave(2, 2))
+    want = 2 * torch.einsum("bthd,bshd->hts", q.cpu().double(),
+                            k.cpu().double().repeat_interleave(2, 2))
     for (r0, r1, k0, k1), view in zip(blocks, views):
-        assert float((view - want[:, r0:r1, k0:k1]).abs().max()) < 1e-4 * float(want.abs().max())
+        err = float((view.cpu() - want[:, r0:r1, k0:k1]).abs().max())
+        assert err < 1e-4 * float(want.abs().max())
 
 
+@interpreted
 def test_dispatch_rule(monkeypatch):
     """CPU tensors take the chunked path unless forced; forcing needs the interpreter."""
     x = torch.zeros(1)
@@ -199,6 +224,7 @@ def compare_results(ref, got) -> dict[str, tuple[float, float]]:
     return out
 
 
+@interpreted
 @pytest.mark.parametrize("arch", ARCHS)
 def test_kernel_path_equals_cpu_path(arch, tiny_tokenizer):
     """``pk.measure`` on the kernels' path equals the CPU path on every array of the
@@ -228,10 +254,15 @@ LAUNCH_BOUND = 300
 
 def launches_per_update(model, T: int, forced: bool, monkeypatch) -> dict[str, list[int]]:
     """Kernels launched by each reducer's ``update``, per call, over one measurement."""
-    from poskernel_tl.kernels.launch_count import LaunchCount
-    from poskernel_tl.measurement import measure as measure_module
-
     counts: dict[str, list[int]] = {}
+
+    def counter(update, name: str):
+        def counted(batch):
+            with LaunchCount() as c:
+                update(batch)
+            counts.setdefault(name, []).append(c.total)
+        return counted
+
     monkeypatch.undo()  # the real forward pass, not a spy of an earlier call
     real = measure_module.forward_pass
 
@@ -239,11 +270,7 @@ def launches_per_update(model, T: int, forced: bool, monkeypatch) -> dict[str, l
         def made():
             reds = make_reducers()
             for red in reds.values() if isinstance(reds, dict) else reds:
-                def counted(batch, update=red.update, name=type(red).__name__):
-                    with LaunchCount() as c:
-                        update(batch)
-                    counts.setdefault(name, []).append(c.total)
-                red.update = counted
+                red.update = counter(red.update, type(red).__name__)
             return reds
         return real(model, ids, made, *args, **kwargs)
 
@@ -255,13 +282,17 @@ def launches_per_update(model, T: int, forced: bool, monkeypatch) -> dict[str, l
     return counts
 
 
+@interpreted
 def test_launches_per_layer_are_bounded(tiny_tokenizer, monkeypatch):
     """On the kernels' path every reducer launches the same number of kernels per layer
     and batch whatever T (the CPU path's chunked loops grow with it), and all of the
     evaluation pass's together at most :data:`LAUNCH_BOUND`."""
     model = tiny_loaded("llama", tiny_tokenizer)
     short, long = (launches_per_update(model, T, True, monkeypatch) for T in (40, 120))
-    assert short == long
+    # the second of the two batches (the first also fills per-process caches: a layer's
+    # softmax terms, the band ends, Track A's region masks)
+    second = lambda counts: {name: v[len(v) // 2:] for name, v in counts.items()}
+    assert second(short) == second(long)
     updates = len(long["TrackAReducer"])
     per_update = [sum(v[i] for name, v in long.items() if name != "MomentsReducer")
                   for i in range(updates)]
@@ -270,3 +301,45 @@ def test_launches_per_layer_are_bounded(tiny_tokenizer, monkeypatch):
     cpu = [launches_per_update(model, T, False, monkeypatch)["PermNullReducer"][-1]
            for T in (40, 120)]
     assert cpu[1] > cpu[0] > long["PermNullReducer"][-1]  # the counter sees the loops
+
+
+def gram_run(tiled: bool, factors: bool, causal: bool, max_lags, T: int = 270):
+    """Track B of random q/k (1 layer; 4 centering, 4 evaluation sequences in batches of
+    2) past the length where matrices are kept, on the kernels' path or the CPU's."""
+    g = torch.Generator().manual_seed(0)
+    L, H, d = 1, 4, 16
+    kv = 2 if causal else 4
+    draw = lambda: (torch.randn(2, T, H, d, generator=g) + 0.5,
+                    torch.randn(2, T, kv, d, generator=g) - 0.3)
+    cen, ev = [draw() for _ in range(2)], [draw() for _ in range(2)]
+    moments = MomentsReducer(4, L, H, kv, T, d)
+    for b, (q, k) in enumerate(cen):
+        for layer in range(L):
+            moments.update(LayerBatch(layer, q, k, torch.arange(2 * b, 2 * b + 2), 0.25))
+    centering = moments.result()
+    with kernels.forced() if tiled else contextlib.nullcontext():
+        red = GramReducer(L, H, kv, T, d, 0.25, reference=centering, factors=factors,
+                          causal=causal, max_lags=max_lags)
+        for b, (q, k) in enumerate(ev):
+            for layer in range(L):
+                red.update(LayerBatch(layer, q, k, torch.arange(2 * b, 2 * b + 2), 0.25))
+        return red.result(centering)
+
+
+@interpreted
+@pytest.mark.parametrize("factors,causal,max_lags", [
+    (False, True, None), (False, True, [40]), (True, True, [40]),
+    (True, True, None), (False, False, None), (True, False, None)])
+def test_track_b_tiles_equal_cpu(factors, causal, max_lags):
+    """Track B past T = 256 (the lower triangle's row blocks, a window's band, the kept
+    factors; an encoder's two sides) on the kernels' path — the accumulator updated by
+    tiles, its pieces read by tiles, the centering's U·Vᵀ terms from the lag tiles —
+    equals the CPU path: R² (raw, centered, half) within 1e-6, g within 1e-6 of its
+    scale."""
+    ref, got = (gram_run(tiled, factors, causal, max_lags) for tiled in (False, True))
+    for name in ("r2_gram_raw", "r2_gram", "r2_gram_half"):
+        assert np.nanmax(np.abs(getattr(ref, name) - getattr(got, name))) < 1e-6, name
+    for name in ("g_gram_raw", "g_gram") + (() if causal else ("g_gram_back", "g_gram_self")):
+        a, b = getattr(ref, name), getattr(got, name)
+        assert (np.isfinite(a) == np.isfinite(b)).all(), name
+        assert np.nanmax(np.abs(a - b)) < 1e-6 * max(1.0, np.nanmax(np.abs(a))), name

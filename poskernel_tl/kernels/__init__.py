@@ -12,7 +12,8 @@ read the same sums from a few tiled kernels per layer and batch —
 - :mod:`~poskernel_tl.kernels.row_lse`: each query row's log-sum-exp of what the softmax
   reads under the layer's mask, for the pattern statistics;
 - :mod:`~poskernel_tl.kernels.gram_tiles`: Track B's accumulator of Σ_x q̃ k̃ᵀ, every row
-  block of a layer in one launch;
+  block of a layer in one launch, and :mod:`~poskernel_tl.kernels.gram_fit_tiles` its
+  fit's pieces read from it by tiles;
 
 each forming its logits as the layer's softmax reads them
 (:mod:`~poskernel_tl.kernels.tile_logits`: the scale, a temperature, ALiBi, the soft-cap).
@@ -32,7 +33,9 @@ from poskernel_tl.kernels.dispatch import active, forced, interpreting
 # the kernels' entry points, importable as ``kernels.NAME`` without importing Triton
 # until one is first used (PEP 562)
 _ENTRY = {"lag_tile_sums": "lag_tiles", "row_lse_tiles": "row_lse",
-          "gram_tile_update": "gram_tiles", "gram_layout": "gram_tiles"}
+          "gram_tile_update": "gram_tiles", "gram_layout": "gram_tiles",
+          "block_table": "gram_fit_tiles", "stored_lag_sums": "gram_fit_tiles",
+          "stored_apply": "gram_fit_tiles"}
 
 
 def __getattr__(name: str):
@@ -42,5 +45,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["active", "forced", "gram_layout", "gram_tile_update", "interpreting",
-           "lag_tile_sums", "row_lse_tiles"]
+__all__ = ["active", "block_table", "forced", "gram_layout", "gram_tile_update",
+           "interpreting", "lag_tile_sums", "row_lse_tiles", "stored_apply", "stored_lag_sums"]

@@ -20,6 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl.kernels.dispatch import interpreting, launch
+from poskernel_tl.kernels.tile_logits import chunk_of, qk_tile
 
 KEYS = 64  # BN: keys per tile
 
@@ -27,7 +28,7 @@ KEYS = 64  # BN: keys per tile
 @triton.jit
 @no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
 def _gram_tiles(Q, K, ACC, TABLE, n_seqs, H, G, sqb, sqt, sqh, skb, skt, skh,
-                D_HEAD: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+                D_HEAD: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
                 BN: tl.constexpr):
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -43,16 +44,11 @@ def _gram_tiles(Q, K, ACC, TABLE, n_seqs, H, G, sqb, sqt, sqh, skb, skt, skh,
     cok = cc < width
     rows = tl.where(rok, r0 + rr, 0)
     keys = tl.where(cok, k0 + cc, 0)
-    dd = tl.arange(0, BD)
-    dmask = dd < D_HEAD
     kvh = h // G
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for x in range(0, n_seqs):
-        q = tl.load(Q + x * sqb + rows[:, None] * sqt + h * sqh + dd[None, :],
-                    mask=rok[:, None] & dmask[None, :], other=0.0)
-        k = tl.load(K + x * skb + keys[:, None] * skt + kvh * skh + dd[None, :],
-                    mask=cok[:, None] & dmask[None, :], other=0.0)
-        acc += tl.dot(q, tl.trans(k), input_precision="ieee")
+        acc += qk_tile(Q, K, x * sqb + rows * sqt + h * sqh, x * skb + keys * skt + kvh * skh,
+                       rok, cok, BM, BN, D_HEAD, BK, False, True)
     at = ACC + start + h * n_rows * width + rr[:, None] * width + cc[None, :]
     keep = rok[:, None] & cok[None, :]
     tl.store(at, tl.load(at, mask=keep, other=0.0) + acc, mask=keep)
@@ -84,7 +80,7 @@ def gram_tile_update(acc: Float[Tensor, " entries"], table: Int[Tensor, "tile si
     BM = max(16, triton.next_power_of_2(rows))
     launch(_gram_tiles, (table.shape[0], H), q, k, acc, table, b, H, H // k.shape[2],
            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-           D_HEAD=d, BD=max(16, triton.next_power_of_2(d)), BM=BM, BN=KEYS,
+           D_HEAD=d, BK=chunk_of(d), BM=BM, BN=KEYS,
            **({} if interpreting() else {"num_warps": 8}))
 
 

@@ -31,19 +31,32 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl.fit.diagonals import diagonal_sums
-from poskernel_tl.kernels.dispatch import launch
-from poskernel_tl.kernels.tile_logits import logits_tile, operand, term_args
+from poskernel_tl.kernels.dispatch import interpreting, launch
+from poskernel_tl.kernels.tile_logits import (
+    chunk_of,
+    dot_flags,
+    logits_tile,
+    operand,
+    qk_tile,
+    term_args,
+)
 from poskernel_tl.models.softmax_terms import SoftmaxTerms
 
 TILE = 32  # B: query rows and keys per tile
 PROGRAMS = 2048  # at least this many programs per launch where the work allows
 
 
+def split_for(blocks: int, programs: int) -> int:
+    """Programs per block diagonal so that a launch has at least :data:`PROGRAMS` (one
+    under Triton's interpreter, where each program costs host time)."""
+    return 1 if interpreting() else max(1, min(blocks, -(-PROGRAMS // programs)))
+
+
 @triton.jit
 @no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
 def _lag_tiles(Q, K, PERM, TAU, SLOPES, OUT, T, H, G, n_groups, seqs, P, span, n_split,
                out_split, out_stat, sqb, sqt, sqh, skb, skt, skh, scale, cap,
-               D_HEAD: tl.constexpr, BD: tl.constexpr, B: tl.constexpr,
+               D_HEAD: tl.constexpr, BK: tl.constexpr, B: tl.constexpr,
                HAS_PERM: tl.constexpr, HAS_TAU: tl.constexpr, HAS_ALIBI: tl.constexpr,
                HAS_CAP: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
                TRANSPOSED: tl.constexpr):
@@ -59,8 +72,6 @@ def _lag_tiles(Q, K, PERM, TAU, SLOPES, OUT, T, H, G, n_groups, seqs, P, span, n
     first = diag + part * per
     last = tl.minimum(first + per, nb)
     r = tl.arange(0, B)
-    dd = tl.arange(0, BD)
-    dmask = dd < D_HEAD
     acc1 = tl.zeros([B, B], dtype=tl.float64)
     acc2 = tl.zeros([B, B], dtype=tl.float64)
     for j in range(0, seqs):
@@ -76,12 +87,10 @@ def _lag_tiles(Q, K, PERM, TAU, SLOPES, OUT, T, H, G, n_groups, seqs, P, span, n
             else:  # (rows past T read position 0: masked below)
                 rpos = tl.where(rok, rows, 0)
                 kpos = tl.where(kok, keys, 0)
-            q = tl.load(Q + seq * sqb + rpos[:, None] * sqt + h * sqh + dd[None, :],
-                        mask=rok[:, None] & dmask[None, :], other=0.0)
-            k = tl.load(K + seq * skb + kpos[:, None] * skt + kvh * skh + dd[None, :],
-                        mask=kok[:, None] & dmask[None, :], other=0.0)
-            s = logits_tile(q, k, rpos, kpos, h, scale, cap, TAU, SLOPES, HAS_TAU, HAS_ALIBI,
-                            HAS_CAP, UPCAST, IEEE, TRANSPOSED)
+            s = qk_tile(Q, K, seq * sqb + rpos * sqt + h * sqh, seq * skb + kpos * skt
+                        + kvh * skh, rok, kok, B, B, D_HEAD, BK, UPCAST, IEEE)
+            s = logits_tile(s, rpos, kpos, h, scale, cap, TAU, SLOPES, HAS_TAU, HAS_ALIBI,
+                            HAS_CAP, TRANSPOSED)
             s = tl.where(rok[:, None] & kok[None, :], s, 0.0).to(tl.float64)
             acc1 += s
             acc2 += s * s
@@ -113,18 +122,18 @@ def lag_tile_sums(q: Float[Tensor, "batch pos head_index d_head"],
     n_groups, seqs = (1, b) if pooled else (b, 1)
     Z = draws * n_groups * H
     if splits is None:
-        splits = max(1, min(nb, -(-PROGRAMS // (n_diag * Z))))
+        splits = split_for(nb, n_diag * Z)
     q, k = operand(q), operand(k)
-    (cap, tau, slopes), flags = term_args(terms, T, q.dtype, q.device)
+    (cap, tau, slopes), flags = term_args(terms, T, q.device)
     perm = q.new_zeros(1, dtype=torch.int32) if perms is None else perms.to(torch.int32)
     out = q.new_zeros(2, splits, Z, B, span, dtype=torch.float64)
     launch(_lag_tiles, (n_diag, Z, splits), q, k, perm, tau, slopes, out, T, H, H // kv,
            n_groups, seqs, P, span, splits, Z * B * span, splits * Z * B * span,
            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-           float(scale), cap, D_HEAD=d, BD=max(16, triton.next_power_of_2(d)), B=B,
-           HAS_PERM=perms is not None, TRANSPOSED=transposed, **flags)
+           float(scale), cap, D_HEAD=d, BK=chunk_of(d), B=B, HAS_PERM=perms is not None,
+           TRANSPOSED=transposed, **flags, **dot_flags(q.dtype))
     summed = out[:, 0] if splits == 1 else out.sum(1)
     return diagonal_sums(summed, P, W).view(2, draws * n_groups, H, W)
 
 
-__all__ = ["TILE", "lag_tile_sums"]
+__all__ = ["PROGRAMS", "TILE", "lag_tile_sums", "split_for"]

@@ -19,7 +19,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.kernels.dispatch import launch
-from poskernel_tl.kernels.tile_logits import logits_tile, operand, term_args
+from poskernel_tl.kernels.tile_logits import (
+    chunk_of,
+    dot_flags,
+    logits_tile,
+    operand,
+    qk_tile,
+    term_args,
+)
 from poskernel_tl.models.softmax_terms import SoftmaxTerms
 
 ROWS = 32  # BM
@@ -29,7 +36,7 @@ KEYS = 32  # BN
 @triton.jit
 @no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
 def _row_lse(Q, K, TAU, SLOPES, OUT, T, H, G, last, sqb, sqt, sqh, skb, skt, skh, scale,
-             cap, CAUSAL: tl.constexpr, D_HEAD: tl.constexpr, BD: tl.constexpr,
+             cap, CAUSAL: tl.constexpr, D_HEAD: tl.constexpr, BK: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, HAS_TAU: tl.constexpr,
              HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST: tl.constexpr,
              IEEE: tl.constexpr):
@@ -41,10 +48,6 @@ def _row_lse(Q, K, TAU, SLOPES, OUT, T, H, G, last, sqb, sqt, sqh, skb, skt, skh
     rows = rb * BM + tl.arange(0, BM)
     rok = rows < T
     rpos = tl.where(rok, rows, 0)
-    dd = tl.arange(0, BD)
-    dmask = dd < D_HEAD
-    q = tl.load(Q + seq * sqb + rpos[:, None] * sqt + h * sqh + dd[None, :],
-                mask=rok[:, None] & dmask[None, :], other=0.0)
     m = tl.full([BM], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BM], dtype=tl.float32)
     lo = 0
@@ -56,10 +59,10 @@ def _row_lse(Q, K, TAU, SLOPES, OUT, T, H, G, last, sqb, sqt, sqh, skb, skt, skh
         keys = s0 + tl.arange(0, BN)
         kok = keys < T
         kpos = tl.where(kok, keys, 0)
-        k = tl.load(K + seq * skb + kpos[:, None] * skt + kvh * skh + dd[None, :],
-                    mask=kok[:, None] & dmask[None, :], other=0.0)
-        s = logits_tile(q, k, rpos, kpos, h, scale, cap, TAU, SLOPES, HAS_TAU, HAS_ALIBI,
-                        HAS_CAP, UPCAST, IEEE, False)
+        s = qk_tile(Q, K, seq * sqb + rpos * sqt + h * sqh, seq * skb + kpos * skt + kvh * skh,
+                    rok, kok, BM, BN, D_HEAD, BK, UPCAST, IEEE)
+        s = logits_tile(s, rpos, kpos, h, scale, cap, TAU, SLOPES, HAS_TAU, HAS_ALIBI,
+                        HAS_CAP, False)
         keep = rok[:, None] & kok[None, :]
         if CAUSAL:
             lag = rows[:, None] - keys[None, :]
@@ -81,12 +84,12 @@ def row_lse_tiles(q: Float[Tensor, "batch pos head_index d_head"],
     key; else the keys t − last ≤ s ≤ t), float32 [b, H, T]."""
     b, T, H, d = q.shape
     q, k = operand(q), operand(k)
-    (cap, tau, slopes), flags = term_args(terms, T, q.dtype, q.device)
+    (cap, tau, slopes), flags = term_args(terms, T, q.device)
     out = q.new_empty(b, H, T, dtype=torch.float32)
     launch(_row_lse, (-(-T // ROWS), b * H), q, k, tau, slopes, out, T, H, H // k.shape[2],
            0 if last is None else last, q.stride(0), q.stride(1), q.stride(2), k.stride(0),
            k.stride(1), k.stride(2), float(scale), cap, CAUSAL=last is not None, D_HEAD=d,
-           BD=max(16, triton.next_power_of_2(d)), BM=ROWS, BN=KEYS, **flags)
+           BK=chunk_of(d), BM=ROWS, BN=KEYS, **flags, **dot_flags(q.dtype))
     return out
 
 

@@ -36,21 +36,38 @@ def tanh(x):
 
 @triton.jit
 @no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
-def logits_tile(q, k, row_pos, key_pos, h, scale, cap, TAU, SLOPES,
-                HAS_TAU: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr,
-                UPCAST: tl.constexpr, IEEE: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """What the softmax reads at (row_pos[i], key_pos[j]) of head ``h``, float32 [BM, BN],
-    from q [BM, BD] and k [BN, BD] as loaded (``UPCAST``: cast to float32 first, for
-    Triton's interpreter, which has no bf16 products). ``TRANSPOSED``: the operands are
-    (k, q), the tile is of Aᵀ (rows are key positions: the temperature goes with the
-    columns, the ALiBi offset changes sign)."""
-    if UPCAST:
-        q = q.to(tl.float32)
-        k = k.to(tl.float32)
-    if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
+def qk_tile(Q, K, q_off, k_off, rok, kok, BM: tl.constexpr, BN: tl.constexpr,
+            D_HEAD: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """Σ_i q_i·k_i of BM query rows against BN keys, float32 [BM, BN]: ``q_off``/``k_off``
+    each row's element offset (rows ``~rok``/``~kok`` read as zero), d_head in chunks of
+    BK (``UPCAST``: operands cast to float32 first, for Triton's interpreter, which has
+    no bf16 products)."""
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for d0 in range(0, D_HEAD, BK):
+        dd = d0 + tl.arange(0, BK)
+        dm = dd < D_HEAD
+        q = tl.load(Q + q_off[:, None] + dd[None, :], mask=rok[:, None] & dm[None, :],
+                    other=0.0)
+        k = tl.load(K + k_off[:, None] + dd[None, :], mask=kok[:, None] & dm[None, :],
+                    other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            k = k.to(tl.float32)
+        if IEEE:
+            acc += tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            acc += tl.dot(q, tl.trans(k))
+    return acc
+
+
+@triton.jit
+@no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
+def logits_tile(s, row_pos, key_pos, h, scale, cap, TAU, SLOPES, HAS_TAU: tl.constexpr,
+                HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """What the softmax reads at (row_pos[i], key_pos[j]) of head ``h``, float32, from the
+    tile's q·kᵀ ``s`` (:func:`qk_tile`). ``TRANSPOSED``: the operands were (k, q), the
+    tile is of Aᵀ (rows are key positions: the temperature goes with the columns, the
+    ALiBi offset changes sign)."""
     s = s * scale
     if HAS_TAU:
         if TRANSPOSED:
@@ -68,13 +85,17 @@ def logits_tile(q, k, row_pos, key_pos, h, scale, cap, TAU, SLOPES,
     return s
 
 
+def chunk_of(d: int) -> int:
+    """BK: the d_head chunk of :func:`qk_tile` (a power of two from 16 to 64)."""
+    return min(64, max(16, triton.next_power_of_2(d)))
+
+
 _TERMS: dict = {}
 
 
-def term_args(terms: SoftmaxTerms, length: int, dtype: torch.dtype, device
-              ) -> tuple[tuple, dict]:
-    """The arguments of :func:`logits_tile` for a layer's ``terms`` at ``length`` and
-    operands of ``dtype``: (``cap``, ``TAU``, ``SLOPES``) and the constexpr switches.
+def term_args(terms: SoftmaxTerms, length: int, device) -> tuple[tuple, dict]:
+    """The arguments of :func:`logits_tile` for a layer's ``terms`` at ``length``:
+    (``cap``, ``TAU``, ``SLOPES``) and the constexpr switches.
     The per-position temperatures and the slopes are made once per (terms, length,
     device) and kept (no host-to-device copy per batch)."""
     key = (terms, length, str(device))
@@ -85,11 +106,15 @@ def term_args(terms: SoftmaxTerms, length: int, dtype: torch.dtype, device
         none = torch.zeros(1, dtype=torch.float32, device=device)
         _TERMS[key] = (float(terms.softcap or 1.0), none if tau is None else tau,
                        none if slopes is None else slopes)
-    upcast = interpreting() and dtype in (torch.bfloat16, torch.float16)
     flags = dict(HAS_TAU=terms.temperature is not None, HAS_ALIBI=terms.slopes is not None,
-                 HAS_CAP=terms.softcap is not None, UPCAST=upcast,
-                 IEEE=upcast or dtype == torch.float32)
+                 HAS_CAP=terms.softcap is not None)
     return _TERMS[key], flags
+
+
+def dot_flags(dtype: torch.dtype) -> dict[str, bool]:
+    """:func:`qk_tile`'s precision switches for operands of ``dtype``."""
+    upcast = interpreting() and dtype in (torch.bfloat16, torch.float16)
+    return dict(UPCAST=upcast, IEEE=upcast or dtype == torch.float32)
 
 
 def operand(x: torch.Tensor) -> torch.Tensor:
@@ -100,4 +125,4 @@ def operand(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-__all__ = ["logits_tile", "operand", "tanh", "term_args"]
+__all__ = ["chunk_of", "dot_flags", "logits_tile", "operand", "qk_tile", "tanh", "term_args"]

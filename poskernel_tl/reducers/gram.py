@@ -58,7 +58,13 @@ from poskernel_tl.errors import ResultFileError
 from poskernel_tl.fit.toeplitz import kept_finite, sym_antisym, two_sided
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram_cost import GRAM_ROWS, as_path, gram_row_blocks
-from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, variant_fit
+from poskernel_tl.reducers.gram_fit import (
+    Pieces,
+    dense_pieces,
+    factor_pieces,
+    tile_pieces,
+    variant_fit,
+)
 from poskernel_tl.reducers.moments import Moments, means_in_place
 from poskernel_tl.reducers.two_sided import check_two_sided
 from poskernel_tl.schema import Part, column, stored
@@ -308,6 +314,10 @@ class GramReducer:
             q = torch.cat([q for q, _ in self.kept[i]])
             return factor_pieces(q, torch.cat([k for _, k in self.kept[i]]), x,
                                  upper=not self.causal, max_lag=window)
+        if self.flat[i] is not None:  # read by tiles (one flat buffer)
+            return tile_pieces(self.flat[i][0], self.blocks[i], self.acc[i][0].shape[0],
+                               self.count[i], x, keep, self.acc[i], upper=not self.causal,
+                               max_lag=window)
         return dense_pieces(zip(self.blocks[i], self.acc[i]), self.count[i], x, keep,
                             upper=not self.causal, max_lag=window)
 

@@ -46,10 +46,12 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl import kernels
 from poskernel_tl.fit.diagonals import diagonal_lines
 from poskernel_tl.fit.toeplitz import lag_counts, r2_two_sided
+from poskernel_tl.models.softmax_terms import NONE
 from poskernel_tl.reducers.band_sums import band_is_cheaper
-from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX, gram_row_blocks
+from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX, GRAM_ROWS, gram_row_blocks
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
     before,
@@ -257,6 +259,39 @@ def _lower_apply(q: Float[Tensor, "pos head_index rank"],
     return out[:, :T]
 
 
+def tile_pieces(acc: Float[Tensor, " entries"], blocks: list[tuple[int, int, int, int]],
+                n_heads: int, n: int, x: Float[Tensor, "kv_head_index pos rank"], keep=None,
+                views: list[Tensor] | None = None, upper: bool = False,
+                max_lag: int | None = None) -> Pieces:
+    """:func:`dense_pieces` on the tiled kernels' path: the accumulator ``acc`` is one flat
+    buffer of ``blocks`` (:mod:`poskernel_tl.kernels.gram_tiles`), read by tiles
+    (:mod:`poskernel_tl.kernels.gram_fit_tiles`: the per-lag sums and squares, Y = B_low·X,
+    each one launch per layer and side). ``views``: the blocks, for ``keep``."""
+    if upper and max_lag is not None:
+        raise ValueError("tile_pieces: a window on a two-sided fit is not supported")
+    T = x.shape[1]
+    table = kernels.block_table(blocks, n_heads, acc.device)
+    read = dict(n_heads=n_heads, length=T, rows=GRAM_ROWS)
+
+    def side(up: bool, lag: int | None) -> tuple[Tensor, Tensor, Tensor]:
+        sums = kernels.stored_lag_sums(acc, table, max_lag=lag, upper=up, **read)
+        y = kernels.stored_apply(acc, table, x, n_heads, GRAM_ROWS, lag, up).double()
+        return F.pad(sums[0], (0, T - 1 - sums.shape[-1])), sums[1].sum(-1), y
+
+    out = Pieces(*side(False, max_lag))
+    if upper:  # every key of every row is held: B's diagonal from its rows' offsets
+        out.s1_up, out.sq_up, out.y_up = side(True, None)
+        t = torch.arange(T, device=acc.device)
+        at = table[t // GRAM_ROWS]  # (r0, rows, k0, keys, offset) of each row's block
+        h = torch.arange(n_heads, device=acc.device)[:, None]
+        out.diag = acc[at[:, 4] + h * at[:, 1] * at[:, 3] + (t - at[:, 0]) * at[:, 3]
+                       + t - at[:, 2]].double()
+    if keep is not None:  # (kept only up to T = 256: a few blocks)
+        for (r0, r1, _, _), view in zip(blocks, views):
+            keep(r0, r1, view / n)
+    return out.divided(n)
+
+
 def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
                   k: Float[Tensor, "batch pos kv_head_index d_head"],
                   x: Float[Tensor, "kv_head_index pos rank"], upper: bool = False,
@@ -268,6 +303,11 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
     if upper and max_lag is not None:
         raise ValueError("factor_pieces: a window on a two-sided fit is not supported")
     n, T, H, d = q.shape
+    if kernels.active(q):  # the accumulator formed from the factors, one launch, then read
+        blocks = gram_row_blocks(T, upper, max_lag=max_lag)
+        flat, _, table = kernels.gram_layout(blocks, H, q.device)
+        kernels.gram_tile_update(flat, table, GRAM_ROWS, q, k)
+        return tile_pieces(flat, blocks, H, n, x, upper=upper, max_lag=max_lag)
     if n * d > FACTOR_RANK_MAX:  # the moments would outgrow the blocks: form the blocks
         blocks = gram_row_blocks(T, upper, max_lag=max_lag)
         return dense_pieces(factor_blocks(q, k, blocks), n, x, upper=upper, max_lag=max_lag)
@@ -301,7 +341,9 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
     t − s ≤ max_lag (a sliding window; the pieces must be the window's)."""
     s1, sq = pieces.s1, pieces.sq
     s1_up, sq_up, diag = pieces.s1_up, pieces.sq_up, pieces.diag
-    if u is not None:
+    if u is not None and kernels.active(u):
+        s1, sq, s1_up, sq_up, diag = _tile_corrected(pieces, u, v, w, w_up, scale, max_lag)
+    elif u is not None:
         ut, vt = u.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, T, heads, rank]
         if band_is_cheaper(ut.shape[1], max_lag, ut.shape[-1]):  # float64, on the band
             s1_uv, sq_uv, _ = lower_stats(ut, vt, 1.0, max_lag=max_lag)
@@ -322,5 +364,23 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
     return r2, g, g_back, None if diag is None else diag.mean(-1)
 
 
+def _tile_corrected(pieces: Pieces, u: Tensor, v: Tensor, w: Tensor, w_up: Tensor | None,
+                    scale: float, max_lag: int | None) -> tuple:
+    """:func:`variant_fit`'s sums of G = B + scale·U·Vᵀ with the U·Vᵀ terms from the tiled
+    kernels (:func:`~poskernel_tl.kernels.lag_tiles.lag_tile_sums`, the rank as d_head):
+    (S1, Σ², S1_up, Σ²_up, diag)."""
+    ut, vt = u.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, T, heads, rank]
+    T = ut.shape[1]
+    uv = kernels.lag_tile_sums(ut, vt, 1.0, NONE, max_lag)[:, 0]
+    s1 = pieces.s1 + scale * F.pad(uv[0], (0, T - 1 - uv.shape[-1]))
+    sq = pieces.sq + 2 * scale * (u * w).sum(dim=(1, 2)) + scale * scale * uv[1].sum(-1)
+    if pieces.s1_up is None:
+        return s1, sq, None, None, None
+    vu = kernels.lag_tile_sums(vt, ut, 1.0, NONE, transposed=True)[:, 0]
+    return (s1, sq, pieces.s1_up + scale * vu[0],
+            pieces.sq_up + 2 * scale * (u * w_up).sum(dim=(1, 2)) + scale * scale * vu[1].sum(-1),
+            pieces.diag + scale * (u * v).sum(-1))
+
+
 __all__ = ["Pieces", "dense_pieces", "factor_blocks", "factor_pieces", "lower_apply",
-           "lower_block_sums", "upper_block_sums", "variant_fit"]
+           "lower_block_sums", "tile_pieces", "upper_block_sums", "variant_fit"]
