@@ -4,6 +4,8 @@ Any other exception is a bug in poskernel_tl: the command line shows the traceba
 asks for a report. Every user error derives from ``ValueError``, so code that caught
 ``ValueError`` before keeps working."""
 
+import signal
+
 
 class UserError(ValueError):
     """Bad input: a flag, a name, a file or an argument the user can change."""
@@ -39,6 +41,21 @@ class NoConditionError(UserError, FileNotFoundError):
 
 class PlanError(UserError):
     """A run that cannot fit in the memory or time it is given (names the flag to change)."""
+
+
+class Stopped(BaseException):
+    """The process was asked to stop by a signal (SIGTERM from a scheduler or ``timeout``):
+    raised from the command's handler, like KeyboardInterrupt for SIGINT."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stop_line(signum: int) -> str:
+    """The one line a command stopped by ``signum`` prints (exit status 128 + signum)."""
+    return (f"poskernel: stopped by {signal.Signals(signum).name}; finished conditions are "
+            "kept; rerun the same command to resume")
 
 
 BUG_HINT = ("this is a bug in poskernel_tl, not a problem with your input: please report "

@@ -2,6 +2,11 @@
 from_bridge, strings as input, and the CLI's refusals before any model is loaded."""
 
 
+import signal
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -190,8 +195,38 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "models", interrupted)
     assert main(["models"]) == 130
     err = capsys.readouterr().err
-    assert "interrupted; rerun the same command to resume" in err
-    assert len(err.strip().splitlines()) == 1
+    assert err.strip() == ("poskernel: stopped by SIGINT; finished conditions are kept; "
+                           "rerun the same command to resume")
+
+
+@pytest.mark.parametrize("command", ["run", "grid"])
+def test_sigterm_is_one_line_and_exit_143(command, tmp_path, tiny_tokenizer):
+    """SIGTERM (what a scheduler or ``timeout`` sends) during a measurement: the same one
+    line as Ctrl-C, naming the signal, and exit 143; no traceback."""
+    folder = tmp_path / "tiny"
+    tiny_hf_model("llama").save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    out = tmp_path / "out"
+    args = {"run": ["run", "--model", f"hf:{folder}", "--dataset", "random", "--length",
+                    "128"],
+            "grid": ["grid", "--models", f"hf:{folder}", "--datasets", "random",
+                     "--lengths", "128"]}[command]
+    proc = subprocess.Popen([sys.executable, "-m", "poskernel_tl.apps.cli", *args,
+                             "--n-seqs", "20000", "--out", str(out), "--quiet"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    deadline = time.time() + 240
+    while not list(out.glob("data/*_seqs.pt")) and proc.poll() is None \
+            and time.time() < deadline:  # the measurement has begun
+        time.sleep(0.5)
+    time.sleep(2)
+    assert proc.poll() is None, proc.communicate()[1]
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        "poskernel: stopped by SIGTERM; finished conditions are kept; rerun the same "
+        "command to resume")
 
 
 def test_progress_bars_are_text_bars_without_the_notebook_widgets(monkeypatch):

