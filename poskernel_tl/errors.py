@@ -4,6 +4,7 @@ Any other exception is a bug in poskernel_tl: the command line shows the traceba
 asks for a report. Every user error derives from ``ValueError``, so code that caught
 ``ValueError`` before keeps working."""
 
+import os
 import signal
 
 
@@ -41,6 +42,21 @@ class NoConditionError(UserError, FileNotFoundError):
 
 class PlanError(UserError):
     """A run that cannot fit in the memory or time it is given (names the flag to change)."""
+
+
+class FolderBusyError(UserError):
+    """Another process holds the output folder's lock (its PID and command named)."""
+
+
+class WriteError(UserError, OSError):
+    """A file could not be written (a full disk, a read-only file system, no permission):
+    names the file and the cause; what was finished before is kept."""
+
+    def __init__(self, path, cause: OSError):
+        reason = os.strerror(cause.errno) if cause.errno else str(cause)
+        super().__init__(f"could not write {path}: {reason}; finished conditions are kept: "
+                         "free space or choose another --out, then rerun to resume")
+        self.errno = cause.errno
 
 
 class Stopped(BaseException):

@@ -1,8 +1,10 @@
 """Atomic file writes: every output appears whole (temp file + rename) or not at all; and
 the checked reading of a result table written as CSV."""
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +14,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from poskernel_tl.errors import WriteError
+
 TMP_PREFIX = ".tmp-"
+FULL_BELOW = 1 << 20  # free bytes under which a failed archive write is a full disk
 
 
 def atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
@@ -20,15 +25,27 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
 
     The temporary file has the final file's *name*, inside a hidden temporary folder
     beside it (``.tmp-*``), so formats that record their own file name (``torch.save``
-    archives) give identical bytes for identical content."""
+    archives) give identical bytes for identical content. A write the file system refuses
+    (a full disk, a read-only file system, no permission) is a
+    :class:`~poskernel_tl.errors.WriteError` naming the file and the cause; nothing is left
+    at ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=path.parent))
+    except OSError as err:
+        raise WriteError(path, err) from None
     tmp = folder / path.name
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+    except OSError as err:
+        raise WriteError(path, err) from None
+    except RuntimeError:  # torch's archive writer reports a full disk this way
+        if shutil.disk_usage(path.parent).free < FULL_BELOW:
+            raise WriteError(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from None
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -9,6 +9,7 @@ anything else is a bug: its traceback, one line asking to report it, exit 1. SIG
 (written atomically) and a rerun resumes."""
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import signal
@@ -39,6 +40,7 @@ from poskernel_tl.run.executor import (
     submit_grid,
 )
 from poskernel_tl.run.grid import LOG, check_plan, merge, plan, run_grid
+from poskernel_tl.run.manifest import FolderLock
 from poskernel_tl.run.runner import run_condition
 
 CONDITION = ("model", "dataset", "length", "n_seqs", "out", "seed", "allow_cross_doc")
@@ -158,15 +160,25 @@ def cmd_run(args) -> int:
     cfg.validate()  # before the model is loaded
     if not cfg.progress:
         _quiet_libraries()
-    result, _ = run_condition(cfg)
-    prov = result.provenance
-    print(f"\n{cfg.model} · {cfg.dataset} · T={cfg.length} · {prov['n_eval']} eval "
-          f"sequences ({prov['weights']}); mean R² over heads per layer:")
-    print(result.layer_summary().round(3).to_string())
-    print(f"\nresults in {os.path.join(cfg.out, C.RESULTS_DIR)} ({prov['seconds']} s)")
-    if args.spectral:
-        _spectral_all(cfg.out, cfg.model, cfg.dataset, cfg.length)
+    with writer(cfg.out):  # (before the model loads: a busy or unwritable folder is refused)
+        result, _ = run_condition(cfg)
+        prov = result.provenance
+        print(f"\n{cfg.model} · {cfg.dataset} · T={cfg.length} · {prov['n_eval']} eval "
+              f"sequences ({prov['weights']}); mean R² over heads per layer:")
+        print(result.layer_summary().round(3).to_string())
+        print(f"\nresults in {os.path.join(cfg.out, C.RESULTS_DIR)} ({prov['seconds']} s)")
+        if args.spectral:
+            _spectral_all(cfg.out, cfg.model, cfg.dataset, cfg.length)
     return 0
+
+
+def writer(folder, create: bool = True):
+    """The output folder's lock (:class:`~poskernel_tl.run.manifest.FolderLock`): one
+    writer per folder; ``create=False``: none for a folder that does not exist (the
+    command then says so itself)."""
+    if not create and not os.path.isdir(folder):
+        return contextlib.nullcontext()
+    return FolderLock(folder)
 
 
 def _quiet_libraries() -> None:
@@ -198,8 +210,9 @@ def _spectral_all(out, model=None, dataset=None, length=None, options=None) -> N
 
 
 def cmd_spectral(args) -> int:
-    _spectral_all(args.out, args.model, args.dataset, args.length,
-                  from_args(REGISTRY["spectral"].options, args))
+    with writer(args.out, create=False):
+        _spectral_all(args.out, args.model, args.dataset, args.length,
+                      from_args(REGISTRY["spectral"].options, args))
     return 0
 
 
@@ -209,7 +222,8 @@ def cmd_analyze(args) -> int:
     cfg.validate(_saved_model_spec(cfg) if not spec.needs_model else None)
     if not cfg.progress:
         _quiet_libraries()
-    table, path = run_analysis(spec.name, cfg, options=from_args(spec.options, args))
+    with writer(cfg.out):
+        table, path = run_analysis(spec.name, cfg, options=from_args(spec.options, args))
     print(table.head(12).round(4).to_string(index=False))
     print(f"\n{len(table)} rows in {path}")
     return 0
@@ -261,7 +275,8 @@ def cmd_grid(args) -> int:
 
 
 def cmd_report(args) -> int:
-    page = build_report(args.out, args.report_dir, workers=args.workers, progress=True)
+    with writer(args.out, create=False):
+        page = build_report(args.out, args.report_dir, workers=args.workers, progress=True)
     print(f"report: {page}")
     return 0
 

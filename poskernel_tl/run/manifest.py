@@ -13,9 +13,10 @@ import fcntl
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
-from poskernel_tl.errors import UserError
+from poskernel_tl.errors import FolderBusyError, UserError, WriteError
 from poskernel_tl.io import save_json
 
 MANIFEST = "manifest.json"
@@ -37,25 +38,41 @@ def key_of(parts: dict) -> str:
 
 
 class FolderLock:
-    """An exclusive, non-blocking lock on an output folder (released on exit, and by
-    the operating system if the process dies)."""
+    """An exclusive, non-blocking lock on an output folder (released on exit, and by the
+    operating system if the process dies: a lock left by a killed process is simply taken
+    over). Taking it creates the folder and writes the lock file: a folder that cannot be
+    written is refused here, before any model is loaded (a
+    :class:`~poskernel_tl.errors.WriteError`); a folder another process holds is refused
+    naming its PID and command (a :class:`~poskernel_tl.errors.FolderBusyError`)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path | str):
         self.path = Path(folder) / LOCK
         self.fh = None
 
     def __enter__(self) -> "FolderLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(self.path, "w")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fh = open(self.path, "a+")  # (not "w": that would erase the holder's line)
+        except OSError as err:
+            raise WriteError(self.path.parent, err) from None
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            self.fh.seek(0)
+            holder = self.fh.read().strip() or "unknown"
             self.fh.close()
-            raise RuntimeError(
-                f"another poskernel process is writing to {self.path.parent}; wait for it "
-                "or use another --out") from None
-        self.fh.write(str(os.getpid()))
-        self.fh.flush()
+            raise FolderBusyError(
+                f"another poskernel process is writing to {self.path.parent} (PID "
+                f"{holder.replace(chr(10), ': ', 1)}); wait for it or use another --out"
+            ) from None
+        try:
+            self.fh.seek(0)
+            self.fh.truncate()
+            self.fh.write(f"{os.getpid()}\n{' '.join(['poskernel', *sys.argv[1:]])}\n")
+            self.fh.flush()
+        except OSError as err:
+            self.__exit__()
+            raise WriteError(self.path, err) from None
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,0 +1,120 @@
+"""The output folder as a user meets it: one writer at a time (a second process refused
+naming the holder), a folder that cannot be written refused before the model loads, and a
+disk that fills during the run answered as the user's problem in one line (exit 2), not as
+a bug — on real read-only and full file systems (tmpfs mounts, where the test may mount)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_models import tiny_hf_model
+
+import poskernel_tl.models.loading as loading
+from poskernel_tl.apps.cli import main
+from poskernel_tl.run.manifest import LOCK, FolderLock
+
+
+@pytest.fixture
+def tiny_folder(tmp_path, tiny_tokenizer) -> Path:
+    folder = tmp_path / "tiny"
+    tiny_hf_model("llama").save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_argv(model: str, out: Path, n: int = 8, T: int = 32) -> list[str]:
+    return ["run", "--model", model, "--dataset", "random", "--length", str(T), "--n-seqs",
+            str(n), "--out", str(out), "--quiet"]
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """Mount a tmpfs with the given options at a new folder (skipped where the test may
+    not mount); unmounted after the test."""
+    points = []
+
+    def make(options: str) -> Path:
+        point = tmp_path / f"mnt{len(points)}"
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                              capture_output=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        points.append(point)
+        return point
+
+    yield make
+    for point in points:
+        subprocess.run(["umount", str(point)], check=False)
+
+
+def no_model_load(monkeypatch):
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+
+
+@pytest.mark.parametrize("command", ["run", "report", "spectral"])
+def test_a_second_writer_is_refused_naming_the_first(command, tmp_path, capsys, monkeypatch):
+    """While another process holds the folder, run/report/spectral refuse in one line
+    naming its PID and command, exit 2, before any model loads."""
+    out = tmp_path / "out"
+    out.mkdir()
+    no_model_load(monkeypatch)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from poskernel_tl.run.manifest import FolderLock\n"
+        f"sys.argv = ['poskernel', 'grid', '--out', {str(out)!r}]\n"
+        f"with FolderLock({str(out)!r}):\n"
+        "    print('held', flush=True); time.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        argv = {"run": run_argv("smollm2-135m", out), "report": ["report", str(out)],
+                "spectral": ["spectral", str(out)]}[command]
+        assert main(argv) == 2
+        err = one_line(capsys)
+        assert f"PID {holder.pid}: poskernel grid --out {out}" in err and str(out) in err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
+    """The lock is the operating system's: a holder killed with SIGKILL leaves its lock
+    file behind, and the next writer simply takes it (and records itself)."""
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time; from poskernel_tl.run.manifest import FolderLock\n"
+        f"with FolderLock({str(out)!r}):\n"
+        "    print('held', flush=True); time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    assert (out / LOCK).read_text().startswith(f"{holder.pid}\n")
+    with FolderLock(out):
+        assert (out / LOCK).read_text().startswith(f"{os.getpid()}\n")
+
+
+def test_a_read_only_folder_is_refused_before_the_model_loads(mount, capsys, monkeypatch):
+    ro = mount("ro,size=1m")
+    no_model_load(monkeypatch)
+    assert main(run_argv("smollm2-135m", ro / "out")) == 2
+    err = one_line(capsys)
+    assert f"could not write {ro / 'out'}: Read-only file system" in err
+
+
+def test_a_full_disk_is_the_users_problem_in_one_line(mount, tiny_folder, capsys):
+    """A disk that fills while the results are written: one line naming the file and the
+    cause, exit 2; no partial result file is left behind."""
+    full = mount("size=64k")
+    assert main(run_argv(f"hf:{tiny_folder}", full / "out", n=32, T=128)) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "could not write" in err and "No space left on device" in err, err
+    assert "bug" not in err
+    assert not [p for p in (full / "out").rglob("*") if p.name.startswith(".tmp-")]
