@@ -118,3 +118,17 @@ def test_a_full_disk_is_the_users_problem_in_one_line(mount, tiny_folder, capsys
     assert "could not write" in err and "No space left on device" in err, err
     assert "bug" not in err
     assert not [p for p in (full / "out").rglob("*") if p.name.startswith(".tmp-")]
+
+
+def test_hf_naming_a_local_path_that_is_no_model_folder(tmp_path, capsys, monkeypatch):
+    """``hf:`` on a plain file or on a folder without config.json is named as such, in
+    one line, before anything loads: no hub advice for a local path."""
+    no_model_load(monkeypatch)
+    text = tmp_path / "one.txt"
+    text.write_text("hello")
+    assert main(run_argv(f"hf:{text}", tmp_path / "out")) == 2
+    err = one_line(capsys)
+    assert f"hf:{text} is a file" in err and "hf download" not in err
+    assert main(run_argv(f"hf:{tmp_path}", tmp_path / "out")) == 2
+    err = one_line(capsys)
+    assert "folder without config.json" in err and "hf download" not in err

@@ -158,6 +158,16 @@ def test_a_damaged_condition_costs_only_itself(tmp_path):
     text = err.page.read_text(encoding="utf-8")
     top = text[: text.index("What this report tests")]
     assert "1 condition could not be read" in top and broken.name in top
+    # a run's folder (no grid manifest): the run to redo, on the folder's real path
+    real = str(tmp_path.resolve())
+    assert f"Rerun <code>poskernel run</code> for it with <code>--out {real} --overwrite" \
+        in top and f"poskernel report {real}" in top and "--out DIR" not in top
+    (tmp_path / C.MANIFEST).write_text("{}", encoding="utf-8")  # a grid's folder
+    with pytest.raises(ReportIncomplete) as grid:
+        build_report(tmp_path, workers=1)
+    assert f"Rerun the grid that made this folder (<code>poskernel grid … --out {real}" \
+        in grid.value.page.read_text(encoding="utf-8")
+    (tmp_path / C.MANIFEST).unlink()
     assert (err.page.parent / "data" / f"{good.stem()}.js").is_file()
     assert not (err.page.parent / "data" / f"{bad.stem()}.js").exists()
     # an unreadable cfg.json is named too, and hides nothing else

@@ -7,11 +7,12 @@ model is one entry here plus its parity test (see README, "Adding a model").
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from poskernel_tl.errors import UnknownNameError, UserError
+from poskernel_tl.errors import ModelUnavailableError, UnknownNameError, UserError
 from poskernel_tl.models.scheme import LayerScheme, terms_summary
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 from poskernel_tl.models.softmax_terms import check_length as check_terms_length
@@ -233,12 +234,26 @@ def placeholder_spec(name: str, hub_id: str | None) -> ModelSpec:
                      n_heads=0, n_kv_heads=0, d_head=0, rope_base=None, n_ctx=0)
 
 
+def check_local(source: str) -> None:
+    """A ModelUnavailableError where ``hf:`` names a local path that is no model folder (a
+    plain file, a folder without ``config.json``): said as such, with no hub advice."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        raise ModelUnavailableError(
+            f"hf:{source} is a file; hf: takes a Hugging Face model folder (config.json and "
+            "weights) or a hub id")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelUnavailableError(
+            f"hf:{source} is a folder without config.json: not a Hugging Face model folder")
+
+
 def resolve(name: str) -> ModelSpec:
     """Return the registry entry for ``name``; ``hf:<repo id>`` gives a placeholder spec
     whose geometry is filled in from the model's config when it is loaded."""
     if name in REGISTRY:
         return REGISTRY[name]
     if name.startswith(HF_PREFIX) and len(name) > len(HF_PREFIX):
+        check_local(name[len(HF_PREFIX):])
         return placeholder_spec(name, name[len(HF_PREFIX):])
     raise UnknownModelError(
         f"unknown model {name!r}; known: {', '.join(REGISTRY)}, or hf:<repo id>"

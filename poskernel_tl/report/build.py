@@ -314,7 +314,8 @@ def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, f
     listed = "".join(f"<li>{esc(sections.condition_line(r))}</li>" for r in results)
     g = lambda key: "".join(figs.get(key, []))  # noqa: E731
     blocks = [
-        "<h1>Positional-kernel report</h1>", sections.damaged_html(damaged), sections.PROTOCOL_HTML,
+        "<h1>Positional-kernel report</h1>", sections.damaged_html(damaged, results_dir),
+        sections.PROTOCOL_HTML,
         f'<p class="pk-note">Conditions read from <code>{esc(results_dir.name)}</code>: '
         f"{len(results)}.</p><ul>{listed}</ul>",
         "<h2>Results</h2><ul>" + "".join(sections.answers(

@@ -3,11 +3,14 @@
 limitations and the list of damaged conditions. Pure functions of numbers already read;
 every piece returns escaped HTML."""
 
+import shlex
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from poskernel_tl import constants as C
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import figures, nulls, tables, verdicts
 from poskernel_tl.report.collect import Damaged
@@ -59,17 +62,24 @@ def table_html(df: pd.DataFrame) -> str:
     return f'<table class="pk-table"><tr>{head}</tr>{body}</table>'
 
 
-def damaged_html(damaged: Sequence[Damaged]) -> str:
-    """The conditions left out, at the top of the report ("" when none)."""
+def damaged_html(damaged: Sequence[Damaged], folder: Path) -> str:
+    """The conditions left out, at the top of the report ("" when none), with what to run
+    again: the grid that made ``folder`` (it keeps a manifest; the grid redoes damaged
+    conditions) or ``poskernel run`` for a run's folder, on the folder's real path."""
     if not damaged:
         return ""
     items = "".join(f"<li><code>{esc(d.condition)}</code>: <code>{esc(d.file or '?')}</code>"
                     f" — {esc(d.reason)}</li>" for d in damaged)
     many = len(damaged) > 1
+    real = shlex.quote(str(Path(folder).resolve()))
+    again = (f"Rerun the grid that made this folder (<code>poskernel grid … --out {esc(real)}"
+             "</code>: it redoes damaged conditions)" if (Path(folder) / C.MANIFEST).exists()
+             else f"Rerun <code>poskernel run</code> for {'them' if many else 'it'} with "
+             f"<code>--out {esc(real)} --overwrite</code>")
     return (f'<div class="pk-damaged"><p><b>{len(damaged)} condition{"s" if many else ""} '
             f'could not be read and {"are" if many else "is"} left out of this report:</b></p>'
-            f"<ul>{items}</ul><p>Rerun the grid (it redoes "
-            "damaged conditions) and then this report.</p></div>")
+            f"<ul>{items}</ul><p>{again}, then <code>poskernel report {esc(real)}</code>."
+            "</p></div>")
 
 
 def verdict_html(v: pd.DataFrame) -> str:
