@@ -25,6 +25,24 @@ SPLIT_EVAL = "eval"
 N_SPLITS = 5  # random 80/20 subsets of the evaluation set (Step 3.5)
 SPLIT_FRACTION = 0.8
 VIS_EVAL_INDICES = tuple(range(0, 100, 11))  # eval indices 0, 11, ..., 99
+# seed 004's design: 200 sequences per condition (half of them the centering set where the
+# tokens are text), at T = 256 and 1024
+DESIGN_SEQS = 200
+DESIGN_LENGTHS = (256, 1024)
+
+
+def design_differences(n_seqs: int, length: int, centered: bool, needs_centering: bool
+                       ) -> list[str]:
+    """How one condition differs from seed 004's design (empty: it is the design's): fewer
+    sequences, another length, no centering set where the tokens are text."""
+    out = []
+    if n_seqs < DESIGN_SEQS:
+        out.append(f"n = {n_seqs} sequences (the protocol: {DESIGN_SEQS})")
+    if length not in DESIGN_LENGTHS:
+        out.append(f"T = {length} (the protocol: {' and '.join(map(str, DESIGN_LENGTHS))})")
+    if needs_centering and not centered:
+        out.append("no centering set (Track B uncentered; the protocol centers text)")
+    return out
 
 
 def gate_met(early_r2: list) -> bool | None:

@@ -351,3 +351,27 @@ def test_released_pages_keep_their_contents_and_leave_the_rss(tmp_path):
     assert np.array_equal(plain, values)
     assert read - before > values.nbytes // 2  # the mapped pages count in the RSS once read
     assert after < read - values.nbytes // 2, (before, read, after)  # and leave it
+
+
+def test_verdicts_of_a_run_off_the_protocol_are_marked_exploratory(tmp_path):
+    """A report of conditions unlike seed 004's design (a handful of sequences, T = 32, an
+    uncentered text condition) shows its verdicts under a banner naming each difference,
+    and every verdict cell says so; a condition of the design's own shape differs in
+    nothing."""
+    results = [synthetic(seed=0), synthetic(dataset="random", centered=False, seed=1)]
+    save_all(tmp_path, results)
+    page = build_report(tmp_path, workers=1).read_text(encoding="utf-8")
+    verdicts = page[page.index("Pre-registration verdicts"):]
+    n = sorted({len(r.seq_id) + r.n_centering for r in results})
+    assert "Exploratory: these conditions are not the protocol&#x27;s design" in verdicts \
+        or "Exploratory: these conditions are not the protocol's design" in verdicts
+    assert "T = 32 (the protocol: 256 and 1024)" in verdicts
+    assert f"n = {n[0]} sequences (the protocol: 200)" in verdicts
+    note = f"(exploratory: n = {n[0] if len(n) == 1 else f'{n[0]}–{n[-1]}'}, T = 32)"
+    cells = re.findall(r'<td class="pk-v-[a-z]+">([^<]*)</td>', verdicts)
+    assert cells and all(c.endswith(note) for c in cells), cells[:3]
+    from poskernel_tl.protocol import design_differences
+    assert design_differences(200, 1024, True, True) == []
+    assert design_differences(200, 256, False, False) == []
+    assert design_differences(200, 256, False, True) == [
+        "no centering set (Track B uncentered; the protocol centers text)"]

@@ -312,6 +312,7 @@ def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, f
                 "the protocol asks for cannot be formed; the analytic and permutation nulls "
                 "stand in.")
     listed = "".join(f"<li>{esc(sections.condition_line(r))}</li>" for r in results)
+    banner, note = sections.design_banner(results)
     g = lambda key: "".join(figs.get(key, []))  # noqa: E731
     blocks = [
         "<h1>Positional-kernel report</h1>", sections.damaged_html(damaged, results_dir),
@@ -321,7 +322,7 @@ def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, f
         "<h2>Results</h2><ul>" + "".join(sections.answers(
             summary, verdict, gate, note4.strip(), sections.calibration(results))) + "</ul>"
         if len(summary) else "",
-        "<h2>Pre-registration verdicts</h2>" + sections.verdict_html(verdict) +
+        "<h2>Pre-registration verdicts</h2>" + banner + sections.verdict_html(verdict, note) +
         '<p class="pk-note">Files: <a href="verdicts.csv">CSV</a> · '
         '<a href="verdicts.md">Markdown</a>. The thresholds are uncalibrated (the '
         "protocol's calibration note); see the nulls below.</p>",

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from poskernel_tl import constants as C
+from poskernel_tl import protocol
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import figures, nulls, tables, verdicts
 from poskernel_tl.report.collect import Damaged
@@ -82,7 +83,29 @@ def damaged_html(damaged: Sequence[Damaged], folder: Path) -> str:
             "</p></div>")
 
 
-def verdict_html(v: pd.DataFrame) -> str:
+def design_banner(results: Sequence[ConditionResult]) -> tuple[str, str]:
+    """(a banner naming each way the report's conditions differ from seed 004's design, a
+    note for every verdict cell such as "(exploratory: n = 4, T = 32)"); ("", "") for a
+    report of the design's own conditions."""
+    rows = []
+    for r in results:
+        n = len(r.seq_id) + int(r.n_centering)
+        for diff in protocol.design_differences(n, r.length, bool(r.centered),
+                                                r.dataset != "random"):
+            rows.append((cond_text(r), diff))
+    if not rows:
+        return "", ""
+    ns = sorted({len(r.seq_id) + int(r.n_centering) for r in results})
+    ts = sorted({r.length for r in results})
+    span = lambda xs: str(xs[0]) if len(xs) == 1 else f"{xs[0]}–{xs[-1]}"  # noqa: E731
+    items = "".join(f"<li><code>{esc(c)}</code>: {esc(d)}</li>" for c, d in rows)
+    banner = ('<div class="pk-damaged"><p><b>Exploratory: these conditions are not the '
+              "protocol's design, so the verdicts below describe these data, not the "
+              f"pre-registered test:</b></p><ul>{items}</ul></div>")
+    return banner, f"(exploratory: n = {span(ns)}, T = {span(ts)})"
+
+
+def verdict_html(v: pd.DataFrame, note: str = "") -> str:
     cls = {verdicts.MET: "pk-v-met", verdicts.PARTIAL: "pk-v-partial",
            verdicts.FAILED: "pk-v-failed", verdicts.NA: "pk-v-na"}
     rows = ["<tr><th>criterion</th><th>track</th><th>threshold</th><th>verdict</th>"
@@ -93,7 +116,8 @@ def verdict_html(v: pd.DataFrame) -> str:
         detail = row["reason"] if row["verdict"] == verdicts.NA else row["numbers"]
         rows.append(f"<tr><td>{esc(row['criterion'])}</td><td>{esc(row['track'])}</td>"
                     f"<td>{esc(row['threshold'])}</td><td class=\"{cls[row['verdict']]}\">"
-                    f"{esc(row['verdict'])}</td><td>{esc(val)}</td>"
+                    f"{esc(row['verdict'])}{' ' + esc(note) if note else ''}</td>"
+                    f"<td>{esc(val)}</td>"
                     f"<td>{esc(row['reading'])}</td><td>{esc(detail)}</td></tr>")
     return f'<table class="pk-table pk-verdicts">{"".join(rows)}</table>'
 
@@ -248,8 +272,8 @@ def limitations(results: Sequence[ConditionResult]) -> list[str]:
 
 
 __all__ = ["PROTOCOL", "PROTOCOL_HTML", "answers", "boundary_html", "calibration",
-           "cond_text", "damaged_html", "esc", "exploratory_sentence", "fmt", "limitations",
-           "table_html", "verdict_html"]
+           "cond_text", "damaged_html", "design_banner", "esc", "exploratory_sentence", "fmt",
+           "limitations", "table_html", "verdict_html"]
 
 
 def layer_kinds_html(results: Sequence[ConditionResult]) -> str:
