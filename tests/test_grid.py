@@ -13,7 +13,7 @@ from tiny_models import tiny_loaded
 
 from poskernel_tl import constants as C
 from poskernel_tl.apps.cli import main
-from poskernel_tl.errors import UserError
+from poskernel_tl.errors import FolderBusyError, UserError
 from poskernel_tl.models.loading import LOAD_FIELDS
 from poskernel_tl.plan.config import GridConfig
 from poskernel_tl.run import grid
@@ -116,7 +116,8 @@ def test_identical_runs_give_identical_bytes(tiny_tokenizer, tmp_path):
 
 def test_a_second_process_on_the_same_folder_is_refused(tmp_path):
     with FolderLock(tmp_path):
-        with pytest.raises(RuntimeError, match="another poskernel process"):
+        busy = f"another poskernel process .*PID {os.getpid()}:"
+        with pytest.raises(FolderBusyError, match=busy):
             with FolderLock(tmp_path):
                 pass
 
