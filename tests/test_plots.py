@@ -1,5 +1,7 @@
 """The Python API's Plotly figures: the result's own arrays, the viewer's styling."""
 
+from pathlib import Path
+
 import numpy as np
 import plotly.graph_objects as go
 import torch
@@ -31,3 +33,10 @@ def test_figures_are_plotly_objects_of_the_results_arrays(tiny_tokenizer, monkey
     glob = pk.plots.spectrum(res, 2, 1)
     assert np.isclose(glob.layout.shapes[1].x0, res.spec.rotary_frequencies(2)[1])
     assert len(glob.data[0].x) > len(local.data[0].x)  # the window's 15 offsets vs 39
+    # log axes label every tick with its value (20, 30: not Plotly's small "2", "3"), in
+    # the figures and in the head view's page script
+    for axis in (kern.layout.xaxis, local.layout.xaxis, local.layout.yaxis):
+        assert axis.type == "log" and axis.minorloglabels == "complete"
+    script = (Path(pk.__file__).parent / "report" / "static" / "viewer.js").read_text()
+    assert script.count('type: "log"') == script.count(
+        'type: "log", minorloglabels: "complete"') > 0

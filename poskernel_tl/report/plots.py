@@ -37,6 +37,10 @@ class Figure(go.Figure):
         publish_display_data(self._repr_mimebundle_())
 
 
+# a log axis labels every tick with its whole value (20, 30, not Plotly's small "2", "3")
+LOG_AXIS = dict(type="log", minorloglabels="complete")
+
+
 def _title(r: ConditionResult, what: str) -> str:
     return f"{r.model} · {r.dataset} · T={r.length} — {what}"
 
@@ -73,7 +77,7 @@ def kernels(r: ConditionResult, heads: Sequence[tuple[int, int]], track: str = "
                                 hovertemplate=f"L{L}H{H} Δ=%{{x}}: g %{{y:.4g}}<extra></extra>")
                      for L, H in heads])
     fig.update_layout(title=_title(r, f"Track {track} g(Δ)"),
-                      xaxis=dict(title="lag Δ = t − s", type="log"), yaxis=dict(title="g(Δ)"))
+                      xaxis=dict(title="lag Δ = t − s", **LOG_AXIS), yaxis=dict(title="g(Δ)"))
     return fig
 
 
@@ -89,8 +93,8 @@ def spectrum(r: ConditionResult, layer: int, head: int, track: str = "B") -> go.
     for t in [] if thetas is None else thetas:
         fig.add_vline(x=float(t), line=dict(color="orange", width=1, dash="dash"))
     fig.update_layout(title=_title(r, f"L{layer}H{head} spectrum of Track {track} g(Δ)"),
-                      xaxis=dict(title="ω (rad/token)", type="log"),
-                      yaxis=dict(title="power", type="log"))
+                      xaxis=dict(title="ω (rad/token)", **LOG_AXIS),
+                      yaxis=dict(title="power", **LOG_AXIS))
     return fig
 
 

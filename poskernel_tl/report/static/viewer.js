@@ -265,7 +265,7 @@
       if (k.back) traces.push({ x: lags, y: Array.from(k.back), mode: "lines", line: { width: 1.2, dash: "dot" }, name: "keys after the query: g(−Δ)" });
       plot(plots[j], traces,
         { title: { text: k.label }, showlegend: !!k.back, legend: { orientation: "h", y: -0.3 },
-          xaxis: { title: { text: k.back ? "|Δ| = |t − s|" : "lag Δ = t − s" }, type: "log" }, yaxis: { title: { text: "g(Δ)" } } });
+          xaxis: { title: { text: k.back ? "|Δ| = |t − s|" : "lag Δ = t − s" }, type: "log", minorloglabels: "complete" }, yaxis: { title: { text: "g(Δ)" } } });
     });
   }
   function drawSpectrum(root, s) {
@@ -297,7 +297,7 @@
     var summary = table(["", ""], s.summary.map(function (r) { return el("tr", {}, [el("th", {}, [r[0]]), el("td", {}, [String(r[1])])]); }));
     root.appendChild(section("Spectrum — " + s.label, "Dashed: the model's rotary frequencies θᵢ. Triangles: the top peaks (filled: significant; green: within ±10% of a θᵢ).",
       [div, el("div", { "class": "pk-row" }, [summary, table(["rank", "ω (rad/token)", "period (tokens)", "significant", "matched", "nearest θᵢ", "rel. error"], rows, { "data-pk-peaks": s.label })])]));
-    plot(div, traces, { xaxis: { type: "log", title: { text: "ω (rad/token)" } }, yaxis: { type: "log", title: { text: "power" } }, shapes: shapes, height: 320, legend: { font: { size: 10 } } });
+    plot(div, traces, { xaxis: { type: "log", minorloglabels: "complete", title: { text: "ω (rad/token)" } }, yaxis: { type: "log", minorloglabels: "complete", title: { text: "power" } }, shapes: shapes, height: 320, legend: { font: { size: 10 } } });
   }
   function drawPerSeq(root, ps) {
     var div = box("pk-plot pk-half");
