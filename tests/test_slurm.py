@@ -87,7 +87,7 @@ def test_scancel_is_reported_the_job_stops_and_the_rerun_is_identical(
     assert f"(job {olmo}) CANCELLED" in failures[0], str(err)
     wait_gone(int(pid_file.read_text()))  # its process has ended: nothing more to come
     log = Path(re.search(r"log: (\S+);", failures[0]).group(1))
-    assert "SIGTERM: stopping" in log.read_text()
+    assert "poskernel: stopped by SIGTERM; finished conditions are kept" in log.read_text()
     assert not any("tiny-olmo" in name for name in _csvs(out))
     assert not list((out / executor.JOBS_DIR / "tiny-olmo").glob("results/*.csv"))
     assert set(_csvs(out)) == {n for n in reference if n.startswith("tiny-llama")}
