@@ -232,7 +232,7 @@ def main() -> None:
             runs = [tuple(int(x) for x in r.split(":")) for r in args.runs]
         for T, n in runs:
             ids = torch.randint(3, SHAPES[shape]["vocab_size"] - 1, (n, T), generator=g)
-            pk.measure(model, ids[:1, :min(T, 256)], progress=False)  # warm-up (compiles)
+            pk.measure(model, ids[:2, :min(T, 256)], progress=False)  # warm-up (compiles)
             for path in args.paths:
                 os.environ["POSKERNEL_KERNELS"] = "1" if path == "tiled" else "0"
                 res, sec, mem = time_measure(model, ids, dev)
