@@ -23,11 +23,9 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from poskernel_tl.fit.diagonals import diagonal_sums
 from poskernel_tl.kernels.dispatch import launch
-from poskernel_tl.kernels.lag_tiles import split_for
+from poskernel_tl.kernels.lag_tiles import TILE, Diagonals, split_for
 
-TILE = 32  # rows and keys per tile (divides the accumulator's row blocks)
 COLUMNS = 64  # columns of X per program
 
 
@@ -126,16 +124,14 @@ def stored_lag_sums(acc: Float[Tensor, " entries"], table: Int[Tensor, "block fi
                     upper: bool = False) -> Float[Tensor, "stat head_index lag"]:
     """(S1, S2) of Δ = 1..W of the stored B's strictly lower (``upper``: upper)
     triangle, float64 [2, H, W]; ``rows``: the blocks' rows (a multiple of the tile)."""
-    T, B = length, TILE
-    W = T - 1 if max_lag is None else min(max_lag, T - 1)
-    nb, P = -(-T // B), -(-W // B) * B
-    n_diag, span = P // B + 1, P + B
-    splits = split_for(nb, n_diag * n_heads)
-    out = acc.new_zeros(2, splits, n_heads, B, span, dtype=torch.float64)
-    launch(_stored_lag_tiles, (n_diag, n_heads, splits), acc, table, out, T, rows, P, span,
-           splits, n_heads * B * span, splits * n_heads * B * span, B=B, UPPER=upper)
-    summed = out[:, 0] if splits == 1 else out.sum(1)
-    return diagonal_sums(summed, P, W)
+    grid = Diagonals(length, length - 1 if max_lag is None else min(max_lag, length - 1),
+                     TILE)
+    splits = split_for(grid.nb, grid.n_diag * n_heads)
+    out = acc.new_zeros(2, splits, n_heads, grid.B, grid.span, dtype=torch.float64)
+    launch(_stored_lag_tiles, (grid.n_diag, n_heads, splits), acc, table, out, length, rows,
+           grid.P, grid.span, splits, n_heads * grid.B * grid.span,
+           splits * n_heads * grid.B * grid.span, B=grid.B, UPPER=upper)
+    return grid.read(out)
 
 
 def stored_apply(acc: Float[Tensor, " entries"], table: Int[Tensor, "block five"],

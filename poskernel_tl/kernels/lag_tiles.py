@@ -22,6 +22,7 @@ pooled sums). Long block diagonals are split over several programs (``splits``),
 writing its own partial matrix, summed in a fixed order after.
 """
 
+from dataclasses import dataclass
 from typing import no_type_check
 
 import torch
@@ -44,6 +45,41 @@ from poskernel_tl.models.softmax_terms import SoftmaxTerms
 
 TILE = 32  # B: query rows and keys per tile
 PROGRAMS = 2048  # at least this many programs per launch where the work allows
+
+
+@dataclass(frozen=True)
+class Diagonals:
+    """Where per-lag sums of Δ = 1..W over a T × T triangle in B × B tiles go: ``nb``
+    query blocks, ``n_diag`` block diagonals, each program's B × B sums written at columns
+    [P − D·B, P − D·B + B) of a [B, ``span``] matrix (P = B·⌈W / B⌉, span = P + B) whose
+    diagonals are the per-lag sums (:meth:`read`)."""
+
+    length: int
+    W: int
+    B: int = TILE
+
+    @property
+    def nb(self) -> int:
+        return -(-self.length // self.B)
+
+    @property
+    def P(self) -> int:
+        return -(-self.W // self.B) * self.B
+
+    @property
+    def n_diag(self) -> int:
+        return self.P // self.B + 1
+
+    @property
+    def span(self) -> int:
+        return self.P + self.B
+
+    def read(self, out: Float[Tensor, "stat split out rows keys"]
+             ) -> Float[Tensor, "stat out lag"]:
+        """The per-lag sums (float64) from the programs' matrices, the splits summed in
+        a fixed order."""
+        summed = out[:, 0] if out.shape[1] == 1 else out.sum(1)
+        return diagonal_sums(summed, self.P, self.W)
 
 
 def split_for(blocks: int, programs: int) -> int:
@@ -114,26 +150,23 @@ def lag_tile_sums(q: Float[Tensor, "batch pos head_index d_head"],
     terms are read accordingly."""
     b, T, H, d = q.shape
     kv = k.shape[2]
-    W = T - 1 if max_lag is None else min(max_lag, T - 1)
-    B = TILE
-    nb, P = -(-T // B), -(-W // B) * B
-    n_diag, span = P // B + 1, P + B
+    grid = Diagonals(T, T - 1 if max_lag is None else min(max_lag, T - 1), TILE)
+    W, B, P, span = grid.W, grid.B, grid.P, grid.span
     draws = 1 if perms is None else perms.shape[0]
     n_groups, seqs = (1, b) if pooled else (b, 1)
     Z = draws * n_groups * H
     if splits is None:
-        splits = split_for(nb, n_diag * Z)
+        splits = split_for(grid.nb, grid.n_diag * Z)
     q, k = operand(q), operand(k)
     (cap, tau, slopes), flags = term_args(terms, T, q.device)
     perm = q.new_zeros(1, dtype=torch.int32) if perms is None else perms.to(torch.int32)
     out = q.new_zeros(2, splits, Z, B, span, dtype=torch.float64)
-    launch(_lag_tiles, (n_diag, Z, splits), q, k, perm, tau, slopes, out, T, H, H // kv,
+    launch(_lag_tiles, (grid.n_diag, Z, splits), q, k, perm, tau, slopes, out, T, H, H // kv,
            n_groups, seqs, P, span, splits, Z * B * span, splits * Z * B * span,
            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
            float(scale), cap, D_HEAD=d, BK=chunk_of(d), B=B, HAS_PERM=perms is not None,
            TRANSPOSED=transposed, **flags, **dot_flags(q.dtype))
-    summed = out[:, 0] if splits == 1 else out.sum(1)
-    return diagonal_sums(summed, P, W).view(2, draws * n_groups, H, W)
+    return grid.read(out).view(2, draws * n_groups, H, W)
 
 
-__all__ = ["PROGRAMS", "TILE", "lag_tile_sums", "split_for"]
+__all__ = ["PROGRAMS", "TILE", "Diagonals", "lag_tile_sums", "split_for"]
