@@ -4,6 +4,7 @@ Any other exception is a bug in poskernel_tl: the command line shows the traceba
 asks for a report. Every user error derives from ``ValueError``, so code that caught
 ``ValueError`` before keeps working."""
 
+import errno
 import os
 import signal
 
@@ -52,10 +53,12 @@ class WriteError(UserError, OSError):
     """A file could not be written (a full disk, a read-only file system, no permission):
     names the file and the cause; what was finished before is kept."""
 
-    def __init__(self, path, cause: OSError):
+    def __init__(self, path, cause: OSError, detail: str = ""):
         reason = os.strerror(cause.errno) if cause.errno else str(cause)
-        super().__init__(f"could not write {path}: {reason}; finished conditions are kept: "
-                         "free space or choose another --out, then rerun to resume")
+        todo = "free space or choose another --out" if cause.errno == errno.ENOSPC else \
+            "choose another --out"
+        super().__init__(f"could not write {path}: {reason}{f' ({detail})' if detail else ''}"
+                         f"; finished conditions are kept: {todo}, then rerun to resume")
         self.errno = cause.errno
 
 

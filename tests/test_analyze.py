@@ -14,7 +14,7 @@ from poskernel_tl.analyses.base import AnalysisSpec
 from poskernel_tl.analyses.registry import REGISTRY, get
 from poskernel_tl.apps import cli
 from poskernel_tl.errors import UserError
-from poskernel_tl.plan.config import RunConfig, cli_fields
+from poskernel_tl.plan.config import RunConfig, cli_fields, from_args
 from poskernel_tl.run.analyze import run_analysis
 
 
@@ -51,7 +51,7 @@ def test_analyze_subcommands_and_flags_come_from_the_registry():
         for f in cli_fields(spec.options):
             assert hasattr(args, f.name), (spec.name, f.name)
     args = parser.parse_args(["analyze", "kernel-patching", "--max-seqs", "3"])
-    assert cli.from_args(REGISTRY["kernel-patching"].options, args).max_seqs == 3
+    assert from_args(REGISTRY["kernel-patching"].options, args).max_seqs == 3
 
 
 def test_kernel_patching_default_is_small():

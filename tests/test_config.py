@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from poskernel_tl.apps import cli
+from poskernel_tl.apps import cli, commands
 from poskernel_tl.errors import UserError
 from poskernel_tl.plan.config import (
     PER_CONDITION,
@@ -95,7 +95,7 @@ def test_a_bug_is_a_traceback_and_a_request_to_report(monkeypatch, capsys):
     def broken(args):
         raise ZeroDivisionError("internal")
 
-    monkeypatch.setitem(cli.COMMANDS, "models", broken)
+    monkeypatch.setitem(commands.COMMANDS, "models", broken)
     assert cli.main(["models"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "ZeroDivisionError" in err and "report" in err

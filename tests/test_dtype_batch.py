@@ -6,6 +6,7 @@ import torch
 from tiny_models import VOCAB, tiny_loaded
 
 import poskernel_tl as pk
+from poskernel_tl import sizes
 from poskernel_tl.hooks.fast_attention import set_attention
 from poskernel_tl.measurement.measure import choose_scores_path
 from poskernel_tl.models.loading import forward_dtype
@@ -93,7 +94,7 @@ def test_cpu_batches_hold_at_most_cpu_tokens():
 @pytest.mark.parametrize("bad", [0, -1, "x", "1.5"])
 def test_bad_batch_sizes_are_refused(bad):
     with pytest.raises(ValueError, match="--batch-size"):
-        batching.check_batch_size(bad)
+        sizes.check_batch_size(bad)
 
 
 def test_measure_with_auto_batch_records_the_size_it_chose(monkeypatch, tiny_tokenizer):

@@ -10,13 +10,13 @@ import torch
 from poskernel_tl.data.datasets import (
     iter_documents,
     placeholder_token_ids,
-    random_token_ids,
     special_token_ids,
 )
 from poskernel_tl.data.sequences import (
     build_sequences,
     collect_windows,
     ensure_sequences,
+    random_token_ids,
     sequence_frame,
 )
 from poskernel_tl.errors import DataError

@@ -14,10 +14,11 @@ from tiny_models import tiny_loaded
 from poskernel_tl import constants as C
 from poskernel_tl.apps.cli import main
 from poskernel_tl.errors import FolderBusyError, UserError
+from poskernel_tl.folder import FolderLock
 from poskernel_tl.models.loading import LOAD_FIELDS
 from poskernel_tl.plan.config import GridConfig
 from poskernel_tl.run import grid
-from poskernel_tl.run.manifest import FolderLock, Manifest
+from poskernel_tl.run.manifest import Manifest
 
 TESTS = Path(__file__).parent
 CONDS = [grid.Condition("tiny-llama", "random", 32, 6),

@@ -2,7 +2,6 @@
 layer pages (``write_head_pages``), with the pages opened in headless Chromium when it
 is installed."""
 
-import argparse
 import json
 import os
 import re
@@ -18,8 +17,9 @@ from browser import find_chromium, load_page
 from tiny_models import tiny_loaded
 
 import poskernel_tl as pk
+from poskernel_tl.apps.cli import build_parser
 from poskernel_tl.apps.head_view import HeadView, head_tensors, inspect_head
-from poskernel_tl.apps.head_view_cli import add_inspect_parser, cmd_inspect, dataset_window
+from poskernel_tl.apps.head_view_cli import cmd_inspect, dataset_window
 from poskernel_tl.errors import UserError
 from poskernel_tl.fit.toeplitz import shift_invariance_r2
 
@@ -206,9 +206,7 @@ def test_notebook_views_share_the_viewer_assets(llama, tmp_path, monkeypatch):
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="poskernel")
-    add_inspect_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["inspect", *argv])
+    return build_parser("inspect").parse_args(["inspect", *argv])
 
 
 def test_cli_checks_arguments_before_loading(monkeypatch, tmp_path):

@@ -99,8 +99,12 @@ def test_imports_point_down():
 
 
 # imports deferred for their cost, not to dodge a cycle (they point down like the rest):
-# the fast attention classes subclass TransformerLens's, whose import takes ~10 s
-DEFERRED = {("poskernel_tl.models.loading", "poskernel_tl.hooks.fast_attention")}
+# the fast attention classes subclass TransformerLens's, whose import takes ~10 s; the
+# command line imports the commands (torch, the models) and the analyses only once its
+# input is parsed and checked, so that --help and a bad flag answer at once
+DEFERRED = {("poskernel_tl.models.loading", "poskernel_tl.hooks.fast_attention"),
+            ("poskernel_tl.apps.cli", "poskernel_tl.apps.commands"),
+            ("poskernel_tl.apps.cli", "poskernel_tl.analyses.registry")}
 
 
 def test_no_function_local_imports():

@@ -24,11 +24,8 @@ from poskernel_tl.kernels.lag_tiles import TILE, lag_tile_sums  # noqa: E402
 from poskernel_tl.kernels.launch_count import LaunchCount  # noqa: E402
 from poskernel_tl.kernels.row_lse import row_lse_tiles  # noqa: E402
 from poskernel_tl.measurement import measure as measure_module  # noqa: E402
-from poskernel_tl.models.softmax_terms import (  # noqa: E402
-    NONE,
-    SoftmaxTerms,
-    temperatures,
-)
+from poskernel_tl.models.softmax_ops import temperatures  # noqa: E402
+from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms  # noqa: E402
 from poskernel_tl.reducers.base import LayerBatch  # noqa: E402
 from poskernel_tl.reducers.gram import GramReducer  # noqa: E402
 from poskernel_tl.reducers.gram_cost import gram_row_blocks  # noqa: E402

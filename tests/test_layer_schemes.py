@@ -22,11 +22,8 @@ from poskernel_tl import constants as C
 from poskernel_tl.fit.kernel_class import CLASSES
 from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, shift_invariance_r2
 from poskernel_tl.fit.variants import region_sums
-from poskernel_tl.models.scheme import (
-    attention_modules,
-    read_layers,
-    summary,
-)
+from poskernel_tl.models.scheme import summary
+from poskernel_tl.models.scheme_reader import attention_modules, read_layers
 from poskernel_tl.reducers import GramReducer, LayerBatch, PermNullReducer
 from poskernel_tl.reducers.gram_fit import lower_apply
 from poskernel_tl.reducers.lag_sums import lower_sum_squares, track_a_stats, windowed

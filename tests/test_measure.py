@@ -165,7 +165,7 @@ def test_load_validates_and_names_the_file(measured, tmp_path, problem):
 @pytest.mark.parametrize("args, message", [
     (["--batch-size", "-1"], "--batch-size -1"),
     (["--batch-size", "0"], "--batch-size 0"),
-    (["--device", "tpu9"], "--device tpu9: not available"),
+    (["--device", "tpu9"], "--device tpu9: not a device"),
     (["--device", "cuda"], "--device cuda: not available"),
     (["--dataset", "nope"], "unknown dataset"),
     (["--length", "99999"], "exceeds"),
@@ -187,12 +187,12 @@ def test_cli_refuses_bad_input_before_loading(args, message, capsys, monkeypatch
 
 
 def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
-    import poskernel_tl.apps.cli as cli
+    from poskernel_tl.apps import commands
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(cli.COMMANDS, "models", interrupted)
+    monkeypatch.setitem(commands.COMMANDS, "models", interrupted)
     assert main(["models"]) == 130
     err = capsys.readouterr().err
     assert err.strip() == ("poskernel: stopped by SIGINT; finished conditions are kept; "

@@ -13,7 +13,7 @@ from tiny_models import tiny_hf_model
 
 import poskernel_tl.models.loading as loading
 from poskernel_tl.apps.cli import main
-from poskernel_tl.run.manifest import LOCK, FolderLock
+from poskernel_tl.folder import LOCK, FolderLock
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_a_second_writer_is_refused_naming_the_first(command, tmp_path, capsys, 
     out.mkdir()
     no_model_load(monkeypatch)
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from poskernel_tl.run.manifest import FolderLock\n"
+        "import sys, time; from poskernel_tl.folder import FolderLock\n"
         f"sys.argv = ['poskernel', 'grid', '--out', {str(out)!r}]\n"
         f"with FolderLock({str(out)!r}):\n"
         "    print('held', flush=True); time.sleep(60)\n")],
@@ -90,7 +90,7 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
     file behind, and the next writer simply takes it (and records itself)."""
     out = tmp_path / "out"
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import time; from poskernel_tl.run.manifest import FolderLock\n"
+        "import time; from poskernel_tl.folder import FolderLock\n"
         f"with FolderLock({str(out)!r}):\n"
         "    print('held', flush=True); time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"

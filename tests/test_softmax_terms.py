@@ -19,7 +19,8 @@ from transformer_lens.head_detector import (
 )
 
 import poskernel_tl as pk
-from poskernel_tl.models.softmax_terms import SoftmaxTerms, alibi_ramp, fold_qk
+from poskernel_tl.models.softmax_ops import alibi_ramp, fold_qk
+from poskernel_tl.models.softmax_terms import SoftmaxTerms
 
 T = 40
 QKV = ("query_key_value", "Wqkv")  # the fused projections of BLOOM/Falcon and MPT

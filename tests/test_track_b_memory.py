@@ -11,6 +11,7 @@ import torch
 from tiny_models import VOCAB, tiny_loaded
 
 import poskernel_tl as pk
+from poskernel_tl import sizes
 from poskernel_tl.errors import PlanError, UserError
 from poskernel_tl.fit.toeplitz import shift_invariance_r2
 from poskernel_tl.hooks import capture_qk, qk_hook_names
@@ -240,13 +241,13 @@ def test_measure_refuses_before_any_work(llama):
                                             ("800M", 800 * 2**20), ("1.5GiB", 3 * 2**29),
                                             ("2", 2 * 2**30), (3, 3 * 2**30)])
 def test_memory_sizes(text, expected):
-    assert batching.parse_memory(text) == expected
+    assert sizes.parse_memory(text) == expected
 
 
 @pytest.mark.parametrize("bad", ["lots", "-1G", "0", "12X"])
 def test_bad_memory_sizes_name_the_flag(bad):
     with pytest.raises(UserError, match="--max-memory"):
-        batching.parse_memory(bad)
+        sizes.parse_memory(bad)
 
 
 def test_the_flag_is_a_measure_option_checked_before_any_work():

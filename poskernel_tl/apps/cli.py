@@ -1,6 +1,12 @@
-"""The ``poskernel`` command. Each subcommand is a thin wrapper over a library call; the
-flags of ``run``, ``grid`` and ``analyze NAME`` are derived from the configuration
-dataclasses (:mod:`poskernel_tl.plan.config`) and the analyses' options.
+"""The ``poskernel`` command line: its parser, the checks that need no model, and the
+dispatch to the commands (:mod:`poskernel_tl.apps.commands`).
+
+This module imports no torch, transformers or TransformerLens: ``--help``, a mistyped flag
+and every check of a configuration that needs no model (flags, lengths against the
+registry, the dataset file's text) answer in well under a second; the commands, and with
+them torch, are imported only once the input is known to be good. The flags of ``run``,
+``grid`` and ``analyze NAME`` are derived from the configuration dataclasses
+(:mod:`poskernel_tl.plan.config`) and the analyses' options.
 
 Errors: a :class:`~poskernel_tl.errors.UserError` (bad input) is one line and exit 2;
 anything else is a bug: its traceback, one line asking to report it, exit 1. SIGINT
@@ -17,35 +23,25 @@ import sys
 import threading
 import traceback
 
-from poskernel_tl import constants as C
-from poskernel_tl import protocol
-from poskernel_tl.analyses.registry import REGISTRY
-from poskernel_tl.apps.head_view_cli import add_inspect_parser, cmd_inspect
-from poskernel_tl.data.sequences import ensure_sequences
-from poskernel_tl.errors import BUG_HINT, ResultFileError, Stopped, UserError, stop_line
-from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.models.embedded import install_lines
-from poskernel_tl.models.loading import load_model, load_tokenizer
-from poskernel_tl.models.registry import REGISTRY as MODELS
-from poskernel_tl.models.registry import resolve
-from poskernel_tl.plan.allocator import reuse_freed_memory
+from poskernel_tl.errors import BUG_HINT, Stopped, UserError, stop_line
+from poskernel_tl.folder import FolderLock
+from poskernel_tl.models.registry import EMBEDDED_DEFAULT
 from poskernel_tl.plan.config import GridConfig, RunConfig, add_flags, from_args
-from poskernel_tl.report.build import build_report
-from poskernel_tl.run.analyze import run_analysis
-from poskernel_tl.run.executor import (
-    GridJobError,
-    by_model,
-    describe_jobs,
-    job_logs,
-    submit_grid,
-)
-from poskernel_tl.run.grid import LOG, check_plan, merge, plan, run_grid
-from poskernel_tl.run.manifest import FolderLock
-from poskernel_tl.run.runner import run_condition
 
 CONDITION = ("model", "dataset", "length", "n_seqs", "out", "seed", "allow_cross_doc")
 # run's flags that an analysis does not take (they shape the measurement, not the analysis)
 RUN_ONLY = ("whiten", "scores", "null_perms", "null_seqs", "save_logits", "compatibility_mode")
+ANALYSIS_COMMANDS = ("analyze", "spectral")
+ANALYZE_HELP = "one registered analysis on one condition"
+SPECTRAL_HELP = "spectral analysis and frequency usage of every finished condition in a folder"
+
+
+def analyses_registry() -> dict:
+    """The analyses by name (:data:`poskernel_tl.analyses.registry.REGISTRY`), imported
+    when a parser needs their options."""
+    from poskernel_tl.analyses.registry import REGISTRY
+
+    return REGISTRY
 
 
 def _run_parser(sub) -> None:
@@ -55,10 +51,12 @@ def _run_parser(sub) -> None:
                    help="also run the spectral analysis and frequency usage on the result")
 
 
-def _analyze_parser(sub) -> None:
-    p = sub.add_parser("analyze", help="one registered analysis on one condition")
+def _analyze_parser(sub, analyses: dict | None) -> None:
+    p = sub.add_parser("analyze", help=ANALYZE_HELP)
+    if analyses is None:  # (its flags are the analyses': parsed where it is the command)
+        return
     names = p.add_subparsers(dest="analysis", metavar="NAME", required=True)
-    for spec in REGISTRY.values():
+    for spec in analyses.values():
         q = names.add_parser(spec.name, help=spec.title, description=spec.guide)
         add_flags(q, RunConfig, exclude=RUN_ONLY)
         add_flags(q, spec.options)
@@ -72,17 +70,23 @@ def _report_parser(sub) -> None:
                    help="processes drawing the static figures (default: the CPU count)")
 
 
-def _spectral_parser(sub) -> None:
-    p = sub.add_parser("spectral", help="spectral analysis and frequency usage of every "
-                                        "finished condition in a folder")
+def _spectral_parser(sub, analyses: dict | None) -> None:
+    p = sub.add_parser("spectral", help=SPECTRAL_HELP)
+    if analyses is None:
+        return
     p.add_argument("out", help="the output folder of a run or grid")
     p.add_argument("--model", help="only this model's conditions")
     p.add_argument("--dataset", help="only this dataset's conditions")
     p.add_argument("--length", type=int, help="only this length's conditions")
-    add_flags(p, REGISTRY["spectral"].options)
+    add_flags(p, analyses["spectral"].options)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. The flags of ``analyze`` and ``spectral`` are the
+    analyses' options, which import the analyses (and torch): they are declared where
+    ``command`` is one of them or None (every subcommand whole; "" or another command:
+    the two listed by name only)."""
+    analyses = analyses_registry() if command in (None, *ANALYSIS_COMMANDS) else None
     parser = argparse.ArgumentParser(
         prog="poskernel",
         description="Measure how shift-invariant each attention head's logits are. "
@@ -97,12 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, RunConfig, exclude=tuple(f.name for f in dataclasses.fields(RunConfig)
                                           if f.name not in (*CONDITION, "overwrite")))
     _run_parser(sub)
-    _spectral_parser(sub)
-    _analyze_parser(sub)
+    _spectral_parser(sub, analyses)
+    _analyze_parser(sub, analyses)
     p = sub.add_parser("grid", help="many conditions from a preset; resumable, shardable")
     add_flags(p, GridConfig, exclude=("model", "dataset", "length", "overwrite"))
     _report_parser(sub)
-    add_inspect_parser(sub)
+    _inspect_parser(sub)
     p = sub.add_parser("demo", help="the README's main job: the demo grid and its report")
     p.add_argument("--out", default="artifacts/demo", help="output folder")
     p.add_argument("--n-seqs", type=int, help="sequences per condition (default 200)")
@@ -110,202 +114,81 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_models(args) -> int:
-    if args.pip:
-        print("\n".join(install_lines()))
-        return 0
-    if args.name:
-        spec = load_model(args.name, device="cpu", progress=False).spec
-        print(f"{spec.name}: {spec.n_layers} layers, {spec.n_heads} query / {spec.n_kv_heads} "
-              f"key-value heads, d_head {spec.d_head}, context {spec.n_ctx}")
-        for i, s in enumerate(spec.layers):
-            start = f" from dimension {s.rotary_offset}" if s.rotary_offset else ""
-            rope = "" if s.pe != "rope" else (f", {s.rotary_dims}/{spec.d_head} dims rotated"
-                                              f"{start} ({s.layout})")
-            rope += "" if s.block is None else f", block {s.block}"
-            adds = s.terms.describe()
-            print(f"  layer {i:3d}: {s.kind}{rope}, mask {s.mask}"
-                  + (", QK-norm" if s.qk_norm else "")
-                  + (f"; the softmax adds to scale·q·k: {adds}" if adds else ""))
-        return 0
-    cols = ("name", "hub_id", "pe", "norm", "n_layers", "n_heads", "n_kv_heads", "d_head",
-            "rope_base", "loader")
-    rows = [[str(getattr(s, c) if getattr(s, c) is not None else "-") for c in cols]
-            + ["causal" if s.causal else "bidirectional"] for s in MODELS.values()]
-    rows.append(["hf:<repo id>", "any TransformerLens-supported causal LM or BERT encoder"]
-                + [""] * 9)
-    cols += ("attention",)
-    widths = [max(len(r[i]) for r in rows + [list(cols)]) for i in range(len(cols))]
-    for r in [list(cols)] + rows:
-        print("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
-    return 0
+def _inspect_parser(subparsers) -> None:
+    """``poskernel inspect`` (:mod:`poskernel_tl.apps.head_view_cli`)."""
+    p = subparsers.add_parser(
+        "inspect", help="one head on one text: a standalone HTML page",
+        description="Inspect one attention head on one text: attention pattern "
+                    "(circuitsvis), logits beside their Toeplitz fit and residual, g(Δ) and "
+                    "its spectrum with the rotary frequencies, written as one HTML page. Past "
+                    "256 tokens the page shows the whole matrix as 256 × 256 blocks and zooms "
+                    "into any window of rows and keys at full resolution (address "
+                    "#zoom=R0-R1,K0-K1).")
+    p.add_argument("--model", default=EMBEDDED_DEFAULT,
+                   help="registry name (see `poskernel models`) or hf:<repo id>")
+    p.add_argument("--layer", type=int, required=True, help="layer index (0-based)")
+    p.add_argument("--head", type=int, required=True, help="query head index (0-based)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="the text to run (tokenized without special tokens; "
+                     "an encoder's framed [CLS] … [SEP] like its sequences)")
+    src.add_argument("--file", help="a UTF-8 text file to run")
+    src.add_argument("--dataset", help="one window of a dataset: wikipedia, code, random, "
+                                       "prose, stdlib-code or text:PATH")
+    p.add_argument("--index", type=int, default=None,
+                   help="with --dataset: which window, in corpus order (default 0)")
+    p.add_argument("--length", type=int, default=256,
+                   help="with --dataset: tokens per window (default 256)")
+    p.add_argument("--seed", type=int, default=0, help="with --dataset: shuffle/draw seed")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="keep only the first N tokens of the text")
+    p.add_argument("--out", default=None,
+                   help="HTML file to write (default artifacts/inspect/{model}_L{L}H{H}.html)")
+    p.add_argument("--shared-assets", action="store_true",
+                   help="write circuitsvis.js to assets/ beside the page instead of inlining")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
 
 
-def cmd_data(args) -> int:
-    cfg = from_args(RunConfig, args)
-    cfg.validate()
-    seqs, path, built = ensure_sequences(
-        cfg.out, load_tokenizer(cfg.model), cfg.dataset, cfg.length, cfg.n_seqs, cfg.seed,
-        model_name=cfg.model, n_ctx=resolve(cfg.model).n_ctx or None,
-        allow_cross_doc=cfg.allow_cross_doc, overwrite=cfg.overwrite)
-    n, t = seqs["input_ids"].shape
-    print(f"{'built' if built else 'reused'} {path}: {n} x {t} tokens "
-          f"({seqs['split'].count(protocol.SPLIT_CENTERING)} centering, "
-          f"{seqs['split'].count(protocol.SPLIT_EVAL)} eval)")
-    return 0
 
 
-def cmd_run(args) -> int:
-    cfg = from_args(RunConfig, args)
-    cfg.validate()  # before the model is loaded
-    if not cfg.progress:
-        _quiet_libraries()
-    with writer(cfg.out):  # (before the model loads: a busy or unwritable folder is refused)
-        result, _ = run_condition(cfg)
-        prov = result.provenance
-        print(f"\n{cfg.model} · {cfg.dataset} · T={cfg.length} · {prov['n_eval']} eval "
-              f"sequences ({prov['weights']}); mean R² over heads per layer:")
-        print(result.layer_summary().round(3).to_string())
-        print(f"\nresults in {os.path.join(cfg.out, C.RESULTS_DIR)} ({prov['seconds']} s)")
-        if args.spectral:
-            _spectral_all(cfg.out, cfg.model, cfg.dataset, cfg.length)
-    return 0
+def check_input(args) -> None:
+    """Every check of ``args`` that needs no model and no torch (a UserError names what to
+    change): the configuration of ``run``, ``data`` and ``grid``."""
+    if args.command in ("run", "data"):
+        from_args(RunConfig, args).validate()
+    elif args.command == "grid" and not args.merge:
+        from_args(GridConfig, args).validate()
 
 
-def writer(folder, create: bool = True):
-    """The output folder's lock (:class:`~poskernel_tl.run.manifest.FolderLock`): one
-    writer per folder; ``create=False``: none for a folder that does not exist (the
-    command then says so itself)."""
-    if not create and not os.path.isdir(folder):
-        return contextlib.nullcontext()
-    return FolderLock(folder)
+def writer(args) -> FolderLock | contextlib.nullcontext:
+    """The lock of the folder the command writes (:class:`~poskernel_tl.folder.FolderLock`:
+    one writer per folder; taking it creates the folder and proves it writable): ``run``
+    and ``analyze`` their ``--out``, ``spectral`` and ``report`` their folder where it
+    exists (else the command says so itself). The grid takes its own."""
+    folder = getattr(args, "out", None)
+    if args.command in ("run", "analyze") or (
+            args.command in ("spectral", "report") and os.path.isdir(folder)):
+        return FolderLock(folder)
+    return contextlib.nullcontext()
 
 
-def _quiet_libraries() -> None:
-    """Silence the progress bars of transformers (the GGUF conversion) and datasets."""
-    os.environ["TQDM_DISABLE"] = "1"
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
-def _spectral_all(out, model=None, dataset=None, length=None, options=None) -> None:
-    """Spectral analysis and frequency usage of the chosen conditions under ``out``."""
-    chosen = [c for c in ConditionResult.conditions(ConditionResult.folder(out))
-              if (model is None or c[0] == model) and (dataset is None or c[1] == dataset)
-              and (length is None or c[2] == length)]
-    if not chosen:
-        raise UserError(f"no complete condition under {out} matches model={model} "
-                        f"dataset={dataset} length={length}")
-    names = {f.name for f in dataclasses.fields(RunConfig)}
-    for m, d, t in chosen:  # the condition's own configuration (its dataset, n_seqs, …)
-        saved = ConditionResult.saved_config(out, m, d, t)
-        cfg = RunConfig(**{"dataset": d, **{k: v for k, v in saved.items() if k in names},
-                           "model": m, "length": t, "out": str(out)})
-        for name, opts in (("spectral", options), ("freq-usage", None)):
-            if name == "freq-usage" and ConditionResult.saved_spec(out, m, d, t).pe != "rope":
-                continue
-            table, path = run_analysis(name, cfg, options=opts)
-            print(f"{name}: {len(table)} rows in {path}")
-
-
-def cmd_spectral(args) -> int:
-    with writer(args.out, create=False):
-        _spectral_all(args.out, args.model, args.dataset, args.length,
-                      from_args(REGISTRY["spectral"].options, args))
-    return 0
-
-
-def cmd_analyze(args) -> int:
-    spec = REGISTRY[args.analysis]
-    cfg = from_args(RunConfig, args)
-    cfg.validate(_saved_model_spec(cfg) if not spec.needs_model else None)
-    if not cfg.progress:
-        _quiet_libraries()
-    with writer(cfg.out):
-        table, path = run_analysis(spec.name, cfg, options=from_args(spec.options, args))
-    print(table.head(12).round(4).to_string(index=False))
-    print(f"\n{len(table)} rows in {path}")
-    return 0
-
-
-def _saved_model_spec(cfg: RunConfig):
-    """The model spec of ``cfg``'s condition when it is saved under ``cfg.out`` (an
-    analysis that reads only the result then works for any model, registered or not)."""
-    try:
-        return ConditionResult.saved_spec(cfg.out, cfg.model, cfg.dataset, cfg.length)
-    except ResultFileError:
-        return None
-
-
-def cmd_grid(args) -> int:
-    cfg = from_args(GridConfig, args)
-    if cfg.merge:
-        print(f"{cfg.out} holds {merge(list(cfg.merge), cfg.out)} complete conditions")
-        return 0
-    cfg.validate()
-    conds = plan(cfg.preset, cfg.models, cfg.datasets, cfg.lengths, cfg.n_seqs, cfg.shard)
-    checked = check_plan(conds)
-    print(checked[["condition", "weights", "data"]].to_string(index=False))
-    missing = checked[~checked["ok"]]
-    if len(missing):
-        notes = sorted({n for _, r in missing.iterrows() for n, ok in
-                        ((r.weights_note, r.weights == "yes"), (r.data_note, r.data == "yes"))
-                        if not ok})
-        raise UserError("missing: " + "; ".join(notes))
-    if cfg.plan:
-        if cfg.executor == "slurm":
-            print(describe_jobs(conds, cfg))
-        return 0
-    if not cfg.progress:
-        _quiet_libraries()
-    logs = [os.path.join(cfg.out, LOG)]
-    if cfg.executor != "here":
-        try:
-            table = submit_grid(conds, cfg, cfg.executor)
-        except GridJobError as err:
-            print(f"poskernel: {err}", file=sys.stderr)
-            return 1
-        logs = [str(p) for p in job_logs(cfg.out, by_model(conds))]
-    else:
-        table = run_grid(conds, cfg)
-    print("\n" + table.round(3).to_string(index=False))
-    print(f"\nresults in {os.path.join(cfg.out, C.RESULTS_DIR)}; log {', '.join(logs)}")
-    return 0
-
-
-def cmd_report(args) -> int:
-    with writer(args.out, create=False):
-        page = build_report(args.out, args.report_dir, workers=args.workers, progress=True)
-    print(f"report: {page}")
-    return 0
-
-
-def cmd_demo(args) -> int:
-    """The demo grid on the embedded model (with the spectral analysis), then its report."""
-    rc = cmd_grid(build_parser().parse_args(
-        ["grid", "--preset", "demo", "--out", args.out, "--analyses", "spectral",
-         "freq-usage"] + (["--n-seqs", str(args.n_seqs)] if args.n_seqs else [])
-        + (["--quiet"] if args.quiet else [])))
-    if rc == 0:
-        rc = cmd_report(build_parser().parse_args(["report", args.out]))
-    return rc
-
-
-COMMANDS = {"models": cmd_models, "data": cmd_data, "run": cmd_run, "spectral": cmd_spectral,
-            "analyze": cmd_analyze, "grid": cmd_grid, "report": cmd_report,
-            "inspect": cmd_inspect, "demo": cmd_demo}
+def command_of(argv: list[str]) -> str:
+    """The subcommand ``argv`` names (its first word that is not an option), or ""."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command is None:
-        args = build_parser().parse_args(["demo"])
+    argv = sys.argv[1:] if argv is None else argv
     debug = os.environ.get("POSKERNEL_DEBUG") == "1"
-    reuse_freed_memory()  # large temporaries reused, not faulted in afresh
     previous = _on_sigterm()
     try:
-        return COMMANDS[args.command](args)
+        args = build_parser(command_of(argv)).parse_args(argv)
+        if args.command is None:
+            args = build_parser("demo").parse_args(["demo"])
+        check_input(args)
+        with writer(args):  # (before the model loads: a busy or unwritable folder is refused)
+            from poskernel_tl.apps import commands  # torch and the models: the input is good
+
+            return commands.run(args)
     except (KeyboardInterrupt, Stopped) as stop:  # Ctrl-C, or a scheduler's SIGTERM
         if debug:
             raise
@@ -336,6 +219,7 @@ def _on_sigterm():
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, _raise_stopped)
+
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.io import sentence
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.models.softmax_terms import attention_pattern, head_logits, sink_logits
+from poskernel_tl.models.softmax_ops import attention_pattern, head_logits, sink_logits
 from poskernel_tl.reducers.perm_null import joint_permutations
 from poskernel_tl.reducers.track_a_result import NO_SINK
 from poskernel_tl.report import (

@@ -1,12 +1,12 @@
 """The ``poskernel inspect`` subcommand: one head on one text, written as an HTML page.
 
-:func:`add_inspect_parser` adds the subcommand to the CLI; :func:`cmd_inspect` checks the
-arguments before the model loads (:func:`check_inspect_args`), picks the text (``--text``,
-``--file`` or a :func:`dataset_window`), runs
-:func:`poskernel_tl.apps.head_view.inspect_head` and saves the view.
+The command line's parser declares the subcommand (:mod:`poskernel_tl.apps.cli`);
+:func:`cmd_inspect` checks the arguments before the model loads
+(:func:`check_inspect_args`), picks the text (``--text``, ``--file`` or a
+:func:`dataset_window`), runs :func:`poskernel_tl.apps.head_view.inspect_head` and saves
+the view.
 """
 
-import argparse
 from pathlib import Path
 
 import torch
@@ -21,42 +21,7 @@ from poskernel_tl.data.datasets import TOKEN_DATASETS, check_dataset_name
 from poskernel_tl.data.sequences import build_sequences, collect_windows, sequence_frame
 from poskernel_tl.errors import DataError, UserError
 from poskernel_tl.models.loading import load_model, resolve_device
-from poskernel_tl.models.registry import EMBEDDED_DEFAULT, resolve
-
-
-def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
-    """Add ``poskernel inspect`` to the CLI's subparsers and return its parser."""
-    p = subparsers.add_parser(
-        "inspect", help="one head on one text: a standalone HTML page",
-        description="Inspect one attention head on one text: attention pattern "
-                    "(circuitsvis), logits beside their Toeplitz fit and residual, g(Δ) and "
-                    "its spectrum with the rotary frequencies, written as one HTML page. Past "
-                    "256 tokens the page shows the whole matrix as 256 × 256 blocks and zooms "
-                    "into any window of rows and keys at full resolution (address "
-                    "#zoom=R0-R1,K0-K1).")
-    p.add_argument("--model", default=EMBEDDED_DEFAULT,
-                   help="registry name (see `poskernel models`) or hf:<repo id>")
-    p.add_argument("--layer", type=int, required=True, help="layer index (0-based)")
-    p.add_argument("--head", type=int, required=True, help="query head index (0-based)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="the text to run (tokenized without special tokens; "
-                     "an encoder's framed [CLS] … [SEP] like its sequences)")
-    src.add_argument("--file", help="a UTF-8 text file to run")
-    src.add_argument("--dataset", help="one window of a dataset: wikipedia, code, random, "
-                                       "prose, stdlib-code or text:PATH")
-    p.add_argument("--index", type=int, default=None,
-                   help="with --dataset: which window, in corpus order (default 0)")
-    p.add_argument("--length", type=int, default=256,
-                   help="with --dataset: tokens per window (default 256)")
-    p.add_argument("--seed", type=int, default=0, help="with --dataset: shuffle/draw seed")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="keep only the first N tokens of the text")
-    p.add_argument("--out", default=None,
-                   help="HTML file to write (default artifacts/inspect/{model}_L{L}H{H}.html)")
-    p.add_argument("--shared-assets", action="store_true",
-                   help="write circuitsvis.js to assets/ beside the page instead of inlining")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    return p
+from poskernel_tl.models.registry import resolve
 
 
 def default_out(model: str, layer: int, head: int) -> Path:

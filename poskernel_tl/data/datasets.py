@@ -9,8 +9,9 @@ Offline sources (exist on every machine):
   test suites (``test``, ``tests``, ``idle_test`` folders) are left out, so the corpus is
   library code, not test data; it depends on the interpreter version (recorded).
 - ``random``: no text at all; the sequence builder draws token ids directly, uniformly
-  from :func:`random_token_ids` (the vocabulary without special tokens and reserved
-  placeholders such as BERT's ``[unused7]``), framed like text (e.g. ``[CLS]`` … ``[SEP]``).
+  from :func:`~poskernel_tl.data.sequences.random_token_ids` (the vocabulary without
+  special tokens and reserved placeholders such as BERT's ``[unused7]``), framed like
+  text (e.g. ``[CLS]`` … ``[SEP]``).
 - ``repeated``: one token repeated over the whole sequence (Gu et al., ICLR 2025's third
   condition for the attention sink), the token drawn per sequence from the same
   vocabulary as ``random``, framed like text.
@@ -37,8 +38,6 @@ import sys
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
-
-import torch
 
 from poskernel_tl.errors import DataError
 
@@ -146,15 +145,6 @@ def placeholder_token_ids(tokenizer) -> set[int]:
     """Reserved vocabulary slots that no text tokenizes to and that are not flagged
     special, e.g. BERT's ``[unused0]``..``[unused993]``."""
     return {int(i) for tok, i in tokenizer.get_vocab().items() if _PLACEHOLDER.match(tok)}
-
-
-def random_token_ids(tokenizer) -> torch.Tensor:
-    """The ids the ``random`` dataset draws from: the vocabulary without special tokens
-    (:func:`special_token_ids`, so no ``[PAD]``/``[UNK]``/``[CLS]``/``[SEP]``/``[MASK]``
-    or BOS/EOS) and without placeholders (:func:`placeholder_token_ids`)."""
-    excluded = special_token_ids(tokenizer) | placeholder_token_ids(tokenizer)
-    return torch.tensor([i for i in range(len(tokenizer)) if i not in excluded],
-                        dtype=torch.long)
 
 
 # ------------------------------------------------------------------ offline sources

@@ -37,13 +37,14 @@ from poskernel_tl.data.datasets import (
     check_dataset_name,
     describe_source,
     iter_documents,
-    random_token_ids,
+    placeholder_token_ids,
+    special_token_ids,
 )
 from poskernel_tl.errors import DataError
 from poskernel_tl.io import save_torch
 
 __all__ = ["FORMAT_VERSION", "TooFewWindowsError", "build_sequences", "centering_mask",
-           "ensure_sequences", "eval_mask", "load_sequences", "save_sequences",
+           "ensure_sequences", "eval_mask", "load_sequences", "random_token_ids", "save_sequences",
            "sequence_frame"]
 
 FORMAT_VERSION = 1
@@ -60,6 +61,15 @@ REQUIRED_KEYS = ("input_ids", "split", "seq_id", "model", "dataset", "length", "
 
 
 # ------------------------------------------------------------------------ helpers
+def random_token_ids(tokenizer) -> torch.Tensor:
+    """The ids the ``random`` dataset draws from: the vocabulary without special tokens
+    (:func:`special_token_ids`, so no ``[PAD]``/``[UNK]``/``[CLS]``/``[SEP]``/``[MASK]``
+    or BOS/EOS) and without placeholders (:func:`placeholder_token_ids`)."""
+    excluded = special_token_ids(tokenizer) | placeholder_token_ids(tokenizer)
+    return torch.tensor([i for i in range(len(tokenizer)) if i not in excluded],
+                        dtype=torch.long)
+
+
 def is_int(v) -> bool:
     """A Python or NumPy integer (not a bool)."""
     return isinstance(v, int | np.integer) and not isinstance(v, bool)

@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from poskernel_tl.kernels.dispatch import interpreting
-from poskernel_tl.models.softmax_terms import SoftmaxTerms, temperatures
+from poskernel_tl.models.softmax_ops import temperatures
+from poskernel_tl.models.softmax_terms import SoftmaxTerms
 
 
 @triton.jit

@@ -22,8 +22,8 @@ from poskernel_tl.models import embedded
 from poskernel_tl.models.alibi import uses_alibi
 from poskernel_tl.models.nope import NoRotaryEmbedding, apply_nope
 from poskernel_tl.models.registry import ModelSpec, placeholder_spec, resolve
-from poskernel_tl.models.scheme import (
-    ENCODER_TYPES,
+from poskernel_tl.models.scheme import ENCODER_TYPES
+from poskernel_tl.models.scheme_reader import (
     NoAttentionError,
     attention_modules,
     original,
@@ -232,13 +232,13 @@ def position_table(hf_model: nn.Module) -> nn.Module | None:
 
 def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
     """Fill the spec from the loaded model: every attention layer's positional scheme and
-    what its softmax adds (:func:`poskernel_tl.models.scheme.read_layers`: RoPE
+    what its softmax adds (:func:`poskernel_tl.models.scheme_reader.read_layers`: RoPE
     frequencies, rotated share and pair layout, mask, QK-norm, ALiBi, soft-capping, sinks,
     temperature, chunks) and the model's rotary frequencies (its first RoPE layer's), and
     for a placeholder spec (``hf:`` ids, :meth:`LoadedModel.from_bridge`) the geometry, PE
     scheme and norm type read from the config and modules. A hybrid's ``n_layers`` counts
     its attention layers (each scheme names its block); a model without attention is
-    refused (:class:`~poskernel_tl.models.scheme.NoAttentionError`)."""
+    refused (:class:`~poskernel_tl.models.scheme_reader.NoAttentionError`)."""
     updates = _placeholder_geometry(hf_model) if spec.n_layers == 0 else {}
     full = dataclasses.replace(spec, **updates)
     layers = read_layers(hf_model, full.pe, full.n_layers, full.d_head, full.n_heads)

@@ -31,13 +31,12 @@ purpose; on a GPU an out-of-memory error still halves the batch and restarts the
 
 import math
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from poskernel_tl.errors import PlanError, UserError
+from poskernel_tl.errors import PlanError
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.plan.forward_cost import (  # noqa: F401 (SCORE_COPIES, mask_kinds: re-exported)
     SCORE_COPIES,
@@ -58,6 +57,7 @@ from poskernel_tl.reducers.gram_cost import (
 )
 from poskernel_tl.reducers.moments import means_bytes
 from poskernel_tl.reducers.registry import STATISTICS
+from poskernel_tl.sizes import check_batch_size, gib, parse_memory
 
 # the caps: on CPU larger batches only raise peak memory (the matmuls already use every
 # core at batch 4); on a GPU beyond 64 sequences the forward is long saturated
@@ -68,7 +68,6 @@ CPU_TOKENS = 8192  # tokens per batch at most on CPU (never below one sequence)
 BUDGET = 0.5  # of the free memory, for resolve_batch_size (analyses)
 AUTO_FRACTION = 0.8  # --max-memory auto: this share of the memory available now
 MARGIN, SLACK = 1.1, 256 << 20  # estimate × MARGIN + SLACK: allocator and temporaries
-GiB = 1 << 30
 
 
 def free_memory(device: torch.device) -> int:
@@ -86,27 +85,6 @@ def free_memory(device: torch.device) -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
-def parse_memory(text: str | int | float) -> int | None:
-    """``--max-memory``: None for ``auto``, else bytes from ``12G``, ``800M``, ``1.5GiB``
-    or a bare number of GiB."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        text = str(text)
-    if not isinstance(text, str):
-        raise UserError(f"--max-memory {text!r}: a size such as 12G or 800M, or auto")
-    if text.strip().lower() == "auto":
-        return None
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
-    if m is None or float(m.group(1)) <= 0:
-        raise UserError(f"--max-memory {text}: a positive size such as 12G or 800M, or auto")
-    unit = {"k": 1 << 10, "m": 1 << 20, "g": GiB, "t": 1 << 40, "": GiB}[m.group(2)]
-    return int(float(m.group(1)) * unit)
-
-
-def gib(n: int | float) -> str:
-    """Bytes for a message: GiB with one decimal, or MiB below 1 GiB."""
-    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / (1 << 20):.0f} MiB"
 
 
 def per_sequence_bytes(model: LoadedModel, length: int, materialised: bool | None = None
@@ -317,22 +295,6 @@ def device_cap(device: torch.device, length: int) -> int:
     (:data:`CAP`; on CPU also at most :data:`CPU_TOKENS` tokens per batch)."""
     cap = CAP.get(device.type, 4)
     return max(1, min(cap, CPU_TOKENS // length)) if device.type == "cpu" else cap
-
-
-def check_batch_size(batch_size: int | str) -> int | str:
-    """``"auto"``, or the batch size as a positive int (a ValueError naming the flag
-    otherwise): the check that needs no model."""
-    if batch_size == "auto":
-        return batch_size
-    if isinstance(batch_size, str):
-        try:
-            batch_size = int(batch_size)
-        except ValueError:
-            raise UserError(f"--batch-size {batch_size}: a positive integer or auto"
-                             ) from None
-    if batch_size < 1:
-        raise UserError(f"--batch-size {batch_size}: must be >= 1 (or auto)")
-    return int(batch_size)
 
 
 def resolve_batch_size(batch_size: int | str, model: LoadedModel, length: int,

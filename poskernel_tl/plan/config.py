@@ -18,9 +18,8 @@ from typing import Any, Literal
 
 from poskernel_tl.data.datasets import check_dataset, saves_logits_by_default
 from poskernel_tl.errors import UserError
-from poskernel_tl.models.loading import resolve_device
 from poskernel_tl.models.registry import EMBEDDED_DEFAULT, ModelSpec, resolve
-from poskernel_tl.plan.batching import check_batch_size, parse_memory
+from poskernel_tl.sizes import check_batch_size, parse_memory
 
 
 def option(default, help: str, flag: str | None = None, **extra) -> Any:
@@ -103,9 +102,10 @@ def check_choices(obj) -> None:
 
 
 def check_device_name(device: str) -> None:
-    """``--device`` is auto, cpu, cuda or cuda:N (whether this machine has it aside)."""
+    """``--device`` is auto, cpu, cuda or cuda:N. Whether this machine has it needs torch:
+    :func:`~poskernel_tl.models.loading.resolve_device`, before a model loads."""
     if device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:[0-9]+", device):
-        raise UserError(f"--device {device}: use auto, cpu, cuda or cuda:N")
+        raise UserError(f"--device {device}: not a device; use auto, cpu, cuda or cuda:N")
 
 
 def check_slurm(cfg) -> None:
@@ -196,7 +196,7 @@ class RunConfig(MeasureConfig):
         if self.n_seqs < 4 or self.n_seqs % 2:
             raise UserError(f"--n-seqs {self.n_seqs}: need an even number >= 4 (half "
                             "centering, half evaluation)")
-        resolve_device(self.device)
+        check_device_name(self.device)  # whether this machine has it: where the model loads
 
     def wants_logits(self) -> bool:
         if self.save_logits != "auto":
@@ -253,11 +253,9 @@ class GridConfig(RunConfig):
 
     def validate(self, spec: ModelSpec | None = None) -> None:
         MeasureConfig.validate(self)
-        if self.executor == "slurm":  # the jobs' nodes have the device, maybe not this one
-            check_device_name(self.device)
+        check_device_name(self.device)  # (the jobs' nodes have it, maybe not this one)
+        if self.executor == "slurm":
             check_slurm(self)
-        else:
-            resolve_device(self.device)
         for d in self.datasets or ():
             check_dataset(d)
         for m in self.models or ():

@@ -15,7 +15,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl import kernels
-from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms, cap_scores, fold_qk
+from poskernel_tl.models.softmax_ops import cap_scores, fold_qk
+from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 
 
 @dataclass

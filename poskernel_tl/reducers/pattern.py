@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl import kernels
-from poskernel_tl.models.softmax_terms import cap_scores, logsumexp_with_sinks, sink_logits
+from poskernel_tl.models.softmax_ops import cap_scores, logsumexp_with_sinks, sink_logits
 from poskernel_tl.reducers.base import LayerBatch
 
 MAX_POS = 2048

@@ -51,7 +51,7 @@ from poskernel_tl.fit.toeplitz import (
     r2_two_sided,
 )
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.models.softmax_terms import cap_scores
+from poskernel_tl.models.softmax_ops import cap_scores
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats

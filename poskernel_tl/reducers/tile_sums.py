@@ -16,7 +16,7 @@ from torch import Tensor
 
 from poskernel_tl import kernels
 from poskernel_tl.fit.variants import STRIP
-from poskernel_tl.models.softmax_terms import cap_scores
+from poskernel_tl.models.softmax_ops import cap_scores
 from poskernel_tl.reducers.band_sums import band_part_sums
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import LowerStats, key_strip, skew_keys

@@ -26,6 +26,7 @@ from poskernel_tl.analyses.registry import get as get_analysis
 from poskernel_tl.data.datasets import HUB_DATASETS, hub_offline
 from poskernel_tl.data.sequences import TooFewWindowsError, ensure_sequences
 from poskernel_tl.errors import DataError, ModelUnavailableError, UserError
+from poskernel_tl.folder import FolderLock, sha256
 from poskernel_tl.io import place_file, remove_stale_temporaries, save_csv
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.models.embedded import weights_identity as wheel_identity
@@ -38,7 +39,7 @@ from poskernel_tl.models.registry import EMBEDDED_DEFAULT, REGISTRY, resolve
 from poskernel_tl.plan.config import GridConfig, RunConfig
 from poskernel_tl.progress import tqdm
 from poskernel_tl.run.analyze import run_analysis
-from poskernel_tl.run.manifest import FolderLock, Manifest, key_of, sha256
+from poskernel_tl.run.manifest import Manifest, key_of
 from poskernel_tl.run.runner import run_condition
 
 SEED_MODELS = ("gpt2", "gpt2-medium", "olmo-1b", "llama-3.2-1b", "tinyllama-1.1b",

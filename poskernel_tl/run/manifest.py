@@ -6,78 +6,25 @@ and the package version) — and the checksum of every output. A condition is co
 when its entry exists, its key matches the key a rerun would compute, and every output
 is present with that checksum; anything else is redone. Entries are written (atomically)
 only after all of a condition's outputs, so a kill at any moment leaves either a
-complete entry or none. A lock file keeps two processes from writing one folder.
+complete entry or none. A lock (:class:`~poskernel_tl.folder.FolderLock`) keeps two
+processes from writing one folder.
 """
 
-import fcntl
 import hashlib
 import json
-import os
-import sys
 from pathlib import Path
 
-from poskernel_tl.errors import FolderBusyError, UserError, WriteError
+from poskernel_tl.errors import UserError
+from poskernel_tl.folder import sha256
 from poskernel_tl.io import save_json
 
 MANIFEST = "manifest.json"
-LOCK = ".poskernel.lock"
-
-
-def sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def key_of(parts: dict) -> str:
     """A stable hash of a JSON-serialisable description."""
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
-
-
-class FolderLock:
-    """An exclusive, non-blocking lock on an output folder (released on exit, and by the
-    operating system if the process dies: a lock left by a killed process is simply taken
-    over). Taking it creates the folder and writes the lock file: a folder that cannot be
-    written is refused here, before any model is loaded (a
-    :class:`~poskernel_tl.errors.WriteError`); a folder another process holds is refused
-    naming its PID and command (a :class:`~poskernel_tl.errors.FolderBusyError`)."""
-
-    def __init__(self, folder: Path | str):
-        self.path = Path(folder) / LOCK
-        self.fh = None
-
-    def __enter__(self) -> "FolderLock":
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.fh = open(self.path, "a+")  # (not "w": that would erase the holder's line)
-        except OSError as err:
-            raise WriteError(self.path.parent, err) from None
-        try:
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.fh.seek(0)
-            holder = self.fh.read().strip() or "unknown"
-            self.fh.close()
-            raise FolderBusyError(
-                f"another poskernel process is writing to {self.path.parent} (PID "
-                f"{holder.replace(chr(10), ': ', 1)}); wait for it or use another --out"
-            ) from None
-        try:
-            self.fh.seek(0)
-            self.fh.truncate()
-            self.fh.write(f"{os.getpid()}\n{' '.join(['poskernel', *sys.argv[1:]])}\n")
-            self.fh.flush()
-        except OSError as err:
-            self.__exit__()
-            raise WriteError(self.path, err) from None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fh, fcntl.LOCK_UN)
-        self.fh.close()
 
 
 class Manifest:

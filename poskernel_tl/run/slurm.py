@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from poskernel_tl.errors import UserError
 from poskernel_tl.models.registry import resolve
-from poskernel_tl.plan.batching import GiB, parse_memory
+from poskernel_tl.sizes import GiB, parse_memory
 
 MiB = 1 << 20
 CPU_BUDGET = 8 * GiB  # the measurement's memory on a CPU node unless --max-memory says

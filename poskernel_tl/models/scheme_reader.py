@@ -1,0 +1,248 @@
+"""Each layer's :class:`~poskernel_tl.models.scheme.LayerScheme` and
+:class:`~poskernel_tl.models.softmax_terms.SoftmaxTerms`, read from the Hugging Face model
+itself: its config and its modules (what :mod:`~poskernel_tl.models.scheme` describes).
+"""
+
+import math
+import sys
+
+import torch
+from torch import nn
+
+from poskernel_tl.models.alibi import alibi_slopes
+from poskernel_tl.models.scheme import ENCODER_TYPES, LayerScheme, UnreadableSchemeError
+from poskernel_tl.models.softmax_terms import SoftmaxTerms
+
+
+def _inner(hf_model: nn.Module) -> nn.Module | None:
+    for name in ("model", "transformer", "gpt_neox"):
+        inner = getattr(hf_model, name, None)
+        if isinstance(inner, nn.Module):
+            return inner
+    return None
+
+
+def original(module: nn.Module | None) -> nn.Module | None:
+    """The Hugging Face module itself where a TransformerLens bridge wraps it (a model
+    read after it was booted, e.g. :meth:`~poskernel_tl.models.loading.LoadedModel.from_bridge`)."""
+    inner = getattr(module, "original_component", None)
+    return inner if isinstance(inner, nn.Module) else module
+
+
+def attention_modules(hf_model: nn.Module) -> list[nn.Module]:
+    """The innermost Hugging Face module named ``…Attention`` of every layer, in order
+    (BERT's ``BertSelfAttention``, not the ``BertAttention`` around it)."""
+    named = lambda m: type(m).__name__.endswith("Attention")
+    found: list[nn.Module] = []
+    for m in map(original, hf_model.modules()):
+        inner = [c for c in map(original, m.modules()) if c is not m and named(c)]
+        if named(m) and not inner and all(m is not f for f in found):
+            found.append(m)
+    return found
+
+
+def _layer_types(cfg, n_layers: int) -> list[str]:
+    """``config.layer_types`` where given, else one type for every layer: sliding where the
+    config sets ``sliding_window`` for all layers (Mistral, Phi-3), else full."""
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return list(types)
+    if getattr(cfg, "attention_chunk_size", None):
+        return ["chunked_attention"] * n_layers
+    window = getattr(cfg, "sliding_window", None)
+    if window and getattr(cfg, "use_sliding_window", True) is not False:
+        return ["sliding_attention"] * n_layers
+    return ["full_attention"] * n_layers
+
+
+# transformers' layer types of layers without softmax attention (state-space, linear
+# recurrent, convolution, MoE/MLP-only layers of hybrids)
+NO_ATTENTION_TYPES = frozenset({"linear_attention", "conv", "moe", "mlp", "mamba"})
+
+
+class NoAttentionError(UnreadableSchemeError):
+    """The model has no softmax-attention layer (Mamba, RWKV, …): nothing to measure."""
+
+
+def _mask(cfg, layer_type: str, causal: bool) -> tuple[str, int | None]:
+    if not causal:
+        return "bidirectional", None
+    if layer_type in ("full_attention", "hybrid"):  # hybrid: attention beside a state
+        return "causal", None
+    if layer_type == "chunked_attention":  # causal within each chunk (SoftmaxTerms.chunk)
+        return "causal", None
+    if layer_type in ("sliding_attention", "hybrid_sliding"):
+        window = getattr(cfg, "sliding_window", None)
+        if not isinstance(window, int) or window < 1:
+            raise UnreadableSchemeError("a sliding-attention layer without an integer "
+                                        "config.sliding_window")
+        return "sliding", window
+    raise UnreadableSchemeError(f"layer type {layer_type!r}: only full and sliding-window "
+                                "attention are supported (chunked attention keeps entries "
+                                "that depend on position, not on the offset alone)")
+
+
+def _no_rope(cfg, n_layers: int) -> list[bool]:
+    """Per layer, True where the config leaves RoPE out (SmolLM3's ``no_rope_layers``:
+    1 = RoPE; Llama 4 likewise)."""
+    flags = getattr(cfg, "no_rope_layers", None)
+    if not flags:
+        return [False] * n_layers
+    if len(flags) != n_layers:
+        raise UnreadableSchemeError(f"config.no_rope_layers has {len(flags)} entries for "
+                                    f"{n_layers} layers")
+    return [not bool(f) for f in flags]
+
+
+def _rotary_tables(inner: nn.Module | None) -> tuple[nn.Module | None, dict]:
+    rotary = original(getattr(inner, "rotary_emb", None))
+    if rotary is None and inner is not None:  # GPT-J keeps its table on each attention
+        rotary = next((original(m) for m in inner.modules()
+                       if hasattr(original(m), "embed_positions")), None)
+    return rotary, ({} if rotary is None else dict(rotary.named_buffers()))
+
+
+def _inv_freq(buffers: dict, layer_type: str) -> torch.Tensor | None:
+    """θ_i of a layer type: Gemma 3 keeps one buffer per type (``{type}_inv_freq``); GPT-J
+    a sin/cos table ``embed_positions`` [pos, r] = [sin(θ·p), cos(θ·p)], read at p = 1."""
+    for name in (f"{layer_type}_inv_freq", "inv_freq"):
+        if name in buffers:
+            return buffers[name].detach().double().cpu()
+    table = buffers.get("embed_positions")
+    if table is not None:
+        half = table.shape[-1] // 2
+        row = table[1].double().cpu()
+        return torch.atan2(row[:half], row[half:])
+    return None
+
+
+def _layout(hf_model: nn.Module) -> str:
+    """``"interleaved"`` where the attention's own code rotates neighbouring dimensions
+    (a ``rotate_every_two`` in its module, GPT-J), else ``"rotate_half"``."""
+    attn = next(iter(attention_modules(hf_model)), None)
+    code = sys.modules.get(type(attn).__module__) if attn is not None else None
+    pairs_neighbours = hasattr(code, "rotate_every_two") or hasattr(code, "apply_rotary_emb")
+    if code is not None and pairs_neighbours and not hasattr(code, "rotate_half"):
+        return "interleaved"  # GPT-J's rotate_every_two, Llama 4's complex apply_rotary_emb
+    return "rotate_half"
+
+
+def _qk_norm(attn: nn.Module | None) -> bool:
+    return attn is not None and any(getattr(attn, n, None) is not None
+                                    for n in ("q_norm", "k_norm", "q_layernorm", "qk_norm"))
+
+
+def _norm_after_rotary(attn: nn.Module | None) -> float | None:
+    """ε of Llama 4's weightless L2 norm of q and k after rotary (``attn.qk_norm``)."""
+    norm = getattr(attn, "qk_norm", None)
+    if isinstance(norm, nn.Module) and type(norm).__name__.endswith("L2Norm"):
+        return float(norm.eps)
+    return None
+
+
+def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
+                n_heads: int | None = None) -> tuple[LayerScheme, ...]:
+    """The :class:`LayerScheme` of every attention layer of ``hf_model``'s ``n_layers``
+    blocks (``pe``: the model-level scheme already read: ``"rope"``, ``"none"``,
+    ``"learned-absolute"`` or ``"alibi"``), with what each layer's softmax adds to
+    scale·q·k (:func:`~poskernel_tl.models.scheme_reader.read_terms`). A hybrid's blocks
+    without softmax attention (:data:`NO_ATTENTION_TYPES`) are left out and each scheme
+    names its block; a model with none is refused (:class:`NoAttentionError`)."""
+    cfg = hf_model.config
+    types = _layer_types(cfg, n_layers)
+    if len(types) != n_layers:
+        raise UnreadableSchemeError(f"config.layer_types has {len(types)} entries for "
+                                    f"{n_layers} layers")
+    blocks = [i for i, t in enumerate(types) if t not in NO_ATTENTION_TYPES]
+    if not blocks:
+        raise NoAttentionError(f"{type(hf_model).__name__} has no softmax-attention layer "
+                               f"(layer types: {', '.join(sorted(set(types)))}): nothing to "
+                               "measure")
+    n_heads = n_heads or getattr(cfg, "num_attention_heads", None) or cfg.n_head
+    try:
+        slopes = alibi_slopes(hf_model, n_heads) if pe == "alibi" else None
+    except ValueError as err:
+        raise UnreadableSchemeError(str(err)) from None
+    if getattr(getattr(cfg, "attn_config", None), "clip_qkv", None):
+        raise UnreadableSchemeError("MPT's clip_qkv clamps q and k after TransformerLens's "
+                                    "hook_q/hook_k fire: not supported")
+    attns = attention_modules(hf_model)
+    attns = attns if len(attns) == len(blocks) else [None] * len(blocks)
+    no_rope = _no_rope(cfg, n_layers)
+    rotary, buffers = _rotary_tables(_inner(hf_model)) if pe == "rope" else (None, {})
+    shared = dict(causal=getattr(cfg, "model_type", None) not in ENCODER_TYPES,
+                  layout=_layout(hf_model) if pe == "rope" else None, d_head=d_head,
+                  offset=getattr(cfg, "qk_nope_head_dim", None) or 0, slopes=slopes,
+                  n_heads=n_heads, hybrid=len(blocks) < n_layers)
+    out = []
+    for block, attn in zip(blocks, attns):
+        layer_pe = "none" if pe == "rope" and no_rope[block] else pe
+        freq = None if layer_pe != "rope" else _inv_freq(buffers, types[block])
+        if layer_pe == "rope" and freq is None:
+            raise UnreadableSchemeError(
+                f"layer {block}: no rotary frequencies on {type(rotary).__name__} "
+                f"(looked for {types[block]}_inv_freq, inv_freq, embed_positions)")
+        out.append(_layer_scheme(cfg, block, types[block], layer_pe, freq, attn, **shared))
+    return tuple(out)
+
+
+def _layer_scheme(cfg, block: int, layer_type: str, pe: str, freq: torch.Tensor | None,
+                  attn: nn.Module | None, *, causal: bool, layout: str | None, d_head: int,
+                  offset: int, slopes, n_heads: int, hybrid: bool) -> LayerScheme:
+    mask, window = _mask(cfg, layer_type, causal)
+    try:
+        terms = read_terms(cfg, attn, layer_type, n_heads, slopes)
+    except ValueError as err:
+        raise UnreadableSchemeError(f"layer {block}: {err}") from None
+    if freq is not None and 2 * len(freq) + offset > d_head:
+        raise UnreadableSchemeError(f"layer {block}: {len(freq)} rotary pairs from dimension "
+                                    f"{offset} exceed d_head {d_head}")
+    return LayerScheme(
+        pe=pe, mask=mask, window=window,
+        inv_freq=None if freq is None else tuple(float(x) for x in freq),
+        rotary_dims=None if freq is None else 2 * len(freq),
+        layout=layout if freq is not None else None, qk_norm=_qk_norm(attn),
+        norm_after_rotary=_norm_after_rotary(attn), terms=terms,
+        rotary_offset=offset if freq is not None else 0, block=block if hybrid else None)
+
+
+def _floats(x) -> tuple[float, ...]:
+    return tuple(float(v) for v in torch.as_tensor(x).detach().double().cpu().flatten())
+
+
+def read_terms(cfg, attn, layer_type: str, n_heads: int,
+               slopes: tuple[float, ...] | None = None) -> SoftmaxTerms:
+    """One layer's :class:`SoftmaxTerms` from its config and Hugging Face attention module
+    ``attn`` (None where the layers could not be matched to modules): soft-capping from
+    ``attn_logit_softcapping`` (module or config), learned sinks from the module's
+    ``sinks`` parameter, Llama 4's temperature where its module tunes it and skips RoPE,
+    a chunked mask from ``layer_type == "chunked_attention"``; ``slopes``: the layer's
+    ALiBi slopes, read by the caller (:func:`alibi_slopes`). A ValueError names what is
+    missing or inconsistent."""
+    cap = getattr(attn, "attn_logit_softcapping", None)
+    cap = cap if cap is not None else getattr(cfg, "attn_logit_softcapping", None)
+    sinks = getattr(attn, "sinks", None)
+    if sinks is not None:
+        sinks = _floats(sinks)
+        if len(sinks) != n_heads:
+            raise ValueError(f"{len(sinks)} sink logits for {n_heads} query heads")
+    temperature = None
+    if getattr(attn, "attn_temperature_tuning", False) and not getattr(attn, "use_rope", True):
+        temperature = (float(attn.floor_scale), float(attn.attn_scale))
+    elif attn is None and getattr(cfg, "attn_temperature_tuning", False):
+        raise ValueError("attn_temperature_tuning is set, but the layers' attention modules "
+                         "(which say where it applies) were not found")
+    chunk = None
+    if layer_type == "chunked_attention":
+        chunk = getattr(cfg, "attention_chunk_size", None)
+        if not isinstance(chunk, int) or chunk < 1:
+            raise ValueError("a chunked-attention layer without an integer "
+                             "config.attention_chunk_size")
+    if slopes is not None and (len(slopes) != n_heads or not all(map(math.isfinite, slopes))):
+        raise ValueError(f"ALiBi slopes {slopes} do not give one finite slope per query head")
+    return SoftmaxTerms(slopes=slopes, softcap=float(cap) if cap else None,
+                        temperature=temperature, sinks=sinks, chunk=chunk)
+
+
+__all__ = ["NO_ATTENTION_TYPES", "NoAttentionError", "attention_modules", "original",
+           "read_layers", "read_terms"]

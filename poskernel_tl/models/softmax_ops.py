@@ -1,0 +1,109 @@
+"""What a layer's softmax adds to scale·q·k, applied to tensors (the terms themselves:
+:class:`~poskernel_tl.models.softmax_terms.SoftmaxTerms`).
+
+:func:`fold_qk` gives queries and keys whose product, times ``scale``, is the additive
+part of the softmax input (the ALiBi ramp as two more dimensions: q' = [q, −(m/scale)·(t
+− c), m/scale], k' = [k, 1, s − c] with c the middle position, so q'·k'·scale = scale·q·k −
+m·(t − s) exactly; the temperature as a factor on q), so every fit that streams sums of
+q and k reads it unchanged. :func:`cap_scores` applies the nonlinear part to materialised
+scores.
+"""
+
+import dataclasses
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from poskernel_tl.models.softmax_terms import SoftmaxTerms
+
+
+def temperatures(terms: SoftmaxTerms, length: int, device=None,
+                 dtype: torch.dtype = torch.float64) -> Float[Tensor, " pos"] | None:
+    """τ_t for t = 0..length−1 (None without a temperature)."""
+    if terms.temperature is None:
+        return None
+    floor, scale = terms.temperature
+    t = torch.arange(length, dtype=torch.float64, device=device)
+    return (torch.log1p(torch.floor((t + 1.0) / floor)) * scale + 1.0).to(dtype)
+
+
+def alibi_ramp(terms: SoftmaxTerms, length: int) -> Float[Tensor, "head_index query_pos key_pos"]:
+    """The paper-form ALiBi bias −m_h·(t − s) as a float64 [head, T, T] (both triangles;
+    the known kernel of an ALiBi head is its offset function −m_h·Δ)."""
+    m = torch.tensor(terms.slopes, dtype=torch.float64)
+    t = torch.arange(length, dtype=torch.float64)
+    return -m[:, None, None] * (t[:, None] - t[None, :])
+
+
+def fold_qk(q: Float[Tensor, "batch pos head_index d_head"],
+            k: Float[Tensor, "batch pos kv_head_index d_head"], terms: SoftmaxTerms,
+            scale: float) -> tuple[Tensor, Tensor]:
+    """(q', k') with scale·q'·k'ᵀ = the additive part of what the softmax reads (module
+    docstring): ``q``, ``k`` themselves when nothing is added; else float64 (q is cast
+    to float64 by every fit that reads it)."""
+    if not terms.additive:
+        return q, k
+    b, T, H, _ = q.shape
+    q, k = q.double(), k.double()
+    tau = temperatures(terms, T, q.device)
+    if tau is not None:
+        q = q * tau[None, :, None, None]
+    if terms.slopes is not None:
+        if len(terms.slopes) != H:
+            raise ValueError(f"{len(terms.slopes)} ALiBi slopes for {H} query heads")
+        m = torch.tensor(terms.slopes, dtype=torch.float64, device=q.device) / scale
+        pos = torch.arange(T, dtype=torch.float64, device=q.device) - (T - 1) / 2
+        q = torch.cat([q, (-pos[None, :, None, None] * m[None, None, :, None]).expand(b, T, H, 1),
+                       m.view(1, 1, H, 1).expand(b, T, H, 1)], dim=-1)
+        ones = torch.ones(b, T, k.shape[2], 1, dtype=torch.float64, device=k.device)
+        k = torch.cat([k, ones, pos.view(1, T, 1, 1).expand(b, T, k.shape[2], 1)], dim=-1)
+    return q, k
+
+
+def head_logits(q: Float[Tensor, "pos d_head"], k: Float[Tensor, "pos d_head"],
+                terms: SoftmaxTerms, head: int, scale: float
+                ) -> Float[Tensor, "query_pos key_pos"]:
+    """What query head ``head``'s softmax reads, every entry (the mask not applied):
+    scale·q'·k'ᵀ of the folded q and k, soft-capped where the layer caps; float64."""
+    one = dataclasses.replace(terms, slopes=None if terms.slopes is None
+                              else (terms.slopes[head],), sinks=None)
+    qf, kf = fold_qk(q[None, :, None].double(), k[None, :, None].double(), one, scale)
+    return cap_scores(qf[0, :, 0] @ kf[0, :, 0].T * scale, terms)
+
+
+def cap_scores(scores: Tensor, terms: SoftmaxTerms) -> Tensor:
+    """``scores`` soft-capped in place where the layer caps (cap·tanh(x / cap))."""
+    if terms.softcap is not None:
+        scores.div_(terms.softcap).tanh_().mul_(terms.softcap)
+    return scores
+
+
+def sink_logits(terms: SoftmaxTerms, device=None) -> Float[Tensor, " head_index"] | None:
+    """The layer's learned sink logits per query head (None without)."""
+    return None if terms.sinks is None else torch.tensor(terms.sinks, dtype=torch.float32,
+                                                         device=device)
+
+
+def attention_pattern(masked: Float[Tensor, "*head query_pos key_pos"],
+                      sinks: Float[Tensor, " *head"] | None = None
+                      ) -> Float[Tensor, "*head query_pos key_pos"]:
+    """softmax over the keys of logits whose removed entries hold −inf, with the layer's
+    sink logits (one per leading head, or None) joined to every row's normaliser: rows
+    then sum to 1 less what the sink takes."""
+    lse = logsumexp_with_sinks(torch.logsumexp(masked, -1), sinks)
+    return (masked - lse[..., None]).exp()
+
+
+def logsumexp_with_sinks(lse: Float[Tensor, "*head pos"],
+                         sinks: Float[Tensor, " *head"] | None
+                         ) -> Float[Tensor, "*head pos"]:
+    """Each row's log-normaliser with the layer's sink logits (one per leading head)
+    joined (unchanged without)."""
+    if sinks is None:
+        return lse
+    return torch.logaddexp(lse, sinks.to(lse).reshape(*sinks.shape, 1).expand_as(lse))
+
+
+__all__ = ["alibi_ramp", "attention_pattern", "cap_scores", "fold_qk", "head_logits",
+           "logsumexp_with_sinks", "sink_logits", "temperatures"]
