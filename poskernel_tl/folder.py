@@ -24,6 +24,19 @@ def sha256(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """:func:`sha256` of ``path``, computed once per process for a file unchanged since
+    (same size and modification time): a report reads each condition several times."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256(path)
+    return _DIGESTS[key]
+
+
 class FolderLock:
     """An exclusive, non-blocking lock on an output folder (released on exit, and by the
     operating system if the process dies: a lock left by a killed process is simply taken
@@ -82,4 +95,4 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
 
 
-__all__ = ["LOCK", "FolderLock", "check_space", "sha256"]
+__all__ = ["LOCK", "FolderLock", "check_space", "file_digest", "sha256"]

@@ -3,6 +3,7 @@ naming the holder), a folder that cannot be written refused before the model loa
 disk that fills during the run answered as the user's problem in one line (exit 2), not as
 a bug — on real read-only and full file systems (tmpfs mounts, where the test may mount)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -11,9 +12,13 @@ from pathlib import Path
 import pytest
 from tiny_models import tiny_hf_model
 
+import poskernel_tl as pk
 import poskernel_tl.models.loading as loading
+from poskernel_tl import constants as C
 from poskernel_tl.apps.cli import main
+from poskernel_tl.errors import ResultFileError
 from poskernel_tl.folder import LOCK, FolderLock
+from poskernel_tl.run import runner
 
 
 @pytest.fixture
@@ -109,9 +114,35 @@ def test_a_read_only_folder_is_refused_before_the_model_loads(mount, capsys, mon
     assert f"could not write {ro / 'out'}: Read-only file system" in err
 
 
-def test_a_full_disk_is_the_users_problem_in_one_line(mount, tiny_folder, capsys):
-    """A disk that fills while the results are written: one line naming the file and the
-    cause, exit 2; no partial result file is left behind."""
+def test_a_run_that_will_not_fit_is_refused_before_the_forward(mount, tiny_folder, capsys,
+                                                             monkeypatch):
+    """The free space is checked against the condition's planned output before the
+    forward: one line naming the folder, the estimate and the shortfall, exit 2."""
+    monkeypatch.setattr(runner, "measure", lambda *a, **k: pytest.fail("measured"))
+    full = mount("size=64k")
+    assert main(run_argv(f"hf:{tiny_folder}", full / "out", n=32, T=128)) == 2
+    err = one_line(capsys)
+    assert f"could not write {full / 'out'}: No space left on device" in err, err
+    assert "needs ≈" in err and "MiB short" in err and "free space" in err
+
+
+def test_the_planned_output_is_what_a_run_writes(tiny_folder, tmp_path):
+    """The estimate the free-space check uses is within 25 % of the bytes a run writes
+    (here: random tokens, no centering; the raw Gram at T ≤ 256; the tables)."""
+    out = tmp_path / "out"
+    assert main(run_argv(f"hf:{tiny_folder}", out, n=16, T=64)) == 0
+    written = sum(p.stat().st_size for p in (out / C.RESULTS_DIR).rglob("*")
+                  if p.is_file() and not p.name.endswith(C.CFG))
+    result = pk.ConditionResult.load(out)
+    planned = runner.output_bytes(result.spec, 64, 16, result.centered, 0)
+    assert 0.75 * written < planned < 1.25 * written, (planned, written)
+
+
+def test_a_full_disk_is_the_users_problem_in_one_line(mount, tiny_folder, capsys,
+                                                      monkeypatch):
+    """A disk that fills while the results are written (after the check passed): one
+    line naming the file and the cause, exit 2; no partial result file is left behind."""
+    monkeypatch.setattr(runner, "check_room", lambda *a: None)
     full = mount("size=64k")
     assert main(run_argv(f"hf:{tiny_folder}", full / "out", n=32, T=128)) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -132,3 +163,41 @@ def test_hf_naming_a_local_path_that_is_no_model_folder(tmp_path, capsys, monkey
     assert main(run_argv(f"hf:{tmp_path}", tmp_path / "out")) == 2
     err = one_line(capsys)
     assert "folder without config.json" in err and "hf download" not in err
+
+
+def test_a_changed_result_file_is_named_by_every_loader(tiny_folder, tmp_path, capsys):
+    """One number of a finished run's trackB.csv changed by hand: loading names the file
+    and its recorded and present hashes; the report isolates the condition and exits 2.
+    Restoring the file makes the condition whole again."""
+    out = tmp_path / "out"
+    assert main(run_argv(f"hf:{tiny_folder}", out, n=8, T=32)) == 0
+    pk.ConditionResult.load(out)  # untouched: loads
+    table = next((out / C.RESULTS_DIR).glob("*_trackB.csv"))
+    original = table.read_text()
+    header, first, *rest = original.split("\n")
+    cells = first.split(",")
+    r2 = header.split(",").index("R2_gram")
+    cells[r2] = "0.999"
+    table.write_text("\n".join([header, ",".join(cells), *rest]))
+    with pytest.raises(ResultFileError, match=r"trackB.csv: changed after it was written "
+                                              r"\(sha256 [0-9a-f]{12}… recorded"):
+        pk.ConditionResult.load(out)
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the progress bar)
+    assert err.startswith("poskernel: error: report written to")
+    assert "trackB.csv: changed after it was written" in err
+    table.write_text(original)
+    pk.ConditionResult.load(out)
+
+
+def test_a_result_written_before_the_hashes_is_read_on_its_checks(tiny_folder, tmp_path):
+    """A cfg.json without the record (an earlier release's) loads on the structural
+    checks alone."""
+    out = tmp_path / "out"
+    assert main(run_argv(f"hf:{tiny_folder}", out, n=8, T=32)) == 0
+    cfg = next((out / C.RESULTS_DIR).glob(f"*_{C.CFG}"))
+    meta = json.loads(cfg.read_text())
+    assert set(meta.pop("sha256")) >= {"trackA.csv", "trackB.csv", "g.npz", "heads.csv"}
+    cfg.write_text(json.dumps(meta))
+    assert pk.ConditionResult.load(out).n_layers > 0

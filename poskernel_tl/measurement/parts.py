@@ -4,11 +4,16 @@ Track A, Track B, the centering means and S_PE, then every statistic of the regi
 
 import dataclasses
 import functools
+import math
+import types
+import typing
 
 from poskernel_tl.measurement.pe_kernel import PEKernel
+from poskernel_tl.models.registry import ModelSpec
+from poskernel_tl.protocol import offset_bands
 from poskernel_tl.reducers import CenteringMeans, GramResult, TrackAResult
 from poskernel_tl.reducers.registry import STATISTICS
-from poskernel_tl.schema import Part
+from poskernel_tl.schema import TABLE_ROWS, Part, axes
 
 CORE_PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, PEKernel)
 UNSHOWN = ("seq_index", "eval_moments", "perms", "n_seqs", "seed")
@@ -40,4 +45,43 @@ def build_part(cls: type[Part], values: dict) -> Part:
     return cls(**values)
 
 
-__all__ = ["CORE_PARTS", "UNSHOWN", "build_part", "owner", "part_classes"]
+def condition_dims(spec: ModelSpec, length: int, n_seqs: int) -> dict[str, int]:
+    """Axis name → size for a condition of ``n_seqs`` evaluation sequences of ``length``
+    tokens (the shape checks' reference)."""
+    T = length
+    dims = {"n_seqs": n_seqs, "layer": spec.n_layers, "head_index": spec.n_heads,
+            "kv_head_index": spec.n_kv_heads, "d_head": spec.d_head, "pos": T,
+            "query_pos": T, "key_pos": T, "lag": T - 1,
+            "band": len(offset_bands(T)) if T > 1 else 0}
+    return {k: v for k, v in dims.items() if v}
+
+
+ITEM_BYTES = 4  # an array element as saved: the large per-sequence arrays are float32
+CSV_VALUE_BYTES = 24  # one value of a table as text (17 significant digits), its separator
+
+
+def planned_bytes(dims: dict[str, int], logits: int = 0, optional: tuple[str, ...] = ()
+                  ) -> int:
+    """≈ bytes a condition's files take, from the parts' declarations: every stored
+    array each run writes (a field that is not optional; axes beyond ``dims`` count 1),
+    the ``optional`` fields named (the centering means, the full Gram matrices), the
+    logits of ``logits`` sequences, and one value per row and column of each table. A
+    floor: the other optional arrays (an encoder's other side, the whitened fit) are
+    small beside these."""
+    size = lambda names: math.prod(dims.get(a, 1) for a in names)
+    total = logits * size(("layer", "head_index", "query_pos", "key_pos")) * ITEM_BYTES
+    for cls in part_classes():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            names, tp = axes(hints.get(f.name)), hints.get(f.name)
+            maybe = typing.get_origin(tp) in (typing.Union, types.UnionType) and \
+                type(None) in typing.get_args(tp)
+            if "file" in f.metadata and names and (not maybe or f.name in optional):
+                total += size(names) * ITEM_BYTES
+            if table := f.metadata.get("table"):
+                total += size(TABLE_ROWS[table]) * CSV_VALUE_BYTES
+    return total
+
+
+__all__ = ["CORE_PARTS", "UNSHOWN", "build_part", "condition_dims", "owner", "part_classes",
+           "planned_bytes"]

@@ -28,11 +28,11 @@ from poskernel_tl import constants as C
 from poskernel_tl.errors import NoConditionError, ResultFileError
 from poskernel_tl.fit.kernel_class import condition_kernels
 from poskernel_tl.fit.toeplitz import two_sided
+from poskernel_tl.folder import file_digest
 from poskernel_tl.hooks import kv_head_map
 from poskernel_tl.io import save_arrays, save_csv, save_json
-from poskernel_tl.measurement.parts import build_part, owner, part_classes
+from poskernel_tl.measurement.parts import build_part, condition_dims, owner, part_classes
 from poskernel_tl.models.registry import ModelSpec
-from poskernel_tl.protocol import offset_bands
 from poskernel_tl.reducers import GramResult, SavedLogits, TrackAResult
 from poskernel_tl.reducers.registry import STATISTICS, condition_values
 from poskernel_tl.schema import Part, SavedFiles, tidy_tables
@@ -189,12 +189,7 @@ class ConditionResult:
 
     def dims(self) -> dict[str, int]:
         """Axis name → size for this condition (the shape checks' reference)."""
-        s, T = self.spec, self.length
-        dims = {"n_seqs": len(self.seq_id), "layer": s.n_layers, "head_index": s.n_heads,
-                "kv_head_index": s.n_kv_heads, "d_head": s.d_head, "pos": T,
-                "query_pos": T, "key_pos": T, "lag": T - 1,
-                "band": len(offset_bands(T)) if T > 1 else 0}
-        return {k: v for k, v in dims.items() if v}
+        return condition_dims(self.spec, self.length, len(self.seq_id))
 
     def check(self) -> None:
         """Every part's arrays against :meth:`dims` (cheap: shapes only; values are checked
@@ -274,13 +269,15 @@ class ConditionResult:
                 files.setdefault(file, {}).update(arrays)
         for file, arrays in files.items():
             written[file] = save_arrays(path(file), arrays)
+        prefix = str(path(""))  # a file's name in the record: its suffix ("trackA.csv")
+        digests = {str(p)[len(prefix):]: file_digest(p) for p in map(Path, written.values())}
         meta = {"model": self.model, "dataset": self.dataset, "length": self.length,
                 "spec": self.spec.to_dict(), "centered": bool(self.centered),
                 "n_eval": len(self.seq_id), "n_centering": int(self.n_centering),
                 "n_centering_half": int(self.n_centering_half),
                 "whitened": self.r2_gram_whitened is not None,
                 "logits_saved": sorted(int(k) for k in self.logits),
-                "config": self.config, "provenance": self.provenance}
+                "config": self.config, "provenance": self.provenance, "sha256": digests}
         written["cfg"] = save_json(meta, path(C.CFG))
         return written
 
@@ -345,6 +342,20 @@ class ConditionResult:
         return _load(cls, Path(out), model, dataset, int(length), lazy)
 
 
+def check_digests(out, model: str, dataset: str, length: int, digests: dict | None) -> None:
+    """Every file a condition recorded (its ``cfg.json``'s ``sha256``: name → content hash)
+    is present and unchanged; a ResultFileError names the first that is not. A condition
+    written before the hashes were recorded is read on its structural checks alone."""
+    for name, digest in sorted((digests or {}).items()):
+        path = C.result_path(out, model, dataset, length, name)
+        if not path.is_file():
+            raise ResultFileError(f"{path}: missing")
+        if (now := file_digest(path)) != digest:
+            raise ResultFileError(
+                f"{path}: changed after it was written (sha256 {digest[:12]}… recorded, "
+                f"{now[:12]}… now); restore it, or rerun the command that wrote it")
+
+
 def _meta(out, model: str, dataset: str, length: int) -> dict:
     path = C.result_path(out, model, dataset, length, C.CFG)
     try:
@@ -359,6 +370,7 @@ def _meta(out, model: str, dataset: str, length: int) -> dict:
 def _load(cls, out: Path, model: str, dataset: str, length: int, lazy: bool
           ) -> ConditionResult:
     meta = _meta(out, model, dataset, length)
+    check_digests(out, model, dataset, length, meta.get("sha256"))
     spec = ModelSpec.from_dict(meta["spec"])
     saved = SavedFiles(lambda suffix: C.result_path(out, model, dataset, length, suffix),
                        lazy)

@@ -9,11 +9,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from poskernel_tl import constants as C
 from poskernel_tl import protocol
 from poskernel_tl.data.sequences import centering_mask, ensure_sequences, eval_mask
+from poskernel_tl.folder import check_space
 from poskernel_tl.measurement.measure import measure
+from poskernel_tl.measurement.parts import condition_dims, planned_bytes
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.models.loading import LoadedModel, load_model
+from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.plan.config import RunConfig
 
 
@@ -60,6 +64,7 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None
     cond = prepare(cfg, model)
     n_eval = len(cond.eval_tokens)
     logits_for = [i for i in protocol.VIS_EVAL_INDICES if i < n_eval] if cfg.wants_logits() else []
+    check_room(cfg, cond, len(logits_for))
     result = measure(
         cond.model, cond.eval_tokens, cond.centering_tokens, **cfg.measure_kwargs(),
         progress=cfg.progress, seq_id=cond.eval_seq_id, logits_for=logits_for,
@@ -69,4 +74,25 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None
     return result, written
 
 
-__all__ = ["Condition", "prepare", "run_condition"]
+def output_bytes(spec: ModelSpec, length: int, n_eval: int, centered: bool, n_logits: int
+                 ) -> int:
+    """≈ bytes a condition writes (:func:`~poskernel_tl.measurement.parts.planned_bytes`):
+    the centering means where it is centered, the full Gram matrices up to
+    ``GRAM_SAVE_MAX_T`` (the centered one where centered), ``n_logits`` sequences' logits."""
+    optional = ("mean_q", "mean_k", "mean_q_half", "mean_k_half") if centered else ()
+    if length <= C.GRAM_SAVE_MAX_T:
+        optional += ("gram_raw", "gram_centered") if centered else ("gram_raw",)
+    return planned_bytes(condition_dims(spec, length, n_eval), n_logits, optional)
+
+
+def check_room(cfg: RunConfig, cond: Condition, n_logits: int) -> None:
+    """Refuse before the forward, in one line naming the estimate and the shortfall,
+    when ``cfg.out`` lacks the room for what the condition will write
+    (:func:`output_bytes`, with 10 % to spare)."""
+    need = output_bytes(cond.model.spec, cfg.length, len(cond.eval_tokens),
+                        cond.centering_tokens is not None, n_logits)
+    check_space(cfg.out, int(need * 1.1), f"the output of {cfg.model} · {cfg.dataset} · "
+                                          f"T={cfg.length}")
+
+
+__all__ = ["Condition", "check_room", "output_bytes", "prepare", "run_condition"]
