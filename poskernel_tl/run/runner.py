@@ -16,7 +16,7 @@ from poskernel_tl.folder import check_space
 from poskernel_tl.measurement.measure import measure
 from poskernel_tl.measurement.parts import condition_dims, planned_bytes
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.models.loading import LoadedModel, load_model
+from poskernel_tl.models.loading import LoadedModel, load_model, resolve_device
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.plan.config import RunConfig
 
@@ -47,6 +47,7 @@ def prepare(cfg: RunConfig, model: LoadedModel | None = None) -> Condition:
     """Validate ``cfg``, load the model unless given, and build (or reuse) the sequence
     file under ``cfg.out``: what every command working on one condition starts with."""
     cfg.validate(model.spec if model is not None else None)
+    resolve_device(cfg.device)  # whether this machine has it (the name is checked above)
     if model is None:
         model = load_model(cfg)
     model.spec.check_length(cfg.length)
