@@ -3,6 +3,9 @@ checked with messages that name the flag; bad input fails before any model loads
 exit 2 and one line, while a bug shows its traceback and asks for a report."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -163,3 +166,23 @@ def test_a_run_loads_its_model_from_the_configuration_whole(monkeypatch):
     with pytest.raises(ZeroDivisionError):
         runner.prepare(cfg)
     assert calls == [cfg]
+
+
+@pytest.mark.parametrize("argv, rc", [
+    (["--help"], 0), (["run", "--help"], 0), (["run", "--lenght", "3"], 2),
+    (["run", "--length", "1e3"], 2), (["run", "--length", "99999"], 2),
+    (["run", "--dataset", "nope"], 2), (["grid", "--models", "nosuch"], 2),
+    (["run", "--out", "/proc/poskernel-test/out"], 2)])
+def test_the_command_line_answers_before_torch_is_imported(argv, rc):
+    """--help, a bad flag, a bad value and every check that needs no model answer from
+    the parser and the light checks: torch, transformers, TransformerLens and pandas are
+    never imported (the commands are, once the input is good)."""
+    code = ("import sys\nfrom poskernel_tl.apps.cli import main\ntry:\n"
+            f"    rc = main({argv!r})\nexcept SystemExit as stop:\n    rc = stop.code\n"
+            "heavy = ('torch', 'transformers', 'transformer_lens', 'pandas')\n"
+            "print(rc, [m for m in heavy if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=60)
+    assert done.stdout.strip().splitlines()[-1] == f"{rc} []", done.stdout + done.stderr
+    if rc == 2:  # one line naming the problem (argparse's usage above it)
+        assert "error: " in done.stderr.strip().splitlines()[-1], done.stderr
