@@ -2,6 +2,7 @@
 from_bridge, strings as input, and the CLI's refusals before any model is loaded."""
 
 
+import json
 import signal
 import subprocess
 import sys
@@ -137,9 +138,17 @@ def test_shape_errors_raise_in_normal_use(llama):
 
 @pytest.mark.parametrize("problem", ["cut_csv", "renamed_column", "corrupt_npz",
                                      "corrupt_means", "bad_shape"])
-def test_load_validates_and_names_the_file(measured, tmp_path, problem):
+@pytest.mark.parametrize("recorded", [True, False])
+def test_load_validates_and_names_the_file(measured, tmp_path, problem, recorded):
+    """A damaged file is named: as changed since it was written, by its content hash;
+    and by the structural checks for a result whose cfg.json records no hashes (an
+    earlier release's)."""
     measured.save(tmp_path)
     path = lambda s: C.result_path(tmp_path, measured.model, measured.dataset, T, s)
+    if not recorded:
+        meta = json.loads(path(C.CFG).read_text())
+        del meta["sha256"]
+        path(C.CFG).write_text(json.dumps(meta))
     if problem == "cut_csv":
         lines = path(C.TRACK_A_CSV).read_text().splitlines()[:13]
         path(C.TRACK_A_CSV).write_text("\n".join(lines) + "\n")
@@ -158,6 +167,9 @@ def test_load_validates_and_names_the_file(measured, tmp_path, problem):
         np.savez(path(C.G_ARRAYS), **{**dict(np.load(path(C.G_ARRAYS))),
                                       "trackA_pooled": np.zeros((2, 4, 5))})
         want = "trackA_pooled has shape"
+    if recorded:
+        want = r"(trackA.csv|trackB.csv|g.npz|centering_means.pt): changed after it was " \
+               r"written \(sha256 [0-9a-f]{12}… recorded"
     with pytest.raises(ResultFileError, match=want):
         pk.ConditionResult.load(tmp_path)
 
