@@ -17,6 +17,10 @@ ROT_Q = "blocks.{layer}.attn.hook_rot_q"
 ROT_K = "blocks.{layer}.attn.hook_rot_k"
 PLAIN_Q = "blocks.{layer}.attn.hook_q"
 PLAIN_K = "blocks.{layer}.attn.hook_k"
+Q_NORMED = "blocks.{layer}.attn.hook_q_normed"
+K_NORMED = "blocks.{layer}.attn.hook_k_normed"
+Q_NORM_OUT = "blocks.{layer}.attn.q_norm.hook_out"
+K_NORM_OUT = "blocks.{layer}.attn.k_norm.hook_out"
 COS = "blocks.{layer}.attn.hook_cos"
 SIN = "blocks.{layer}.attn.hook_sin"
 SCORES = "blocks.{layer}.attn.hook_attn_scores"
@@ -40,9 +44,13 @@ def qk_source(bridge, layer: int, rope: bool) -> QKSource:
     """The :class:`QKSource` of ``layer`` (``rope``: whether the layer's scheme rotates),
     from the class of its attention bridge: TransformerLens's rotary bridge fires
     ``hook_rot_q``/``hook_rot_k`` (every layer, SmolLM3's NoPE ones included, where they
-    equal q and k); the fused-QKV rotary bridge fires ``hook_cos``/``hook_sin`` but not the
-    rotated q/k; the base bridge neither. (Every bridge *lists* ``hook_rot_q`` in its
-    ``hook_dict``, fired or not, so the listing cannot tell.)"""
+    equal q and k), or, where the model normalises q and k after rotary
+    (``cfg.qk_norm_after_rope``, HunYuan), ``hook_q_normed``/``hook_k_normed``; the
+    fused-QKV rotary bridge fires ``hook_cos``/``hook_sin`` but not the rotated q/k; the
+    base bridge neither, and hooks q and k before the model's own q/k norms, read then
+    from the norms' ``hook_out`` (Gemma 4, which normalises before rotary). A block
+    :func:`capture_blocker` names is refused (ValueError). (Every bridge *lists*
+    ``hook_rot_q`` in its ``hook_dict``, fired or not, so the listing cannot tell.)"""
     from transformer_lens.model_bridge.generalized_components.mla_attention import (
         MLAAttentionBridge,
     )
@@ -53,18 +61,45 @@ def qk_source(bridge, layer: int, rope: bool) -> QKSource:
         PositionEmbeddingsAttentionBridge,
     )
 
+    reason = capture_blocker(bridge, layer)
+    if reason:
+        raise ValueError(f"block {layer}: {reason}")
     attn = bridge.blocks[layer].attn
+    norms = "q_norm" in attn.submodules
     if isinstance(attn, PositionEmbeddingsAttentionBridge):
+        if norms and getattr(bridge.cfg, "qk_norm_after_rope", False):  # HunYuan
+            return QKSource(Q_NORMED.format(layer=layer), K_NORMED.format(layer=layer),
+                            heads_first=True)
         return QKSource(ROT_Q.format(layer=layer), ROT_K.format(layer=layer))
     q, k = PLAIN_Q.format(layer=layer), PLAIN_K.format(layer=layer)
     if isinstance(attn, MLAAttentionBridge):  # whole heads, plain and rotary parts, rotated
         return QKSource(q, k, heads_first=True)
+    if norms:  # the base bridge hooks q/k before the model's own norms (Gemma 4)
+        q, k = Q_NORM_OUT.format(layer=layer), K_NORM_OUT.format(layer=layer)
     if not rope:
         return QKSource(q, k)
     if isinstance(attn, PositionEmbeddingHooksMixin):
         return QKSource(q, k, "hooked-angles", (COS.format(layer=layer),
                                                 SIN.format(layer=layer)))
     return QKSource(q, k, "scheme-angles")
+
+
+def capture_blocker(bridge, layer: int) -> str | None:
+    """Why block ``layer``'s q and k cannot be read as the model forms them, or None: a
+    block TransformerLens gives no attention component (Zamba2's hybrid blocks call one
+    attention block shared by several), or a layer that normalises its queries but reads
+    another layer's keys (key/value sharing)."""
+    block = bridge.blocks[layer]
+    attn = getattr(block, "attn", None)
+    if attn is None:
+        return (f"TransformerLens's {type(block).__name__} of this block has no attention "
+                "component to hook (an attention block shared between layers is not "
+                "measured)")
+    subs = getattr(attn, "submodules", {})
+    if "q_norm" in subs and "k_norm" not in subs:
+        return ("it normalises its queries but reads another layer's keys (key/value "
+                "sharing), which the capture does not follow")
+    return None
 
 
 def qk_hook_names(bridge, layer: int) -> tuple[str, str]:

@@ -8,6 +8,7 @@ at the dtype's minimum (or −inf). Columns past T (gpt-oss's learned sink logit
 model's own extra normaliser terms, returned apart.
 """
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -48,4 +49,18 @@ def softmax_inputs(hf_model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torc
         A = x[..., :T]
         keep = torch.isfinite(A) & (A > torch.finfo(torch.float32).min / 2)
         out.append((torch.where(keep, A, torch.zeros((), dtype=A.dtype)), keep, extra))
+    return out
+
+
+def naive_r2(A: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
+    """Pooled R² per head over the kept strictly lower entries, entry by entry (float64)."""
+    n, H, T_, _ = A.shape
+    lag = (torch.arange(T_)[:, None] - torch.arange(T_)[None]).expand(n, T_, T_)
+    out = np.empty(H)
+    for h in range(H):
+        kept = keep[:, h] & (lag > 0)
+        vals, lags = A[:, h][kept], lag[kept]
+        g = torch.bincount(lags, vals, minlength=T_) / \
+            torch.bincount(lags, minlength=T_).clamp(min=1)
+        out[h] = 1 - float(((vals - g[lags]) ** 2).sum() / ((vals - vals.mean()) ** 2).sum())
     return out

@@ -7,8 +7,11 @@ import numpy as np
 import planted_gk as GP
 import pytest
 import torch
+from decoder_configs import decoder_configs
+from softmax_spy import softmax_inputs
 from tiny_models import tiny_hf_model
 from transformers import (
+    AutoModelForCausalLM,
     BertForMaskedLM,
     GPT2Config,
     GPT2LMHeadModel,
@@ -359,3 +362,20 @@ def test_minilm_real_statistics_and_both_signs(minilm):
     own = head_projected_pe_kernel(minilm.hf_model, 64)
     assert np.abs(own[0] - part.s_pe[0]).max() > 1e-3 * np.abs(own[0]).max()
     assert np.abs(part.s_pe - part.s_pe_back).max() > 1e-3 * np.abs(part.s_pe).max()
+
+
+@pytest.mark.parametrize("arch", ["gpt_neo", "gpt_bigcode"])
+def test_s_pe_of_other_learned_position_decoders_is_their_position_only_logits(arch):
+    """GPT-Neo (separate q/k maps, scores unscaled) and GPT-BigCode (a fused nn.Linear
+    with one key head shared by every query head): with token embeddings zeroed, layer 0's
+    softmax input averaged per lag is S_PE (biases included)."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(decoder_configs()[arch](),
+                                             attn_implementation="eager").eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.zero_()
+    A = softmax_inputs(model, torch.zeros(1, T, dtype=torch.long))[0][0][0]
+    lagged = np.stack([[torch.diagonal(A[h], -lag).mean().item() for lag in range(1, T)]
+                       for h in range(A.shape[0])])
+    s_pe = head_projected_pe_kernel(model, T, include_bias=True)[0]
+    np.testing.assert_allclose(s_pe, lagged, rtol=1e-5, atol=1e-5 * np.abs(lagged).max())

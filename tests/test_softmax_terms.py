@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from softmax_spy import softmax_inputs
+from softmax_spy import naive_r2, softmax_inputs
 from tiny_models import SOFTMAX_ARCHITECTURES, softmax_hf_model, softmax_loaded
 from transformer_lens.head_detector import (
     compute_head_attention_similarity_score,
@@ -24,20 +24,6 @@ from poskernel_tl.models.softmax_terms import SoftmaxTerms
 
 T = 40
 QKV = ("query_key_value", "Wqkv")  # the fused projections of BLOOM/Falcon and MPT
-
-
-def naive_r2(A: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
-    """Pooled R² per head over the kept strictly lower entries, entry by entry (float64)."""
-    n, H, T_, _ = A.shape
-    lag = (torch.arange(T_)[:, None] - torch.arange(T_)[None]).expand(n, T_, T_)
-    out = np.empty(H)
-    for h in range(H):
-        kept = keep[:, h] & (lag > 0)
-        vals, lags = A[:, h][kept], lag[kept]
-        g = torch.bincount(lags, vals, minlength=T_) / \
-            torch.bincount(lags, minlength=T_).clamp(min=1)
-        out[h] = 1 - float(((vals - g[lags]) ** 2).sum() / ((vals - vals.mean()) ** 2).sum())
-    return out
 
 
 def alibi_bias(hf_model, ids) -> list[torch.Tensor]:

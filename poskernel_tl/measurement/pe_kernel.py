@@ -173,10 +173,11 @@ class QKMaps:
 
     W_Q: Float[Tensor, "d_model qk"]
     b_Q: Float[Tensor, " qk"] | None
-    W_K: Float[Tensor, "d_model qk"]
-    b_K: Float[Tensor, " qk"] | None
+    W_K: Float[Tensor, "d_model kv"]  # kv = qk but under multi-query attention
+    b_K: Float[Tensor, " kv"] | None
     n_heads: int
     denom: float
+    n_kv_heads: int | None = None  # multi-query (GPT-BigCode): 1; None: n_heads
 
     def heads(self, x: Float[Tensor, "pos d_model"], include_bias: bool
               ) -> tuple[Float[Tensor, "head_index pos d_head"],
@@ -184,9 +185,9 @@ class QKMaps:
         q, k = x @ self.W_Q, x @ self.W_K
         if include_bias and self.b_Q is not None:
             q, k = q + self.b_Q, k + self.b_K
-        T = x.shape[0]
-        return (q.reshape(T, self.n_heads, -1).transpose(0, 1),
-                k.reshape(T, self.n_heads, -1).transpose(0, 1))
+        T, kv = x.shape[0], self.n_kv_heads or self.n_heads
+        k = k.reshape(T, kv, -1).repeat_interleave(self.n_heads // kv, dim=1)
+        return q.reshape(T, self.n_heads, -1).transpose(0, 1), k.transpose(0, 1)
 
 
 def qk_maps(hf_model, layer: int) -> QKMaps:
@@ -196,6 +197,10 @@ def qk_maps(hf_model, layer: int) -> QKMaps:
     kind, body = _body(hf_model)
     cfg = hf_model.config
     f64 = lambda t: None if t is None else t.detach().double().cpu()
+    if kind == "gpt2" and not hasattr(unwrap(body.h[layer].attn), "c_attn"):
+        return _separate_qk_maps(unwrap(body.h[layer].attn), cfg)
+    if kind == "gpt2" and isinstance(unwrap(body.h[layer].attn.c_attn), nn.Linear):
+        return _multi_query_maps(unwrap(body.h[layer].attn.c_attn), cfg)
     if kind == "gpt2":
         c_attn = unwrap(body.h[layer].attn.c_attn)
         W, b, D = f64(c_attn.weight), f64(c_attn.bias), c_attn.weight.shape[0]
@@ -209,6 +214,34 @@ def qk_maps(hf_model, layer: int) -> QKMaps:
     n_heads = cfg.num_attention_heads
     return QKMaps(f64(q.weight).T, f64(q.bias), f64(k.weight).T, f64(k.bias), n_heads,
                   math.sqrt(q.weight.shape[0] // n_heads))
+
+
+def _separate_qk_maps(attn: nn.Module, cfg) -> QKMaps:
+    """GPT-Neo's ``attn.attention.q_proj``/``k_proj`` (no bias; its scores are q·k
+    unscaled); NoPositionTableError for a layout of separate maps it does not know."""
+    inner = unwrap(getattr(attn, "attention", attn))
+    q, k = (unwrap(getattr(inner, name, None)) for name in ("q_proj", "k_proj"))
+    if not isinstance(q, nn.Linear) or not isinstance(k, nn.Linear) or \
+            getattr(cfg, "model_type", None) != "gpt_neo":
+        raise NoPositionTableError(f"the q/k maps of {type(inner).__name__} are in no layout "
+                                   "S_PE reads (GPT-2's c_attn, GPT-Neo's q_proj/k_proj)")
+    f64 = lambda t: None if t is None else t.detach().double().cpu()
+    return QKMaps(f64(q.weight).T, f64(q.bias), f64(k.weight).T, f64(k.bias),
+                  cfg.num_heads, 1.0)
+
+
+def _multi_query_maps(c_attn: nn.Linear, cfg) -> QKMaps:
+    """GPT-BigCode's fused ``c_attn`` (an ``nn.Linear``: rows [q of every head, k, v] with
+    one key head under multi-query attention, as many as the queries' otherwise);
+    scores scaled by 1/√d_head where ``scale_attn_weights``."""
+    D, heads = cfg.n_embd, cfg.n_head
+    d_head, kv = D // heads, 1 if getattr(cfg, "multi_query", True) else heads
+    W = c_attn.weight.detach().double().cpu().T
+    b = None if c_attn.bias is None else c_attn.bias.detach().double().cpu()
+    k = slice(D, D + kv * d_head)
+    return QKMaps(W[:, :D], None if b is None else b[:D], W[:, k], None if b is None else b[k],
+                  heads, math.sqrt(d_head) if getattr(cfg, "scale_attn_weights", True) else 1.0,
+                  kv)
 
 
 # ----------------------------------------------------------- positions per layer

@@ -9,6 +9,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from functools import cached_property
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +19,24 @@ from torch import nn
 
 from poskernel_tl.errors import ModelUnavailableError, UserError
 from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
+from poskernel_tl.hooks.names import capture_blocker
 from poskernel_tl.models import embedded
 from poskernel_tl.models.alibi import uses_alibi
 from poskernel_tl.models.nope import NoRotaryEmbedding, apply_nope
 from poskernel_tl.models.registry import ModelSpec, placeholder_spec, resolve
-from poskernel_tl.models.scheme import ENCODER_TYPES
+from poskernel_tl.models.scheme import ENCODER_TYPES, UnreadableSchemeError
 from poskernel_tl.models.scheme_reader import (
     NoAttentionError,
     attention_modules,
     original,
     read_layers,
 )
-from poskernel_tl.models.tl_patches import prepare_codegen, prepare_falcon
+from poskernel_tl.models.tl_patches import (
+    adapter_architecture,
+    prepare_codegen,
+    prepare_falcon,
+    related_architectures,
+)
 
 
 @dataclass
@@ -49,6 +56,15 @@ class LoadedModel:
     spec: ModelSpec
     hf_model: nn.Module
     attention: str = "eager"
+
+    def __post_init__(self) -> None:
+        """Refuse a model whose attention layers' q and k the capture cannot read as the
+        model forms them (:func:`~poskernel_tl.hooks.names.capture_blocker`)."""
+        for i, s in enumerate(self.spec.layers or ()):
+            reason = capture_blocker(self.bridge, i if s.block is None else s.block)
+            if reason:
+                raise UnreadableSchemeError(
+                    f"{self.spec.name} ({type(self.hf_model).__name__}), layer {i}: {reason}")
 
     @classmethod
     def from_bridge(cls, bridge, tokenizer=None, name: str | None = None,
@@ -190,19 +206,30 @@ def boot_bridge(hf_model: nn.Module, tokenizer, device=None, dtype=torch.float32
     without the hub."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    if not getattr(hf_model.config, "architectures", None):
-        hf_model.config.architectures = [type(hf_model).__name__]
+    arch = adapter_architecture(hf_model)
+    hf_model.config.architectures = [arch]
     prepare_falcon(hf_model)
     prepare_codegen(hf_model)
     hf_model.eval()
-    bridge = TransformerBridge.boot_transformers(
-        hf_model.config.architectures[0], hf_model=hf_model, tokenizer=tokenizer,
-        device=device, dtype=dtype,
-    )
+    try:
+        bridge = TransformerBridge.boot_transformers(
+            arch, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
+    except Exception as err:  # TransformerLens's own reason, in its words
+        reason = str(err).split(". Available architectures")[0]
+        near = related_architectures(arch)
+        raise BridgeBootError(
+            f"TransformerLens {version('transformer-lens')} cannot boot {arch}: "
+            f"{type(err).__name__}: {reason}"
+            + (f" (it has adapters for {', '.join(near)})" if near else "")) from err
     if compatibility_mode:
         bridge.enable_compatibility_mode(disable_warnings=True)
     bridge.eval()
     return bridge
+
+
+class BridgeBootError(UserError):
+    """TransformerLens cannot wrap the model (no adapter for its architecture, or one that
+    fails on it): the architecture is not measured; the reason is TransformerLens's."""
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -42,11 +42,15 @@ def attention_modules(hf_model: nn.Module) -> list[nn.Module]:
 
 
 def _layer_types(cfg, n_layers: int) -> list[str]:
-    """``config.layer_types`` where given, else one type for every layer: sliding where the
-    config sets ``sliding_window`` for all layers (Mistral, Phi-3), else full."""
+    """``config.layer_types`` where given (GPT-Neo's ``attention_layers``: local layers
+    slide over ``window_size``), else one type for every layer: sliding where the config
+    sets ``sliding_window`` for all layers (Mistral, Phi-3), else full."""
     types = getattr(cfg, "layer_types", None)
     if types:
         return list(types)
+    local = getattr(cfg, "attention_layers", None)  # GPT-Neo: "global" / "local" per layer
+    if isinstance(local, (list, tuple)) and set(local) <= {"global", "local"}:
+        return ["sliding_attention" if x == "local" else "full_attention" for x in local]
     if getattr(cfg, "attention_chunk_size", None):
         return ["chunked_attention"] * n_layers
     window = getattr(cfg, "sliding_window", None)
@@ -73,6 +77,8 @@ def _mask(cfg, layer_type: str, causal: bool) -> tuple[str, int | None]:
         return "causal", None
     if layer_type in ("sliding_attention", "hybrid_sliding"):
         window = getattr(cfg, "sliding_window", None)
+        if window is None and getattr(cfg, "attention_layers", None):
+            window = getattr(cfg, "window_size", None)  # GPT-Neo's local layers
         if not isinstance(window, int) or window < 1:
             raise UnreadableSchemeError("a sliding-attention layer without an integer "
                                         "config.sliding_window")

@@ -1,4 +1,9 @@
-"""Two TransformerLens 4.3 adapters that do not meet transformers 5.x, mended for one model.
+"""Where TransformerLens 4.3 and transformers 5.x do not meet: two adapters mended for one
+model, and the name TransformerLens knows an architecture by.
+
+**Architecture names.** transformers writes some classes under another capitalisation than
+the one TransformerLens registers its adapter for (PhiMoE: ``PhimoeForCausalLM`` against
+``PhiMoEForCausalLM``): :func:`adapter_architecture` finds the registered one.
 
 **Falcon's new decoder** (rotary, grouped key/value heads).
 
@@ -25,7 +30,10 @@ from the model itself (the shared table; √d_head, the inverse of its ``scaling
 
 import torch
 from torch import nn
-from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
+from transformer_lens.factories.architecture_adapter_factory import (
+    SUPPORTED_ARCHITECTURES,
+    ArchitectureAdapterFactory,
+)
 from transformer_lens.model_bridge.supported_architectures.falcon import (
     FalconArchitectureAdapter,
 )
@@ -90,5 +98,24 @@ def prepare_codegen(hf_model: nn.Module) -> None:
                                              device=table.device)
 
 
-__all__ = ["GroupedFalconAdapter", "prepare_codegen", "prepare_falcon"]
+def adapter_architecture(hf_model: nn.Module) -> str:
+    """The architecture name a bridge is booted under: the config's first, or the name
+    TransformerLens registers an adapter under that differs from it in case only."""
+    name = (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
+    if name in SUPPORTED_ARCHITECTURES:
+        return name
+    same = [a for a in SUPPORTED_ARCHITECTURES if a.lower() == name.lower()]
+    return same[0] if same else name
+
+
+def related_architectures(name: str) -> list[str]:
+    """The architectures TransformerLens has adapters for whose name starts as ``name``'s
+    model does (``Gemma3nForCausalLM`` → ``Gemma3nForConditionalGeneration``)."""
+    stem = name.split("For")[0].lower()
+    return [a for a in SUPPORTED_ARCHITECTURES if a.split("For")[0].lower() == stem
+            and a != name]
+
+
+__all__ = ["GroupedFalconAdapter", "adapter_architecture", "prepare_codegen", "prepare_falcon",
+           "related_architectures"]
 
