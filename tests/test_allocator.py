@@ -10,6 +10,7 @@ import pytest
 
 SCRIPT = """
 import json, resource, sys, torch
+import poskernel_tl.apps.commands  # what the command has imported when it applies the setting
 from poskernel_tl.plan.allocator import _multiarray, release_freed_memory, reuse_freed_memory
 applied = reuse_freed_memory()
 hugepage = _multiarray()._set_madvise_hugepage(False)  # returns the flag it replaces
