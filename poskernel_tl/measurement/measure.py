@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from jaxtyping import Int
+from torch import Tensor
 
 from poskernel_tl import constants as C
 from poskernel_tl.data.inputs import CenteringTokens, Tokens, checked_tokens
@@ -175,6 +177,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
                   "mask": mask, "layers": scheme_summary(model.spec.layers),
                   "softmax": model.spec.softmax_terms(),
                   "n_eval": len(ev_ids), "n_centering": 0 if cen_ids is None else len(cen_ids),
+                  "bos_first": bos_first(model.tokenizer, ev_ids),
                   "device": str(dev), "dtype": dtype_name(model.dtype),
                   "attention": getattr(model, "attention", "eager"),
                   "track_b": plan.why,
@@ -185,6 +188,13 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
         config=dict(config or {}, **dict(opts.measure_kwargs(), batch_size=batch_size)),
         provenance=provenance)
 
+
+
+def bos_first(tokenizer, ids: Int[Tensor, "batch pos"]) -> bool | None:
+    """Whether every evaluation sequence starts with the tokenizer's BOS token (None: the
+    tokenizer names none): the sink statistics depend on it (Gu et al. prepend Llama's)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return None if bos is None else bool((ids[:, 0] == bos).all())
 
 
 def centering_pass(model: LoadedModel, cen_ids, batch_size: int, opts: MeasureConfig,

@@ -1,6 +1,8 @@
-"""The attention-sink metric of Gu et al. (ICLR 2025, "When attention sink emerges in
-language models"): per head, the mean post-softmax weight on key 0 over query rows
-t ≥ 1, α_h = mean_t p[t, 0]; per condition, the share of heads with α_h > ε = 0.3.
+"""The pooled attention-sink mass: per head, the mean post-softmax weight on key 0 over
+query rows t ≥ 1 and sequences, α_h = mean_t p[t, 0]; per condition, the share of heads
+with α_h > 0.3. A pooled variant of Gu et al.'s metric (ICLR 2025), not theirs: they
+threshold each sequence's α (row 0 included, divided by T) and average the indicator —
+:mod:`poskernel_tl.reducers.sink_first` computes that, as released.
 
 Read on the attention pattern of the measured forward (what the softmax reads under the
 layer's mask, learned sink logits in the normaliser where the model has them): the rows'
@@ -22,7 +24,7 @@ from poskernel_tl.reducers.pattern import pattern_rows
 from poskernel_tl.reducers.statistic import Run, StatisticSpec
 from poskernel_tl.schema import Part, column
 
-EPSILON = 0.3  # Gu et al.'s threshold on a head's mean weight on the first token
+EPSILON = 0.3  # the threshold on a head's pooled weight on the first token (Gu et al.'s ε)
 
 
 @dataclass
@@ -60,10 +62,10 @@ def share_above(heads: pd.DataFrame) -> dict[str, float]:
 
 STATISTIC = StatisticSpec(
     "sink", SinkMass, SinkMassReducer,
-    "a sink head puts a mean attention weight above 0.3 on key 0 over rows t ≥ 1 (Gu et "
-    "al., ICLR 2025, who report 92–99 % sink heads on natural text, 75–91 % on random and "
-    "0 % on repeated tokens for 7–8 B RoPE models at T = 64)",
+    "the pooled sink mass: a head's mean attention weight on key 0 over rows t ≥ 1 and "
+    "sequences, and the share of heads above 0.3 (a pooled variant of Gu et al.'s metric; "
+    "theirs, as released, is Sink₁)",
     state_bytes=lambda model, work: model.spec.n_layers * model.spec.n_heads * 8,
     head_columns={"sink_mass": "attention-sink mass (mean weight on key 0, rows t ≥ 1)"},
     condition_values=share_above,
-    condition_labels={"sink_heads": f"share of sink heads (mass > {EPSILON})"})
+    condition_labels={"sink_heads": f"share of heads with pooled sink mass > {EPSILON}"})

@@ -1,0 +1,101 @@
+"""Gu et al.'s Sink₁ as their released evaluation computes it, against a transcription of
+that computation on Hugging Face's own eager attention weights (``output_attentions``):
+a tiny Llama whose sequences start with BOS, gpt-oss (learned sinks in the normaliser,
+alternating windows), a bidirectional BERT, and the embedded SmolLM2."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from tiny_models import VOCAB, arch_hf_model, arch_loaded, tiny_hf_model, tiny_loaded
+
+import poskernel_tl as pk
+from poskernel_tl.reducers.sink_first import EPSILON, KEYS, SinkFirst, sink1
+
+T = 24
+
+
+def released(attentions, causal: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Gu et al.'s computation per sequence, transcribed: importance of key k = the
+    column sum of the attention over the rows divided by T − k (an encoder: by T); a sink
+    head on a sequence when the first key's exceeds ε; returned per layer and head: the
+    share of sequences that are, and each key's importance averaged over them."""
+    shares, alphas = [], []
+    for A in attentions:  # [batch, head, T, T]
+        n = A.shape[-1]
+        rows = n - torch.arange(n, dtype=torch.float64) if causal else \
+            torch.full((n,), float(n), dtype=torch.float64)
+        alpha = A.double().sum(-2) / rows  # [batch, head, key]
+        shares.append((alpha[..., 0] > EPSILON).double().mean(0))
+        alphas.append(alpha[..., :KEYS].mean(0))
+    return torch.stack(shares).numpy(), torch.stack(alphas).numpy()
+
+
+def check(res, attentions, causal: bool = True) -> None:
+    share, alpha = released(attentions, causal)
+    np.testing.assert_allclose(res.alpha, alpha, rtol=0, atol=1e-6)
+    assert np.array_equal(res.sink1_share, share)
+
+
+def ids_with_bos(n: int, bos: int = 1) -> torch.Tensor:
+    ids = torch.randint(3, VOCAB - 10, (n, T), generator=torch.Generator().manual_seed(2))
+    ids[:, 0] = bos
+    return ids
+
+
+def test_a_llama_with_bos_equals_the_released_computation(tiny_tokenizer):
+    ids = ids_with_bos(6)
+    res = pk.measure(tiny_loaded("llama", tiny_tokenizer), ids, progress=False, null_seqs=6,
+                     null_perms=0)
+    with torch.no_grad():
+        attentions = tiny_hf_model("llama")(ids, output_attentions=True).attentions
+    check(res, attentions)
+    assert res.alpha.shape == (2, 4, KEYS)
+    assert res.provenance["bos_first"] is True  # recorded: the sink depends on it
+    ids[2, 0] = 5
+    assert pk.measure(tiny_loaded("llama", tiny_tokenizer), ids, progress=False,
+                      null_perms=0).provenance["bos_first"] is False
+
+
+def test_learned_sinks_and_windows_equal_the_released_computation(tiny_tokenizer):
+    """gpt-oss: Hugging Face's weights leave the sink column out, so rows sum to less
+    than 1; its sliding layers put no weight on keys the window has left."""
+    ids = ids_with_bos(4)
+    res = pk.measure(arch_loaded("gpt_oss", tiny_tokenizer), ids, progress=False,
+                     null_seqs=4, null_perms=0)
+    with torch.no_grad():
+        attentions = arch_hf_model("gpt_oss")(ids, output_attentions=True).attentions
+    check(res, attentions)
+
+
+def test_an_encoder_reads_the_mean_over_every_row(tiny_tokenizer):
+    ids = ids_with_bos(4)
+    res = pk.measure(tiny_loaded("bert", tiny_tokenizer), ids, progress=False, null_seqs=4,
+                     null_perms=0)
+    with torch.no_grad():
+        attentions = tiny_hf_model("bert")(ids, output_attentions=True).attentions
+    check(res, attentions, causal=False)
+
+
+def test_a_planted_sink_is_counted_per_sequence():
+    """Sequences on which a head's α₀ exceeds ε count, the others do not: the statistic
+    is a share of sequences, not a threshold on the pooled mean."""
+    part = SinkFirst(np.array([[0.25, 1.0]]), np.zeros((1, 2, KEYS)))
+    assert sink1(pd.DataFrame({"sink1_share": part.sink1_share.ravel()})) == {"Sink1": 0.625}
+
+
+@pytest.mark.smollm2
+def test_smollm2_equals_the_released_computation(smollm2):
+    """The embedded model on prose (its tokenizer puts no BOS first), against the eager
+    weights of a copy never wrapped by a bridge."""
+    from poskernel_tl.data.sequences import build_sequences
+    from poskernel_tl.models.embedded import from_gguf
+
+    ids = build_sequences(smollm2.tokenizer, "prose", 64, 8,
+                          model_name="smollm2-135m")["input_ids"][4:]
+    res = pk.measure(smollm2, ids, progress=False, null_seqs=4, null_perms=0)
+    pristine, _ = from_gguf(smollm2.spec, torch.float32)
+    pristine.config._attn_implementation = "eager"
+    with torch.no_grad():
+        attentions = pristine(ids, output_attentions=True).attentions
+    check(res, attentions)
