@@ -61,6 +61,20 @@ class PatternRows:
         a = (q * k.repeat_interleave(group, dim=2)).sum(-1).mul_(scale)
         return cap_scores(a, terms).transpose(1, 2)
 
+    def first_keys(self, scale: float, terms, n: int
+                   ) -> Float[Tensor, "seq head_index pos key"]:
+        """The pattern p[t, s] of every row on the first ``n`` keys s < n (0 where the mask
+        removes the key: s > t, or t − s past the window), formed in one product."""
+        q, k = self.q, self.k[:, :n]
+        group = q.shape[2] // k.shape[2]
+        a = torch.einsum("bthd,bshd->bhts", q, k.repeat_interleave(group, dim=2)).mul_(scale)
+        p = (cap_scores(a, terms) - self.lse[..., None]).exp_()
+        if self.last is not None:
+            lag = torch.arange(self.positions, device=p.device)[:, None] - \
+                torch.arange(k.shape[1], device=p.device)[None]
+            p = p * ((lag >= 0) & (lag <= self.last))
+        return p
+
     def weight(self, scale: float, terms, rows: slice, keys: Tensor
                ) -> Float[Tensor, "seq head_index pos"]:
         """The pattern p[t, keys[t]] of rows ``rows`` (0 where the mask removes the key)."""

@@ -61,14 +61,12 @@ class SinkFirstReducer:
         if rows is None:
             return
         P = rows.positions
-        alpha = torch.zeros(len(rows.keep), self.alpha.shape[1], KEYS, dtype=torch.float64,
-                            device=self.alpha.device)
-        for k in range(min(KEYS, P)):
-            first = k if self.causal else 0  # the rows that read key k
-            keys = torch.full((P - first,), k, dtype=torch.long, device=rows.q.device)
-            weight = rows.weight(batch.scale, batch.terms, slice(first, P), keys)
-            alpha[..., k] = weight.double().sum(-1).to(alpha) / (P - first)
-        self.alpha[L] += alpha.sum(0)
+        n = min(KEYS, P)
+        keys = torch.arange(n, dtype=torch.float64, device=self.alpha.device)
+        readers = P - keys if self.causal else torch.full_like(keys, P)  # rows reading k
+        alpha = rows.first_keys(batch.scale, batch.terms, n).double().sum(2).to(
+            self.alpha) / readers
+        self.alpha[L, :, :n] += alpha.sum(0)
         self.sinks[L] += (alpha[..., 0] > EPSILON).double().sum(0)
         self.n_seen[L] += len(rows.keep)
 
