@@ -9,6 +9,7 @@ import hashlib
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from poskernel_tl.errors import FolderBusyError, WriteError
@@ -27,14 +28,23 @@ def sha256(path: Path, chunk: int = 1 << 20) -> str:
 _DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
+RACY_S = 2.0  # a file modified this recently may change again within one timestamp tick
+
+
 def file_digest(path: Path) -> str:
     """:func:`sha256` of ``path``, computed once per process for a file unchanged since
-    (same size and modification time): a report reads each condition several times."""
+    (same size and modification time: a report reads each condition several times, the
+    grid's manifest hashes what the result just recorded). A file modified less than
+    :data:`RACY_S` ago is hashed every time: a file system's timestamps are coarser than
+    the writes a process can make."""
     st = os.stat(path)
     key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _DIGESTS:
-        _DIGESTS[key] = sha256(path)
-    return _DIGESTS[key]
+    if key in _DIGESTS:
+        return _DIGESTS[key]
+    digest = sha256(path)
+    if time.time() - st.st_mtime > RACY_S:
+        _DIGESTS[key] = digest
+    return digest
 
 
 class FolderLock:

@@ -3,10 +3,12 @@ naming the holder), a folder that cannot be written refused before the model loa
 disk that fills during the run answered as the user's problem in one line (exit 2), not as
 a bug — on real read-only and full file systems (tmpfs mounts, where the test may mount)."""
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,10 @@ from tiny_models import tiny_hf_model
 import poskernel_tl as pk
 import poskernel_tl.models.loading as loading
 from poskernel_tl import constants as C
+from poskernel_tl import folder
 from poskernel_tl.apps.cli import main
 from poskernel_tl.errors import ResultFileError
-from poskernel_tl.folder import LOCK, FolderLock
+from poskernel_tl.folder import LOCK, FolderLock, file_digest
 from poskernel_tl.run import runner
 
 
@@ -201,3 +204,23 @@ def test_a_result_written_before_the_hashes_is_read_on_its_checks(tiny_folder, t
     assert set(meta.pop("sha256")) >= {"trackA.csv", "trackB.csv", "g.npz", "heads.csv"}
     cfg.write_text(json.dumps(meta))
     assert pk.ConditionResult.load(out).n_layers > 0
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_file_rewritten_at_once_with_the_same_size_is_hashed_again(tmp_path):
+    """The per-process digest cache keys on size and modification time, which a file
+    system records coarsely: a file changed within that tick must still read as changed;
+    an old file's digest is kept."""
+    path = tmp_path / "t.csv"
+    path.write_text("0.0586\n")
+    first = file_digest(path)
+    path.write_text("0.9990\n")  # the same size, within the same timestamp tick
+    assert file_digest(path) != first == sha256_of(b"0.0586\n")
+    old = time.time() - 10
+    os.utime(path, (old, old))
+    kept = file_digest(path)
+    assert file_digest(path) == kept == sha256_of(b"0.9990\n")
+    assert any(k[0] == str(path.resolve()) for k in folder._DIGESTS)  # kept: not hashed again

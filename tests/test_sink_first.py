@@ -31,10 +31,16 @@ def released(attentions, causal: bool = True) -> tuple[np.ndarray, np.ndarray]:
     return torch.stack(shares).numpy(), torch.stack(alphas).numpy()
 
 
-def check(res, attentions, causal: bool = True) -> None:
+def measured_and_checked(model, hf_model, ids, causal: bool = True):
+    """``pk.measure`` of ``ids`` (every sequence read by the pattern statistics) against
+    the released computation on ``hf_model``'s eager attention weights; the result."""
+    res = pk.measure(model, ids, progress=False, null_seqs=len(ids), null_perms=0)
+    with torch.no_grad():
+        attentions = hf_model(ids, output_attentions=True).attentions
     share, alpha = released(attentions, causal)
     np.testing.assert_allclose(res.alpha, alpha, rtol=0, atol=1e-6)
     assert np.array_equal(res.sink1_share, share)
+    return res
 
 
 def ids_with_bos(n: int, bos: int = 1) -> torch.Tensor:
@@ -45,11 +51,8 @@ def ids_with_bos(n: int, bos: int = 1) -> torch.Tensor:
 
 def test_a_llama_with_bos_equals_the_released_computation(tiny_tokenizer):
     ids = ids_with_bos(6)
-    res = pk.measure(tiny_loaded("llama", tiny_tokenizer), ids, progress=False, null_seqs=6,
-                     null_perms=0)
-    with torch.no_grad():
-        attentions = tiny_hf_model("llama")(ids, output_attentions=True).attentions
-    check(res, attentions)
+    res = measured_and_checked(tiny_loaded("llama", tiny_tokenizer), tiny_hf_model("llama"),
+                               ids)
     assert res.alpha.shape == (2, 4, KEYS)
     assert res.provenance["bos_first"] is True  # recorded: the sink depends on it
     ids[2, 0] = 5
@@ -60,21 +63,13 @@ def test_a_llama_with_bos_equals_the_released_computation(tiny_tokenizer):
 def test_learned_sinks_and_windows_equal_the_released_computation(tiny_tokenizer):
     """gpt-oss: Hugging Face's weights leave the sink column out, so rows sum to less
     than 1; its sliding layers put no weight on keys the window has left."""
-    ids = ids_with_bos(4)
-    res = pk.measure(arch_loaded("gpt_oss", tiny_tokenizer), ids, progress=False,
-                     null_seqs=4, null_perms=0)
-    with torch.no_grad():
-        attentions = arch_hf_model("gpt_oss")(ids, output_attentions=True).attentions
-    check(res, attentions)
+    measured_and_checked(arch_loaded("gpt_oss", tiny_tokenizer), arch_hf_model("gpt_oss"),
+                         ids_with_bos(4))
 
 
 def test_an_encoder_reads_the_mean_over_every_row(tiny_tokenizer):
-    ids = ids_with_bos(4)
-    res = pk.measure(tiny_loaded("bert", tiny_tokenizer), ids, progress=False, null_seqs=4,
-                     null_perms=0)
-    with torch.no_grad():
-        attentions = tiny_hf_model("bert")(ids, output_attentions=True).attentions
-    check(res, attentions, causal=False)
+    measured_and_checked(tiny_loaded("bert", tiny_tokenizer), tiny_hf_model("bert"),
+                         ids_with_bos(4), causal=False)
 
 
 def test_a_planted_sink_is_counted_per_sequence():
@@ -93,9 +88,6 @@ def test_smollm2_equals_the_released_computation(smollm2):
 
     ids = build_sequences(smollm2.tokenizer, "prose", 64, 8,
                           model_name="smollm2-135m")["input_ids"][4:]
-    res = pk.measure(smollm2, ids, progress=False, null_seqs=4, null_perms=0)
     pristine, _ = from_gguf(smollm2.spec, torch.float32)
     pristine.config._attn_implementation = "eager"
-    with torch.no_grad():
-        attentions = pristine(ids, output_attentions=True).attentions
-    check(res, attentions)
+    measured_and_checked(smollm2, pristine, ids)

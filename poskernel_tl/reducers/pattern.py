@@ -85,6 +85,29 @@ class PatternRows:
         return p
 
 
+@dataclass(frozen=True)
+class PatternReader:
+    """What a statistic on the pattern reads of every batch: the rows of the first
+    ``max_seqs`` sequences, under the mask of a causal model (each layer's last kept offset
+    in ``max_lags``; None: the whole triangle) or of an encoder, on the first ``max_pos``
+    positions of a causal one. :meth:`of` a statistic's run: its ``null_seqs`` sequences."""
+
+    max_seqs: int
+    causal: bool
+    max_lags: list[int] | None = None
+    max_pos: int = MAX_POS
+
+    @classmethod
+    def of(cls, run) -> "PatternReader":
+        """The reader of a :class:`~poskernel_tl.reducers.statistic.Run`."""
+        return cls(run.options.null_seqs, run.spec.causal, run.max_lags)
+
+    def rows(self, batch: LayerBatch) -> PatternRows | None:
+        """:func:`pattern_rows` of ``batch`` (None: none of its sequences is read)."""
+        lag = None if self.max_lags is None else self.max_lags[batch.layer]
+        return pattern_rows(batch, self.max_seqs, self.causal, lag, self.max_pos)
+
+
 def pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int | None,
                  max_pos: int = MAX_POS) -> PatternRows | None:
     """The :class:`PatternRows` of ``batch`` (None when none of its sequences is among the

@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.pattern import MAX_POS, pattern_rows
+from poskernel_tl.reducers.pattern import MAX_POS, PatternReader
 from poskernel_tl.reducers.statistic import Run, StatisticSpec
 from poskernel_tl.schema import Part, column
 
@@ -36,15 +36,13 @@ class PrevTokenReducer:
     def __init__(self, n_layers: int, n_heads: int, length: int, max_seqs: int = 8,
                  causal: bool = True, max_lags: list[int] | None = None,
                  max_pos: int = MAX_POS, device="cpu"):
-        self.max_seqs, self.causal, self.max_lags = max_seqs, causal, max_lags
-        self.max_pos = max_pos
+        self.reader = PatternReader(max_seqs, causal, max_lags, max_pos)
         self.total = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=device)
         self.n_seen = np.zeros(n_layers, dtype=int)
 
     def update(self, batch: LayerBatch) -> None:
         L = batch.layer
-        rows = pattern_rows(batch, self.max_seqs, self.causal,
-                            None if self.max_lags is None else self.max_lags[L], self.max_pos)
+        rows = self.reader.rows(batch)
         if rows is None:
             return
         T = rows.positions

@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.pattern import pattern_rows
+from poskernel_tl.reducers.pattern import PatternReader
 from poskernel_tl.reducers.statistic import Run, StatisticSpec
 from poskernel_tl.schema import Part, column, stored
 
@@ -48,7 +48,7 @@ class SinkFirst(Part):
 class SinkFirstReducer:
     def __init__(self, run: Run):
         s = run.spec
-        self.max_seqs, self.causal, self.max_lags = run.options.null_seqs, s.causal, run.max_lags
+        self.reader = PatternReader.of(run)
         self.alpha = torch.zeros(s.n_layers, s.n_heads, KEYS, dtype=torch.float64,
                                  device=run.device)
         self.sinks = torch.zeros(s.n_layers, s.n_heads, dtype=torch.float64, device=run.device)
@@ -56,14 +56,13 @@ class SinkFirstReducer:
 
     def update(self, batch: LayerBatch) -> None:
         L = batch.layer
-        rows = pattern_rows(batch, self.max_seqs, self.causal,
-                            None if self.max_lags is None else self.max_lags[L])
+        rows = self.reader.rows(batch)
         if rows is None:
             return
         P = rows.positions
         n = min(KEYS, P)
         keys = torch.arange(n, dtype=torch.float64, device=self.alpha.device)
-        readers = P - keys if self.causal else torch.full_like(keys, P)  # rows reading k
+        readers = P - keys if self.reader.causal else torch.full_like(keys, P)  # rows reading k
         alpha = rows.first_keys(batch.scale, batch.terms, n).double().sum(2).to(
             self.alpha) / readers
         self.alpha[L, :, :n] += alpha.sum(0)

@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.pattern import pattern_rows
+from poskernel_tl.reducers.pattern import PatternReader
 from poskernel_tl.reducers.statistic import Run, StatisticSpec
 from poskernel_tl.schema import Part, column
 
@@ -36,14 +36,13 @@ class SinkMass(Part):
 class SinkMassReducer:
     def __init__(self, run: Run):
         s = run.spec
-        self.max_seqs, self.causal, self.max_lags = run.options.null_seqs, s.causal, run.max_lags
+        self.reader = PatternReader.of(run)
         self.total = torch.zeros(s.n_layers, s.n_heads, dtype=torch.float64, device=run.device)
         self.n_seen = np.zeros(s.n_layers, dtype=int)
 
     def update(self, batch: LayerBatch) -> None:
         L = batch.layer
-        rows = pattern_rows(batch, self.max_seqs, self.causal,
-                            None if self.max_lags is None else self.max_lags[L])
+        rows = self.reader.rows(batch)
         if rows is None:
             return
         T = rows.positions

@@ -26,7 +26,7 @@ from poskernel_tl.analyses.registry import get as get_analysis
 from poskernel_tl.data.datasets import HUB_DATASETS, hub_offline
 from poskernel_tl.data.sequences import TooFewWindowsError, ensure_sequences
 from poskernel_tl.errors import DataError, ModelUnavailableError, UserError
-from poskernel_tl.folder import FolderLock, sha256
+from poskernel_tl.folder import FolderLock, file_digest
 from poskernel_tl.io import place_file, remove_stale_temporaries, save_csv
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.models.embedded import weights_identity as wheel_identity
@@ -160,7 +160,7 @@ def condition_key(cfg: RunConfig, model, seq_file: Path) -> str:
     run = {k: v for k, v in cfg.to_dict().items()
            if k not in ("out", "progress", "device", "overwrite", "max_memory")}
     return key_of({"config": run, "spec": model.spec.to_dict(),
-                   "weights": weights_identity(model), "sequences": sha256(seq_file),
+                   "weights": weights_identity(model), "sequences": file_digest(seq_file),
                    "version": C.VERSION})
 
 

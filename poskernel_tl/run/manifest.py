@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.folder import sha256
+from poskernel_tl.folder import file_digest
 from poskernel_tl.io import save_json
 
 MANIFEST = "manifest.json"
@@ -49,14 +49,14 @@ class Manifest:
             return "different"
         for rel, digest in entry["outputs"].items():
             p = self.folder / rel
-            if not p.exists() or sha256(p) != digest:
+            if not p.exists() or file_digest(p) != digest:
                 return "damaged"
         return "complete"
 
     def record(self, name: str, key: str, outputs: list[Path], info: dict) -> None:
         self.entries[name] = {
             "key": key, **info,
-            "outputs": {str(Path(p).relative_to(self.folder)): sha256(p)
+            "outputs": {str(Path(p).relative_to(self.folder)): file_digest(p)
                         for p in sorted(outputs)}}
         self.save()
 
