@@ -64,3 +64,28 @@ def naive_r2(A: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
             torch.bincount(lags, minlength=T_).clamp(min=1)
         out[h] = 1 - float(((vals - g[lags]) ** 2).sum() / ((vals - vals.mean()) ** 2).sum())
     return out
+
+
+def naive_within_r2(A: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
+    """Within-row R² per head over the kept off-diagonal entries of the sequences of ``A``
+    [n, head, T, T] together, by a dense least-squares fit of g(Δ) + c_x(t) (one constant
+    per row of each sequence) and the variance about each row's mean (float64)."""
+    n, H, T_, _ = A.shape
+    t = torch.arange(T_)
+    lag = (t[:, None] - t[None]).expand(n, T_, T_)
+    seq = torch.arange(n)[:, None, None].expand(n, T_, T_)
+    row = t[None, :, None].expand(n, T_, T_)
+    out = np.empty(H)
+    for h in range(H):
+        kept = keep[:, h] & (lag != 0)
+        y = A[:, h][kept].numpy()
+        lags, rows = lag[kept].numpy(), (seq[kept] * T_ + row[kept]).numpy()
+        _, li = np.unique(lags, return_inverse=True)
+        _, ri = np.unique(rows, return_inverse=True)
+        X = np.zeros((len(y), li.max() + 1 + ri.max() + 1))
+        X[np.arange(len(y)), li] = 1
+        X[np.arange(len(y)), li.max() + 1 + ri] = 1
+        fit = X @ np.linalg.lstsq(X, y, rcond=None)[0]
+        means = np.bincount(ri, y) / np.bincount(ri)
+        out[h] = 1 - ((y - fit) ** 2).sum() / ((y - means[ri]) ** 2).sum()
+    return out

@@ -27,8 +27,18 @@ def part_classes() -> tuple[type[Part], ...]:
 
 @functools.cache
 def _owners(classes: tuple[type[Part], ...]) -> dict[str, type[Part]]:
-    return {f.name: cls for cls in classes for f in dataclasses.fields(cls)
-            if f.name not in UNSHOWN}
+    """Each field's part; a ValueError where two parts declare one name (a result's
+    attribute would read only one of them)."""
+    found: dict[str, type[Part]] = {}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if f.name in UNSHOWN:
+                continue
+            if f.name in found:
+                raise ValueError(f"{cls.__name__}.{f.name}: {found[f.name].__name__} "
+                                 "declares a field of that name; rename one")
+            found[f.name] = cls
+    return found
 
 
 def owner() -> dict[str, type[Part]]:

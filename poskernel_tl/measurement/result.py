@@ -233,8 +233,8 @@ class ConditionResult:
         return {} if heads is None else condition_values(heads)
 
     def layer_summary(self) -> pd.DataFrame:
-        """Mean over heads of each layer: pooled Track A, Track B centered and raw; for a
-        model with sliding-window layers also each layer's kind and Track A pooled over the
+        """Mean over heads of each layer: pooled Track A (and within rows), Track B centered
+        and raw; for a model with sliding-window layers also each layer's kind and Track A pooled over the
         whole causal triangle (``R2_A_whole``, the diagnostic)."""
         df = pd.DataFrame({
             "R2_A_pooled": np.nanmean(self.r2_pooled, axis=1),
@@ -246,6 +246,8 @@ class ConditionResult:
         whole = getattr(self, "r2_pooled_whole", None)
         if whole is not None:
             df.insert(1, "R2_A_whole", np.nanmean(whole, axis=1))
+        if "within_row" in self.parts:  # the same fit with a free constant per row
+            df.insert(1, "R2_A_within_row", np.nanmean(self.r2_within_pooled, axis=1))
         if self.spec.layers and len({s.kind for s in self.spec.layers}) > 1:
             df.insert(0, "kind", [s.kind for s in self.spec.layers])
         df.index.name = "layer"

@@ -1,14 +1,24 @@
 """Rotary frequency usage (Barbero et al., ICLR 2025): the mean norm of q and k within
 each rotary 2-D pair, per layer and head, over the evaluation tokens. Low-frequency
 pairs carrying large norms are the "semantic channels"; high-frequency pairs with
-large norms are the positional ones."""
+large norms are the positional ones.
+
+Their claim, tested per condition (exploratory): the heads that attend by position —
+those the atlas classes previous-token or local — carry a larger share of their q and k
+norm in the high frequencies than the other heads. Per head ``hf_share`` is the q and k
+norm in the rotary pairs above the median θ over the norm in all of them (the query
+head's pairs and its key head's; NaN on a layer without rotary); per condition the
+difference of the mean share between the two groups of heads and a one-sided
+permutation p-value over heads (:func:`positional_heads_test`).
+"""
 
 import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from jaxtyping import Float, Int
+import pandas as pd
+from jaxtyping import Bool, Float, Int
 
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.statistic import Run, StatisticSpec
@@ -29,6 +39,21 @@ class FreqUsage(Part):
     pair_second: Int[np.ndarray, " pair"] = stored("freq_usage.npz", "pair_second")
     theta: Float[np.ndarray, " pair"] | None = stored("freq_usage.npz", "theta",
                                                       default=None)
+    rotary_layer: Bool[np.ndarray, " layer"] | None = stored("freq_usage.npz", "rotary_layer",
+                                                            default=None)
+
+    @property
+    def hf_share(self) -> Float[np.ndarray, "layer head_index"]:
+        """Per head, the q and k norm in the pairs above the median θ over the total."""
+        q, k = self.q_pair_norm, self.k_pair_norm
+        if self.theta is None or len(self.theta) != q.shape[-1]:
+            return np.full(q.shape[:2], np.nan)
+        high = self.theta > np.median(self.theta)
+        norm = q + np.repeat(k, q.shape[1] // k.shape[1], axis=1)  # each query's key head
+        share = norm[..., high].sum(-1) / norm.sum(-1)
+        if self.rotary_layer is not None:
+            share[~self.rotary_layer] = np.nan
+        return share
 
 
 class FreqUsageReducer:
@@ -71,12 +96,55 @@ def build(run: Run) -> FreqUsageReducer | None:
 
 
 def with_theta(part: FreqUsage, reducers, run: Run) -> FreqUsage:
-    """The pairs' rotation rates θ, read from the model's spec."""
-    return dataclasses.replace(part, theta=run.spec.rotary_frequencies())
+    """The pairs' rotation rates θ and which layers rotate, read from the model's spec."""
+    s = run.spec
+    rotary = np.array([s.layers[L].pe == "rope" for L in range(s.n_layers)]) if s.layers \
+        else np.full(s.n_layers, s.pe == "rope")
+    return dataclasses.replace(part, theta=s.rotary_frequencies(), rotary_layer=rotary)
+
+
+POSITIONAL = ("previous-token", "local")  # the classes Barbero et al. call positional
+PERMUTATIONS = 10_000
+
+
+def positional_heads_test(heads: pd.DataFrame, permutations: int = PERMUTATIONS,
+                          seed: int = 0) -> dict[str, float]:
+    """Mean ``hf_share`` of the heads classed previous-token or local less that of the
+    others, and the one-sided p-value of a permutation test over heads (the class labels
+    shuffled; (1 + #{diff ≥ observed}) / (1 + permutations)); NaN where a group is empty."""
+    ok = heads[np.isfinite(heads["hf_share"])]
+    share = ok["hf_share"].to_numpy()
+    positional = ok["kernel_class"].isin(POSITIONAL).to_numpy()
+    k = int(positional.sum())
+    out = {"hf_share_positional": np.nan, "hf_share_others": np.nan, "hf_share_diff": np.nan,
+           "hf_share_p": np.nan, "n_positional_heads": float(k)}
+    if k == 0 or k == len(share):
+        return out
+    diff = lambda mask: share[mask].mean() - share[~mask].mean()
+    observed = diff(positional)
+    rng = np.random.default_rng(seed)
+    draws = rng.permuted(np.tile(positional, (permutations, 1)), axis=1)  # labels shuffled
+    sums = draws @ share
+    null = sums / k - (share.sum() - sums) / (len(share) - k)
+    out.update(hf_share_positional=float(share[positional].mean()),
+               hf_share_others=float(share[~positional].mean()), hf_share_diff=float(observed),
+               hf_share_p=float((1 + (null >= observed - 1e-12).sum()) / (1 + permutations)))
+    return out
 
 
 STATISTIC = StatisticSpec(
     "freq_usage", FreqUsage, build, "mean |q| and |k| within each rotary pair",
-    state_bytes=lambda model, work: 0, finish=with_theta)
+    state_bytes=lambda model, work: 0, finish=with_theta,
+    head_columns={"hf_share": "high-frequency share: q and k norm in the rotary pairs above "
+                              "the median θ over all pairs (Barbero et al.)"},
+    condition_values=positional_heads_test,
+    condition_labels={
+        "hf_share_positional": "high-frequency share, previous-token and local heads "
+                               "(exploratory)",
+        "hf_share_others": "high-frequency share, other heads (exploratory)",
+        "hf_share_diff": "high-frequency share, positional heads less others (exploratory)",
+        "hf_share_p": "p, permutation test over heads: positional heads carry more high "
+                      "frequency (exploratory)",
+        "n_positional_heads": "heads classed previous-token or local"})
 
-__all__ = ["STATISTIC", "FreqUsage", "FreqUsageReducer"]
+__all__ = ["STATISTIC", "FreqUsage", "FreqUsageReducer", "positional_heads_test"]

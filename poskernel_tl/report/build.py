@@ -336,7 +336,8 @@ def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, f
         + esc(head_href(results[0].model, results[0].dataset, results[0].length, 0, 0)
                 if results else "report.html#model/dataset_T/L0H0")
         + "</code>).</p>" + viewer_html(_index(conds)) + g("1"), g("map"),
-        "<h2>Figure 2 — mean R² per layer</h2>" + g("2"),
+        "<h2>Figure 2 — mean R² per layer</h2>"
+        f'<p class="pk-note">{esc(figures.TRACK_A_QUESTIONS)}</p>' + g("2"),
         "<h2>Figure 3 — per-sequence R² of the top early-layer heads</h2>" + g("3"),
         "<h2>Figure 4 — spectrum of one early rotary head</h2>" + g("4"),
         "<h2>Nulls</h2><p>Analytic i.i.d. null: E[R²] = (T−2)/(N−1) with N the number of "

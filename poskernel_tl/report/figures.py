@@ -133,8 +133,16 @@ def _mark_layer_kinds(ax, r: ConditionResult) -> None:
 
 
 # ------------------------------------------------------------------------- Figure 2
+TRACK_A_QUESTIONS = (
+    "Track A pooled R² asks whether the raw logits are a function of the offset; Track A "
+    "within rows asks whether what the softmax sees — each row's logits less a constant of "
+    "the row, which it ignores — is one: a query norm or a content bias of the query moves "
+    "the first and not the second.")
+
+
 def fig2_depth(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
-    """Mean R² over heads per layer — Track A pooled, Track B centered, Track B raw — one
+    """Mean R² over heads per layer — Track A pooled and within rows (:data:`TRACK_A_QUESTIONS`),
+    Track B centered, Track B raw — one
     panel per condition on a shared 0–1 axis, with the least-squares line of Track A
     against layer and its slope ± standard error in the legend."""
     fig, axes, ncols = _panels(results, ncols, "fig2_depth", 4.6, 3.4, sharey=True)
@@ -142,6 +150,9 @@ def fig2_depth(results: Sequence[ConditionResult], ncols: int = 3) -> Figure:
         s = r.layer_summary()
         x = s.index.to_numpy()
         ax.plot(x, s["R2_A_pooled"], "o-", color="C0", ms=3, label="Track A pooled")
+        if "R2_A_within_row" in s:
+            ax.plot(x, s["R2_A_within_row"], "o:", color="C1", ms=3,
+                    label="Track A within rows")
         if r.centered and np.isfinite(s["R2_B_centered"]).any():
             ax.plot(x, s["R2_B_centered"], "s-", color="C3", ms=3, label="Track B centered")
         else:

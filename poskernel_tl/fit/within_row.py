@@ -1,0 +1,165 @@
+"""The within-row fit: how much of each query row's variation is a function of the offset.
+
+A softmax row is unchanged by adding a constant to the row, so what a head attends to is
+decided by the variation of its logits within each row. The within-row fit reads
+
+    A_x(t, s) ≈ g(Δ) + c_x(t),     Δ = t − s,
+
+over the kept entries (Track A's: the strictly lower triangle of a causal layer within its
+window; every off-diagonal entry of a bidirectional one) — one lag kernel g shared by the
+sequences fitted together and a free constant c_x(t) for every row of every sequence —
+by least squares, and its R² is the share of the within-row variance
+SS_w = Σ_{x,t} Σ_s (A_x(t, s) − Ā_x(t))² that g explains. Adding any constant to any row
+changes nothing in it (a query norm, a content bias of the query, ALiBi's key-position
+form against the paper's offset form, a softmax that subtracts each row's maximum).
+
+**From sums.** With R_x(t) the sum of row t's kept entries, m_t their number, S(Δ) the
+per-lag sums Track A keeps and n(Δ) the lag counts of one sequence, eliminating the row
+constants leaves one system for g of N sequences:
+
+    N·K g = r,   K = diag(n) − Σ_t (1/m_t)·b_t b_tᵀ,   r(Δ) = S(Δ) − Σ_{t ∋ Δ} R(t)/m_t,
+
+with b_t the lags row t keeps and R = Σ_x R_x. The explained sum of squares is g·r, so
+
+    R²_within = (rᵀ K⁺ r / N) / (Σ A² − Σ_{x,t} R_x(t)² / m_t).
+
+K is singular once (g + a, c − a fit alike); r is orthogonal to its null vector, so any
+solution gives the same g·r. Nothing here holds a T × T matrix: a reducer keeps
+u(Δ) = Σ_{t ∋ Δ} R_x(t)/m_t and Σ_t R_x(t)²/m_t per sequence beside Track A's sums.
+
+**Solving.** A causal layer's row t keeps the offsets 1..m_t with m_t = min(t, W)
+nondecreasing, so K[i, j] = n_i·δ_ij − τ(max(i, j)) with τ(j) = Σ_{t: m_t ≥ j} 1/m_t; the
+difference of consecutive equations is a recursion,
+
+    n_{i+1} g_{i+1} = r_{i+1} − r_i + n_i g_i − (τ_i − τ_{i+1}) Σ_{j ≤ i} g_j,
+
+solved from g_1 = 0 in one sweep over the offsets for every head and sequence at once
+(O(W) per right-hand side; against a dense solve: 1e-14 relative at T = 4096). A
+bidirectional layer's rows keep both sides (m_t = T − 1); its K is formed over the 2(T − 1)
+signed offsets and solved by Cholesky with the null vector pinned (O(T³) once per length).
+"""
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """The row/offset incidence of one layer's kept entries at length ``T``: ``max_lag``
+    the last offset a causal layer keeps (its window; T − 1 without one); ``two_sided``
+    for a bidirectional layer (both triangles, no window). Lag axes follow Track A's:
+    Δ = 1..T−1 (zero past ``max_lag``), then, two-sided, Δ = −1..−(T−1)."""
+
+    T: int
+    max_lag: int
+    two_sided: bool = False
+    _weights: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def n_lags(self) -> int:
+        return (2 if self.two_sided else 1) * (self.T - 1)
+
+    def row_counts(self, device=None) -> Float[Tensor, " query_pos"]:
+        """m_t: how many entries row t keeps (0 for a causal layer's row 0)."""
+        t = torch.arange(self.T, dtype=torch.float64, device=device)
+        if self.two_sided:
+            return torch.full_like(t, self.T - 1.0)
+        return torch.clamp(t, max=self.max_lag)
+
+    def lag_counts(self, device=None) -> Float[Tensor, " lag"]:
+        """n(Δ) of one sequence on the lag axis."""
+        d = torch.arange(1, self.T, dtype=torch.float64, device=device)
+        n = torch.where(d <= self.max_lag, self.T - d, 0.0)
+        return torch.cat([n, self.T - d]) if self.two_sided else n
+
+    def weights(self, device) -> tuple[Tensor, Tensor | None]:
+        """1/m_t (0 where a row keeps nothing) and, for a window, the kept lags as 0/1;
+        made once per device."""
+        key = str(device)
+        if key not in self._weights:
+            m = self.row_counts(device)
+            inv = torch.where(m > 0, 1.0 / torch.clamp(m, min=1.0), 0.0)
+            kept = None if self.two_sided or self.max_lag >= self.T - 1 else \
+                (torch.arange(1, self.T, device=device) <= self.max_lag).double()
+            self._weights[key] = inv, kept
+        return self._weights[key]
+
+    def row_terms(self, rows: Float[Tensor, "*batch query_pos"]
+                  ) -> tuple[Float[Tensor, "*batch lag"], Float[Tensor, " *batch"]]:
+        """(u, Σ_t R(t)²/m_t) of the rows' kept sums ``rows`` = R(t) (float64): u(Δ) the
+        sum of R(t)/m_t over the rows keeping Δ — a causal layer's offset Δ is kept by the
+        rows t ≥ Δ (for Δ ≤ its window), offset −Δ by the rows t ≤ T − 1 − Δ."""
+        inv, kept = self.weights(rows.device)
+        per_row = rows * inv
+        inclusive = torch.cumsum(per_row, -1)
+        # Σ_{t ≥ Δ} = total − Σ_{t < Δ}, for Δ = 1..T−1
+        lower = inclusive[..., -1:] - inclusive[..., :-1]
+        if kept is not None:
+            lower = lower * kept
+        u = torch.cat([lower, inclusive[..., :-1].flip(-1)], -1) if self.two_sided else lower
+        return u, torch.linalg.vecdot(per_row, rows)
+
+    @cached_property
+    def _dense(self) -> Tensor:
+        """Cholesky factor of K + 11ᵀ/L (two-sided layers; K's null vector pinned)."""
+        T, L = self.T, self.n_lags
+        d = torch.arange(1, T, dtype=torch.float64)
+        signed = torch.cat([d, -d])
+        hi, lo = torch.maximum(signed[:, None], signed[None]), \
+            torch.minimum(signed[:, None], signed[None])
+        rows = torch.clamp(torch.clamp(T - 1 + lo, max=T - 1) - torch.clamp(hi, min=0) + 1,
+                           min=0)  # rows t keeping both offsets
+        K = torch.diag(self.lag_counts()) - rows / (T - 1) + 1.0 / L
+        return torch.linalg.cholesky(K)
+
+    def solve(self, rhs: Float[Tensor, "*batch lag"]) -> Float[Tensor, "*batch lag"]:
+        """One solution g of K g = ``rhs`` (``rhs`` orthogonal to K's null vector)."""
+        if self.two_sided:
+            chol = self._dense.to(rhs.device)
+            flat = rhs.reshape(-1, rhs.shape[-1]).T
+            return torch.cholesky_solve(flat, chol).T.reshape(rhs.shape)
+        return self._recursion(rhs)
+
+    def _recursion(self, rhs: Float[Tensor, "*batch lag"]) -> Float[Tensor, "*batch lag"]:
+        """The causal sweep of the module docstring (zero past the window)."""
+        W, dev = self.max_lag, rhs.device
+        m = self.row_counts(dev)
+        inv = torch.where(m > 0, 1.0 / torch.clamp(m, min=1.0), 0.0)
+        tau = _tails(m, inv, W)  # τ(j) for j = 1..W+1 (τ(W+1) = 0)
+        n = self.lag_counts(dev)[:W]
+        drop = (tau[:-1] - tau[1:]).tolist()
+        n_host = n.tolist()
+        r = rhs[..., :W].reshape(-1, W).T.contiguous()  # [lag, every right-hand side]
+        g = torch.zeros_like(r)
+        G = torch.zeros_like(r[0])
+        for i in range(W - 1):
+            g[i + 1] = (r[i + 1] - r[i] + n_host[i] * g[i] - drop[i] * G) / n_host[i + 1]
+            G += g[i + 1]
+        out = torch.zeros_like(rhs)
+        out[..., :W] = g.T.reshape(*rhs.shape[:-1], W)
+        return out
+
+
+def _tails(m: Tensor, inv: Tensor, W: int) -> Tensor:
+    """τ(j) = Σ_{t: m_t ≥ j} 1/m_t for j = 1..W+1 (m_t integral, ≤ W)."""
+    per = torch.zeros(W + 2, dtype=torch.float64, device=m.device)
+    per.index_add_(0, m.long(), inv)  # Σ 1/m_t over the rows with m_t = j
+    tails = per.flip(0).cumsum(0).flip(0)
+    return tails[1:]
+
+
+def within_r2(rhs: Float[Tensor, "*batch lag"], within: Float[Tensor, " *batch"],
+              layout: RowLayout, n: int = 1) -> Float[Tensor, " *batch"]:
+    """R²_within from r = S − u (summed over ``n`` sequences) and SS_w: (r·K⁺r / n) / SS_w;
+    NaN where the rows hold no variation (SS_w ≤ 0)."""
+    g = layout.solve(rhs)
+    explained = (g * rhs).sum(-1) / n
+    ok = within > 0
+    return torch.where(ok, explained / torch.where(ok, within, 1.0), float("nan"))
+
+
+__all__ = ["RowLayout", "within_r2"]

@@ -1,0 +1,136 @@
+"""Track A's within-row R²: the share of each row's variation that a lag kernel explains,
+per sequence and pooled (:mod:`poskernel_tl.fit.within_row`).
+
+Track A's R² fits the raw logits and so depends on a constant per row that the softmax
+ignores (a query's norm, a content bias of the query, ALiBi's key-position form against
+its offset form, a row maximum subtracted before the softmax). The within-row R² fits
+A_x(t, s) ≈ g(Δ) + c_x(t) over the same kept entries — the whole kept triangle, both
+sides of an encoder, a sliding window's offsets — and answers the question the softmax
+asks: is what the head attends to, within each row, a function of the offset?
+
+Per sequence and layer the reducer keeps, beside Track A's per-lag sums, the rows' kept
+sums R(t) folded onto the offsets (u(Δ) = Σ_{t ∋ Δ} R(t)/m_t) and Σ_t R(t)²/m_t. R(t) is
+scale·q_t·Σ_{s kept} k_s from running sums of the keys (the layer's additive terms folded
+in as for Track A), or the materialised logits' rows on the reference path and for
+soft-capped layers. The fit itself is solved once, after the pass (:meth:`finish`).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from poskernel_tl.fit.within_row import RowLayout, within_r2
+from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.schema import Part, column
+
+
+@dataclass
+class WithinRow(Part):
+    NAME = "within_row"
+    r2_within_per_seq: Float[np.ndarray, "n_seqs layer head_index"] = column(
+        "trackA", "R2_within_row_per_seq")
+    r2_within_pooled: Float[np.ndarray, "layer head_index"] = column(
+        "trackA", "R2_within_row_pooled")
+
+    @property
+    def R2_within_row_pooled(self) -> Float[np.ndarray, "layer head_index"]:  # noqa: N802
+        return self.r2_within_pooled
+
+    @property
+    def R2_within_row_per_seq(self) -> Float[np.ndarray, "layer head_index"]:  # noqa: N802
+        """The mean over sequences (``trackA.csv`` holds each sequence's)."""
+        return np.nanmean(self.r2_within_per_seq, axis=0) if len(self.r2_within_per_seq) \
+            else np.full(self.r2_within_pooled.shape, np.nan)
+
+
+def layouts(run: Run) -> list[RowLayout]:
+    """Each layer's :class:`RowLayout` at the run's length."""
+    T, s = run.length, run.spec
+    lags = run.max_lags or [T - 1] * s.n_layers
+    return [RowLayout(T, min(m, T - 1), two_sided=not s.causal) for m in lags]
+
+
+def row_sums(batch: LayerBatch, layout: RowLayout, from_scores: bool
+             ) -> Float[Tensor, "batch head_index query_pos"]:
+    """R(t): each row's sum over the entries its mask keeps, float64."""
+    T, W = layout.T, layout.max_lag
+    if from_scores or not batch.streams:
+        t = torch.arange(T, device=batch.q.device)
+        lag = t[:, None] - t[None]
+        keep = lag != 0 if layout.two_sided else (lag >= 1) & (lag <= W)
+        return torch.where(keep, batch.scores, 0).sum(-1, dtype=torch.float64)
+    q, k = batch.logit_qk
+    keys = torch.cumsum(k, 1, dtype=torch.float64)  # Σ_{s ≤ t} k_s
+    if layout.two_sided:
+        keys = keys[:, -1:] - k  # every key but t's own
+    else:
+        keys -= k  # Σ_{s < t} k_s
+        if W < T - 1:
+            keys[:, W:] -= keys[:, :T - W].clone()
+    b, _, kv, d = k.shape
+    rows = torch.matmul(q.reshape(b, T, kv, -1, d).to(keys.dtype), keys[..., None])
+    return rows.reshape(b, T, -1).transpose(1, 2) * batch.scale
+
+
+class WithinRowReducer:
+    def __init__(self, run: Run):
+        s = run.spec
+        self.layouts = layouts(run)
+        self.from_scores = run.source == "scores"
+        n_lags = self.layouts[0].n_lags
+        f64 = dict(dtype=torch.float64, device=run.device)
+        self.u = torch.zeros(run.n_eval, s.n_layers, s.n_heads, n_lags, **f64)
+        self.row_sq = torch.zeros(run.n_eval, s.n_layers, s.n_heads, **f64)
+
+    def update(self, batch: LayerBatch) -> None:
+        layout = self.layouts[batch.layer]
+        u, row_sq = layout.row_terms(row_sums(batch, layout, self.from_scores))
+        self.u[batch.index, batch.layer] = u
+        self.row_sq[batch.index, batch.layer] = row_sq
+
+    def result(self) -> WithinRow:  # completed by :func:`finish` from Track A's sums
+        return WithinRow(np.zeros((0, *self.row_sq.shape[1:])),
+                         np.full(self.row_sq.shape[1:], np.nan))
+
+
+def finish(part: WithinRow, reducers, run: Run) -> WithinRow:
+    """Both R² from Track A's per-lag sums and Σ A² (its sequences seen) and the rows'."""
+    track_a, mine = reducers["track_a"], reducers["within_row"]
+    seen = track_a.seen
+    per_seq = torch.full(mine.row_sq[seen].shape, float("nan"), dtype=torch.float64)
+    pooled = torch.full(per_seq.shape[1:], float("nan"), dtype=torch.float64)
+    n = int(seen.sum())
+    for L, layout in enumerate(mine.layouts):
+        s1, sq = track_a.s1[seen, L] * track_a.kept[L], track_a.sq[seen, L]
+        if track_a.upper is not None:
+            s1 = torch.cat([s1, track_a.upper.s1[seen, L]], -1)
+            sq = sq + track_a.upper.sq[seen, L]
+        rhs, within = s1 - mine.u[seen, L], sq - mine.row_sq[seen, L]
+        per_seq[:, L] = within_r2(rhs, within, layout).cpu()
+        pooled[L] = within_r2(rhs.sum(0), within.sum(0), layout, n).cpu()
+    return WithinRow(per_seq.numpy(), pooled.numpy())
+
+
+def condition(heads: pd.DataFrame) -> dict[str, float]:
+    return {"R2_within_row": float(heads["R2_within_row_pooled"].mean())}
+
+
+STATISTIC = StatisticSpec(
+    "within_row", WithinRow, WithinRowReducer,
+    "Track A's within-row R²: the share of the variance within each query row (what the "
+    "softmax reads; a constant per row changes nothing) that one lag kernel g(Δ) explains, "
+    "with a free constant per row of each sequence",
+    state_bytes=lambda model, work: (work.n_eval * model.spec.n_layers * model.spec.n_heads
+                                     * (work.length * (1 if model.spec.causal else 2) + 1)
+                                     * 8),
+    head_columns={"R2_within_row_pooled": "Track A within-row R², pooled (a per-row "
+                                          "constant removed: what the softmax sees)",
+                  "R2_within_row_per_seq": "Track A within-row R², mean over sequences"},
+    condition_values=condition,
+    condition_labels={"R2_within_row": "Track A within-row R² (pooled), mean over heads"},
+    finish=finish)
