@@ -234,8 +234,8 @@ class ConditionResult:
 
     def layer_summary(self) -> pd.DataFrame:
         """Mean over heads of each layer: pooled Track A (and within rows), Track B centered
-        and raw; for a model with sliding-window layers also each layer's kind and Track A pooled over the
-        whole causal triangle (``R2_A_whole``, the diagnostic)."""
+        and raw; for a model with sliding-window layers also each layer's kind and Track A
+        pooled over the whole causal triangle (``R2_A_whole``, the diagnostic)."""
         df = pd.DataFrame({
             "R2_A_pooled": np.nanmean(self.r2_pooled, axis=1),
             "R2_A_per_seq": np.nanmean(self.r2_per_seq, axis=(0, 2)),

@@ -16,8 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 import pandas as pd
+import torch
 from jaxtyping import Bool, Float, Int
 
 from poskernel_tl.reducers.base import LayerBatch
