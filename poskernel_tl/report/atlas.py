@@ -51,6 +51,12 @@ def per_condition(heads: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("condition")
 
 
+def per_condition_of(results_dir: Path, results: list[ConditionResult]) -> pd.DataFrame:
+    """:func:`per_condition` of the conditions' saved heads tables (empty without any)."""
+    heads = read_tables(results_dir, results)[0]
+    return pd.DataFrame() if heads.empty else per_condition(heads)
+
+
 def statistics_html(per: pd.DataFrame, out: Path) -> str:
     """Each registered statistic's per-condition values as a model × (dataset, T) table
     (``atlas_{value}``: CSV and Markdown), labelled exploratory, with its description."""

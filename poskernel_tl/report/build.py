@@ -35,6 +35,7 @@ from poskernel_tl.report import (
     figures,
     head_map,
     nulls,
+    reproductions,
     sections,
     softmax_reads,
     tables,
@@ -279,7 +280,9 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
                                 lambda fig, name, alt: _figure(fig, out, name, alt),
                                 {c.result.stem(): c.extras for c in conds})
     further = atlas.section(results_dir, results, out,
-                            lambda fig, name, alt: _figure(fig, out, name, alt)) + further
+                            lambda fig, name, alt: _figure(fig, out, name, alt)) + \
+        reproductions.section(atlas.per_condition_of(results_dir, results), results, out) + \
+        further
     ramps = softmax_reads.alibi_table(conds)
     if len(ramps):
         tables.write_table(ramps, out / "alibi_ramp", title="ALiBi heads against their ramp")
