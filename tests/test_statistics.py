@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from softmax_spy import naive_within_r2
 from tiny_models import arch_loaded, tiny_loaded
 from torch.overrides import TorchFunctionMode
 
@@ -180,4 +181,9 @@ def test_the_head_view_shows_every_registered_statistic(tiny_tokenizer):
     assert view.statistics[labels["sink_mass"]] == pytest.approx(p[1:, 0].mean(), abs=1e-6)
     prev = np.mean([p[t, t - 1] for t in range(1, T)]) * (T - 1) / T
     assert view.statistics[labels["tl_prev_token"]] == pytest.approx(prev, abs=1e-6)
+    A = torch.as_tensor(view.logits, dtype=torch.float64)[None, None]
+    within = naive_within_r2(A, torch.ones_like(A, dtype=torch.bool).tril(-1))[0]
+    for col in ("R2_within_row_pooled", "R2_within_row_per_seq"):  # completed as measured
+        assert view.statistics[labels[col]] == pytest.approx(within, abs=1e-5)
+    assert 0 < view.statistics[labels["hf_share"]] < 1
     assert "Per-head statistics on this sequence" in view.page_data().tables

@@ -1,7 +1,8 @@
 """Every registered per-head statistic of one head on one sequence: the head view's rows
 from the statistic registry (:data:`~poskernel_tl.reducers.registry.STATISTICS`), each
 statistic's own reducer fed the layer's q and k of the view's forward, as ``pk.measure``
-feeds it."""
+feeds it, and completed as it completes it (``finish``, with Track A's reducer of the
+same batch beside it)."""
 
 import numpy as np
 import torch
@@ -11,6 +12,7 @@ from torch import Tensor
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.track_a import TrackAReducer
 from poskernel_tl.reducers.registry import STATISTICS
 from poskernel_tl.reducers.statistic import Run
 
@@ -26,12 +28,18 @@ def head_statistics(model: LoadedModel, layer: int, head: int,
     batch = LayerBatch(layer, q[None], k[None], torch.zeros(1, dtype=torch.long,
                                                             device=q.device),
                        model.logit_scale, rows=(0,), terms=model.spec.layer_terms(layer))
+    s = model.spec
+    track_a = TrackAReducer(1, s.n_layers, s.n_heads, T, q.device, causal=s.causal,
+                            max_lags=run.max_lags)
+    track_a.update(batch)
     out = {}
     for stat in STATISTICS.values():
         if not stat.head_columns or (red := stat.build(run)) is None:
             continue
         red.update(batch)
         part = red.result()
+        if stat.finish is not None:
+            part = stat.finish(part, {"track_a": track_a, stat.name: red}, run)
         out.update({label: float(np.asarray(getattr(part, col))[layer, head])
                     for col, label in stat.head_columns.items()})
     return out

@@ -44,8 +44,9 @@ class WithinRow(Part):
     @property
     def R2_within_row_per_seq(self) -> Float[np.ndarray, "layer head_index"]:  # noqa: N802
         """The mean over sequences (``trackA.csv`` holds each sequence's)."""
-        return np.nanmean(self.r2_within_per_seq, axis=0) if len(self.r2_within_per_seq) \
-            else np.full(self.r2_within_pooled.shape, np.nan)
+        x = self.r2_within_per_seq
+        n = np.isfinite(x).sum(0)
+        return np.where(n > 0, np.nansum(x, axis=0) / np.maximum(n, 1), np.nan)
 
 
 def layouts(run: Run) -> list[RowLayout]:
