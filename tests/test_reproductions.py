@@ -15,7 +15,8 @@ from poskernel_tl.report.build import build_report
 
 def result(dataset: str, length: int = 64, bos: bool = False):
     return SimpleNamespace(model="m", dataset=dataset, length=length, provenance={
-        "bos_first": bos, "n_eval": 100, "weights": "GGUF Q8_0, dequantised"})
+        "bos_first": bos, "n_eval": 100, "weights": "GGUF Q8_0, dequantised"},
+        config={"null_seqs": 100 if dataset != "prose" else 8})
 
 
 def per(rows) -> pd.DataFrame:
@@ -30,7 +31,8 @@ def test_gu_row_reads_sink1_per_dataset_at_their_length():
         [result("prose"), result("repeated"), result("random", 256)])
     (row,) = table.to_dict("records")
     assert row["our figure"] == "72.00 / — / 0.00 %"  # T = 64 as Gu et al.; random not at 64
-    assert row["our protocol"].startswith("T = 64, 100 sequences of prose / repeated")
+    # the sequences Sink₁ read: the first null_seqs of each condition's
+    assert row["our protocol"].startswith("T = 64, 8/100 sequences of prose / repeated")
     assert "no BOS first" in row["our protocol"] and "GGUF" in row["our protocol"]
     assert "LLaMA3-8B 99.02 / 91.23 / 0.00 %" in row["their figure"]
 

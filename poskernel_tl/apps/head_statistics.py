@@ -12,9 +12,9 @@ from torch import Tensor
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.track_a import TrackAReducer
 from poskernel_tl.reducers.registry import STATISTICS
 from poskernel_tl.reducers.statistic import Run
+from poskernel_tl.reducers.track_a import TrackAReducer
 
 
 def head_statistics(model: LoadedModel, layer: int, head: int,

@@ -138,7 +138,8 @@ class MeasureConfig:
         "auto", "Track A logits from hook_attn_scores (hook), from q·kᵀ (qk), or "
         "whichever the model computes anyway (auto)")
     null_perms: int = option(4, "position permutations of the Track A null (0: none)")
-    null_seqs: int = option(8, "evaluation sequences the null is drawn from")
+    null_seqs: int = option(8, "evaluation sequences the permutation null and the pattern "
+                            "statistics (previous-token score, sink metrics) read")
     max_memory: str = option(
         "auto", "memory the run may use besides the model, e.g. 12G or 800M (a bare "
         "number is GiB); auto: 80 percent of what is available at the start. Planned "

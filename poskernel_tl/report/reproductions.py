@@ -38,15 +38,20 @@ class Published:
 GU_DATASETS = (("prose", "natural"), ("random", "random"), ("repeated", "repeated"))
 
 
-def _protocol(results: list, datasets) -> str:
-    """The length, sequence count, BOS and weights of the conditions read."""
+def _protocol(results: list, datasets, on_pattern: bool = False) -> str:
+    """The length, sequence count (``on_pattern``: those the pattern statistics read, the
+    first ``null_seqs``), BOS and weights of the conditions read."""
     r = results[0]
     bos = {x.provenance.get("bos_first") for x in results}
     bos_text = "BOS first" if bos == {True} else "no BOS first" if bos == {False} else \
         "BOS on some datasets only" if len(bos) > 1 else "the tokenizer names no BOS"
-    n = sorted({x.provenance.get("n_eval") for x in results if x.provenance.get("n_eval")})
+    read = lambda x: min(x.provenance.get("n_eval") or 0, x.config.get("null_seqs") or 0) \
+        if on_pattern else x.provenance.get("n_eval") or 0
+    n = sorted({read(x) for x in results if read(x)})
+    two_sided = "; bidirectional (every row reads every key)" if \
+        r.provenance.get("mask") == "none" else ""
     return (f"T = {r.length}, {'/'.join(map(str, n))} sequences of {' / '.join(datasets)}; "
-            f"{bos_text}; {r.provenance.get('weights', 'weights not recorded')}")
+            f"{bos_text}; {r.provenance.get('weights', 'weights not recorded')}{two_sided}")
 
 
 def sink1_ours(rows: pd.DataFrame, results: list) -> tuple[str, str] | None:
@@ -60,7 +65,7 @@ def sink1_ours(rows: pd.DataFrame, results: list) -> tuple[str, str] | None:
     at = rows[rows["length"] == T].set_index("dataset")["Sink1"]
     figure = " / ".join(f"{100 * at[d]:.2f}" if d in at else "—" for d, _ in GU_DATASETS) + " %"
     used = [r for r in results if r.length == T and r.dataset in at.index]
-    return figure, _protocol(used, [d for d, _ in GU_DATASETS if d in at.index])
+    return figure, _protocol(used, [d for d, _ in GU_DATASETS if d in at.index], True)
 
 
 def frequency_ours(rows: pd.DataFrame, results: list
@@ -87,9 +92,9 @@ PUBLISHED = (
         "GPT2-XL 77.00 / 70.29 / 62.28 %; Mistral-7B 97.49 / 75.21 / 0.00 %; LLaMA2-7B "
         "92.47 / 90.13 / 0.00 %; LLaMA3-8B 99.02 / 91.23 / 0.00 %",
         sink1_ours,
-        "our models are 135–270 M parameters (theirs 1.5–8 B); our natural text is the "
-        "bundled prose, not their corpus; our weights as recorded (the embedded models: "
-        "GGUF, dequantised)"),
+        "model size (theirs 1.5–8 B parameters); our natural text is the bundled prose, "
+        "not their corpus; BOS and weights as our protocol says (the embedded SmolLM2 and "
+        "Gemma-3-270M: 4-bit GGUF files, dequantised)"),
     Published(
         "Barbero et al., ICLR 2025 (Round and round we go! What makes rotary positional "
         "encodings useful?)",
@@ -101,7 +106,8 @@ PUBLISHED = (
         frequency_ours,
         "exploratory: our positional heads are those the atlas classes previous-token or "
         "local (not inspected); the share is the q and k norm above the median θ; a "
-        "one-sided permutation test over heads; models of 135–270 M parameters"),
+        "one-sided permutation test over heads; model size (theirs 7 B parameters) and "
+        "weights as our protocol says"),
 )
 
 
