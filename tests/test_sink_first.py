@@ -10,7 +10,7 @@ import torch
 from tiny_models import VOCAB, arch_hf_model, arch_loaded, tiny_hf_model, tiny_loaded
 
 import poskernel_tl as pk
-from poskernel_tl.reducers.sink_first import EPSILON, KEYS, SinkFirst, sink1
+from poskernel_tl.reducers.sink_first import EPSILON, KEYS, STATISTIC, SinkFirst
 
 T = 24
 
@@ -76,7 +76,8 @@ def test_a_planted_sink_is_counted_per_sequence():
     """Sequences on which a head's α₀ exceeds ε count, the others do not: the statistic
     is a share of sequences, not a threshold on the pooled mean."""
     part = SinkFirst(np.array([[0.25, 1.0]]), np.zeros((1, 2, KEYS)))
-    assert sink1(pd.DataFrame({"sink1_share": part.sink1_share.ravel()})) == {"Sink1": 0.625}
+    heads = pd.DataFrame({"sink1_share": part.sink1_share.ravel()})
+    assert STATISTIC.condition_values(heads) == {"Sink1": 0.625}
 
 
 @pytest.mark.smollm2

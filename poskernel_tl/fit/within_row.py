@@ -42,6 +42,7 @@ signed offsets and solved by Cholesky with the null vector pinned (O(T³) once p
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -133,14 +134,16 @@ class RowLayout:
         n = self.lag_counts(dev)[:W]
         drop = (tau[:-1] - tau[1:]).tolist()
         n_host = n.tolist()
-        r = rhs[..., :W].reshape(-1, W).T.contiguous()  # [lag, every right-hand side]
-        g = torch.zeros_like(r)
-        G = torch.zeros_like(r[0])
+        # in numpy on the host: W small steps over every right-hand side at once (a
+        # torch operator per step costs more than the arithmetic at these sizes)
+        r = rhs[..., :W].reshape(-1, W).T.cpu().numpy()  # [lag, every right-hand side]
+        g = np.zeros_like(r)
+        G = np.zeros_like(r[0])
         for i in range(W - 1):
             g[i + 1] = (r[i + 1] - r[i] + n_host[i] * g[i] - drop[i] * G) / n_host[i + 1]
             G += g[i + 1]
         out = torch.zeros_like(rhs)
-        out[..., :W] = g.T.reshape(*rhs.shape[:-1], W)
+        out[..., :W] = torch.from_numpy(g.T.reshape(*rhs.shape[:-1], W)).to(rhs.device)
         return out
 
 
@@ -153,9 +156,10 @@ def _tails(m: Tensor, inv: Tensor, W: int) -> Tensor:
 
 
 def within_r2(rhs: Float[Tensor, "*batch lag"], within: Float[Tensor, " *batch"],
-              layout: RowLayout, n: int = 1) -> Float[Tensor, " *batch"]:
-    """R²_within from r = S − u (summed over ``n`` sequences) and SS_w: (r·K⁺r / n) / SS_w;
-    NaN where the rows hold no variation (SS_w ≤ 0)."""
+              layout: RowLayout, n: Float[Tensor, " *batch"] | int = 1
+              ) -> Float[Tensor, " *batch"]:
+    """R²_within from r = S − u (summed over ``n`` sequences: one count, or one per fit)
+    and SS_w: (r·K⁺r / n) / SS_w; NaN where the rows hold no variation (SS_w ≤ 0)."""
     g = layout.solve(rhs)
     explained = (g * rhs).sum(-1) / n
     ok = within > 0

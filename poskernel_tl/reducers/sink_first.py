@@ -25,13 +25,12 @@ on key 0 over rows t ≥ 1 and sequences), which is not Gu et al.'s.
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import PatternReader
-from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.reducers.statistic import Run, StatisticSpec, mean_of
 from poskernel_tl.schema import Part, column, stored
 
 EPSILON = 0.3  # Gu et al.'s ε
@@ -75,10 +74,6 @@ class SinkFirstReducer:
                          self.alpha.cpu().numpy() / n[:, None, None])
 
 
-def sink1(heads: pd.DataFrame) -> dict[str, float]:
-    return {"Sink1": float(heads["sink1_share"].mean())}
-
-
 STATISTIC = StatisticSpec(
     "sink1", SinkFirst, SinkFirstReducer,
     "Gu et al.'s Sink₁ as released: a head is a sink head on a sequence when its weight on "
@@ -87,5 +82,5 @@ STATISTIC = StatisticSpec(
     "7–8 B RoPE models, 75–91 % on random tokens, 0 % on repeated ones)",
     state_bytes=lambda model, work: model.spec.n_layers * model.spec.n_heads * (KEYS + 1) * 8,
     head_columns={"sink1_share": "Sink₁: share of sequences with α₀ > 0.3 (Gu et al.)"},
-    condition_values=sink1,
+    condition_values=mean_of("sink1_share", "Sink1"),
     condition_labels={"Sink1": "Sink₁ (Gu et al.): share of sequence × head with α₀ > 0.3"})

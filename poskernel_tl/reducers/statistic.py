@@ -62,6 +62,11 @@ def no_bytes(model: LoadedModel, work: Any) -> int:
     return 0
 
 
+def mean_of(column: str, name: str) -> Callable[[pd.DataFrame], dict[str, float]]:
+    """A ``condition_values`` giving ``name``: the mean over heads of a per-head column."""
+    return lambda heads: {name: float(heads[column].mean())}
+
+
 @dataclass(frozen=True)
 class StatisticSpec:
     """One statistic (see the module docstring). ``state_bytes(model, work)`` gets the
@@ -95,4 +100,4 @@ class StatisticSpec:
             raise ValueError(f"statistic {self.name!r}: its part is named {self.part.NAME!r}")
 
 
-__all__ = ["Run", "StatisticSpec", "no_bytes"]
+__all__ = ["Run", "StatisticSpec", "mean_of", "no_bytes"]

@@ -18,14 +18,13 @@ soft-capped layers. The fit itself is solved once, after the pass (:meth:`finish
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.fit.within_row import RowLayout, within_r2
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.reducers.statistic import Run, StatisticSpec, mean_of
 from poskernel_tl.schema import Part, column
 
 
@@ -100,25 +99,24 @@ class WithinRowReducer:
 
 
 def finish(part: WithinRow, reducers, run: Run) -> WithinRow:
-    """Both R² from Track A's per-lag sums and Σ A² (its sequences seen) and the rows'."""
+    """Both R² from Track A's per-lag sums and Σ A² (its sequences seen) and the rows':
+    each sequence's fit and the pooled one solved together, layer by layer."""
     track_a, mine = reducers["track_a"], reducers["within_row"]
     seen = track_a.seen
-    per_seq = torch.full(mine.row_sq[seen].shape, float("nan"), dtype=torch.float64)
-    pooled = torch.full(per_seq.shape[1:], float("nan"), dtype=torch.float64)
     n = int(seen.sum())
+    out = torch.full((n + 1, *mine.row_sq.shape[1:]), float("nan"), dtype=torch.float64)
+    counts = torch.ones(n + 1, 1, dtype=torch.float64, device=mine.u.device)
+    counts[n] = n  # the last fit pools every sequence
     for L, layout in enumerate(mine.layouts):
         s1, sq = track_a.s1[seen, L] * track_a.kept[L], track_a.sq[seen, L]
         if track_a.upper is not None:
             s1 = torch.cat([s1, track_a.upper.s1[seen, L]], -1)
             sq = sq + track_a.upper.sq[seen, L]
         rhs, within = s1 - mine.u[seen, L], sq - mine.row_sq[seen, L]
-        per_seq[:, L] = within_r2(rhs, within, layout).cpu()
-        pooled[L] = within_r2(rhs.sum(0), within.sum(0), layout, n).cpu()
-    return WithinRow(per_seq.numpy(), pooled.numpy())
-
-
-def condition(heads: pd.DataFrame) -> dict[str, float]:
-    return {"R2_within_row": float(heads["R2_within_row_pooled"].mean())}
+        rhs, within = torch.cat([rhs, rhs.sum(0, keepdim=True)]), \
+            torch.cat([within, within.sum(0, keepdim=True)])
+        out[:, L] = within_r2(rhs, within, layout, counts.expand_as(within)).cpu()
+    return WithinRow(out[:n].numpy(), out[n].numpy())
 
 
 STATISTIC = StatisticSpec(
@@ -132,6 +130,6 @@ STATISTIC = StatisticSpec(
     head_columns={"R2_within_row_pooled": "Track A within-row R², pooled (a per-row "
                                           "constant removed: what the softmax sees)",
                   "R2_within_row_per_seq": "Track A within-row R², mean over sequences"},
-    condition_values=condition,
+    condition_values=mean_of("R2_within_row_pooled", "R2_within_row"),
     condition_labels={"R2_within_row": "Track A within-row R² (pooled), mean over heads"},
     finish=finish)
