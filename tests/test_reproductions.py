@@ -56,7 +56,7 @@ def test_in_the_report(tiny_tokenizer, tmp_path):
     for dataset, ids in tokens.items():
         pk.measure(model, ids, progress=False, null_perms=2, dataset=dataset).save(tmp_path)
     page = build_report(tmp_path, workers=1).read_text()
-    assert "<h2>Reproductions</h2>" in page
+    assert '<h2 id="reproductions">Reproductions</h2>' in page
     table = pd.read_csv(tmp_path / "report" / "reproductions.csv")
     assert list(table["our model"]) == ["tiny-llama"] * len(table)
     assert table["source"].str.startswith("Gu et al.").any()

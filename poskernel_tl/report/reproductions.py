@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from poskernel_tl.report.html import esc
 from poskernel_tl.report.sections import table_html
 from poskernel_tl.report.tables import write_table
 
@@ -127,20 +127,30 @@ def reproductions_table(per: pd.DataFrame, results: list) -> pd.DataFrame:
 
 
 def section(per: pd.DataFrame, results: list, out: Path) -> str:
-    """The section's HTML; the table written under ``out`` (CSV and Markdown)."""
+    """The section's HTML — per published figure its source, protocol and numbers once,
+    then ours by model — and the flat table written under ``out`` (CSV and Markdown)."""
     if per.empty:
         return ""
     table = reproductions_table(per, results)
     if table.empty:
         return ""
     write_table(table, out / FILE)
+    blocks = []
+    for source, rows in table.groupby("source", sort=False):
+        first = rows.iloc[0]
+        blocks += [f"<h3>{esc(source)}</h3>",
+                   f"<p><b>What:</b> {esc(first['statistic'])}. <b>Their protocol:</b> "
+                   f"{esc(first['their protocol'])}. <b>Their figure:</b> "
+                   f"{esc(first['their figure'])}.</p>",
+                   table_html(rows[["our model", "our protocol", "our figure"]]),
+                   f'<p class="pk-note">What still differs: {esc(first["differences"])}.</p>']
     return "".join([
-        "<h2>Reproductions</h2>",
+        '<h2 id="reproductions">Reproductions</h2>',
         '<p class="pk-note">Published figures beside ours: the source and its protocol, '
         "our model and protocol, our number, and what still differs. Run "
         "<code>--dataset prose</code>, <code>random</code> and <code>repeated</code> at "
-        "<code>--length 64</code> for Gu et al.'s table.</p>",
-        table_html(table.replace({np.nan: "—"})),
+        "<code>--length 64</code> with <code>--null-seqs 100</code> for Gu et al.'s "
+        "table.</p>", *blocks,
         f'<p class="pk-note">Files: <a href="{FILE}.csv">CSV</a> · '
         f'<a href="{FILE}.md">Markdown</a></p>'])
 
