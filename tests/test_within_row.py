@@ -17,6 +17,7 @@ from poskernel_tl.fit.within_row import RowLayout, within_r2
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import track_a_stats
 from poskernel_tl.reducers.two_sided import upper_stats
+from poskernel_tl.reducers import within_row
 from poskernel_tl.reducers.within_row import row_sums
 
 SCALE = 0.25
@@ -56,7 +57,8 @@ def qk(n=3, T=24, H=4, kv=2, d=8, seed=0, dtype=torch.float64):
 @pytest.mark.parametrize("layout,kv", [(RowLayout(24, 23), 2), (RowLayout(24, 7), 2),
                                        (RowLayout(24, 23), 4), (RowLayout(20, 19, True), 4)],
                          ids=["causal-gqa", "window", "causal", "bidirectional"])
-def test_equals_the_dense_least_squares_fit(layout, kv):
+def test_equals_the_dense_least_squares_fit(layout, kv, monkeypatch):
+    monkeypatch.setattr(within_row, "ROW_BLOCK", 7)  # the logits' rows in several blocks
     q, k = qk(T=layout.T, kv=kv)
     per_seq, pooled = streamed(q, k, layout)
     A, keep = dense(q, k, layout)

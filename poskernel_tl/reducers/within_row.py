@@ -48,6 +48,9 @@ class WithinRow(Part):
         return np.where(n > 0, np.nansum(x, axis=0) / np.maximum(n, 1), np.nan)
 
 
+ROW_BLOCK = 256  # rows of the materialised logits masked at a time (a copy of that size)
+
+
 def layouts(run: Run) -> list[RowLayout]:
     """Each layer's :class:`RowLayout` at the run's length."""
     T, s = run.length, run.spec
@@ -59,11 +62,15 @@ def row_sums(batch: LayerBatch, layout: RowLayout, from_scores: bool
              ) -> Float[Tensor, "batch head_index query_pos"]:
     """R(t): each row's sum over the entries its mask keeps, float64."""
     T, W = layout.T, layout.max_lag
-    if from_scores or not batch.streams:
-        t = torch.arange(T, device=batch.q.device)
-        lag = t[:, None] - t[None]
-        keep = lag != 0 if layout.two_sided else (lag >= 1) & (lag <= W)
-        return torch.where(keep, batch.scores, 0).sum(-1, dtype=torch.float64)
+    if from_scores or not batch.streams:  # the materialised logits, in blocks of rows
+        A, t = batch.scores, torch.arange(T, device=batch.q.device)
+        out = torch.empty(*A.shape[:2], T, dtype=torch.float64, device=A.device)
+        for lo in range(0, T, ROW_BLOCK):
+            lag = t[lo:lo + ROW_BLOCK, None] - t[None]
+            keep = lag != 0 if layout.two_sided else (lag >= 1) & (lag <= W)
+            out[..., lo:lo + ROW_BLOCK] = torch.where(keep, A[..., lo:lo + ROW_BLOCK, :], 0
+                                                      ).sum(-1, dtype=torch.float64)
+        return out
     q, k = batch.logit_qk
     keys = torch.cumsum(k, 1, dtype=torch.float64)  # Σ_{s ≤ t} k_s
     if layout.two_sided:
