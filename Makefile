@@ -22,7 +22,7 @@ demo: setup
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-1} $(BIN)/poskernel demo
 
 test: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --durations=15
 
 lint: setup
 	$(BIN)/ruff check poskernel_tl hooks analyses tests scripts
