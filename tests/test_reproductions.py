@@ -60,3 +60,5 @@ def test_in_the_report(tiny_tokenizer, tmp_path):
     table = pd.read_csv(tmp_path / "report" / "reproductions.csv")
     assert list(table["our model"]) == ["tiny-llama"] * len(table)
     assert table["source"].str.startswith("Gu et al.").any()
+    data = next((tmp_path / "report" / "data").glob("*random*.js")).read_text()
+    assert '"within":[[' in data  # the head view's within-row R² beside the raw one

@@ -107,6 +107,10 @@
       spectra: ["trackB", "trackA"].map(function (s) { return spectrumOf(d, s, i); }),
       tables: d.extras.map(function (x) { return extraTable(x, i); }), seq: null
     };
+    if (d.r2.within) {  // what the softmax sees: the same fit with a free constant per row
+      p.numbers.splice(1, 0, num("r2-within", "Track A within-row R² (pooled)",
+                                 d.r2.within[layer][head], 3));
+    }
     if (d.weights) p.notes.push(d.weights);
     if (A.logits) {
       var codes = row(A.logits, i), lo = A.logits_lo.data[i], step = A.logits_step.data[i];
