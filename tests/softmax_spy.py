@@ -70,12 +70,18 @@ def naive_within_r2(A: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
     """Within-row R² per head over the kept off-diagonal entries of the sequences of ``A``
     [n, head, T, T] together, by a dense least-squares fit of g(Δ) + c_x(t) (one constant
     per row of each sequence) and the variance about each row's mean (float64)."""
+    return naive_within_fit(A, keep)[0]
+
+
+def naive_within_fit(A: torch.Tensor, keep: torch.Tensor) -> tuple[np.ndarray, list]:
+    """:func:`naive_within_r2` and, per head, g by signed offset (a dict Δ -> g(Δ)) on
+    the raw logits' mean level (its mean over the kept entries equals theirs)."""
     n, H, T_, _ = A.shape
     t = torch.arange(T_)
     lag = (t[:, None] - t[None]).expand(n, T_, T_)
     seq = torch.arange(n)[:, None, None].expand(n, T_, T_)
     row = t[None, :, None].expand(n, T_, T_)
-    out = np.empty(H)
+    out, kernels = np.empty(H), []
     for h in range(H):
         kept = keep[:, h] & (lag != 0)
         y = A[:, h][kept].numpy()
@@ -85,7 +91,11 @@ def naive_within_r2(A: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
         X = np.zeros((len(y), li.max() + 1 + ri.max() + 1))
         X[np.arange(len(y)), li] = 1
         X[np.arange(len(y)), li.max() + 1 + ri] = 1
-        fit = X @ np.linalg.lstsq(X, y, rcond=None)[0]
+        coef = np.linalg.lstsq(X, y, rcond=None)[0]
+        fit = X @ coef
         means = np.bincount(ri, y) / np.bincount(ri)
         out[h] = 1 - ((y - fit) ** 2).sum() / ((y - means[ri]) ** 2).sum()
-    return out
+        g = coef[:li.max() + 1]
+        g = g + y.mean() - g[li].mean()
+        kernels.append(dict(zip(np.unique(lags).tolist(), g)))
+    return out, kernels

@@ -8,12 +8,12 @@ subtracted — whatever form the measurement folds in."""
 import numpy as np
 import pytest
 import torch
-from softmax_spy import naive_r2, naive_within_r2, softmax_inputs
+from softmax_spy import naive_r2, naive_within_fit, naive_within_r2, softmax_inputs
 from test_softmax_terms import what_softmax_reads
 from tiny_models import arch_hf_model, arch_loaded, tiny_hf_model, tiny_loaded
 
 import poskernel_tl as pk
-from poskernel_tl.fit.within_row import RowLayout, within_r2
+from poskernel_tl.fit.within_row import RowLayout, match_mean, within_fit, within_r2
 from poskernel_tl.reducers import within_row
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import track_a_stats
@@ -34,7 +34,9 @@ def streamed(q, k, layout: RowLayout, from_scores: bool = False):
     batch = LayerBatch(0, q, k, torch.arange(len(q)), SCALE)
     u, row_sq = layout.row_terms(row_sums(batch, layout, from_scores))
     rhs, within = s1 - u, sq - row_sq
-    return within_r2(rhs, within, layout), within_r2(rhs.sum(0), within.sum(0), layout, len(q))
+    r2, g = within_fit(rhs.sum(0), within.sum(0), layout, len(q))
+    streamed.g = match_mean(g, s1.sum(0), layout, len(q))  # the pooled kernel, for a test
+    return within_r2(rhs, within, layout), r2
 
 
 def dense(q, k, layout: RowLayout):
@@ -97,6 +99,16 @@ def test_a_planted_kernel_with_row_offsets_reads_one():
                                                                                         None]
     per_seq, pooled = streamed(q, k, RowLayout(T, T - 1))
     assert (pooled - 1).abs().max() <= 1e-12 and (per_seq - 1).abs().max() <= 1e-12
+    lags = torch.arange(1, T, dtype=torch.float64)
+    planted = (lags[:, None] * theta).cos().sum(-1)  # g(Δ) = Σ_i cos(θ_i Δ)
+    off = streamed.g[0] - planted  # the within-row kernel: the planted one, to a constant
+    assert (off - off.mean()).abs().max() <= 1e-10
+    counts = RowLayout(T, T - 1).lag_counts()  # its level: the raw logits' mean
+    A = dense(q, k, RowLayout(T, T - 1))[0]
+    assert float((streamed.g[0] * counts).sum() / counts.sum()) == pytest.approx(
+        float(A.tril(-1).sum() / (n * counts.sum())), abs=1e-12)
+    raw = pk.fit.toeplitz.shift_invariance_r2(dense(q, k, RowLayout(T, T - 1))[0])[1][0]
+    assert ((raw - planted) - (raw - planted).mean()).abs().max() > 0.1  # rows leak into it
     assert pk.fit.toeplitz.shift_invariance_r2(dense(q, k, RowLayout(T, T - 1))[0])[0].max() < 0.9
 
 
@@ -130,8 +142,9 @@ def test_what_the_softmax_reads_as_it_reads_it(arch, tiny_tokenizer):
     res = pk.measure(model, ids, progress=False, null_perms=0)
     part = res.parts["within_row"]
     for layer, (A, keep, _) in enumerate(softmax_inputs(arch_hf_model(arch), ids)):
-        want = naive_within_r2(A, keep)
+        want, kernels = naive_within_fit(A, keep)
         assert np.abs(part.r2_within_pooled[layer] - want).max() <= 1e-6, (arch, layer)
+        check_kernels(part, layer, kernels, A)
         one = naive_within_r2(A[1:2], keep[1:2])
         assert np.abs(part.r2_within_per_seq[1, layer] - one).max() <= 1e-6, (arch, layer)
     if arch in ("bloom", "mpt", "falcon_alibi", "gpt_oss"):  # the form Track A fits
@@ -142,13 +155,30 @@ def test_what_the_softmax_reads_as_it_reads_it(arch, tiny_tokenizer):
                 assert np.abs(naive_r2(A, keep) - naive_r2(B, keep)).max() > 1e-3
 
 
+def check_kernels(part, layer: int, kernels: list, A) -> None:
+    """The within-row g of every head against the dense fit's up to a constant (HF's
+    softmax input may differ from what Track A fits by a constant per row, which moves
+    the raw mean the level is set from): ≤ 1e-5 of the logits' scale (float32 models);
+    NaN where no entry is kept."""
+    scale = float(A.abs().max())
+    for h, kernel in enumerate(kernels):
+        got = {d: part.g_within[layer, h, d - 1] for d in range(1, part.g_within.shape[-1] + 1)}
+        if part.g_within_back is not None:
+            got.update({-d: part.g_within_back[layer, h, d - 1] for d in got if d > 0})
+        assert all(np.isnan(v) for d, v in got.items() if d not in kernel)
+        diff = np.array([got[d] - kernel[d] for d in kernel])
+        assert np.abs(diff - diff.mean()).max() <= 1e-5 * scale, (layer, h)
+
+
 def test_an_encoder_both_sides(tiny_tokenizer):
     """A bidirectional BERT: every off-diagonal entry of each row."""
     model = tiny_loaded("bert", tiny_tokenizer)
     ids = torch.randint(3, 290, (3, 20), generator=torch.Generator().manual_seed(1))
     part = pk.measure(model, ids, progress=False, null_perms=0).parts["within_row"]
     for layer, (A, keep, _) in enumerate(softmax_inputs(tiny_hf_model("bert"), ids)):
-        assert np.abs(part.r2_within_pooled[layer] - naive_within_r2(A, keep)).max() <= 1e-6
+        want, kernels = naive_within_fit(A, keep)
+        assert np.abs(part.r2_within_pooled[layer] - want).max() <= 1e-6
+        check_kernels(part, layer, kernels, A)
 
 
 def test_columns_reach_the_tables(tiny_tokenizer):

@@ -155,15 +155,37 @@ def _tails(m: Tensor, inv: Tensor, W: int) -> Tensor:
     return tails[1:]
 
 
+def within_fit(rhs: Float[Tensor, "*batch lag"], within: Float[Tensor, " *batch"],
+               layout: RowLayout, n: Float[Tensor, " *batch"] | int = 1
+               ) -> tuple[Float[Tensor, " *batch"], Float[Tensor, "*batch lag"]]:
+    """(R²_within, g) from r = S − u (summed over ``n`` sequences: one count, or one per
+    fit) and SS_w: R² = (r·K⁺r / n) / SS_w (NaN where the rows hold no variation, SS_w ≤ 0)
+    and g = K⁺r / n in the solver's gauge (a constant added to g is taken from the rows'
+    constants: :func:`match_mean` sets it)."""
+    g = layout.solve(rhs)
+    n = torch.as_tensor(n, dtype=torch.float64, device=rhs.device)
+    explained = (g * rhs).sum(-1) / n
+    ok = within > 0
+    r2 = torch.where(ok, explained / torch.where(ok, within, 1.0), float("nan"))
+    return r2, g / n[..., None]
+
+
 def within_r2(rhs: Float[Tensor, "*batch lag"], within: Float[Tensor, " *batch"],
               layout: RowLayout, n: Float[Tensor, " *batch"] | int = 1
               ) -> Float[Tensor, " *batch"]:
-    """R²_within from r = S − u (summed over ``n`` sequences: one count, or one per fit)
-    and SS_w: (r·K⁺r / n) / SS_w; NaN where the rows hold no variation (SS_w ≤ 0)."""
-    g = layout.solve(rhs)
-    explained = (g * rhs).sum(-1) / n
-    ok = within > 0
-    return torch.where(ok, explained / torch.where(ok, within, 1.0), float("nan"))
+    """The R² of :func:`within_fit`."""
+    return within_fit(rhs, within, layout, n)[0]
 
 
-__all__ = ["RowLayout", "within_r2"]
+def match_mean(g: Float[Tensor, "*batch lag"], s1: Float[Tensor, "*batch lag"],
+               layout: RowLayout, n: int) -> Float[Tensor, "*batch lag"]:
+    """``g`` shifted so that its mean over the kept entries equals the raw logits' (Σ S /
+    (n·Σ n(Δ))): the within-row kernel on the raw kernel's level, NaN at offsets no row
+    keeps."""
+    counts = layout.lag_counts(g.device)
+    raw = s1.sum(-1) / (n * counts.sum())
+    shift = raw - (g * counts).sum(-1) / counts.sum()
+    return torch.where(counts > 0, g + shift[..., None], float("nan"))
+
+
+__all__ = ["RowLayout", "match_mean", "within_fit", "within_r2"]

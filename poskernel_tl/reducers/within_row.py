@@ -22,10 +22,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.fit.within_row import RowLayout, within_r2
+from poskernel_tl.fit.within_row import RowLayout, match_mean, within_fit
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.statistic import Run, StatisticSpec, mean_of
-from poskernel_tl.schema import Part, column
+from poskernel_tl.schema import Part, column, stored
 
 
 @dataclass
@@ -35,6 +35,12 @@ class WithinRow(Part):
         "trackA", "R2_within_row_per_seq")
     r2_within_pooled: Float[np.ndarray, "layer head_index"] = column(
         "trackA", "R2_within_row_pooled")
+    # the pooled within-row kernel g(Δ), Δ = 1..T−1, on the raw g's mean level (NaN past a
+    # window); an encoder's other side, Δ = −1..−(T−1), in ``g_within_back``
+    g_within: Float[np.ndarray, "layer head_index lag"] | None = stored(
+        "within_row.npz", "g_within", default=None)
+    g_within_back: Float[np.ndarray, "layer head_index lag"] | None = stored(
+        "within_row.npz", "g_within_back", default=None)
 
     @property
     def R2_within_row_pooled(self) -> Float[np.ndarray, "layer head_index"]:  # noqa: N802
@@ -107,11 +113,13 @@ class WithinRowReducer:
 
 def finish(part: WithinRow, reducers, run: Run) -> WithinRow:
     """Both R² from Track A's per-lag sums and Σ A² (its sequences seen) and the rows':
-    each sequence's fit and the pooled one solved together, layer by layer."""
+    each sequence's fit and the pooled one solved together, layer by layer; the pooled
+    fit's g on the raw g's level."""
     track_a, mine = reducers["track_a"], reducers["within_row"]
     seen = track_a.seen
     n = int(seen.sum())
     out = torch.full((n + 1, *mine.row_sq.shape[1:]), float("nan"), dtype=torch.float64)
+    g = torch.full(mine.u.shape[1:], float("nan"), dtype=torch.float64)
     counts = torch.ones(n + 1, 1, dtype=torch.float64, device=mine.u.device)
     counts[n] = n  # the last fit pools every sequence
     for L, layout in enumerate(mine.layouts):
@@ -122,8 +130,12 @@ def finish(part: WithinRow, reducers, run: Run) -> WithinRow:
         rhs, within = s1 - mine.u[seen, L], sq - mine.row_sq[seen, L]
         rhs, within = torch.cat([rhs, rhs.sum(0, keepdim=True)]), \
             torch.cat([within, within.sum(0, keepdim=True)])
-        out[:, L] = within_r2(rhs, within, layout, counts.expand_as(within)).cpu()
-    return WithinRow(out[:n].numpy(), out[n].numpy())
+        r2, fits = within_fit(rhs, within, layout, counts.expand_as(within))
+        out[:, L] = r2.cpu()
+        g[L] = match_mean(fits[n], s1.sum(0), layout, n).cpu()
+    T = run.length
+    back = None if track_a.upper is None else g[..., T - 1:].numpy()
+    return WithinRow(out[:n].numpy(), out[n].numpy(), g[..., :T - 1].numpy(), back)
 
 
 STATISTIC = StatisticSpec(

@@ -144,6 +144,10 @@ def _arrays(cond: Condition) -> dict:
     if not r.causal:  # keys after the query, Δ = −1..−(T−1)
         g_b_back = r.g_gram_back if r.centered else r.g_gram_raw_back
         out.update(g_a_back=typed(r.g_pooled_back, "f4"), g_b_back=typed(g_b_back, "f4"))
+    if r.g_within is not None:  # the within-row kernel (Track A with a constant per row)
+        out["g_within"] = typed(r.g_within, "f4")
+        if r.g_within_back is not None:
+            out["g_within_back"] = typed(r.g_within_back, "f4")
     if cond.spectral.omega is not None:
         out["omega"] = typed(cond.spectral.omega, "f8")
     for source, mags in cond.spectral.spectra.items():

@@ -111,6 +111,10 @@
       p.numbers.splice(1, 0, num("r2-within", "Track A within-row R² (pooled)",
                                  d.r2.within[layer][head], 3));
     }
+    if (A.g_within) {  // drawn over Track A's g, on its mean level
+      p.kernels[0].within = row(A.g_within, i);
+      p.kernels[0].withinBack = A.g_within_back ? row(A.g_within_back, i) : null;
+    }
     if (d.weights) p.notes.push(d.weights);
     if (A.logits) {
       var codes = row(A.logits, i), lo = A.logits_lo.data[i], step = A.logits_step.data[i];
@@ -261,14 +265,17 @@
   }
   function drawKernels(root, kernels) {
     var plots = kernels.map(function () { return box("pk-plot pk-half"); });
-    root.appendChild(section("Positional kernel g(Δ)", "Each source on its own axes (their scales differ). Track A: mean sub-diagonal of the raw logits pooled over sequences; Track B: the same fit on the averaged Gram matrix.",
+    root.appendChild(section("Positional kernel g(Δ)", "Each source on its own axes (their scales differ). Track A: mean sub-diagonal of the raw logits pooled over sequences; Track B: the same fit on the averaged Gram matrix. Orange: Track A within rows (a free constant per row of each sequence, which the softmax ignores), on the raw kernel's mean level.",
       [el("div", { "class": "pk-row" }, plots)]));
     kernels.forEach(function (k, j) {
       var lags = Array.from(k.values, function (_, i) { return i + 1; });
       var traces = [{ x: lags, y: Array.from(k.values), mode: "lines", line: { width: 1.2 }, name: "keys before the query: g(Δ), Δ > 0" }];
       if (k.back) traces.push({ x: lags, y: Array.from(k.back), mode: "lines", line: { width: 1.2, dash: "dot" }, name: "keys after the query: g(−Δ)" });
+      if (k.within) traces.push({ x: lags, y: Array.from(k.within), mode: "lines", line: { width: 1.2, color: "#e08a2c" }, name: "within rows (a constant per row removed)" });
+      if (k.withinBack) traces.push({ x: lags, y: Array.from(k.withinBack), mode: "lines", line: { width: 1.2, color: "#e08a2c", dash: "dot" }, name: "within rows, g(−Δ)" });
+      traces[0].name = k.within && !k.back ? "raw logits: g(Δ)" : traces[0].name;
       plot(plots[j], traces,
-        { title: { text: k.label }, showlegend: !!k.back, legend: { orientation: "h", y: -0.3 },
+        { title: { text: k.label }, showlegend: !!(k.back || k.within), legend: { orientation: "h", y: -0.3 },
           xaxis: { title: { text: k.back ? "|Δ| = |t − s|" : "lag Δ = t − s" }, type: "log", minorloglabels: "complete" }, yaxis: { title: { text: "g(Δ)" } } });
     });
   }
