@@ -263,7 +263,7 @@ class Part:
         return dims
 
 
-def head_columns(n_layers: int, n_heads: int) -> dict[str, np.ndarray]:
+def head_index_columns(n_layers: int, n_heads: int) -> dict[str, np.ndarray]:
     """The ``layer`` and ``head`` columns of a table of one row per (layer, head), layer
     by layer (the order of ``array[layer, head].ravel()``)."""
     layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)

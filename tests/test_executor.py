@@ -14,8 +14,8 @@ from poskernel_tl.run.manifest import Manifest
 from poskernel_tl.run.slurm import Request
 
 TESTS = Path(__file__).parent
-CONDS = [grid.Condition("tiny-llama", "random", 32, 6),
-         grid.Condition("tiny-olmo", "random", 32, 6)]
+CONDS = [grid.GridCell("tiny-llama", "random", 32, 6),
+         grid.GridCell("tiny-olmo", "random", 32, 6)]
 
 
 def _csvs(out: Path) -> dict[str, bytes]:

@@ -21,9 +21,9 @@ from poskernel_tl.run import grid
 from poskernel_tl.run.manifest import Manifest
 
 TESTS = Path(__file__).parent
-CONDS = [grid.Condition("tiny-llama", "random", 32, 6),
-         grid.Condition("tiny-llama", "random", 48, 6),
-         grid.Condition("tiny-llama", "random", 64, 6)]
+CONDS = [grid.GridCell("tiny-llama", "random", 32, 6),
+         grid.GridCell("tiny-llama", "random", 48, 6),
+         grid.GridCell("tiny-llama", "random", 64, 6)]
 
 
 def _run(out, conds=CONDS, tokenizer=None, **kw):
@@ -92,8 +92,8 @@ def test_a_source_too_small_for_a_condition_is_skipped_with_its_reason(tiny_toke
                                                                       tmp_path):
     doc = tmp_path / "small.txt"
     doc.write_text("the cat sat on the mat " * 40)
-    small = [grid.Condition("tiny-llama", f"text:{doc}", 32, 6),
-             grid.Condition("tiny-llama", f"text:{doc}", 64, 200)]
+    small = [grid.GridCell("tiny-llama", f"text:{doc}", 32, 6),
+             grid.GridCell("tiny-llama", f"text:{doc}", 64, 200)]
     table = _run(tmp_path / "out", conds=small, tokenizer=tiny_tokenizer)
     assert table["status"][0] == "done"
     assert table["status"][1].startswith("skipped: dataset") and "200 requested" in \
@@ -131,7 +131,7 @@ SCRIPT = textwrap.dedent("""
     from tiny_models import tiny_loaded
     from poskernel_tl.run import grid
     from poskernel_tl.plan.config import GridConfig
-    conds = [grid.Condition("tiny-llama", "random", t, 20) for t in (48, 64, 96)]
+    conds = [grid.GridCell("tiny-llama", "random", t, 20) for t in (48, 64, 96)]
     model = tiny_loaded("llama", make_tiny_tokenizer(sys.argv[2]))
     grid.run_grid(conds, GridConfig(out=sys.argv[1], batch_size=1, progress=False),
                   load=lambda name: model)

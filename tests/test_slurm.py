@@ -23,8 +23,8 @@ from poskernel_tl.run import executor, grid
 
 pytestmark = pytest.mark.slurm
 TESTS = Path(__file__).parent
-CONDS = [grid.Condition("tiny-llama", "random", 32, 6),
-         grid.Condition("tiny-olmo", "random", 32, 6)]
+CONDS = [grid.GridCell("tiny-llama", "random", 32, 6),
+         grid.GridCell("tiny-olmo", "random", 32, 6)]
 
 
 def _csvs(out: Path) -> dict[str, bytes]:

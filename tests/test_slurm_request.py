@@ -10,7 +10,7 @@ from poskernel_tl.apps.cli import build_parser, main
 from poskernel_tl.errors import UserError
 from poskernel_tl.plan.config import GridConfig, check_slurm
 from poskernel_tl.run import executor, slurm, slurm_state
-from poskernel_tl.run.grid import Condition
+from poskernel_tl.run.grid import GridCell
 from poskernel_tl.run.slurm import GiB, MiB, Node, check_request, plan_request
 
 SINFO = """cpu01|debug*|2|24105|(null)|infinite|up
@@ -18,7 +18,7 @@ gpu01|gpu|32|256000|gpu:a100:4(S:0-1)|1-00:00:00|up
 gpu02|gpu|64|512000|gpu:2,tmpdisk:100|1-00:00:00|up
 """
 NODES = slurm.parse_sinfo(SINFO)
-CONDS = [Condition("smollm2-135m", "random", 64, 8), Condition("smollm2-135m", "prose", 64, 8)]
+CONDS = [GridCell("smollm2-135m", "random", 64, 8), GridCell("smollm2-135m", "prose", 64, 8)]
 
 
 def test_sinfo_is_read_node_by_node():
@@ -89,7 +89,7 @@ def test_what_no_node_can_give_is_refused_naming_the_flag(changes, message):
 
 
 def test_time_auto_stays_within_the_partition_s_limit():
-    many = [Condition("smollm2-135m", "prose", 4096, 20000)]
+    many = [GridCell("smollm2-135m", "prose", 4096, 20000)]
     req = plan_request(GridConfig(slurm_partition="gpu", device="cuda"), many, NODES)
     assert req.time_min == 1440
     cpu = plan_request(GridConfig(), many, NODES)

@@ -41,7 +41,7 @@ from poskernel_tl.report import (
     tables,
     verdicts,
 )
-from poskernel_tl.report.collect import Condition, Damaged, iter_conditions, slim
+from poskernel_tl.report.collect import Damaged, SavedCondition, iter_conditions, slim
 from poskernel_tl.report.html import esc, page_html, report_block, write_page
 from poskernel_tl.report.long_files import write_long_views
 from poskernel_tl.report.sections import cond_text, fmt, table_html
@@ -86,7 +86,7 @@ def head_href(model: str, dataset: str, length: int, layer: int, head: int) -> s
 
 
 def _read(results_dir: Path, out: Path, decoders, progress: bool
-          ) -> tuple[list[Condition], list[Damaged]]:
+          ) -> tuple[list[SavedCondition], list[Damaged]]:
     """Every condition once: its data file is written, then its large arrays dropped."""
     conds, damaged, written = [], [], set()
     items = iter_conditions(results_dir, decoders)
@@ -120,7 +120,7 @@ def _figure(fig, out: Path, name: str, alt: str, pdf: bool = True) -> str:
             f'<p class="pk-note">Files: {links}</p>')
 
 
-def _fig4(conds: list[Condition], out: Path, gate_met) -> tuple[str, str]:
+def _fig4(conds: list[SavedCondition], out: Path, gate_met) -> tuple[str, str]:
     """Figure 4 from the saved Track B spectrum of the chosen head, and its sentence."""
     results = [c.result for c in conds]
     try:
@@ -172,7 +172,7 @@ def _run_all(jobs: list, workers: int) -> list:
         _JOBS.clear()
 
 
-def _figures(conds: list[Condition], out: Path, gate_met, workers: int) -> tuple[dict, str]:
+def _figures(conds: list[SavedCondition], out: Path, gate_met, workers: int) -> tuple[dict, str]:
     """Figures 1–4 and the nulls, drawn by ``workers`` processes; (HTML by figure, the
     sentence on Figure 4's head)."""
     import matplotlib
@@ -215,7 +215,7 @@ def _figures(conds: list[Condition], out: Path, gate_met, workers: int) -> tuple
     return figs, note4
 
 
-def _index(conds: list[Condition]) -> list[dict]:
+def _index(conds: list[SavedCondition]) -> list[dict]:
     out = []
     for c in conds:
         r = c.result

@@ -37,7 +37,7 @@ class Damaged:
 
 
 @dataclass
-class Condition:
+class SavedCondition:
     """One readable condition and what its analyses saved. ``logits_seq`` is the sequence
     whose logits the head views show (the first saved one; None when none was saved) and
     ``tokens`` its token strings, or those of the long view's sequence past 256 tokens
@@ -111,7 +111,7 @@ class Decoders:
 
 
 def read_condition(results_dir: str | Path, key: Key, decoders: Callable
-                   ) -> Condition | Damaged:
+                   ) -> SavedCondition | Damaged:
     """Everything the report reads for one condition, or why it cannot be read (the
     condition is named in full, so another condition's damaged files cannot hide it)."""
     try:
@@ -121,7 +121,7 @@ def read_condition(results_dir: str | Path, key: Key, decoders: Callable
     spectral = read_spectral(results_dir, r.model, r.dataset, r.length, r.n_layers, r.n_heads)
     further = extras.load_condition(results_dir, r.model, r.dataset, r.length, r.n_layers,
                                r.n_heads)
-    cond = Condition(r, spectral, further)
+    cond = SavedCondition(r, spectral, further)
     if r.logits:
         cond.logits_seq = int(sorted(r.logits)[0])
         cond.tokens = sequence_tokens(results_dir, r, cond.logits_seq, decoders(r))
@@ -131,7 +131,7 @@ def read_condition(results_dir: str | Path, key: Key, decoders: Callable
 
 
 def iter_conditions(results_dir: str | Path, decoders: Mapping[str, Decoder] | None = None
-                    ) -> Iterator[Condition | Damaged]:
+                    ) -> Iterator[SavedCondition | Damaged]:
     """Every condition under ``results_dir`` in order, read one at a time (a
     :class:`Damaged` for each that cannot be read, unreadable ``cfg.json`` files first)."""
     keys, broken = scan(results_dir)
@@ -141,7 +141,7 @@ def iter_conditions(results_dir: str | Path, decoders: Mapping[str, Decoder] | N
         yield read_condition(results_dir, key, make)
 
 
-def slim(cond: Condition, head: tuple[int, int] | None = None) -> Condition:
+def slim(cond: SavedCondition, head: tuple[int, int] | None = None) -> SavedCondition:
     """The condition without the arrays nothing after its data file reads: centering
     means, logits and Gram matrices dropped, every g(Δ) and spectrum a zero placeholder
     of its shape (no memory behind it); ``head``'s arrays (the head Figure 4 may show)
@@ -161,5 +161,5 @@ def slim(cond: Condition, head: tuple[int, int] | None = None) -> Condition:
     return cond
 
 
-__all__ = ["Condition", "Damaged", "Decoders", "iter_conditions", "read_condition", "scan",
+__all__ = ["SavedCondition", "Damaged", "Decoders", "iter_conditions", "read_condition", "scan",
            "sequence_tokens", "slim"]

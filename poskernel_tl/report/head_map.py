@@ -22,7 +22,7 @@ from poskernel_tl.analyses.spectral.io import read_spectral
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.reducers.registry import head_columns
 from poskernel_tl.report import extras, nulls
-from poskernel_tl.report.collect import Condition
+from poskernel_tl.report.collect import SavedCondition
 from poskernel_tl.report.html import json_for_script, write_page
 from poskernel_tl.report.tables import dataset_label
 from poskernel_tl.report.viewer_data import DATA_DIR, condition_key, typed
@@ -107,7 +107,7 @@ def _read(results_dir: Path, r: ConditionResult, suffix: str) -> pd.DataFrame | 
 
 def head_table(results_dir: str | os.PathLike, conds) -> pd.DataFrame:
     """The table of every head of the report's conditions (each a
-    :class:`~poskernel_tl.report.collect.Condition`), read from their saved tables."""
+    :class:`~poskernel_tl.report.collect.SavedCondition`), read from their saved tables."""
     frames = []
     for c in conds:
         r = c.result
@@ -128,7 +128,7 @@ def results_table(results) -> pd.DataFrame:
         conds = []
         for key in ConditionResult.conditions(folder):
             r = ConditionResult.load(folder, *key, lazy=True)
-            conds.append(Condition(r, read_spectral(folder, *key, r.n_layers, r.n_heads),
+            conds.append(SavedCondition(r, read_spectral(folder, *key, r.n_layers, r.n_heads),
                                    extras.load_condition(folder, *key, r.n_layers, r.n_heads)))
         return head_table(folder, conds)
     if isinstance(results, ConditionResult):

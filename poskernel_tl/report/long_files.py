@@ -22,7 +22,7 @@ import numpy as np
 
 from poskernel_tl.fit.blocks import block_size, fit_blocks
 from poskernel_tl.reducers.long_view import CHECK_ROWS
-from poskernel_tl.report.collect import Condition
+from poskernel_tl.report.collect import SavedCondition
 from poskernel_tl.report.html import write_script_data
 from poskernel_tl.report.viewer_data import DATA_DIR, condition_key, num, typed
 from poskernel_tl.report.viewer_long import assemble, maps_from_sums
@@ -54,7 +54,7 @@ def _head(r, part, i: int, layer: int, head: int, last, count, b: int) -> dict:
     return {"long": long, "notes": notes}
 
 
-def write_long_views(report_dir: str | Path, cond: Condition) -> dict | None:
+def write_long_views(report_dir: str | Path, cond: SavedCondition) -> dict | None:
     """Write the files of the module docstring for ``cond`` (removing an older set) and
     return what the condition's payload says of them (None: no long view saved)."""
     r = cond.result

@@ -22,7 +22,7 @@ from scipy import stats
 
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.reducers.perm_null import null_p_value, null_percentile
-from poskernel_tl.schema import head_columns
+from poskernel_tl.schema import head_index_columns
 
 THRESHOLDS = (0.40, 0.80)
 
@@ -71,7 +71,7 @@ def head_null_table(result: ConditionResult) -> pd.DataFrame | None:
     L, H = obs.shape
     return pd.DataFrame({
         "model": result.model, "dataset": result.dataset, "length": result.length,
-        **head_columns(L, H), "R2_pooled": result.r2_pooled.ravel(),
+        **head_index_columns(L, H), "R2_pooled": result.r2_pooled.ravel(),
         "R2_compared": obs.ravel(), "null_mean": null.mean(0).ravel(),
         "null_q95": np.quantile(null, 0.95, axis=0).ravel(), "null_max": null.max(0).ravel(),
         "percentile": null_percentile(obs, null).ravel(),

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.report.collect import Condition
+from poskernel_tl.report.collect import SavedCondition
 from poskernel_tl.report.html import esc
 from poskernel_tl.report.sections import cond_text, fmt, table_html
 
@@ -51,7 +51,7 @@ def alibi_frame(r: ConditionResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def softmax_html(conds: Sequence[Condition]) -> str:
+def softmax_html(conds: Sequence[SavedCondition]) -> str:
     """The section (empty when no condition's softmax adds anything); each condition's
     :func:`alibi_frame` kept under :data:`KEPT` before its g(Δ) were dropped."""
     said = [(c, c.result.spec.softmax_terms()) for c in conds if c.result.spec.layers]
@@ -82,7 +82,7 @@ def softmax_html(conds: Sequence[Condition]) -> str:
     return out
 
 
-def alibi_table(conds: Sequence[Condition]) -> pd.DataFrame:
+def alibi_table(conds: Sequence[SavedCondition]) -> pd.DataFrame:
     """Every ALiBi head of every condition (the report's alibi_ramp.csv)."""
     frames = [c.kept[KEPT].assign(model=c.result.model, dataset=c.result.dataset,
                                   length=c.result.length)

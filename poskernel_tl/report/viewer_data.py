@@ -29,7 +29,7 @@ from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.plan.allocator import release_pages
 from poskernel_tl.reducers.registry import head_columns
 from poskernel_tl.report import extras
-from poskernel_tl.report.collect import Condition
+from poskernel_tl.report.collect import SavedCondition
 from poskernel_tl.report.figures import model_label
 from poskernel_tl.report.html import write_script_data
 from poskernel_tl.report.tables import dataset_label
@@ -114,7 +114,7 @@ def quantize_logits(logits: Float[np.ndarray, "layer head_index query_pos key_po
             "logits_step": typed(step, "f4")}
 
 
-def _spectral(cond: Condition, source: str) -> dict:
+def _spectral(cond: SavedCondition, source: str) -> dict:
     saved, r = cond.spectral, cond.result
     problems = [f"{f}: {why}" for f, why in saved.problems]
     if not saved.has(source):
@@ -136,7 +136,7 @@ def _spectral(cond: Condition, source: str) -> dict:
             "peaks": peaks}
 
 
-def _arrays(cond: Condition) -> dict:
+def _arrays(cond: SavedCondition) -> dict:
     r = cond.result
     g_b, _ = r.g_trackB
     out = {"g_a": typed(r.g_pooled, "f4"), "g_b": typed(g_b, "f4"),
@@ -184,7 +184,7 @@ def kernel_rows(r: ConditionResult) -> dict:
             "intervals": [None] * len(values)}
 
 
-def condition_payload(cond: Condition, long: dict | None = None) -> dict:
+def condition_payload(cond: SavedCondition, long: dict | None = None) -> dict:
     """Everything the head views of one condition show (see the module docstring);
     ``long``: where its heads' long views are (:mod:`poskernel_tl.report.long_files`)."""
     r = cond.result
@@ -213,7 +213,7 @@ def condition_payload(cond: Condition, long: dict | None = None) -> dict:
     }
 
 
-def write_data(report_dir: str | Path, cond: Condition, long: dict | None = None) -> Path:
+def write_data(report_dir: str | Path, cond: SavedCondition, long: dict | None = None) -> Path:
     """Write the condition's data file (temp file + rename) and return its path."""
     payload = condition_payload(cond, long)
     return write_script_data(data_path(report_dir, cond.result), GLOBAL, payload["key"], payload)

@@ -29,7 +29,7 @@ from poskernel_tl.errors import UserError, stop_line
 from poskernel_tl.io import save_csv
 from poskernel_tl.plan.config import GridConfig
 from poskernel_tl.progress import tqdm
-from poskernel_tl.run.grid import LOG, SUMMARY_CSV, Condition, merge, run_grid
+from poskernel_tl.run.grid import LOG, SUMMARY_CSV, GridCell, merge, run_grid
 from poskernel_tl.run.slurm import MiB, Request, check_request, cluster_nodes, plan_request
 from poskernel_tl.run.slurm_state import GONE, JobState, slurm_state
 
@@ -60,7 +60,7 @@ def _stop(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def run_job(conds: list[Condition], opts: GridConfig, load=None) -> pd.DataFrame:
+def run_job(conds: list[GridCell], opts: GridConfig, load=None) -> pd.DataFrame:
     """What one job runs (module level, so submitit can pickle it by reference). SIGTERM
     ends it (submitit's own handler only logs it), before any further result is written:
     the grid writes atomically and records finished conditions in its manifest."""
@@ -68,8 +68,8 @@ def run_job(conds: list[Condition], opts: GridConfig, load=None) -> pd.DataFrame
     return run_grid(conds, opts, load=load)
 
 
-def by_model(conds: list[Condition]) -> dict[str, list[Condition]]:
-    groups: dict[str, list[Condition]] = {}
+def by_model(conds: list[GridCell]) -> dict[str, list[GridCell]]:
+    groups: dict[str, list[GridCell]] = {}
     for c in conds:
         groups.setdefault(c.model, []).append(c)
     return groups
@@ -116,7 +116,7 @@ def sbatch_lines(request: Request, folder: Path) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("#SBATCH")]
 
 
-def plan_jobs(conds: list[Condition], opts: GridConfig, cluster: str = "slurm"
+def plan_jobs(conds: list[GridCell], opts: GridConfig, cluster: str = "slurm"
               ) -> dict[str, Request]:
     """Each model's request, checked against the cluster (UserError: it cannot run)."""
     nodes = cluster_nodes() if cluster == "slurm" else None
@@ -126,7 +126,7 @@ def plan_jobs(conds: list[Condition], opts: GridConfig, cluster: str = "slurm"
     return requests
 
 
-def describe_jobs(conds: list[Condition], opts: GridConfig) -> str:
+def describe_jobs(conds: list[GridCell], opts: GridConfig) -> str:
     """``--executor slurm --plan``: the sbatch lines of every job."""
     out, nodes_known = Path(opts.out), shutil.which("sinfo") is not None
     lines = [] if nodes_known else ["(no sinfo here: the request is not checked against "
@@ -216,7 +216,7 @@ def outcome(job, state: JobState) -> tuple[object | None, str | None]:
     return None, f"{state}" + (f": {why}" if why else "")
 
 
-def submit_grid(conds: list[Condition], opts: GridConfig, cluster: str = "slurm",
+def submit_grid(conds: list[GridCell], opts: GridConfig, cluster: str = "slurm",
                 load=None, poll_s: float = 5.0) -> pd.DataFrame:
     """Submit one job per model, wait for all of them (a progress bar over jobs, with what
     the scheduler says of each), merge their folders into ``opts.out`` and return the

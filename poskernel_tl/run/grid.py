@@ -57,7 +57,10 @@ LOG = "grid.log"
 
 
 @dataclass(frozen=True)
-class Condition:
+class GridCell:
+    """One cell of a grid: a model, a dataset and a length, and how many sequences its
+    condition draws (``name``: the condition's file stem)."""
+
     model: str
     dataset: str
     length: int
@@ -82,7 +85,7 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 
 def plan(preset: str, models=None, datasets=None, lengths=None, n_seqs=None,
-         shard: str | None = None) -> list[Condition]:
+         shard: str | None = None) -> list[GridCell]:
     """The preset's conditions (optionally narrowed), in a fixed order, then sharded."""
     if preset not in PRESETS:
         raise UserError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -90,7 +93,7 @@ def plan(preset: str, models=None, datasets=None, lengths=None, n_seqs=None,
     models = list(models or p["models"])
     for m in models:
         resolve(m)  # unknown names fail here, listing the valid ones
-    conds = [Condition(m, d, int(t), int(n_seqs or p["n_seqs"]))
+    conds = [GridCell(m, d, int(t), int(n_seqs or p["n_seqs"]))
              for m in models for d in (datasets or p["datasets"])
              for t in (lengths or p["lengths"])]
     i, n = parse_shard(shard)
@@ -135,7 +138,7 @@ def dataset_available(dataset: str) -> tuple[bool, str]:
     return True, "offline"
 
 
-def check_plan(conds: list[Condition]) -> pd.DataFrame:
+def check_plan(conds: list[GridCell]) -> pd.DataFrame:
     """One row per condition: whether its weights and data are available here."""
     rows = []
     for c in conds:
@@ -174,7 +177,7 @@ def _logger(out: Path) -> logging.Logger:
     return log
 
 
-def run_grid(conds: list[Condition], cfg: GridConfig, load=None) -> pd.DataFrame:
+def run_grid(conds: list[GridCell], cfg: GridConfig, load=None) -> pd.DataFrame:
     """Run ``conds`` into ``cfg.out``, then ``cfg.analyses`` on every condition; returns
     the summary table (also written as ``grid_summary.csv``). ``load(name)`` loads a
     model (default ``load_model``)."""
@@ -207,7 +210,7 @@ def run_grid(conds: list[Condition], cfg: GridConfig, load=None) -> pd.DataFrame
     return table
 
 
-def _run_one(c: Condition, cfg: GridConfig, model, manifest: Manifest, log) -> dict:
+def _run_one(c: GridCell, cfg: GridConfig, model, manifest: Manifest, log) -> dict:
     """Measure one condition unless the manifest has it complete; its summary row."""
     out, t0 = Path(cfg.out), time.time()
     run = cfg.run_config(c.model, c.dataset, c.length, c.n_seqs, out=str(out),
@@ -239,7 +242,7 @@ def _run_one(c: Condition, cfg: GridConfig, model, manifest: Manifest, log) -> d
     return _summary_row(c, "done", seconds, out, result)
 
 
-def _analyses_of(c: Condition, cfg: GridConfig, analyses, model_of, manifest: Manifest,
+def _analyses_of(c: GridCell, cfg: GridConfig, analyses, model_of, manifest: Manifest,
                  log) -> None:
     """Run each analysis on a measured condition unless the manifest records it done
     for the same measurement (resumable like the tracks)."""
@@ -265,7 +268,7 @@ def _analyses_of(c: Condition, cfg: GridConfig, analyses, model_of, manifest: Ma
         log.info("%s: %s done in %.1f s", c.name, spec.name, time.time() - t0)
 
 
-def _summary_row(c: Condition, status: str, seconds: float, out: Path, result=None) -> dict:
+def _summary_row(c: GridCell, status: str, seconds: float, out: Path, result=None) -> dict:
     if result is None:
         result = ConditionResult.load(out, c.model, c.dataset, c.length)
     early = protocol.early_layers(result.n_layers)

@@ -22,7 +22,7 @@ from poskernel_tl.plan.config import RunConfig
 
 
 @dataclass
-class Condition:
+class PreparedCondition:
     """A condition ready to measure: the model and the split sequence file."""
 
     model: LoadedModel
@@ -43,7 +43,7 @@ class Condition:
         return self.seqs["seq_id"][eval_mask(self.seqs)].numpy()
 
 
-def prepare(cfg: RunConfig, model: LoadedModel | None = None) -> Condition:
+def prepare(cfg: RunConfig, model: LoadedModel | None = None) -> PreparedCondition:
     """Validate ``cfg``, load the model unless given, and build (or reuse) the sequence
     file under ``cfg.out``: what every command working on one condition starts with."""
     cfg.validate(model.spec if model is not None else None)
@@ -55,7 +55,7 @@ def prepare(cfg: RunConfig, model: LoadedModel | None = None) -> Condition:
         Path(cfg.out), model.tokenizer, cfg.dataset, cfg.length, cfg.n_seqs, cfg.seed,
         model_name=cfg.model, n_ctx=model.spec.n_ctx, allow_cross_doc=cfg.allow_cross_doc,
         overwrite=cfg.overwrite)
-    return Condition(model, seqs, seq_file)
+    return PreparedCondition(model, seqs, seq_file)
 
 
 def run_condition(cfg: RunConfig, model: LoadedModel | None = None
@@ -86,7 +86,7 @@ def output_bytes(spec: ModelSpec, length: int, n_eval: int, centered: bool, n_lo
     return planned_bytes(condition_dims(spec, length, n_eval), n_logits, optional)
 
 
-def check_room(cfg: RunConfig, cond: Condition, n_logits: int) -> None:
+def check_room(cfg: RunConfig, cond: PreparedCondition, n_logits: int) -> None:
     """Refuse before the forward, in one line naming the estimate and the shortfall,
     when ``cfg.out`` lacks the room for what the condition will write
     (:func:`output_bytes`, with 10 % to spare)."""
@@ -96,4 +96,4 @@ def check_room(cfg: RunConfig, cond: Condition, n_logits: int) -> None:
                                           f"T={cfg.length}")
 
 
-__all__ = ["Condition", "check_room", "output_bytes", "prepare", "run_condition"]
+__all__ = ["PreparedCondition", "check_room", "output_bytes", "prepare", "run_condition"]
