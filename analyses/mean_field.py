@@ -53,7 +53,7 @@ from poskernel_tl.data.inputs import as_tokens, check_tokens
 from poskernel_tl.fit.toeplitz import shift_invariance_r2
 from poskernel_tl.measurement.measure import forward_pass
 from poskernel_tl.plan.config import option
-from poskernel_tl.schema import head_columns
+from poskernel_tl.schema import head_index_columns
 
 PARTS = ("meanfield", "cross", "centered")
 NO_MEANS = ("no centering means (uncentered condition, e.g. random tokens): the mean-field "
@@ -255,7 +255,7 @@ def mean_field_table(mf: MeanFieldResult, kv_head: np.ndarray | None = None) -> 
     centered and cross parts, the correlation of the mean-field and raw g(Δ), the
     mean-field spectrum's peak frequency, the route and a note."""
     L, H = mf.share["meanfield"].shape
-    cols = head_columns(L, H)
+    cols = head_index_columns(L, H)
     if kv_head is not None:
         cols["kv_head"] = np.asarray(kv_head)[cols["head"]]
     cols["R2_meanfield"] = mf.r2["meanfield"].ravel()

@@ -32,7 +32,7 @@ from poskernel_tl.analyses.spectral.align import pe_spectrum_correlations
 from poskernel_tl.analyses.spectral.processing import pearson, span, two_sided_for_spectrum
 from poskernel_tl.errors import UserError
 from poskernel_tl.plan.config import option
-from poskernel_tl.schema import head_columns
+from poskernel_tl.schema import head_index_columns
 
 # g source → the ConditionResult fields of its forward and back arrays
 SOURCES = {"trackA_pooled": ("g_pooled", "g_pooled_back"),
@@ -99,7 +99,7 @@ def pe_correlation_table(result, *, raw_spectrum: bool = False) -> pd.DataFrame:
         s_pe_back=field("s_pe_back"), g_back={k: field(v[1]) for k, v in SOURCES.items()},
         raw_spectrum=raw_spectrum)
     L, H = result.s_pe.shape[:2]
-    table = pd.DataFrame(head_columns(L, H))
+    table = pd.DataFrame(head_index_columns(L, H))
     for name, values in corr.items():
         table[name] = values.ravel().astype(bool) if name.startswith("two_sided") \
             else values.ravel()

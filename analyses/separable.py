@@ -39,7 +39,7 @@ from torch import Tensor
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.fit.toeplitz import shifted_lower
 from poskernel_tl.measurement.measure import choose_scores_path, forward_pass
-from poskernel_tl.schema import head_columns
+from poskernel_tl.schema import head_index_columns
 
 FITS = ("R2_toeplitz", "R2_separable", "R2_toeplitz_separable")
 
@@ -308,7 +308,7 @@ def separable_table(result: SeparableResult, model: str, dataset: str,
     their per-sequence means, and the gains ``dR2_toeplitz_beyond_separable`` =
     R²(T+S) − R²(S) and ``dR2_separable_beyond_toeplitz`` = R²(T+S) − R²(T)."""
     L, H = result.R2_toeplitz.shape
-    cols = {"model": model, "dataset": dataset, "length": length, **head_columns(L, H),
+    cols = {"model": model, "dataset": dataset, "length": length, **head_index_columns(L, H),
             "n_seqs": len(result.seq_index)}
     for name in FITS:
         cols[name] = getattr(result, name).ravel()

@@ -55,7 +55,7 @@ from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
 from poskernel_tl.analyses.kernel_patching.passes import PatchingResult, run_kernel_patching
 from poskernel_tl.data.inputs import as_tokens, check_tokens
 from poskernel_tl.plan.config import option
-from poskernel_tl.schema import head_columns
+from poskernel_tl.schema import head_index_columns
 
 MAX_SEQS = 16  # evaluation sequences patched by default from a notebook
 
@@ -99,7 +99,7 @@ def patching_table(res: PatchingResult, extra: dict[str, np.ndarray] | None = No
     if "patched_sink" in res.losses:
         ratios["dloss_ratio_sink"] = ("dloss_patched_sink", "dloss_ablated")
     ci = bootstrap(dloss, ratios, n_boot, seed)
-    cols = {**head_columns(L, H), "mode": res.mode,
+    cols = {**head_index_columns(L, H), "mode": res.mode,
             "diagonal": res.diagonal, "keep_keys": res.keep_keys,
             "sink_keys": res.sink_keys, "kernel_from": res.kernel_from, "n_seqs": n,
             "loss_clean": res.loss_clean.mean()}
