@@ -47,6 +47,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.fit.toeplitz import lag_counts, upper_lag_counts
+
 
 @dataclass(frozen=True)
 class RowLayout:
@@ -72,10 +74,10 @@ class RowLayout:
         return torch.clamp(t, max=self.max_lag)
 
     def lag_counts(self, device=None) -> Float[Tensor, " lag"]:
-        """n(Δ) of one sequence on the lag axis."""
-        d = torch.arange(1, self.T, dtype=torch.float64, device=device)
-        n = torch.where(d <= self.max_lag, self.T - d, 0.0)
-        return torch.cat([n, self.T - d]) if self.two_sided else n
+        """n(Δ) of one sequence on the lag axis (Track A's counts of each side)."""
+        n = lag_counts(self.T, device=device, max_lag=self.max_lag)
+        return torch.cat([n, upper_lag_counts(self.T, device=device)]) if self.two_sided \
+            else n
 
     def weights(self, device) -> tuple[Tensor, Tensor | None]:
         """1/m_t (0 where a row keeps nothing) and, for a window, the kept lags as 0/1;
@@ -128,9 +130,8 @@ class RowLayout:
     def _recursion(self, rhs: Float[Tensor, "*batch lag"]) -> Float[Tensor, "*batch lag"]:
         """The causal sweep of the module docstring (zero past the window)."""
         W, dev = self.max_lag, rhs.device
-        m = self.row_counts(dev)
-        inv = torch.where(m > 0, 1.0 / torch.clamp(m, min=1.0), 0.0)
-        tau = _tails(m, inv, W)  # τ(j) for j = 1..W+1 (τ(W+1) = 0)
+        # τ(j) for j = 1..W+1 (τ(W+1) = 0)
+        tau = _tails(self.row_counts(dev), self.weights(dev)[0], W)
         n = self.lag_counts(dev)[:W]
         drop = (tau[:-1] - tau[1:]).tolist()
         n_host = n.tolist()
