@@ -40,11 +40,14 @@ def stored(file: str, key: str | None = None, *, finite: bool = False,
         "file": file, "key": key, "finite": finite})
 
 
-def column(table: str, name: str, *, finite: bool = False,
+def column(table: str, name: str, *, finite: bool = False, head: str | None = None,
            default: Any = dataclasses.MISSING) -> Any:
-    """A field saved as column ``name`` of the tidy table ``table`` (trackA or trackB)."""
+    """A field saved as column ``name`` of the tidy table ``table`` (trackA or trackB);
+    ``head``: a [layer head_index] field is also a per-head column of that name in
+    ``heads.csv`` (and so in the report's head tables, the head map and the atlas), with
+    this label."""
     return dataclasses.field(default=default, metadata={
-        "table": table, "column": name, "finite": finite})
+        "table": table, "column": name, "finite": finite, **({"head": head} if head else {})})
 
 
 def axes(tp) -> tuple[str, ...] | None:
@@ -177,6 +180,13 @@ class Part:
     @classmethod
     def stored_fields(cls) -> list[dataclasses.Field]:
         return [f for f in dataclasses.fields(cls) if "file" in f.metadata]
+
+    @classmethod
+    def head_fields(cls) -> dict[str, tuple[str, str]]:
+        """Field -> (its ``heads.csv`` column, label) of the fields declared per-head
+        columns (:func:`column`'s ``head``)."""
+        return {f.name: (f.metadata["column"], f.metadata["head"])
+                for f in dataclasses.fields(cls) if "head" in f.metadata}
 
     @classmethod
     def column_fields(cls, table: str) -> list[dataclasses.Field]:

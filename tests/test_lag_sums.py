@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from poskernel_tl.fit.variants import STRIP, Variant, region_sums
+from poskernel_tl.fit.variants import Variant, region_sums, strip_of
 from poskernel_tl.reducers import LayerBatch, PermNullReducer, TrackAReducer
 from poskernel_tl.reducers.lag_sums import (
     key_strip,
@@ -15,7 +15,7 @@ from poskernel_tl.reducers.lag_sums import (
     skew_keys,
     track_a_stats,
 )
-from poskernel_tl.reducers.track_a_result import SINK_COLUMN, VARIANTS
+from poskernel_tl.reducers.track_a_result import REGIONS, SINK_COLUMN, STRIP, VARIANTS
 
 H, HKV, D = 6, 2, 5
 SCALE = 0.37
@@ -205,9 +205,43 @@ def test_region_counts_need_no_t_by_t_mask():
     assert torch.equal(SINK_COLUMN.counts(T), torch.ones(T - 1, dtype=torch.float64))
 
 
-def test_a_region_neither_in_nor_out_of_the_strip_is_refused():
-    with pytest.raises(ValueError, match="strip"):
-        Variant(rows=(60, 90))
+def test_the_strip_is_derived_from_the_regions():
+    """Any region can be declared: the strip widens to the nearest finite end of a region
+    (or, open to the end, the start its complement ends at); a strip narrower than a
+    region needs is refused rather than summed short."""
+    assert STRIP == strip_of(REGIONS) >= max(v.strip_keys() for v in VARIANTS.values())
+    far = Variant(rows=(60, 90))
+    assert far.inside() and far.strip_keys() == 90
+    assert strip_of([far, Variant(rows=(120, None), keys=(100, None))]) == 120
+    assert not Variant(rows=(120, None)).inside()
+    with pytest.raises(ValueError, match="lo < hi"):
+        Variant(rows=(5, 5))
+    q, k = draw(100, n=1, seed=1)
+    st = track_a_stats(q, k, SCALE)  # a strip of STRIP keys
+    with pytest.raises(ValueError, match="needs a strip of 90 keys"):
+        region_sums(st.skewed, far, (st.s1, st.sq))
+
+
+@pytest.mark.parametrize("region", [Variant(rows=(60, 90)), Variant(rows=(21, 101)),
+                                    Variant(rows=(70, None), keys=(65, None))])
+def test_a_region_past_the_old_strip_is_exact(region):
+    """A region beyond the first 50 keys, summed from a strip of its own width, against
+    loops over the entries."""
+    T = 110
+    q, k = draw(T, n=2, seed=3)
+    A = full_logits(q, k)
+    K = strip_of([region])
+    skewed = skew_keys(key_strip(q, k, SCALE, min(K, T)))
+    whole = (lag_sums(q, k, SCALE), lower_sum_squares(q, k, SCALE, 16))
+    got1, gotsq = region_sums(skewed, region, whole)
+    w1, wsq = np.zeros(got1.shape), np.zeros(gotsq.shape)
+    for t in range(T):
+        for s in range(t):
+            if region.holds(torch.tensor(t), torch.tensor(s)):
+                w1[..., t - s - 1] += A[:, :, t, s]
+                wsq += A[:, :, t, s] ** 2
+    assert np.abs(got1.numpy() - w1).max() <= 1e-11 * np.abs(A).max() * T
+    assert np.abs(gotsq.numpy() - wsq).max() <= 1e-11 * (A ** 2).sum()
 
 
 def test_permuted_sums_read_both_triangles():

@@ -175,7 +175,7 @@ def test_the_head_view_shows_every_registered_statistic(tiny_tokenizer):
     model = tiny_loaded("llama", tiny_tokenizer)
     ids = torch.randint(3, 290, (T,), generator=torch.Generator().manual_seed(6))
     view = pk.inspect_head(model, ids, layer=1, head=2)
-    labels = registry.head_columns()
+    labels = {c: label for s in registry.STATISTICS.values() for c, label in s.head_columns.items()}
     assert set(view.statistics) == set(labels.values())
     p = view.pattern.astype(np.float64)
     assert view.statistics[labels["sink_mass"]] == pytest.approx(p[1:, 0].mean(), abs=1e-6)

@@ -7,13 +7,16 @@ there (:func:`variants_of`) and keeps, for each, its per-lag sums and Σ A².
 Every region's sums come from the whole triangle's and one strip of the logits:
 
 - the strip holds every entry with key s < K on the lower side (query row t < K on the
-  upper side of a bidirectional model), K = :data:`STRIP` (the largest finite bound of the
-  regions), skewed to [position, lag] (:func:`poskernel_tl.reducers.lag_sums.skew_keys`);
-- a region inside the strip (keys below K, or rows below K) is summed over it directly;
-- a region whose complement lies inside the strip (rows and keys from at most K on) is
-  the whole triangle less the complement's sums.
+  upper side of a bidirectional model), K = :func:`strip_of` the declared regions (each
+  region's :meth:`Variant.strip_keys`), skewed to [position, lag]
+  (:func:`poskernel_tl.reducers.lag_sums.skew_keys`);
+- a region with a finite end (of its rows or keys) lies inside the strip and is summed
+  over it directly;
+- a region open to the end of both rows and keys is the whole triangle less its
+  complement (rows or keys below its start), which lies inside the strip.
 
-A region that is neither is refused when it is declared.
+So every region can be declared; a region far from the first keys widens the strip (its
+bytes are in the memory plan: :func:`strip_bytes`).
 """
 
 import dataclasses
@@ -26,9 +29,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.fit.toeplitz import r2_two_sided, skew_lower
-from poskernel_tl.protocol import INTERIOR_FROM
 
-STRIP = INTERIOR_FROM  # keys (rows, upper side) of the strip every region is read from
 Block = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]
 
 
@@ -40,18 +41,21 @@ class Variant:
     keys: tuple[int, int | None] = (0, None)
 
     def __post_init__(self):
-        if not (self.inside() or self.outside()):
-            raise ValueError(f"{self}: neither it nor its complement lies within the strip "
-                             f"of the first {STRIP} keys (rows)")
+        for lo, hi in (self.rows, self.keys):
+            if lo < 0 or (hi is not None and hi <= lo):
+                raise ValueError(f"{self}: a range [lo, hi) needs 0 ≤ lo < hi")
 
     def inside(self) -> bool:
-        """Whether every entry lies in the strip (lower side: keys < K or rows < K)."""
-        return any(hi is not None and hi <= STRIP for hi in (self.rows[1], self.keys[1]))
+        """Whether it is summed over the strip directly (a finite end of its rows or keys:
+        every entry then has key < K, or row < K, K ≥ :meth:`strip_keys`); else the whole
+        triangle less its complement."""
+        return self.rows[1] is not None or self.keys[1] is not None
 
-    def outside(self) -> bool:
-        """Whether every entry it leaves out lies in the strip."""
-        return self.rows[1] is None and self.keys[1] is None and \
-            self.rows[0] <= STRIP and self.keys[0] <= STRIP
+    def strip_keys(self) -> int:
+        """The keys (rows, upper side) of the strip this region is read from: its nearest
+        finite end, or (open to the end) the larger start, where its complement ends."""
+        ends = [hi for hi in (self.rows[1], self.keys[1]) if hi is not None]
+        return min(ends) if ends else max(self.rows[0], self.keys[0])
 
     def holds(self, t: Tensor, s: Tensor) -> Tensor:
         """Bool: whether entry (query t, key s) is in the region."""
@@ -96,6 +100,19 @@ def variants_of(cls) -> dict[str, Variant]:
             if "variant" in f.metadata}
 
 
+def strip_of(regions) -> int:
+    """K: the keys (rows, upper side) of the one strip every region of ``regions`` is read
+    from (at least 1)."""
+    return max([1, *(v.strip_keys() for v in regions)])
+
+
+def strip_bytes(n_heads: int, length: int, strip: int) -> int:
+    """Transient bytes of one sequence's strip for one side: the [head, T, K] logits and
+    their skewed float64 copy [head, K, T + K]."""
+    K = min(strip, length)
+    return n_heads * K * (4 * length + 8 * (length + K))
+
+
 def region_mask(variant: Variant, K: int, n_lag: int, max_lag: int | None = None,
                 upper: bool = False, device=None) -> Tensor:
     """Bool [K, n_lag]: the entries of the skewed strip :func:`region_sums` sums for
@@ -119,6 +136,8 @@ def region_sums(skewed: Float[Tensor, "batch head_index pos lag"], variant: Vari
     whole side's sums ``whole`` (S1 may hold lags past ``max_lag``: they pass through);
     positions past the end of the sequence are zero in the strip."""
     K, n_lag = skewed.shape[-2], skewed.shape[-1]
+    if K < min(variant.strip_keys(), n_lag + 1):
+        raise ValueError(f"{variant} needs a strip of {variant.strip_keys()} keys, got {K}")
     mine = region_mask(variant, K, n_lag, max_lag, upper, skewed.device)
     part = torch.where(mine, skewed, 0.0)
     s1, sq = part.sum(-2), torch.linalg.vector_norm(part, dim=(-2, -1)).square()
@@ -164,5 +183,5 @@ def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: 
     return float(r2)
 
 
-__all__ = ["STRIP", "Variant", "fitted", "region_mask", "region_sums", "regions_sums", "variant_r2",
-           "variants_of"]
+__all__ = ["Variant", "fitted", "region_mask", "region_sums", "regions_sums", "strip_bytes",
+           "strip_of", "variant_r2", "variants_of"]

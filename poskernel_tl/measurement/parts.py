@@ -8,6 +8,8 @@ import math
 import types
 import typing
 
+import numpy as np
+
 from poskernel_tl.measurement.pe_kernel import PEKernel
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.protocol import offset_bands
@@ -44,6 +46,34 @@ def _owners(classes: tuple[type[Part], ...]) -> dict[str, type[Part]]:
 def owner() -> dict[str, type[Part]]:
     """Field name -> the part that declares it (fields a result does not show left out)."""
     return _owners(part_classes())
+
+
+def head_columns() -> dict[str, tuple[str, str, str]]:
+    """Every per-head column a result's parts declare, in part order: ``heads.csv``
+    column -> (part, attribute, label) — the fields declared with a ``head`` label
+    (:meth:`~poskernel_tl.schema.Part.head_fields`), then each statistic's
+    ``head_columns``."""
+    out = {col: (cls.NAME, attr, label) for cls in part_classes()
+           for attr, (col, label) in cls.head_fields().items()}
+    for stat in STATISTICS.values():
+        out.update({col: (stat.name, col, label) for col, label in stat.head_columns.items()})
+    return out
+
+
+def head_labels() -> dict[str, str]:
+    """``heads.csv`` column -> label of every declared per-head column."""
+    return {col: label for col, (_, _, label) in head_columns().items()}
+
+
+def head_values(parts: dict[str, Part]) -> dict[str, np.ndarray]:
+    """``heads.csv`` column -> [layer head_index] values, float64, of every per-head
+    column (:func:`head_columns`) that ``parts`` hold."""
+    out = {}
+    for col, (name, attr, _) in head_columns().items():
+        value = None if name not in parts else getattr(parts[name], attr)
+        if value is not None:
+            out[col] = np.asarray(value, np.float64)
+    return out
 
 
 def build_part(cls: type[Part], values: dict) -> Part:
@@ -93,5 +123,5 @@ def planned_bytes(dims: dict[str, int], logits: int = 0, optional: tuple[str, ..
     return total
 
 
-__all__ = ["CORE_PARTS", "UNSHOWN", "build_part", "condition_dims", "owner", "part_classes",
-           "planned_bytes"]
+__all__ = ["CORE_PARTS", "UNSHOWN", "build_part", "condition_dims", "head_columns",
+           "head_labels", "head_values", "owner", "part_classes", "planned_bytes"]

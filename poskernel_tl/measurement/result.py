@@ -31,10 +31,16 @@ from poskernel_tl.fit.toeplitz import two_sided
 from poskernel_tl.folder import file_digest
 from poskernel_tl.hooks import kv_head_map
 from poskernel_tl.io import save_arrays, save_csv, save_json
-from poskernel_tl.measurement.parts import build_part, condition_dims, owner, part_classes
+from poskernel_tl.measurement.parts import (
+    build_part,
+    condition_dims,
+    head_values,
+    owner,
+    part_classes,
+)
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.reducers import GramResult, SavedLogits, TrackAResult
-from poskernel_tl.reducers.registry import STATISTICS, condition_values
+from poskernel_tl.reducers.registry import condition_values
 from poskernel_tl.schema import Part, SavedFiles, tidy_tables
 
 # result attribute -> (part, field) where the names differ
@@ -216,14 +222,13 @@ class ConditionResult:
 
     def kernels(self) -> pd.DataFrame | None:
         """Per head, the kernel descriptors and class (:mod:`poskernel_tl.fit.kernel_class`)
-        and every registered statistic's per-head columns this result holds (``heads.csv``)."""
+        and every declared per-head column this result holds
+        (:func:`~poskernel_tl.measurement.parts.head_columns`): ``heads.csv``."""
         df = condition_kernels(self)
         if df is None:
             return None
-        for stat in STATISTICS.values():
-            part = self.parts.get(stat.name)
-            for col in stat.head_columns if part is not None else ():
-                df[col] = np.asarray(getattr(part, col), np.float64).ravel()
+        for col, values in head_values(self.parts).items():
+            df[col] = values.ravel()
         return df
 
     def condition_values(self) -> dict[str, float]:

@@ -48,9 +48,9 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.fit.variants import STRIP
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.band_sums import band_is_cheaper, band_lag_sums, band_part_sums
+from poskernel_tl.reducers.track_a_result import STRIP
 
 ACC = torch.float64
 DEFAULT_CHUNK = 64
@@ -320,7 +320,7 @@ class LowerStats:
     """Per (sequence, head) sums Track A fits, float64: S1(Δ) and Σ A² of the whole
     strictly lower triangle, Σ A² of each band of offsets
     (:func:`~poskernel_tl.protocol.band_ends`), and the strip of the first
-    :data:`~poskernel_tl.fit.variants.STRIP` keys skewed to [key, lag] (entry (s, Δ−1) =
+    :data:`~poskernel_tl.reducers.track_a_result.STRIP` keys skewed to [key, lag] (entry (s, Δ−1) =
     A[s + Δ, s]), from which every variant's region is summed
     (:func:`~poskernel_tl.fit.variants.region_sums`). Under a window (``max_lag``) ``sq``
     and ``bands`` are the window's, ``s1`` keeps every lag (the window is applied by the

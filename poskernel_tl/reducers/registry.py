@@ -41,11 +41,6 @@ def get(name: str) -> StatisticSpec:
     return STATISTICS[name]
 
 
-def head_columns() -> dict[str, str]:
-    """Every statistic's per-head columns, column -> label, in registry order."""
-    return {c: label for s in STATISTICS.values() for c, label in s.head_columns.items()}
-
-
 def condition_labels() -> dict[str, str]:
     """Every statistic's per-condition value names -> labels (the name where none)."""
     return {k: v for s in STATISTICS.values() for k, v in s.condition_labels.items()}
@@ -56,4 +51,4 @@ def condition_values(heads: pd.DataFrame) -> dict[str, float]:
     return {k: v for s in STATISTICS.values() for k, v in s.values_of(heads).items()}
 
 
-__all__ = ["STATISTICS", "condition_labels", "condition_values", "get", "head_columns"]
+__all__ = ["STATISTICS", "condition_labels", "condition_values", "get"]

@@ -15,11 +15,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl import kernels
-from poskernel_tl.fit.variants import STRIP
 from poskernel_tl.models.softmax_ops import cap_scores
 from poskernel_tl.reducers.band_sums import band_part_sums
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import LowerStats, key_strip, skew_keys
+from poskernel_tl.reducers.track_a_result import STRIP
 from poskernel_tl.reducers.two_sided import UpperStats, check_two_sided, diagonal_sum
 
 Triple = tuple[Float[Tensor, "out head_index lag"], Float[Tensor, "out head_index"],
@@ -39,7 +39,7 @@ def kept_sums(sums: Float[Tensor, "stat out head_index window"], length: int,
 
 def strip(batch: LayerBatch, swap: bool = False
           ) -> Float[Tensor, "batch head_index key_pos lag"]:
-    """The first :data:`~poskernel_tl.fit.variants.STRIP` keys of what the softmax reads,
+    """The first :data:`~poskernel_tl.reducers.track_a_result.STRIP` keys of what the softmax reads,
     skewed to [key, lag] (``swap``: of its transpose, the upper triangle's rows)."""
     q, k = batch.logit_qk
     if swap:

@@ -43,7 +43,13 @@ from poskernel_tl.fit.toeplitz import (
     r2_two_sided,
     upper_lag_counts,
 )
-from poskernel_tl.fit.variants import STRIP, Variant, region_mask, region_sums, regions_sums
+from poskernel_tl.fit.variants import (
+    Variant,
+    region_mask,
+    region_sums,
+    regions_sums,
+    strip_bytes,
+)
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.protocol import (
     N_SPLITS,
@@ -56,7 +62,9 @@ from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, skew_keys, track_a_sta
 from poskernel_tl.reducers.tile_sums import track_a_tile_stats, upper_tile_stats
 from poskernel_tl.reducers.track_a_result import (
     PER_SEQ,
+    REGIONS,
     SINK_COLUMN,
+    STRIP,
     VARIANTS,
     TrackAResult,
 )
@@ -73,7 +81,7 @@ from poskernel_tl.reducers.two_sided import (
 # float64 [head, T, d_head]-sized buffers of the lag-sum work per sequence of a batch
 # (FFTs of q and k padded to 2T, their spectra, the chunked moments), and the
 # [n_eval, layer, head, T] float64 arrays the result holds at once
-LAG_COPIES = 11  # measured ≈ 4.8 (SmolLM2-shaped heads, T = 1024 and 2048)
+LAG_COPIES = 10  # measured ≈ 4.8 (SmolLM2-shaped heads, T = 1024 and 2048; the strip apart)
 RESULT_COPIES = 2
 
 
@@ -85,9 +93,12 @@ def state_bytes(model: LoadedModel, length: int, n_seqs: int) -> int:
 
 
 def work_bytes(model: LoadedModel, length: int) -> int:
-    """Track A's transient bytes per sequence of a batch (:data:`LAG_COPIES`)."""
+    """Track A's transient bytes per sequence of a batch (:data:`LAG_COPIES`), and the
+    strip its regions are read from (:data:`~poskernel_tl.reducers.track_a_result.STRIP`
+    keys: :func:`~poskernel_tl.fit.variants.strip_bytes`), per side."""
     s = model.spec
-    return LAG_COPIES * s.n_heads * length * s.d_head * 8 * sides(model)
+    return (LAG_COPIES * s.n_heads * length * s.d_head * 8 +
+            strip_bytes(s.n_heads, length, STRIP)) * sides(model)
 
 
 class TrackAReducer:
@@ -120,7 +131,7 @@ class TrackAReducer:
         self.r2_seq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         # every region a variant (or g_sink) reads: its sums pooled over the sequences
         # (lower side, and upper for a bidirectional model), its n(Δ) per layer
-        self.regions = list(dict.fromkeys([*VARIANTS.values(), SINK_COLUMN]))
+        self.regions = list(REGIONS)
         # (one tensor per statistic; each region's sums a view of it)
         self.region_stack = (torch.zeros(len(self.regions), 2, n_layers, n_heads, T - 1, **f64),
                              torch.zeros(len(self.regions), 2, n_layers, n_heads, **f64))

@@ -11,7 +11,7 @@ from jaxtyping import Float, Int
 
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.fit.toeplitz import kept_finite, sym_antisym, two_sided
-from poskernel_tl.fit.variants import Variant, fitted, variants_of
+from poskernel_tl.fit.variants import Variant, fitted, strip_of, variants_of
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM
 from poskernel_tl.schema import TABLE_ROWS, Part, axes, column, stored
 
@@ -115,5 +115,7 @@ class TrackAResult(Part):
 VARIANTS = variants_of(TrackAResult)  # field -> region: every Track A variant
 PER_SEQ = tuple(f for f in VARIANTS  # the variants kept per sequence
                 if axes(TrackAResult.__annotations__[f])[0] == "n_seqs")
+REGIONS = tuple(dict.fromkeys([*VARIANTS.values(), SINK_COLUMN]))  # every region read
+STRIP = strip_of(REGIONS)  # keys (rows, upper side) of the strip they are read from
 
-__all__ = ["NO_SINK", "PER_SEQ", "SINK_COLUMN", "VARIANTS", "TrackAResult"]
+__all__ = ["NO_SINK", "PER_SEQ", "REGIONS", "SINK_COLUMN", "STRIP", "VARIANTS", "TrackAResult"]

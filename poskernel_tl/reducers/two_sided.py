@@ -33,7 +33,6 @@ from poskernel_tl.fit.toeplitz import (
     lower_mean_from_qk,
     upper_lag_counts,
 )
-from poskernel_tl.fit.variants import STRIP
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.lag_sums import (
@@ -43,6 +42,7 @@ from poskernel_tl.reducers.lag_sums import (
     lag_sums,
     skew_keys,
 )
+from poskernel_tl.reducers.track_a_result import STRIP
 
 Block = tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
 
@@ -50,9 +50,10 @@ Block = tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_i
 @dataclass
 class UpperStats:
     """Per (sequence, head), float64: (S1, Σ A²) of the whole upper triangle, index j ↔
-    Δ = −(j+1); the strip of its first :data:`~poskernel_tl.fit.variants.STRIP` query rows
-    skewed to [row, lag] (entry (t, j) = A[t, t + j + 1]); ``diag`` = Σ_t A[t, t];
-    ``bands``, Σ A² over each band of offsets (:func:`~poskernel_tl.protocol.band_ends`)."""
+    Δ = −(j+1); the strip of its first
+    :data:`~poskernel_tl.reducers.track_a_result.STRIP` query rows skewed to [row, lag]
+    (entry (t, j) = A[t, t + j + 1]); ``diag`` = Σ_t A[t, t]; ``bands``, Σ A² over each
+    band of offsets (:func:`~poskernel_tl.protocol.band_ends`)."""
 
     whole: Block
     skewed: Float[Tensor, "batch head_index query_pos lag"]

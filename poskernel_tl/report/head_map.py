@@ -19,8 +19,8 @@ import pandas as pd
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import read_spectral
+from poskernel_tl.measurement.parts import head_labels
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.reducers.registry import head_columns
 from poskernel_tl.report import extras, nulls
 from poskernel_tl.report.collect import SavedCondition
 from poskernel_tl.report.html import json_for_script, write_page
@@ -39,7 +39,7 @@ LABELS = {"R2_pooled": "Track A pooled R²", "R2_nosink": "Track A R², sink col
           "prev_share": "previous-token share", "sink_share": "sink share",
           "null_max": "R² of the null (max)", "peak_lag": "peak lag Δ", "width": "local width",
           "decay_slope": "decay slope over ln Δ", "periodic_share": "periodic share",
-          **head_columns()}  # every registered statistic's per-head columns
+          **head_labels()}  # every declared per-head column
 SPECTRAL_COLS = ("aligned", "p_value", "frac_matched")
 
 

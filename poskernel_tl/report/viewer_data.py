@@ -25,9 +25,9 @@ from jaxtyping import Float
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import LABELS, SOURCES
+from poskernel_tl.measurement.parts import head_labels
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.plan.allocator import release_pages
-from poskernel_tl.reducers.registry import head_columns
 from poskernel_tl.report import extras
 from poskernel_tl.report.collect import SavedCondition
 from poskernel_tl.report.figures import model_label
@@ -174,7 +174,7 @@ def kernel_rows(r: ConditionResult) -> dict:
     if heads is None:
         return {**entry, "status": "not run",
                 "message": "measured before kernel classes: run poskernel run again"}
-    cols = [(c, label) for c, label in (*KERNEL_FIELDS, *head_columns().items())
+    cols = [(c, label) for c, label in (*KERNEL_FIELDS, *head_labels().items())
             if c in heads.columns]
     values: list = [None] * (r.n_layers * r.n_heads)
     for row in heads.to_dict("records"):
