@@ -20,6 +20,7 @@ import poskernel_tl.reducers.long_view as long_view
 from poskernel_tl import kernels
 from poskernel_tl.kernels.dispatch import IN_LAUNCH
 from poskernel_tl.measurement import measure as measure_module
+from poskernel_tl.measurement.parts import head_columns
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.plan import batching
 from poskernel_tl.reducers import registry
@@ -150,6 +151,26 @@ def test_the_readme_statistic_runs_end_to_end(tiny_tokenizer, tmp_path, monkeypa
     heads = pd.read_csv(next((tmp_path / "results").glob("*_heads.csv")))
     assert np.allclose(heads["self_mass"], res.self_mass.ravel())
     assert back.condition_values()["self_heads"] == float((res.self_mass > 0.5).mean())
+
+
+def test_every_declared_head_column_reaches_heads_csv(tiny_tokenizer, tmp_path):
+    """Every per-head column a part declares (a Track A field's ``head`` label, a
+    statistic's ``head_columns``) is a column of the saved heads.csv equal to the result's
+    value; a Track A one equals its own column of trackA.csv."""
+    model = tiny_loaded("llama", tiny_tokenizer)
+    ids = torch.randint(3, 290, (4, 110), generator=torch.Generator().manual_seed(8))
+    res = pk.measure(model, ids, progress=False, null_seqs=3, dataset="random")
+    res.save(tmp_path)
+    heads = pd.read_csv(next((tmp_path / "results").glob("*_heads.csv")))
+    track_a = pd.read_csv(next((tmp_path / "results").glob("*_trackA.csv")))
+    declared = head_columns()
+    assert {c for c, (part, _, _) in declared.items() if part == "track_a"}
+    for col, (part, attr, label) in declared.items():
+        assert label and np.allclose(heads[col], np.asarray(getattr(res.parts[part], attr))
+                                     .ravel(), equal_nan=True), col
+        if part == "track_a":
+            first = track_a[track_a["seq_id"] == track_a["seq_id"].iloc[0]]
+            assert np.allclose(heads[col], first[col], equal_nan=True), col
 
 
 @pytest.mark.parametrize("arch", ["gpt_oss"])

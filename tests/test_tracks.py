@@ -14,6 +14,7 @@ from poskernel_tl.reducers import (
     TrackAReducer,
 )
 from poskernel_tl.reducers.moments import random_half
+from poskernel_tl.reducers.track_a_result import PER_SEQ, VARIANTS
 
 TOL = 1e-6
 B, T, H, HKV, D, L = 6, 64, 4, 2, 8, 2
@@ -96,6 +97,34 @@ def test_track_a_matches_naive(qk):
                 for _ in range(N_SPLITS)]
         assert abs(res.r2_split.mean(0)[0, h] - np.mean(subs)) < TOL
         assert abs(res.r2_split.std(0, ddof=1)[0, h] - np.std(subs, ddof=1)) < TOL
+
+
+@pytest.mark.parametrize("source", ["lags", "scores"])
+def test_every_declared_region_matches_naive(rng, source):
+    """Every Track A region declared on the result (VARIANTS: the protocol's and any added
+    one, such as query rows 21–100) against a naive fit of its entries, pooled over the
+    sequences, at a length past every finite bound (T = 130)."""
+    n, T_long = 3, 130
+    q = torch.randn(n, T_long, H, D, generator=rng, dtype=torch.float64)
+    k = torch.randn(n, T_long, HKV, D, generator=rng, dtype=torch.float64)
+    pos = torch.randn(T_long, 1, D, generator=rng, dtype=torch.float64)
+    q, k = (q + 2 * pos).float(), (k + 2 * pos).float()
+    red = TrackAReducer(n, 1, H, T_long, source=source)
+    for x in range(n):
+        idx = torch.tensor([x])
+        red.update(LayerBatch(0, q[idx], k[idx], idx, float(SCALE), rows=(x,)))
+    res = red.result()
+    assert max(v.strip_keys() for v in VARIANTS.values()) < T_long
+    qn, kn = q.double().numpy(), k.double().numpy()
+    t, s = (x.ravel() for x in np.indices((T_long, T_long)))
+    for field, v in VARIANTS.items():
+        if field in PER_SEQ:
+            continue
+        keep = (t > s) & v.holds(torch.from_numpy(t), torch.from_numpy(s)).numpy()
+        for h in range(H):
+            vals = np.concatenate([logits(qn[x], kn[x], h).ravel()[keep] for x in range(n)])
+            want = naive_fit(list(zip(np.tile((t - s)[keep], n), vals)))
+            assert abs(getattr(res, field)[0, h] - want) < TOL, (field, h)
 
 
 def test_track_a_subsets_and_sink(qk):
@@ -281,3 +310,18 @@ def test_frequency_usage_matches_naive(qk, dtype):
                     for i in range(D // 2):
                         want[h, i] += np.hypot(xs[b, t, h, i], xs[b, t, h, i + D // 2])
         assert np.abs(got[0] - want / (B * T)).max() <= 1e-6 * want.max() / (B * T)
+
+
+def test_the_readme_region_is_the_declared_one():
+    """The README's "Adding a Track A region" shows the field as declared."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from poskernel_tl.reducers import track_a_result
+
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    section = text[text.index("### Adding a Track A region"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert code in inspect.getsource(track_a_result)
+    assert "r2_pooled_rows_21_100" in VARIANTS

@@ -70,6 +70,9 @@ class TrackAResult(Part):
         "bands", "R2_pooled", default=None)
     r2_band_per_seq: Float[np.ndarray, "band layer head_index"] | None = column(
         "bands", "R2_per_seq_mean", default=None)  # the mean over sequences
+    r2_pooled_rows_21_100: Float[np.ndarray, "layer head_index"] | None = fitted(column("trackA",
+        "R2_pooled_rows_21_100", head="Track A R², query rows 21–100", default=None), Variant(
+        rows=(21, 101)))  # query rows 21–100, ends included
 
     @property
     def r2_split_mean(self) -> Float[np.ndarray, "layer head_index"]:
