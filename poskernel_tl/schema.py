@@ -173,9 +173,11 @@ class SavedFiles:
 
 
 class Part:
-    """Mixin of a result part (a dataclass). ``NAME``: its attribute on the result."""
+    """Mixin of a result part (a dataclass). ``NAME``: its attribute on the result;
+    ``PANELS``: what a head view draws of it (:class:`~poskernel_tl.panels.Panel`)."""
 
     NAME: ClassVar[str]
+    PANELS: ClassVar[tuple] = ()
 
     @classmethod
     def stored_fields(cls) -> list[dataclasses.Field]:

@@ -11,6 +11,7 @@ import pytest
 from browser import find_chromium, load_page, parse_html
 
 from poskernel_tl import report
+from poskernel_tl.fit.one_matrix import matrix_fit
 from poskernel_tl.report import viewer as VW
 
 EVIL = "<script>alert(1)</script>"
@@ -75,7 +76,7 @@ def test_payload_is_escaped_and_carries_the_numbers():
     assert html.lower().count("<script") == html.lower().count("</script>")
     p = payload_of(html)
     assert p["seq"]["tokens"] == data.tokens and p["title"] == data.title
-    r2, g, back = report.toeplitz_fit(data.logits)
+    r2, g, back = matrix_fit(data.logits)
     assert back is None  # one-sided unless two_sided
     assert p["numbers"][0][2] == pytest.approx(r2)
     assert p["tables"][0]["rows"][0] == ["0.9", EVIL]

@@ -324,12 +324,12 @@ def test_a_windowed_result_round_trips_and_its_spectra_use_each_layer(tmp_path, 
     heads = pd.read_csv(C.result_path(tmp_path, back.model, back.dataset, T, C.HEADS_CSV))
     assert len(heads) == 16 and set(heads["kernel_class"]) <= set(CLASSES)
     data = (tmp_path / "report" / "data" / f"{back.stem()}.js").read_text(encoding="utf-8")
-    kernel = json.loads(data[data.index(" = {") + 3:-2])["extras"][0]  # the head views' table
-    for row in heads.itertuples():
-        values = kernel["values"][row.layer * 4 + row.head]
-        assert values[-1] == f"class: {row.kernel_class}"
-        assert values[kernel["labels"].index("previous-token share")] == pytest.approx(
-            row.prev_share)
+    pages = json.loads(data[data.index(" = {") + 3:-2])["heads"]
+    for row in heads.itertuples():  # each head view's table of kernel descriptors
+        kernel = pages[row.layer * 4 + row.head]["tables"][0]
+        assert kernel["rows"][0][3] == f"class: {row.kernel_class}"
+        shown = {r[0]: r[1] for r in kernel["rows"]}
+        assert float(shown["previous-token share"]) == pytest.approx(row.prev_share, rel=1e-3)
     assert heads.loc[heads["layer"] != 2, "last_lag"].max() <= 15  # the window's offsets
     g = back.g_pooled.copy()
     g[2, 0, 3] = np.nan  # a hole inside the kept offsets is damage

@@ -13,11 +13,11 @@ from browser import find_chromium, load_page
 from scipy.special import logsumexp
 
 from poskernel_tl.fit.blocks import fit_mask
+from poskernel_tl.fit.one_matrix import matrix_fit
 from poskernel_tl.report import viewer_long as VL
 from poskernel_tl.report.viewer import (
     HeadPageData,
     head_payload,
-    toeplitz_fit,
     write_head_page,
     zoom_payload,
 )
@@ -74,7 +74,7 @@ def naive_maps(logits, pattern, keep, g, g_back, b):
     (100, 16, False, None), (97, 10, False, 20), (61, 8, True, None), (40, 64, False, None)])
 def test_overview_equals_a_naive_reduction(T, n_blocks, two_sided, max_lag):
     data = planted(T, two_sided=two_sided, max_lag=max_lag)
-    _, g, g_back = toeplitz_fit(data.logits, two_sided, max_lag)
+    _, g, g_back = matrix_fit(data.logits, two_sided, max_lag)
     keep = fit_mask(T, two_sided, max_lag)
     b, maps = VL.overview_maps(data.logits, data.pattern, g, g_back, two_sided, max_lag,
                                n_blocks)

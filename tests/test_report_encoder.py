@@ -58,12 +58,14 @@ def test_head_data_carry_both_sides_for_the_encoder_only(folder):
     out, (causal, encoder) = folder
     build_report(out, workers=1)
     enc, dec = payload(out, "tiny-bert"), payload(out, "tiny-llama")
-    assert enc["causal"] is False and dec["causal"] is True
-    assert {"g_a_back", "g_b_back", "g_seq_back"} <= set(enc["arrays"])
-    assert not {"g_a_back", "g_b_back", "g_seq_back"} & set(dec["arrays"])
     T, L, H = 24, encoder.n_layers, encoder.n_heads
-    # the encoder's saved logits: every entry off the diagonal, 8-bit coded
-    assert enc["arrays"]["logits"]["shape"] == [L, H, T * (T - 1)]
-    assert dec["arrays"]["logits"]["shape"] == [L, H, T * (T - 1) // 2]
+    for d, both in ((enc, True), (dec, False)):
+        page = d["heads"][0]
+        kernels = [q for q in page["panels"] if q["section"] == "Positional kernel g(Δ)"]
+        back = [sum("g(−Δ)" in t["name"] for t in k["series"]) for k in kernels]
+        assert back == ([2, 1] if both else [0, 0])  # raw and within rows; Track B
+        assert page["seq"]["twoSided"] is both and (page["seq"]["gBack"] is None) is not both
+        # the saved logits: every entry off the diagonal (encoder), 8-bit coded
+        assert page["seq"]["codes"]["shape"] == [T * (T - 1) // (1 if both else 2)]
     assert np.isnan(np.diag(encoder.logits[int(encoder.seq_id[0])][0, 0])).all()
     assert np.isfinite(encoder.logits[int(encoder.seq_id[0])][0, 0][0, 1])

@@ -108,28 +108,40 @@ def typed(spec: dict) -> np.ndarray:
 
 # ------------------------------------------------------------------ without a browser
 def test_data_file_holds_the_saved_numbers(site):
+    """One page per head, its numbers and curves the saved ones (the logits an 8-bit
+    display copy within half a step), the peaks the spectral file's."""
     r = site["prose"]
     d = data_of(site["page"], r)
-    assert d["r2"]["pooled"] == r.r2_pooled.tolist()
-    np.testing.assert_array_equal(typed(d["arrays"]["g_a"]), r.g_pooled.astype(np.float32))
-    np.testing.assert_array_equal(typed(d["arrays"]["per_seq"]), r.r2_per_seq.astype(np.float32))
+    assert len(d["heads"]) == L * H and d["tokens"] == site["tokens"]
     A = r.logits[12]
-    assert d["arrays"]["logits"]["z"]  # deflated; the viewer inflates it
-    codes, lo = typed(d["arrays"]["logits"]), typed(d["arrays"]["logits_lo"])
-    step = typed(d["arrays"]["logits_step"])
     t, s = np.tril_indices(T, -1)
-    back = lo[..., None] + step[..., None] * codes
-    assert np.abs(back - A[..., t, s]).max() <= step.max() / 2 + 1e-6
-    np.testing.assert_array_equal(lo, A[..., t, s].min(-1).astype(np.float32))
-    np.testing.assert_allclose(step, (A[..., t, s].max(-1) - A[..., t, s].min(-1)) / 255,
-                               rtol=1e-6)
-    np.testing.assert_array_equal(typed(d["arrays"]["g_seq"]), r.g_per_seq[2])
-    assert d["tokens"] == site["tokens"] and d["logits_seq"] == 12
-    spec = d["spectral"]["trackB"]
-    first = [p[0] for p in spec["peaks"][0]]
-    np.testing.assert_array_equal(first, site["peaks"]["trackB"].query("layer == 0 and "
-                                                                       "head == 0")["omega"])
-    assert data_of(site["page"], site["rand"])["spectral"]["trackB"]["status"] == "not run"
+    for layer in range(L):
+        for head in range(H):
+            p = d["heads"][layer * H + head]
+            numbers = {n[0]: n[2] for n in p["numbers"]}
+            assert numbers["r2-pooled"] == r.r2_pooled[layer, head]
+            assert numbers["r2-B"] == r.r2_gram[layer, head]
+            kernel = [q for q in p["panels"] if q["section"] == "Positional kernel g(Δ)"]
+            np.testing.assert_array_equal(typed(kernel[0]["series"][0]["y"]),
+                                          r.g_pooled[layer, head].astype(np.float32))
+            hist = [q for q in p["panels"] if q["kind"] == "histogram"]
+            np.testing.assert_array_equal(typed(hist[0]["values"]),
+                                          r.r2_per_seq[:, layer, head].astype(np.float32))
+            assert hist[0]["marker"] == r.r2_pooled[layer, head]
+            q = p["seq"]
+            assert q["codes"]["z"]  # deflated; the viewer inflates it
+            back = q["lo"] + q["step"] * typed(q["codes"]).astype(np.float64)
+            want = A[layer, head, t, s]
+            assert np.abs(back - want).max() <= q["step"] / 2 + 1e-6
+            assert q["lo"] == float(np.float32(want.min()))
+            np.testing.assert_array_equal(typed(q["g"]), r.g_per_seq[2, layer, head])
+            spectrum = [q for q in p["panels"] if q["section"].startswith("Spectrum — Track B")]
+            peaks = spectrum[0]["tables"][1]["rows"]
+            saved = site["peaks"]["trackB"].query(f"layer == {layer} and head == {head}")
+            assert [float(row[1]["attrs"]["data-value"]) for row in peaks] == \
+                saved.sort_values("rank")["omega"].tolist()
+    rand = data_of(site["page"], site["rand"])["heads"][0]["panels"]
+    assert [q["status"] for q in rand if q["kind"] == "message"] == ["not run", "not run"]
     # no token string can end a script: the JSON escapes <, > and &
     text = (site["page"].parent / "data" / f"{r.stem()}.js").read_text(encoding="utf-8")
     assert "</script" not in text and "<img" not in text

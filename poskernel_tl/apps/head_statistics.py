@@ -1,8 +1,8 @@
-"""Every registered per-head statistic of one head on one sequence: the head view's rows
-from the statistic registry (:data:`~poskernel_tl.reducers.registry.STATISTICS`), each
-statistic's own reducer fed the layer's q and k of the view's forward, as ``pk.measure``
-feeds it, and completed as it completes it (``finish``, with Track A's reducer of the
-same batch beside it)."""
+"""Every registered statistic on one sequence, for the head view: each statistic's own
+reducer (:data:`~poskernel_tl.reducers.registry.STATISTICS`) fed the layer's q and k of
+the view's forward, as ``pk.measure`` feeds it, and completed as it completes it
+(``finish``, with Track A's reducer of the same batch beside it). The view shows their
+per-head columns (:func:`statistic_values`) and their declared panels."""
 
 import numpy as np
 import torch
@@ -15,14 +15,15 @@ from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.registry import STATISTICS
 from poskernel_tl.reducers.statistic import Run
 from poskernel_tl.reducers.track_a import TrackAReducer
+from poskernel_tl.schema import Part
 
 
-def head_statistics(model: LoadedModel, layer: int, head: int,
+def head_statistics(model: LoadedModel, layer: int,
                     q: Float[Tensor, "pos head_index d_head"],
-                    k: Float[Tensor, "pos kv_head_index d_head"]) -> dict[str, float]:
-    """Label -> value of every per-head column the registered statistics declare, for
-    ``head`` of ``layer`` on the one sequence whose q and k (every head of the layer)
-    are given."""
+                    k: Float[Tensor, "pos kv_head_index d_head"]) -> dict[str, Part]:
+    """Name -> part of every registered statistic that shows something per head (columns
+    or panels), for ``layer`` on the one sequence whose q and k (every head of the layer)
+    are given; the parts' other layers are not measured."""
     T = q.shape[0]
     run = Run(model, T, 1, MeasureConfig(null_seqs=1, null_perms=0))
     batch = LayerBatch(layer, q[None], k[None], torch.zeros(1, dtype=torch.long,
@@ -34,15 +35,21 @@ def head_statistics(model: LoadedModel, layer: int, head: int,
     track_a.update(batch)
     out = {}
     for stat in STATISTICS.values():
-        if not stat.head_columns or (red := stat.build(run)) is None:
+        if not (stat.head_columns or stat.part.PANELS) or (red := stat.build(run)) is None:
             continue
         red.update(batch)
         part = red.result()
         if stat.finish is not None:
             part = stat.finish(part, {"track_a": track_a, stat.name: red}, run)
-        out.update({label: float(np.asarray(getattr(part, col))[layer, head])
-                    for col, label in stat.head_columns.items()})
+        out[stat.name] = part
     return out
 
 
-__all__ = ["head_statistics"]
+def statistic_values(parts: dict[str, Part], layer: int, head: int) -> dict[str, float]:
+    """Label -> value of every per-head column the statistics of ``parts`` declare."""
+    return {label: float(np.asarray(getattr(parts[stat.name], col))[layer, head])
+            for stat in STATISTICS.values() if stat.name in parts
+            for col, label in stat.head_columns.items()}
+
+
+__all__ = ["head_statistics", "statistic_values"]

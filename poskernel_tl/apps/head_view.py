@@ -25,7 +25,7 @@ from torch import Tensor
 from poskernel_tl.analyses.spectral.processing import two_sided_for_spectrum
 from poskernel_tl.analyses.spectral.summary import alignment_frames, alignment_line, kernel_spectrum
 from poskernel_tl.apps.head_inputs import check_head, token_ids
-from poskernel_tl.apps.head_statistics import head_statistics
+from poskernel_tl.apps.head_statistics import head_statistics, statistic_values
 from poskernel_tl.apps.head_zoom import HeadZoom
 from poskernel_tl.data.sequences import token_strings
 from poskernel_tl.fit.blocks import fit_mask
@@ -53,6 +53,7 @@ from poskernel_tl.report import (
     write_assets,
     write_head_page,
 )
+from poskernel_tl.report.head_page import declared
 from poskernel_tl.report.viewer_long import NOTEBOOK_FACTOR_BYTES
 from poskernel_tl.schema import check_shapes
 
@@ -109,6 +110,8 @@ class HeadView:
     logit_scale: float | None = None
     # every registered statistic's per-head columns on this sequence (label -> value)
     statistics: dict[str, float] = field(default_factory=dict)
+    # the statistics' parts on this sequence (their declared panels are drawn)
+    parts: dict = field(default_factory=dict)
 
     @property
     def two_sided(self) -> bool:
@@ -143,13 +146,15 @@ class HeadView:
         if self.statistics:
             tables["Per-head statistics on this sequence"] = pd.DataFrame(
                 {"quantity": list(self.statistics), "value": list(self.statistics.values())})
+        numbers, panels = declared(self.parts, self.layer, self.head)
         return HeadPageData(
             title=self.title, tokens=list(self.tokens), pattern=self.pattern,
             logits=self.logits, g_trackA=self.g, g_trackA_back=self.g_back,
             two_sided=self.two_sided, spectrum=self.spectrum, thetas=self.thetas,
             tables=tables,
             r2_values={"R² without the sink column (key 0)": self.r2_nosink},
-            notes=notes, max_lag=self.max_lag, q=self.q, k=self.k, logit_scale=self.logit_scale)
+            notes=notes, max_lag=self.max_lag, q=self.q, k=self.k, logit_scale=self.logit_scale,
+            fit=(self.r2, self.g, self.g_back), numbers=numbers, panels=panels)
 
     def to_html(self, assets_rel: str | None = None) -> str:
         """The view as an HTML block; ``assets_rel=None`` inlines the circuitsvis bundle."""
@@ -342,8 +347,9 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
         spectrum=(omega, power), alignment=alignment, thetas=thetas,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes,
         q=t["q"].float().cpu().numpy(), k=t["k"].float().cpu().numpy(),
-        logit_scale=float(model.logit_scale),
-        statistics=head_statistics(model, layer, head, t["q_layer"], t["k_layer"]))
+        logit_scale=float(model.logit_scale))
+    view.parts = head_statistics(model, layer, t["q_layer"], t["k_layer"])
+    view.statistics = statistic_values(view.parts, layer, head)
     T = len(ids)  # the view's arrays against the text's length (cheap: shapes only)
     check_shapes(view, {"pos": T, "query_pos": T, "key_pos": T, "lag": T - 1},
                  error=RuntimeError)

@@ -12,6 +12,7 @@ from jaxtyping import Float, Int
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.fit.toeplitz import kept_finite, sym_antisym, two_sided
 from poskernel_tl.fit.variants import Variant, fitted, strip_of, variants_of
+from poskernel_tl.panels import Panel
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM
 from poskernel_tl.schema import TABLE_ROWS, Part, axes, column, stored
 
@@ -24,6 +25,9 @@ class TrackAResult(Part):
     """Track A of one condition; where each field is saved is declared on it."""
 
     NAME = "track_a"
+    PANELS = (Panel("histogram", "Per-sequence R²", "r2_per_seq", x="R² per sequence",
+                    y="sequences", marker="r2_pooled",
+                    note="Track A R² of each evaluation sequence; the line is the pooled fit."),)
     seq_index: Int[np.ndarray, " n_seqs"]  # positions within the pass (not saved)
     r2_per_seq: Float[np.ndarray, "n_seqs layer head_index"] = column("trackA", "R2_per_seq")
     r2_pooled: Float[np.ndarray, "layer head_index"] = column("trackA", "R2_pooled",

@@ -18,7 +18,6 @@ from poskernel_tl.report.viewer import (
     assets_rel_for,
     head_html,
     head_payload,
-    toeplitz_fit,
     write_assets,
     write_head_page,
 )
@@ -37,7 +36,6 @@ __all__ = [
     "head_payload",
     "json_for_script",
     "relative_url",
-    "toeplitz_fit",
     "write_assets",
     "write_head_page",
 ]

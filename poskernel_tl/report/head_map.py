@@ -23,9 +23,10 @@ from poskernel_tl.measurement.parts import head_labels
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import extras, nulls
 from poskernel_tl.report.collect import SavedCondition
+from poskernel_tl.report.encode import typed
 from poskernel_tl.report.html import json_for_script, write_page
 from poskernel_tl.report.tables import dataset_label
-from poskernel_tl.report.viewer_data import DATA_DIR, condition_key, typed
+from poskernel_tl.report.viewer_data import DATA_DIR, condition_key
 
 MAP_FILE = "head_map.js"
 GLOBAL = "PK_HEAD_MAP"

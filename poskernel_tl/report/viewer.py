@@ -20,13 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from jaxtyping import Float
 
 from poskernel_tl.constants import VIEW_TOKENS
 from poskernel_tl.fit.blocks import fit_mask
-from poskernel_tl.fit.toeplitz import shift_invariance_r2, shift_invariance_r2_two_sided
+from poskernel_tl.fit.one_matrix import matrix_fit
 from poskernel_tl.io import atomic_write
+from poskernel_tl.report import head_page as HP
+from poskernel_tl.report.encode import num, typed
 from poskernel_tl.report.html import (
     ASSETS_DIR,
     bundle_js,
@@ -38,7 +39,6 @@ from poskernel_tl.report.html import (
     report_block,
     write_page,
 )
-from poskernel_tl.report.viewer_data import num, typed
 from poskernel_tl.report.viewer_long import long_payload
 
 PLOTLY_NAME = "plotly.min.js"
@@ -132,7 +132,11 @@ class HeadPageData:
     ``tables`` maps a caption to a small result table; ``r2_values`` names R² numbers shown
     at the top; ``beyond`` holds the head's rows of further analyses (a frame). ``q``,
     ``k`` and ``logit_scale`` (logits = scale · q · kᵀ) let a view longer than its
-    ``max_tokens`` zoom into any window (:mod:`poskernel_tl.report.viewer_long`)."""
+    ``max_tokens`` zoom into any window (:mod:`poskernel_tl.report.viewer_long`).
+    ``fit``: (R², g, g_back) of the shift-invariant fit of ``logits`` as the caller made
+    it (fitted here, :func:`~poskernel_tl.fit.one_matrix.matrix_fit`, when not given);
+    ``numbers`` and ``panels``: more rows of the first table and more panels, as the head
+    page's builder makes them (:func:`~poskernel_tl.report.head_page.declared`)."""
 
     title: str
     tokens: list[str]
@@ -155,6 +159,9 @@ class HeadPageData:
     q: Float[np.ndarray, "query_pos d_head"] | None = None
     k: Float[np.ndarray, "key_pos d_head"] | None = None
     logit_scale: float | None = None
+    fit: tuple | None = None
+    numbers: list = field(default_factory=list)
+    panels: list = field(default_factory=list)
 
     def __post_init__(self):
         T = len(self.tokens)
@@ -167,22 +174,8 @@ class HeadPageData:
                                  f"{T} tokens")
         if self.spectrum is not None and self.spectrum[0].shape != self.spectrum[1].shape:
             raise ValueError("spectrum omega and power differ in length")
-
-
-def toeplitz_fit(logits: Float[np.ndarray, "query_pos key_pos"], two_sided: bool = False,
-                 max_lag: int | None = None
-                 ) -> tuple[float, Float[np.ndarray, " lag"], Float[np.ndarray, " lag"] | None]:
-    """(R², g, g_back) of the shift-invariant fit of one logit matrix on its strict lower
-    triangle (``g_back`` None; up to offset ``max_lag`` where given, g NaN past it), or on
-    every off-diagonal entry (``two_sided``: ``g_back`` holds Δ = −1..−(T−1))."""
-    T = logits.shape[0]
-    keep = fit_mask(T, two_sided, max_lag)
-    clean = torch.from_numpy(np.where(keep, np.asarray(logits, np.float64), 0.0))
-    if two_sided:
-        r2, g, g_back, _ = shift_invariance_r2_two_sided(clean)
-        return float(r2), g.numpy(), g_back.numpy()
-    r2, g = shift_invariance_r2(clean, max_lag)
-    return float(r2), g.numpy(), None
+        if self.fit is None:
+            self.fit = matrix_fit(self.logits, self.two_sided, self.max_lag)
 
 
 def _frame_table(title: str, df: pd.DataFrame) -> dict:
@@ -194,14 +187,15 @@ def _frame_table(title: str, df: pd.DataFrame) -> dict:
 
 def head_payload(data: HeadPageData, max_tokens: int = VIEW_TOKENS, *,
                  factor_budget: int | None = None) -> dict:
-    """The viewer's payload for one head (arrays as base64 typed arrays). Past
-    ``max_tokens`` tokens the whole matrix travels as an overview of blocks and the zoom's
-    factors (``long``; :func:`~poskernel_tl.report.viewer_long.long_payload`, whole or,
-    over ``factor_budget`` bytes, those of the first window) when the data has q and k,
-    else as its first ``max_tokens`` tokens."""
+    """The viewer's page for one head (:func:`~poskernel_tl.report.head_page.page`;
+    arrays as base64 typed arrays). Past ``max_tokens`` tokens the whole matrix travels as
+    an overview of blocks and the zoom's factors (``long``;
+    :func:`~poskernel_tl.report.viewer_long.long_payload`, whole or, over
+    ``factor_budget`` bytes, those of the first window) when the data has q and k, else as
+    its first ``max_tokens`` tokens."""
     T = len(data.tokens)
     n = min(T, max_tokens)
-    r2, g, g_back = toeplitz_fit(data.logits, data.two_sided, data.max_lag)
+    r2, g, g_back = data.fit
     keep = fit_mask(T, data.two_sided, data.max_lag, slice(0, n))[:, :n]
     logits = np.where(keep, np.asarray(data.logits)[:n, :n], np.nan)
     notes, long = list(data.notes), None
@@ -210,47 +204,42 @@ def head_payload(data: HeadPageData, max_tokens: int = VIEW_TOKENS, *,
         notes += more
     elif n < T:
         notes.append(f"Showing the first {n} of {T} tokens; the fit uses all {T}.")
-    kernels = [{"label": label, "values": typed(v, "f4"),
-                "back": None if back is None else typed(back, "f4")} for label, v, back in
-               (("Track A g(Δ)", data.g_trackA, data.g_trackA_back),
-                ("Track B g(Δ)", data.g_trackB, None)) if v is not None]
-    spectra = []
-    if data.spectrum is not None:
-        # a display copy in float32 (the peaks and alignment are computed in Python)
-        spectra.append({"label": "g(Δ)", "status": "ok", "omega": typed(data.spectrum[0], "f4"),
-                        "power": typed(data.spectrum[1], "f4"), "peaks": [], "summary": [],
-                        "thetas": None if data.thetas is None else
-                        [num(t) for t in np.asarray(data.thetas)]})
+    f32 = lambda a: None if a is None else np.asarray(a, np.float32)
+    panels = HP.kernel_panels([{"label": label, "g": f32(v), "back": f32(back)}
+                               for label, v, back in (
+                                   ("Track A g(Δ)", data.g_trackA, data.g_trackA_back),
+                                   ("Track B g(Δ)", data.g_trackB, None)) if v is not None])
+    if data.spectrum is not None:  # the peaks and the alignment are tables, made in Python
+        panels.append(HP.spectrum_panel("g(Δ)", *data.spectrum, data.thetas))
+    if data.per_seq_r2 is not None:
+        panels.append(HP.histogram("Per-sequence R²", data.per_seq_r2,
+                                   x_label="R² per sequence", y_label="sequences"))
     tables = [_frame_table(k, v) for k, v in data.tables.items()]
     if data.beyond is not None:
         tables.append(_frame_table("Further analyses", data.beyond))
     numbers = [["r2-seq", f"R² of the fit below (this sequence, {T} tokens)", r2, 3]]
     numbers += [[f"r2-{i}", k, num(v), 3] for i, (k, v) in enumerate(data.r2_values.items())]
-    return {"title": data.title, "anchor": None, "notes": notes,
-            "links": [[k, check_relative_url(v)] for k, v in data.links.items()],
-            "numbers": numbers, "kernels": kernels, "spectra": spectra, "tables": tables,
-            "perSeq": None if data.per_seq_r2 is None else
-            {"values": typed(data.per_seq_r2, "f4"), "pooled": None},
-            # display copies: half precision, deflated (every number shown is computed here)
-            "long": long, "seq": None if long else {
-                "T": n, "logits": typed(logits, "f2", deflate=True), "pattern": typed(
-                np.asarray(data.pattern)[:n, :n], "f2", deflate=True), "g": typed(g, "f4"),
-                "r2": r2,
-                "gBack": None if g_back is None else typed(g_back, "f4"),
-                "twoSided": data.two_sided,
-                "tokens": [str(t) for t in data.tokens[:n]], "step": None,
-                "label": f"{T} tokens"}}
+    # display copies: half precision, deflated (every number shown is computed here)
+    seq = None if long else {
+        "T": n, "logits": typed(logits, "f2", deflate=True), "pattern": typed(
+            np.asarray(data.pattern)[:n, :n], "f2", deflate=True), "g": typed(g, "f4"),
+        "r2": r2, "gBack": None if g_back is None else typed(g_back, "f4"),
+        "twoSided": data.two_sided, "tokens": [str(t) for t in data.tokens[:n]],
+        "step": None, "label": f"{T} tokens"}
+    return HP.page(data.title, numbers=numbers + list(data.numbers),
+                   panels=panels + list(data.panels), notes=notes, seq=seq, long=long,
+                   tables=tables, links=[[k, check_relative_url(v)]
+                                         for k, v in data.links.items()])
 
 
 def zoom_payload(data: HeadPageData, window: tuple[int, int, int, int]) -> dict:
     """The payload of one zoom window (r0, r1, c0, c1) of a head, without the rest of its
     view: the window's logits, fit, residual and pattern at full resolution, its tokens."""
-    _, g, g_back = toeplitz_fit(data.logits, data.two_sided, data.max_lag)
+    _, g, g_back = data.fit
     long, notes = long_payload(data, g, g_back, window=window, overview_maps_too=False)
     r0, r1, c0, c1 = window
-    return {"title": f"{data.title} · rows {r0}–{r1}, keys {c0}–{c1}", "anchor": None,
-            "notes": notes, "links": [], "numbers": [], "kernels": [], "spectra": [],
-            "tables": [], "perSeq": None, "long": long, "seq": None, "zoomOnly": True}
+    return {**HP.page(f"{data.title} · rows {r0}–{r1}, keys {c0}–{c1}", numbers=[],
+                      panels=[], notes=notes, long=long), "zoomOnly": True}
 
 
 SHARED = "shared"  # ``assets_rel`` of a block that uses the assets an earlier block loaded
@@ -295,4 +284,4 @@ def write_head_page(path: str | os.PathLike, data: HeadPageData, *, assets_rel: 
 
 __all__ = ["ASSET_NAMES", "BUNDLE_NAME", "SHARED", "HeadPageData", "PLOTLY_NAME", "asset_tags",
            "assets_rel_for", "head_html", "head_payload", "plotly_js",
-           "toeplitz_fit", "viewer_html", "write_assets", "write_head_page", "zoom_payload"]
+           "viewer_html", "write_assets", "write_head_page", "zoom_payload"]

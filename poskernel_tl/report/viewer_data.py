@@ -2,34 +2,30 @@
 
 The file assigns ``window.PK_DATA[key]`` (``key`` = ``{model}/{dataset}_{T}``, the
 permalink prefix), so the page loads it with a ``<script>`` element from ``file://``
-(Chromium refuses ``fetch()`` of local files). It holds only numbers the run and its
-analyses saved: R² grids, the g(Δ) of both tracks, per-sequence R², the spectral tables,
-peaks and spectra of both g sources, the further analyses' rows, and the logits of one
-saved sequence with that sequence's own g(Δ) and token strings (past 256 tokens: where
-the heads' long views are, :mod:`poskernel_tl.report.long_files`, and the tokens).
-Large arrays travel as base64 typed arrays (``f4`` float32, ``f8`` float64, ``u1`` uint8,
-``f2`` float16):
-
-- logits (strict lower triangle, row by row) as 8-bit codes per head, value = lo + code ×
-  step (``logits_lo``, ``logits_step``), zlib-compressed: a display copy; every R² shown
-  comes from the result files, not from these codes;
-- spectra as float16 divided by each head's maximum (``spec_*_scale``).
+(Chromium refuses ``fetch()`` of local files). It holds one page per head, built by the
+head page's builder (:mod:`poskernel_tl.report.head_page`) from the numbers the run and
+its analyses saved — R², the g(Δ) of both tracks, per-sequence R², the spectral tables,
+peaks and spectra of both g sources, the further analyses' rows, every part's declared
+panels, and the logits of one saved sequence with that sequence's own g(Δ) — plus what
+the heads share (the token strings of that sequence, the spectra's frequencies). Past
+256 tokens a head's page points to its long view (:mod:`poskernel_tl.report.long_files`).
+Arrays travel as base64 typed arrays (:mod:`poskernel_tl.report.encode`): the logits
+(strict lower triangle, row by row) as 8-bit codes per head, value = lo + code × step,
+zlib-compressed, a display copy; every R² shown comes from the result files.
 """
 
-import base64
-import zlib
 from pathlib import Path
 
 import numpy as np
-from jaxtyping import Float
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import LABELS, SOURCES
 from poskernel_tl.measurement.parts import head_labels
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.plan.allocator import release_pages
 from poskernel_tl.report import extras
+from poskernel_tl.report import head_page as HP
 from poskernel_tl.report.collect import SavedCondition
+from poskernel_tl.report.encode import num, quantize, typed
 from poskernel_tl.report.figures import model_label
 from poskernel_tl.report.html import write_script_data
 from poskernel_tl.report.tables import dataset_label
@@ -37,6 +33,7 @@ from poskernel_tl.report.tables import dataset_label
 DATA_DIR = "data"
 GLOBAL = "PK_DATA"
 SPECTRAL_COMMAND = "poskernel spectral DIR"
+OMEGA = "omega"  # the spectra's frequencies ω > 0, shared by every head of the file
 HEAD_FIELDS = ("status", "preregistered", "n_peaks_found", "n_significant", "n_matched",
                "frac_matched", "criterion_met", "chance", "p_value", "aligned", "fpr",
                "ref_peak_r", "gate_met")
@@ -63,58 +60,9 @@ def data_path(report_dir: str | Path, r: ConditionResult) -> Path:
     return Path(report_dir) / DATA_DIR / f"{r.stem()}.js"
 
 
-def num(x) -> float | bool | str | None:
-    """A JSON value: finite floats, bools and ints as they are, NaN/NA as None."""
-    if isinstance(x, bool | np.bool_):
-        return bool(x)
-    if isinstance(x, str):
-        return x
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if np.isfinite(x) else None
-
-
-def grid(a: Float[np.ndarray, "layer head_index"]) -> list:
-    """A [layer, head_index] array as nested lists (None for NaN)."""
-    return [[num(v) for v in row] for row in np.asarray(a, np.float64)]
-
-
-def typed(a: np.ndarray, dtype: str, deflate: bool = False) -> dict:
-    """``a`` as a base64 little-endian typed array; ``deflate``: zlib-compressed first
-    (``"z": true``; the viewer inflates it with the browser's DecompressionStream)."""
-    arr = np.ascontiguousarray(np.asarray(a).astype("<" + dtype))
-    data = zlib.compress(arr.tobytes(), 1) if deflate else arr.tobytes()
-    out = {"dtype": dtype, "shape": list(arr.shape), "b64": base64.b64encode(data).decode()}
-    return {**out, "z": True} if deflate else out
-
-
-def quantize_logits(logits: Float[np.ndarray, "layer head_index query_pos key_pos"],
-                    causal: bool = True) -> dict:
-    """[layer, head_index, T, T] logits (finite on the strict lower triangle, or off the
-    diagonal for a bidirectional model: ``causal=False``) as 8-bit codes of those entries,
-    row by row, with each head's ``lo`` and ``step``; one layer's floats at a time."""
-    L, H, T, _ = logits.shape
-    t, s = np.tril_indices(T, -1) if causal else np.nonzero(~np.eye(T, dtype=bool))
-    flat = t * T + s
-    codes = np.empty((L, H, len(flat)), np.uint8)
-    lo, step = np.empty((L, H), np.float32), np.empty((L, H), np.float32)
-    for layer in range(L):
-        x = np.take(np.asarray(logits[layer], np.float32).reshape(H, T * T), flat, axis=-1)
-        release_pages(np.asarray(logits[layer]))  # a mapped file's pages, read once
-        # nanmin/nanmax: a damaged matrix's NaN are skipped
-        lo[layer], hi = np.nanmin(x, axis=-1), np.nanmax(x, axis=-1)
-        step[layer] = (hi - lo[layer]) / np.float32(255.0)
-        x = np.nan_to_num(x - lo[layer][:, None], nan=0.0, copy=False)
-        x /= np.where(step[layer] > 0, step[layer], 1.0)[:, None]
-        codes[layer] = np.clip(np.rint(x, out=x), 0, 255, out=x)
-    step[~(step > 0)] = 1.0
-    return {"logits": typed(codes, "u1", deflate=True), "logits_lo": typed(lo, "f4"),
-            "logits_step": typed(step, "f4")}
-
-
 def _spectral(cond: SavedCondition, source: str) -> dict:
+    """One source's spectral analysis of the condition: ``status``, ``label``, ``message``
+    and, where it ran, each head's fields and peaks (index layer × n_heads + head)."""
     saved, r = cond.spectral, cond.result
     problems = [f"{f}: {why}" for f, why in saved.problems]
     if not saved.has(source):
@@ -122,46 +70,35 @@ def _spectral(cond: SavedCondition, source: str) -> dict:
         return {"status": status, "label": LABELS[source], "message": SPECTRAL_COMMAND
                 if status == "not run" else "; ".join(problems) or "incomplete files"}
     t = saved.tables[source]
-    rows = [[num(v) for v in rec] for rec in t.reindex(columns=list(HEAD_FIELDS))
-            .itertuples(index=False)]
+    rows = [dict(zip(HEAD_FIELDS, (num(v) for v in rec))) for rec in
+            t.reindex(columns=list(HEAD_FIELDS)).itertuples(index=False)]
     peaks: list = [[] for _ in range(r.n_layers * r.n_heads)]
     for rec in saved.peaks[source].to_dict("records"):
         peaks[int(rec["layer"]) * r.n_heads + int(rec["head"])].append(
-            [num(rec[k]) for k in PEAK_FIELDS])
+            {k: num(rec[k]) for k in PEAK_FIELDS})
     name = str(t["source"].iloc[0])
     label = LABELS[source] if name != "gram_raw" else \
         "Track B g, raw Gram: the condition is uncentered (pre-registered)"
-    return {"status": "ok", "label": label, "source": name,
-            "fields": list(HEAD_FIELDS), "rows": rows, "peak_fields": list(PEAK_FIELDS),
-            "peaks": peaks}
+    return {"status": "ok", "label": label, "rows": rows, "peaks": peaks}
 
 
-def _arrays(cond: SavedCondition) -> dict:
-    r = cond.result
-    g_b, _ = r.g_trackB
-    out = {"g_a": typed(r.g_pooled, "f4"), "g_b": typed(g_b, "f4"),
-           "per_seq": typed(r.r2_per_seq, "f4")}
-    if not r.causal:  # keys after the query, Δ = −1..−(T−1)
-        g_b_back = r.g_gram_back if r.centered else r.g_gram_raw_back
-        out.update(g_a_back=typed(r.g_pooled_back, "f4"), g_b_back=typed(g_b_back, "f4"))
-    if r.g_within is not None:  # the within-row kernel (Track A with a constant per row)
-        out["g_within"] = typed(r.g_within, "f4")
-        if r.g_within_back is not None:
-            out["g_within_back"] = typed(r.g_within_back, "f4")
-    if cond.spectral.omega is not None:
-        out["omega"] = typed(cond.spectral.omega, "f8")
-    for source, mags in cond.spectral.spectra.items():
-        scale = np.nanmax(np.where(np.isfinite(mags), mags, np.nan), axis=-1)
-        scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).astype(np.float32)
-        out[f"spec_{source}"] = typed(mags / scale[..., None], "f2")
-        out[f"spec_{source}_scale"] = typed(scale, "f4")
-    if cond.logits_seq is not None:
-        out.update(quantize_logits(r.logits[cond.logits_seq], r.causal))
-        i = [int(s) for s in r.seq_id].index(cond.logits_seq)
-        out["g_seq"] = typed(r.g_per_seq[i], "f4")
-        if not r.causal:
-            out["g_seq_back"] = typed(r.g_per_seq_back[i], "f4")
-    return out
+def _spectrum(cond: SavedCondition, s: dict, source: str, layer: int, head: int) -> dict:
+    """One head's spectrum panel of ``source`` (a message where the analysis is missing)."""
+    if s["status"] != "ok":
+        return HP.message("Spectrum — " + s["label"], s["status"], s["message"])
+    i = layer * cond.result.n_heads + head
+    f = s["rows"][i]
+    summary = [("status", f["status"]), ("aligned with θᵢ (p < 0.05)", HP.yes(f["aligned"])),
+               ("p-value (rescaled-θ null)", HP.sig(f["p_value"])),
+               ("false-positive rate of the test", HP.sig(f["fpr"])),
+               ("significant peaks", f"{HP.fixed(f['n_significant'], 0)} of "
+                                     f"{HP.fixed(f['n_peaks_found'], 0)}"),
+               ("top-5 peaks within ±10% of a θᵢ", f"{HP.fixed(f['n_matched'], 0)} (chance "
+                                                   f"{HP.fixed(f['chance'], 2)})"),
+               ("in the pre-registered analysis", HP.yes(f["preregistered"]))]
+    mags = np.asarray(cond.spectral.spectra[source][layer, head], np.float64)
+    return HP.spectrum_panel(s["label"], cond.spectral.omega, mags ** 2, cond.result.thetas,
+                             peaks=s["peaks"][i], summary=summary, shared_x=OMEGA)
 
 
 def kernel_rows(r: ConditionResult) -> dict:
@@ -184,32 +121,108 @@ def kernel_rows(r: ConditionResult) -> dict:
             "intervals": [None] * len(values)}
 
 
+def _table(x: dict, i: int) -> dict:
+    """Head ``i``'s rows of one analysis table (:func:`kernel_rows`'s shape)."""
+    out = {"title": x["title"], "columns": ["quantity", "value", "95% interval", "note"]}
+    if x["status"] != "ok":
+        return {**out, "message": f"{x['status']} — {x['message']}"}
+    v = x["values"][i]
+    if not v:
+        return {**out, "message": "no row for this head"}
+    iv = x["intervals"][i] or [None] * len(x["labels"])
+    return {**out, "rows": [
+        [label, HP.sig(v[j]), f"[{HP.sig(iv[j][0])}, {HP.sig(iv[j][1])}]"
+         if iv[j] and iv[j][0] is not None else "", v[-1] if j == 0 else ""]
+        for j, label in enumerate(x["labels"])]}
+
+
+class _Condition:
+    """What every head of one condition shares, read once: the spectral tables, the
+    analysis tables, the saved sequence's quantised logits."""
+
+    def __init__(self, cond: SavedCondition, long: dict | None):
+        r = self.r = cond.result
+        self.cond, self.long = cond, long
+        self.spectral = {source: _spectral(cond, source) for source in SOURCES}
+        self.tables = [kernel_rows(r)] + extras.viewer_tables(
+            cond.extras, r.model, r.dataset, r.length, r.n_layers, r.n_heads)
+        self.seq = self.codes = None
+        if cond.logits_seq is not None:
+            self.seq = [int(s) for s in r.seq_id].index(cond.logits_seq)
+            self.codes = quantize(r.logits[cond.logits_seq], r.causal)
+
+    def numbers(self, layer: int, head: int) -> list:
+        r, at = self.r, (layer, head)
+        rows = [["r2-pooled", "Track A pooled R²", num(r.r2_pooled[at]), 3],
+                ["r2-B", "Track B centered R²" if r.centered else "Track B R² (uncentered)",
+                 num((r.r2_gram if r.centered else r.r2_gram_raw)[at]), 3],
+                ["r2-B-raw", "Track B raw R²", num(r.r2_gram_raw[at]), 3],
+                ["r2-nosink", "Track A pooled R², sink column left out",
+                 num(r.r2_pooled_nosink[at]), 3]]
+        if r.r2_within_pooled is not None:  # what the softmax sees: a constant per row free
+            rows.insert(1, ["r2-within", "Track A within-row R² (pooled)",
+                            num(r.r2_within_pooled[at]), 3])
+        return rows
+
+    def kernels(self, layer: int, head: int) -> list[dict]:
+        r, at = self.r, (layer, head)
+        g_b, source = r.g_trackB
+        g_b_back = r.g_gram_back if r.centered else r.g_gram_raw_back
+        row = lambda a: None if a is None else np.asarray(a[at], np.float32)
+        return HP.kernel_panels([
+            {"label": "Track A pooled g(Δ)", "g": row(r.g_pooled), "back": row(r.g_pooled_back),
+             "within": row(r.g_within), "within_back": row(r.g_within_back)},
+            {"label": f"Track B g(Δ) ({source})", "g": row(g_b), "back": row(g_b_back)}])
+
+    def sequence(self, layer: int, head: int) -> dict | None:
+        """The saved sequence's logits of this head (8-bit codes), its g(Δ) and R²; its
+        tokens are the condition's (``tokens`` of the data file)."""
+        if self.seq is None:
+            return None
+        r, (codes, lo, step), at = self.r, self.codes, (layer, head)
+        back = None if r.causal else typed(r.g_per_seq_back[self.seq][at], "f4")
+        return {"T": int(r.length), "codes": typed(codes[at], "u1", deflate=True),
+                "lo": num(lo[at]), "step": num(step[at]), "pattern": None,
+                "g": typed(r.g_per_seq[self.seq][at], "f4"), "gBack": back,
+                "r2": num(r.r2_per_seq[self.seq][at]), "twoSided": not r.causal,
+                "tokens": None, "label": f"evaluation sequence {self.cond.logits_seq}" + (
+                    "" if self.cond.tokens else
+                    " (token strings not available: positions shown)")}
+
+    def page(self, layer: int, head: int) -> dict:
+        """One head's page (:func:`~poskernel_tl.report.head_page.page`)."""
+        r, i = self.r, layer * self.r.n_heads + head
+        numbers, declared = HP.declared(r.parts, layer, head)
+        spectra = [_spectrum(self.cond, self.spectral[s], s, layer, head)
+                   for s in ("trackB", "trackA")]
+        long_files = None if not self.long else {
+            "dir": self.long["dir"], "key": condition_key(r.model, r.dataset, r.length),
+            "layer": layer, "head": head, "seq": self.long["seq"],
+            "kv": head // max(int(r.spec.group_size), 1), "zoom": self.long["zoom"],
+            "tokens": None}
+        weights = str(r.provenance.get("weights", ""))
+        return HP.page(f"{model_label(r)} · {dataset_label(r.dataset)} · T={r.length} · "
+                       f"L{layer}H{head}", anchor=head_anchor(r.model, r.dataset, r.length,
+                                                             layer, head),
+                       notes=[weights] if weights else [],
+                       numbers=self.numbers(layer, head) + numbers,
+                       seq=self.sequence(layer, head), long_files=long_files,
+                       panels=self.kernels(layer, head) + spectra + declared,
+                       tables=[_table(x, i) for x in self.tables])
+
+
 def condition_payload(cond: SavedCondition, long: dict | None = None) -> dict:
-    """Everything the head views of one condition show (see the module docstring);
-    ``long``: where its heads' long views are (:mod:`poskernel_tl.report.long_files`)."""
-    r = cond.result
-    g_b, b_source = r.g_trackB
-    seq = None
-    if cond.logits_seq is not None:
-        seq = [int(s) for s in r.seq_id].index(cond.logits_seq)
+    """Every head view of one condition (see the module docstring); ``long``: where its
+    heads' long views are (:mod:`poskernel_tl.report.long_files`)."""
+    r, shared = cond.result, _Condition(cond, long)
+    omega = cond.spectral.omega
     return {
         "key": condition_key(r.model, r.dataset, r.length), "stem": r.stem(),
-        "model": r.model, "model_label": model_label(r), "dataset": r.dataset,
-        "dataset_label": dataset_label(r.dataset), "length": int(r.length),
-        "n_layers": r.n_layers, "n_heads": r.n_heads, "group_size": int(r.spec.group_size),
-        "pe": r.spec.pe, "causal": r.causal, "centered": bool(r.centered), "n_eval": len(r.seq_id),
-        "weights": str(r.provenance.get("weights", "")),
-        "thetas": None if r.thetas is None else [num(t) for t in r.thetas],
-        "r2": {"pooled": grid(r.r2_pooled), "nosink": grid(r.r2_pooled_nosink),
-               "B": grid(r.r2_gram if r.centered else r.r2_gram_raw),
-               "B_raw": grid(r.r2_gram_raw),
-               "seq": None if seq is None else grid(r.r2_per_seq[seq]),
-               "within": None if r.r2_within_pooled is None else grid(r.r2_within_pooled)},
-        "g_b_source": b_source, "logits_seq": cond.logits_seq, "tokens": cond.tokens,
-        "spectral": {source: _spectral(cond, source) for source in SOURCES},
-        "extras": [kernel_rows(r)] + extras.viewer_tables(cond.extras, r.model, r.dataset,
-                                                          r.length, r.n_layers, r.n_heads),
-        "arrays": _arrays(cond), "long": long,
+        "model": r.model, "dataset": r.dataset, "length": int(r.length),
+        "n_layers": r.n_layers, "n_heads": r.n_heads, "tokens": cond.tokens,
+        "shared": {} if omega is None else {OMEGA: typed(np.asarray(omega)[1:], "f8")},
+        "heads": [shared.page(layer, head) for layer in range(r.n_layers)
+                  for head in range(r.n_heads)],
     }
 
 
@@ -220,4 +233,4 @@ def write_data(report_dir: str | Path, cond: SavedCondition, long: dict | None =
 
 
 __all__ = ["DATA_DIR", "GLOBAL", "condition_key", "condition_payload", "data_path",
-           "head_anchor", "quantize_logits", "typed", "write_data"]
+           "head_anchor", "kernel_rows", "write_data"]

@@ -1,7 +1,8 @@
 /* poskernel_tl head viewer: Figure 1 as one clickable heatmap per condition, and the view
  * of one head, drawn with Plotly and circuitsvis from the data the report wrote
- * (report/data/{stem}.js assigns window.PK_DATA[key]). Every number shown is read from
- * those files; nothing is fitted or tested here. Text from the data (tokens, names) only
+ * (report/data/{stem}.js assigns window.PK_DATA[key]: one page per head, built in Python by
+ * report/head_page.py, as is a notebook's page). Every number, curve and table is drawn as
+ * given; nothing is fitted, tested or assembled here. Text from the data (tokens, names) only
  * ever reaches the page through textContent or circuitsvis (React), never as markup. */
 (function () {
   "use strict";
@@ -52,16 +53,12 @@
     })(obj);
     return Promise.all(pending).then(function () { return obj; });
   }
-  function row(arr, i) {  // the i-th block along the first axes of a decoded array
-    var n = arr.shape[arr.shape.length - 1];
-    return arr.data.subarray(i * n, (i + 1) * n);
-  }
+
   PK.decode = decode;
 
   /* ---------------------------------------------------------------- helpers */
   function fixed(x, d) { return x === null || x === undefined || !isFinite(x) ? "–" : Number(x).toFixed(d); }
   function sig(x) { return x === null || x === undefined || !isFinite(x) ? "–" : String(Number(Number(x).toPrecision(4))); }
-  function yes(x) { return x === null || x === undefined ? "–" : x ? "yes" : "no"; }
   /* an element with attributes and children; text reaches the page as text nodes only
    * (also PK.el, for the long view and the head map, loaded after this file) */
   function el(tag, attrs, kids) {
@@ -78,6 +75,9 @@
       el("tr", {}, head.map(function (h) { return el("th", {}, [h]); }))
     ].concat(rows));
   }
+  function cell(c) {  // a table cell: text, or {text, attrs}
+    return c !== null && typeof c === "object" ? el("td", c.attrs || {}, [String(c.text)]) : el("td", {}, [String(c)]);
+  }
   function section(title, note, kids) {
     return el("section", { "class": "pk-sec" }, [el("h3", {}, [title]),
       note ? el("p", { "class": "pk-note" }, [note]) : null].concat(kids));
@@ -90,82 +90,7 @@
   }
   function box(cls) { return el("div", { "class": cls || "pk-plot" }); }
 
-  /* ------------------------------------------------- one head from a condition */
-  PK.headFromCondition = function (d, layer, head, index) {
-    var i = layer * d.n_heads + head, A = d.arrays, T = d.length;
-    var num = function (key, label, v, digits) { return [key, label, v, digits]; };
-    var p = {
-      title: d.model_label + " · " + d.dataset_label + " · T=" + T + " · L" + layer + "H" + head,
-      anchor: d.key + "/L" + layer + "H" + head, notes: [], links: [],
-      numbers: [num("r2-pooled", "Track A pooled R²", d.r2.pooled[layer][head], 3),
-        num("r2-B", d.centered ? "Track B centered R²" : "Track B R² (uncentered)", d.r2.B[layer][head], 3),
-        num("r2-B-raw", "Track B raw R²", d.r2.B_raw[layer][head], 3),
-        num("r2-nosink", "Track A pooled R², sink column left out", d.r2.nosink[layer][head], 3)],
-      kernels: [{ label: "Track A pooled g(Δ)", values: row(A.g_a, i), back: A.g_a_back ? row(A.g_a_back, i) : null },
-        { label: "Track B g(Δ) (" + d.g_b_source + ")", values: row(A.g_b, i), back: A.g_b_back ? row(A.g_b_back, i) : null }],
-      perSeq: { values: column(A.per_seq, i, d.n_layers * d.n_heads), pooled: d.r2.pooled[layer][head] },
-      spectra: ["trackB", "trackA"].map(function (s) { return spectrumOf(d, s, i); }),
-      tables: d.extras.map(function (x) { return extraTable(x, i); }), seq: null
-    };
-    if (d.r2.within) {  // what the softmax sees: the same fit with a free constant per row
-      p.numbers.splice(1, 0, num("r2-within", "Track A within-row R² (pooled)",
-                                 d.r2.within[layer][head], 3));
-    }
-    if (A.g_within) {  // drawn over Track A's g, on its mean level
-      p.kernels[0].within = row(A.g_within, i);
-      p.kernels[0].withinBack = A.g_within_back ? row(A.g_within_back, i) : null;
-    }
-    if (d.weights) p.notes.push(d.weights);
-    if (A.logits) {
-      var codes = row(A.logits, i), lo = A.logits_lo.data[i], step = A.logits_step.data[i];
-      var full = new Float32Array(T * T).fill(NaN), k = 0, both = d.causal === false;
-      for (var t = 0; t < T; t++) for (var s = 0; s < (both ? T : t); s++) if (s !== t) full[t * T + s] = lo + step * codes[k++];
-      p.seq = { T: T, logits: full, pattern: null, g: row(A.g_seq, i), r2: d.r2.seq[layer][head],
-        gBack: both && A.g_seq_back ? row(A.g_seq_back, i) : null, twoSided: both,
-        tokens: d.tokens, step: step,
-        label: "evaluation sequence " + d.logits_seq + (d.tokens ? "" : " (token strings not available: positions shown)") };
-    }
-    if (d.long) p.longFiles = { dir: d.long.dir, key: d.key, layer: layer, head: head, seq: d.long.seq,
-      kv: Math.floor(head / (d.group_size || 1)), zoom: d.long.zoom, tokens: d.tokens };
-    p.links = otherConditions(d, layer, head, index);
-    return p;
-  };
-  function column(arr, i, stride) {  // per-sequence values of head i from [n, layer, head]
-    var n = arr.shape[0], out = new Float32Array(n);
-    for (var j = 0; j < n; j++) out[j] = arr.data[j * stride + i];
-    return out;
-  }
-  function spectrumOf(d, source, i) {
-    var S = d.spectral[source], A = d.arrays;
-    var out = { label: S.label, status: S.status, message: S.message, thetas: d.thetas, peaks: [], summary: [] };
-    if (S.status !== "ok") return out;
-    var mag = row(A["spec_" + source], i), scale = A["spec_" + source + "_scale"].data[i];
-    out.omega = A.omega.data;
-    out.power = Float64Array.from(mag, function (m) { return (m * scale) * (m * scale); });
-    var f = {}; S.fields.forEach(function (name, j) { f[name] = S.rows[i][j]; });
-    out.peaks = S.peaks[i].map(function (pk) {
-      var o = {}; S.peak_fields.forEach(function (name, j) { o[name] = pk[j]; }); return o;
-    });
-    out.summary = [["status", f.status], ["aligned with θᵢ (p < 0.05)", yes(f.aligned)],
-      ["p-value (rescaled-θ null)", sig(f.p_value)], ["false-positive rate of the test", sig(f.fpr)],
-      ["significant peaks", fixed(f.n_significant, 0) + " of " + fixed(f.n_peaks_found, 0)],
-      ["top-5 peaks within ±10% of a θᵢ", fixed(f.n_matched, 0) + " (chance " + fixed(f.chance, 2) + ")"],
-      ["in the pre-registered analysis", yes(f.preregistered)]];
-    return out;
-  }
-  function extraTable(x, i) {
-    var out = { title: x.title, columns: ["quantity", "value", "95% interval", "note"], rows: [] };
-    if (x.status !== "ok") { out.message = x.status + " — " + x.message; return out; }
-    var v = x.values[i];
-    if (!v) { out.message = "no row for this head"; return out; }
-    var note = v[v.length - 1];
-    out.rows = x.labels.map(function (label, j) {
-      var iv = x.intervals[i] && x.intervals[i][j];
-      return [label, sig(v[j]), iv && iv[0] !== null ? "[" + sig(iv[0]) + ", " + sig(iv[1]) + "]" : "",
-        j === 0 ? note : ""];
-    });
-    return out;
-  }
+  /* ------------------------------------------------ links to other views */
   function otherConditions(d, layer, head, index) {
     var links = [["× back to the report", "#"]];
     if (head > 0) links.push(["← L" + layer + "H" + (head - 1), "#" + d.key + "/L" + layer + "H" + (head - 1)]);
@@ -198,14 +123,18 @@
     else if (p.long && PK.drawLong) PK.drawLong(root, p.long);
     else if (p.longFiles && PK.loadLong) PK.loadLong(root.appendChild(el("div", {})), p.longFiles);
     else root.appendChild(section("Attention pattern and logits", "This condition saved no full logits (run with --save-logits yes to keep them).", []));
-    drawKernels(root, p.kernels);
-    p.spectra.forEach(function (s) { drawSpectrum(root, s); });
-    if (p.perSeq) drawPerSeq(root, p.perSeq);
+    drawPanels(root, p.panels || [], p.shared || {});
     if (p.tables.length) root.appendChild(section("Further analyses", "This head's rows of the per-head analyses (poskernel analyze NAME).", p.tables.map(drawTable)));
     root.setAttribute("data-pk-state", "drawn");
   };
 
+  function fromCodes(q) {  // a report's 8-bit display copy of the logits, as a T × T matrix
+    var T = q.T, full = new Float32Array(T * T).fill(NaN), k = 0;
+    for (var t = 0; t < T; t++) for (var s = 0; s < (q.twoSided ? T : t); s++) if (s !== t) full[t * T + s] = q.lo + q.step * q.codes[k++];
+    return full;
+  }
   function drawSequence(root, q) {
+    if (q.codes) q.logits = fromCodes(q);
     var T = q.T, id = "pk-cv-" + (++counter), att = [], tokens = [], both = !!q.twoSided;
     for (var t = 0; t < T; t++) {
       var rowv = new Array(T).fill(0), hi = both ? T : t;
@@ -263,64 +192,67 @@
     }
     return [A, F, R];
   }
-  function drawKernels(root, kernels) {
-    var plots = kernels.map(function () { return box("pk-plot pk-half"); });
-    root.appendChild(section("Positional kernel g(Δ)", "Each source on its own axes (their scales differ). Track A: mean sub-diagonal of the raw logits pooled over sequences; Track B: the same fit on the averaged Gram matrix. Orange: Track A within rows (a free constant per row of each sequence, which the softmax ignores), on the raw kernel's mean level.",
-      [el("div", { "class": "pk-row" }, plots)]));
-    kernels.forEach(function (k, j) {
-      var lags = Array.from(k.values, function (_, i) { return i + 1; });
-      var traces = [{ x: lags, y: Array.from(k.values), mode: "lines", line: { width: 1.2 }, name: "keys before the query: g(Δ), Δ > 0" }];
-      if (k.back) traces.push({ x: lags, y: Array.from(k.back), mode: "lines", line: { width: 1.2, dash: "dot" }, name: "keys after the query: g(−Δ)" });
-      if (k.within) traces.push({ x: lags, y: Array.from(k.within), mode: "lines", line: { width: 1.2, color: "#e08a2c" }, name: "within rows (a constant per row removed)" });
-      if (k.withinBack) traces.push({ x: lags, y: Array.from(k.withinBack), mode: "lines", line: { width: 1.2, color: "#e08a2c", dash: "dot" }, name: "within rows, g(−Δ)" });
-      traces[0].name = k.within && !k.back ? "raw logits: g(Δ)" : traces[0].name;
-      plot(plots[j], traces,
-        { title: { text: k.label }, showlegend: !!(k.back || k.within), legend: { orientation: "h", y: -0.3 },
-          xaxis: { title: { text: k.back ? "|Δ| = |t − s|" : "lag Δ = t − s" }, type: "log", minorloglabels: "complete" }, yaxis: { title: { text: "g(Δ)" } } });
-    });
-  }
-  function drawSpectrum(root, s) {
-    if (s.status !== "ok") {
-      root.appendChild(section("Spectrum — " + s.label, null, [el("p", { "class": "pk-missing" }, [s.status + " — ", el("code", {}, [s.message])])]));
-      return;
+  /* every panel of the page, consecutive ones of one section in one row */
+  function drawPanels(root, panels, shared) {
+    var i = 0;
+    while (i < panels.length) {
+      var j = i, row = el("div", { "class": "pk-row" });
+      while (j < panels.length && panels[j].section === panels[i].section) j++;
+      var mine = panels.slice(i, j);
+      root.appendChild(section(panels[i].section, panels[i].sectionNote || null, [row]));
+      mine.forEach(function (p) {
+        if (p.kind === "message") {
+          row.appendChild(el("p", { "class": "pk-missing" }, [p.status + " — ", el("code", {}, [p.text])]));
+          return;
+        }
+        var div = row.appendChild(box(p.width === "full" ? "pk-plot" : "pk-plot pk-half"));
+        if (p.kind === "curve") drawCurve(div, p, shared);
+        else if (p.kind === "histogram") drawHistogram(div, p);
+        else drawMatrix(div, p);
+        if (p.tables && p.tables.length) row.parentNode.appendChild(el("div", { "class": "pk-row" }, p.tables.map(drawGrid)));
+      });
+      i = j;
     }
-    var div = box(), x = [], y = [], shapes = [];
-    for (var m = 1; m < s.omega.length; m++) { x.push(s.omega[m]); y.push(s.power[m]); }
-    (s.thetas || []).forEach(function (th) {
-      if (th >= x[0] && th <= Math.PI) shapes.push({ type: "line", x0: th, x1: th, yref: "paper", y0: 0, y1: 1, line: { color: "#e08a2c", width: 0.8, dash: "dash" } });
-    });
-    var mk = function (sel, name, sym, color) {
-      var pk = s.peaks.filter(sel);
-      return { x: pk.map(function (p) { return p.omega; }), y: pk.map(function (p) { return p.magnitude * p.magnitude; }),
-        mode: "markers", name: name, marker: { symbol: sym, size: 9, color: color, line: { color: "#000", width: 1 } } };
-    };
-    var traces = [{ x: x, y: y, mode: "lines", name: "|ĝ(ω)|² as analysed", line: { width: 1 } },
-      mk(function (p) { return p.significant && p.matched; }, "significant, matched", "triangle-down", "#2ca02c"),
-      mk(function (p) { return p.significant && !p.matched; }, "significant, unmatched", "triangle-down", "#d62728"),
-      mk(function (p) { return !p.significant; }, "not significant", "triangle-down-open", "#000")];
-    var rows = s.peaks.map(function (p, k) {
-      return el("tr", { "data-pk-peak": String(k + 1) }, [el("td", {}, [String(k + 1)]),
-        el("td", { "data-pk": "omega", "data-value": String(p.omega) }, [fixed(p.omega, 4)]),
-        el("td", {}, [fixed(2 * Math.PI / p.omega, 1)]), el("td", {}, [yes(p.significant)]),
-        el("td", {}, [yes(p.matched)]), el("td", {}, [fixed(p.nearest_theta, 4)]),
-        el("td", {}, [p.rel_error === null ? "–" : fixed(100 * p.rel_error, 1) + "%"])]);
-    });
-    var summary = table(["", ""], s.summary.map(function (r) { return el("tr", {}, [el("th", {}, [r[0]]), el("td", {}, [String(r[1])])]); }));
-    root.appendChild(section("Spectrum — " + s.label, "Dashed: the model's rotary frequencies θᵢ. Triangles: the top peaks (filled: significant; green: within ±10% of a θᵢ).",
-      [div, el("div", { "class": "pk-row" }, [summary, table(["rank", "ω (rad/token)", "period (tokens)", "significant", "matched", "nearest θᵢ", "rel. error"], rows, { "data-pk-peaks": s.label })])]));
-    plot(div, traces, { xaxis: { type: "log", minorloglabels: "complete", title: { text: "ω (rad/token)" } }, yaxis: { type: "log", minorloglabels: "complete", title: { text: "power" } }, shapes: shapes, height: 320, legend: { font: { size: 10 } } });
   }
-  function drawPerSeq(root, ps) {
-    var div = box("pk-plot pk-half");
-    root.appendChild(section("Per-sequence R²", "Track A R² of each evaluation sequence; the line is the pooled fit.", [div]));
-    plot(div, [{ type: "histogram", x: Array.from(ps.values), nbinsx: 30 }],
-      { xaxis: { title: { text: "R² per sequence" } }, yaxis: { title: { text: "sequences" } },
-        shapes: ps.pooled === null ? [] : [{ type: "line", x0: ps.pooled, x1: ps.pooled, yref: "paper", y0: 0, y1: 1, line: { color: "#d62728" } }] });
+  function axis(label, log) {
+    var a = { title: { text: label } };
+    if (log) { a.type = "log"; a.minorloglabels = "complete"; }
+    return a;
+  }
+  function drawCurve(div, p, shared) {
+    var shapes = (p.vlines || []).map(function (x) {
+      return { type: "line", x0: x, x1: x, yref: "paper", y0: 0, y1: 1, line: { color: "#e08a2c", width: 0.8, dash: "dash" } };
+    });
+    var traces = p.series.map(function (s) {
+      var y = Array.from(s.y), x = typeof s.x === "string" ? Array.from(shared[s.x]) : s.x ? Array.from(s.x)
+        : y.map(function (_, i) { return i + s.first; });
+      var t = { x: x, y: y, mode: s.mode, name: s.name, line: { width: s.mode === "lines" ? 1.2 : 1 } };
+      if (s.color) t.line.color = s.color;
+      if (s.dash) t.line.dash = s.dash;
+      if (s.mode === "markers") t.marker = { symbol: s.symbol, size: 9, color: s.color, line: { color: "#000", width: 1 } };
+      return t;
+    });
+    plot(div, traces, { title: { text: p.title || "" }, showlegend: !!p.legend, legend: { orientation: "h", y: -0.3, font: { size: 10 } },
+      xaxis: axis(p.xLabel, p.logX), yaxis: axis(p.yLabel, p.logY), shapes: shapes, height: p.width === "full" ? 320 : 300 });
+  }
+  function drawHistogram(div, p) {
+    plot(div, [{ type: "histogram", x: Array.from(p.values), nbinsx: 30 }],
+      { xaxis: { title: { text: p.xLabel } }, yaxis: { title: { text: p.yLabel } },
+        shapes: p.marker === null || p.marker === undefined ? [] : [{ type: "line", x0: p.marker, x1: p.marker, yref: "paper", y0: 0, y1: 1, line: { color: "#d62728" } }] });
+  }
+  function drawMatrix(div, p) {
+    var n = p.shape[1], z = [];
+    for (var r = 0; r < p.shape[0]; r++) z.push(Array.from(p.z.subarray(r * n, (r + 1) * n)));
+    plot(div, [{ type: "heatmap", z: z, colorscale: "Viridis" }],
+      { xaxis: { title: { text: p.xLabel } }, yaxis: { title: { text: p.yLabel }, autorange: "reversed" } });
+  }
+  function drawGrid(t) {  // a table of a panel: columns, rows of cells
+    return table(t.columns, t.rows.map(function (r) { return el("tr", {}, r.map(cell)); }), t.attrs);
   }
   function drawTable(t) {
     if (t.message) return el("div", {}, [el("h4", {}, [t.title]), el("p", { "class": "pk-missing" }, [t.message])]);
     return el("div", {}, [el("h4", {}, [t.title]), table(t.columns, t.rows.map(function (r) {
-      return el("tr", {}, r.map(function (c) { return el("td", {}, [c]); }));
+      return el("tr", {}, r.map(cell));
     }))]);
   }
 
@@ -358,9 +290,20 @@
     document.head.appendChild(tag);
   };
   function load(cond, done) { PK.script(cond.data, "PK_DATA", cond.key, done); }
-  var decoded = {};
+  var shared = {};
   function hashText() {  // a malformed escape (%E0%A4%A) is no address
     try { return decodeURIComponent(location.hash.slice(1)); } catch (e) { return ""; }
+  }
+  /* head i's page of a condition's data file, decoded, with what its heads share */
+  function pageOf(d, i) {
+    shared[d.key] = shared[d.key] || decodeAll(d.shared || {}).then(flat);
+    return Promise.all([shared[d.key], decodeAll(d.heads[i])]).then(function (got) {
+      var p = flat(got[1]);
+      p.shared = got[0];
+      if (p.seq && !p.seq.tokens) p.seq.tokens = d.tokens;
+      if (p.longFiles && !p.longFiles.tokens) p.longFiles.tokens = d.tokens;
+      return p;
+    });
   }
   function route() {
     var panel = document.getElementById("pk-head"), hash = hashText();
@@ -376,10 +319,10 @@
     panel.textContent = "Loading " + cond.label + " …";
     load(cond, function (d) {
       if (!d) { panel.textContent = "The data file " + cond.data + " did not load."; return; }
-      decoded[d.key] = decoded[d.key] || decodeAll(d.arrays);
-      decoded[d.key].then(function () {
+      pageOf(d, layer * d.n_heads + head).then(function (p) {
         if (hashText() !== hash) return;  // moved on meanwhile
-        PK.renderHead(panel, PK.headFromCondition(d, layer, head, index));
+        p.links = otherConditions(d, layer, head, index);
+        PK.renderHead(panel, p);
         panel.scrollTop = 0;
       }, function (err) { panel.textContent = "The data of " + cond.label + " could not be decoded: " + err; });
     });

@@ -1,0 +1,60 @@
+"""Head-view panels declared beside the fields they show.
+
+A result part (:class:`~poskernel_tl.schema.Part`) lists its panels in ``PANELS``: each a
+:class:`Panel` naming one of its fields (or properties) and how one head's slice of it is
+drawn — a number in the view's first table, a curve over offsets or query rows, a matrix,
+a histogram over sequences. The head page's builder
+(:mod:`poskernel_tl.report.head_page`) collects the panels of every part a result holds,
+for the report's head views and for ``pk.inspect_head`` alike, and the page's script
+draws each kind the same way whoever declared it: a statistic's panel is one line of its
+own module.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+KINDS = ("number", "curve", "matrix", "histogram")
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One head's view of the field ``field``: ``[layer, head_index, ...]`` read at
+    (layer, head) — a scalar for ``number``, a vector for ``curve`` (x = ``first``,
+    ``first`` + 1, …: 1 for offsets Δ, 0 for query rows), a [rows, columns] array for
+    ``matrix``; ``[n_seqs, layer, head_index]`` read at (:, layer, head) for
+    ``histogram``, with ``marker`` (a ``[layer, head_index]`` field) drawn as a line.
+    ``title`` heads its section (a number: its row), ``note`` says what it shows; ``x`` and
+    ``y`` label the axes."""
+
+    kind: str
+    title: str
+    field: str
+    x: str = ""
+    y: str = ""
+    note: str = ""
+    first: int = 1
+    log_x: bool = False
+    marker: str | None = None
+    digits: int = 3
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"panel {self.title!r}: kind {self.kind!r}; choose one of "
+                             f"{', '.join(KINDS)}")
+
+    def values(self, part, layer: int, head: int) -> np.ndarray | float | None:
+        """This head's slice of the field (None where the part does not hold it)."""
+        value = getattr(part, self.field, None)
+        if value is None:
+            return None
+        value = np.asarray(value, np.float64)
+        return value[:, layer, head] if self.kind == "histogram" else value[layer, head]
+
+    def marker_value(self, part, layer: int, head: int) -> float | None:
+        if self.marker is None or getattr(part, self.marker, None) is None:
+            return None
+        return float(np.asarray(getattr(part, self.marker))[layer, head])
+
+
+__all__ = ["KINDS", "Panel"]
