@@ -58,7 +58,7 @@ def test_head_data_carry_both_sides_for_the_encoder_only(folder):
     out, (causal, encoder) = folder
     build_report(out, workers=1)
     enc, dec = payload(out, "tiny-bert"), payload(out, "tiny-llama")
-    T, L, H = 24, encoder.n_layers, encoder.n_heads
+    T = 24
     for d, both in ((enc, True), (dec, False)):
         page = d["heads"][0]
         kernels = [q for q in page["panels"] if q["section"] == "Positional kernel g(Δ)"]
