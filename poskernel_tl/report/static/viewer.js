@@ -200,15 +200,14 @@
       while (j < panels.length && panels[j].section === panels[i].section) j++;
       var mine = panels.slice(i, j);
       root.appendChild(section(panels[i].section, panels[i].sectionNote || null, [row]));
-      mine.forEach(function (p) {
-        if (p.kind === "message") {
-          row.appendChild(el("p", { "class": "pk-missing" }, [p.status + " — ", el("code", {}, [p.text])]));
-          return;
-        }
-        var div = row.appendChild(box(p.width === "full" ? "pk-plot" : "pk-plot pk-half"));
-        if (p.kind === "curve") drawCurve(div, p, shared);
-        else if (p.kind === "histogram") drawHistogram(div, p);
-        else drawMatrix(div, p);
+      var boxes = mine.map(function (p) {  // every box in place first: Plotly sizes to its box
+        if (p.kind === "message") return row.appendChild(el("p", { "class": "pk-missing" }, [p.status + " — ", el("code", {}, [p.text])]));
+        return row.appendChild(box(p.width === "full" ? "pk-plot" : "pk-plot pk-half"));
+      });
+      mine.forEach(function (p, k) {
+        if (p.kind === "curve") drawCurve(boxes[k], p, shared);
+        else if (p.kind === "histogram") drawHistogram(boxes[k], p);
+        else if (p.kind === "matrix") drawMatrix(boxes[k], p);
         if (p.tables && p.tables.length) row.parentNode.appendChild(el("div", { "class": "pk-row" }, p.tables.map(drawGrid)));
       });
       i = j;
