@@ -17,6 +17,7 @@ at ``report.html#{model}/{dataset}_{T}/L{layer}H{head}``.
 
 import os
 import shutil
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -157,6 +158,12 @@ def _run_job(i: int):
     return _JOBS[i]()
 
 
+def _quiet_worker() -> None:
+    """A worker ends at once when the pool closes it (SIGTERM), without the command's own
+    handler (which reports an interrupted run)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _run_all(jobs: list, workers: int) -> list:
     """Call every job, in forked worker processes when there are several cores (each
     job draws and saves its figures; only the returned HTML comes back)."""
@@ -166,7 +173,7 @@ def _run_all(jobs: list, workers: int) -> list:
         return [job() for job in jobs]
     _JOBS[:] = jobs
     try:
-        with mp.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+        with mp.get_context("fork").Pool(min(workers, len(jobs)), _quiet_worker) as pool:
             return pool.map(_run_job, range(len(jobs)), chunksize=1)
     finally:
         _JOBS.clear()
