@@ -1,0 +1,83 @@
+"""Mean attention distance: per query row t, d(t) = Σ_s p(t, s)·|t − s| (for a causal
+model the mean offset Σ_s p(t, s)·(t − s) of the keys the row attends to), averaged over
+sequences; per head, its mean over query rows (``attn_distance`` in ``heads.csv``) and the
+curve d(t) in the head view.
+
+Read on the attention pattern of the measured forward, as the sink mass is: each row's
+normaliser from :mod:`poskernel_tl.reducers.pattern` (shared with the other pattern
+statistics), the rows' logits in blocks of 256 query rows over the keys the mask keeps, on
+the first ``null_seqs`` sequences and (causal models) the first 2048 positions; rows past
+them are NaN. Learned sinks take their share of a row and add no distance.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from poskernel_tl.panels import Panel
+from poskernel_tl.reducers.base import LayerBatch
+from poskernel_tl.reducers.pattern import PatternReader, PatternRows, score_blocks
+from poskernel_tl.reducers.statistic import Run, StatisticSpec, mean_of
+from poskernel_tl.schema import Part, column, stored
+
+
+@dataclass
+class AttnDistance(Part):
+    NAME = "attn_distance"
+    PANELS = (Panel("curve", "Attention distance by query row", "attn_distance_rows",
+                    x="query row t", y="Σ_s p(t, s)·|t − s| (tokens)", first=0,
+                    note="Mean over the measured sequences of each row's attention-weighted "
+                         "offset to its keys; the head's attn_distance is its mean over "
+                         "rows."),)
+    attn_distance: Float[np.ndarray, "layer head_index"] = column("trackB", "attn_distance")
+    attn_distance_rows: Float[np.ndarray, "layer head_index query_pos"] = stored(
+        "attn_distance.npz", "rows")
+
+
+def row_distance(rows: PatternRows, scale: float, terms) -> Float[Tensor, "seq head_index pos"]:
+    """d(t) = Σ_s p(t, s)·|t − s| of every row of ``rows``."""
+    b, T, H, _ = rows.q.shape
+    kv = rows.k.shape[2]
+    lse = rows.lse.reshape(b, kv, H // kv, T)
+    out = lse.new_empty(b, kv, H // kv, T)
+    for r0, r1, lo, A in score_blocks(rows.q, rows.k, scale, rows.last, terms):
+        offset = (torch.arange(r0, r1, device=A.device)[:, None] -
+                  torch.arange(lo, lo + A.shape[-1], device=A.device)[None]).abs().to(A)
+        out[..., r0:r1] = ((A - lse[..., r0:r1, None]).exp_() * offset).sum(-1)
+    return out.reshape(b, H, T)
+
+
+class AttnDistanceReducer:
+    def __init__(self, run: Run):
+        s = run.spec
+        self.reader = PatternReader.of(run)
+        self.total = torch.zeros(s.n_layers, s.n_heads, run.length, dtype=torch.float64,
+                                 device=run.device)
+        self.n_seen = np.zeros(s.n_layers, dtype=int)
+        self.positions = run.length
+
+    def update(self, batch: LayerBatch) -> None:
+        rows = self.reader.rows(batch)
+        if rows is None:
+            return
+        self.positions = rows.positions
+        d = row_distance(rows, batch.scale, batch.terms)
+        self.total[batch.layer, :, :rows.positions] += d.sum(0).to(self.total)
+        self.n_seen[batch.layer] += len(rows.keep)
+
+    def result(self) -> AttnDistance:
+        per_row = self.total.cpu().numpy() / np.maximum(self.n_seen, 1)[:, None, None]
+        per_row[..., self.positions:] = np.nan  # rows the pattern statistics do not read
+        return AttnDistance(per_row[..., :self.positions].mean(-1), per_row)
+
+
+STATISTIC = StatisticSpec(
+    "attn_distance", AttnDistance, AttnDistanceReducer,
+    "mean attention distance: per query row Σ_s p(t, s)·|t − s|, its mean over rows per head",
+    state_bytes=lambda model, work: model.spec.n_layers * model.spec.n_heads * work.length * 8,
+    head_columns={"attn_distance": "mean attention distance Σ_s p(t, s)·|t − s| (tokens)"},
+    condition_values=mean_of("attn_distance", "attn_distance"),
+    condition_labels={"attn_distance": "mean attention distance (tokens), mean over heads"})
