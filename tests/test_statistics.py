@@ -20,7 +20,7 @@ import poskernel_tl.reducers.long_view as long_view
 from poskernel_tl import kernels
 from poskernel_tl.kernels.dispatch import IN_LAUNCH
 from poskernel_tl.measurement import measure as measure_module
-from poskernel_tl.measurement.parts import head_columns
+from poskernel_tl.measurement.parts import condition_entries, field_columns, head_columns
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.plan import batching
 from poskernel_tl.reducers import registry
@@ -171,6 +171,11 @@ def test_every_declared_head_column_reaches_heads_csv(tiny_tokenizer, tmp_path):
         if part == "track_a":
             first = track_a[track_a["seq_id"] == track_a["seq_id"].iloc[0]]
             assert np.allclose(heads[col], first[col], equal_nan=True), col
+    # each field-declared column's mean over heads is a per-condition value (grid summary,
+    # atlas), labelled
+    values, labels = res.condition_values(), {k: lab for k, lab, _ in condition_entries()}
+    for col in field_columns():
+        assert values[col] == pytest.approx(float(heads[col].mean())) and col in labels
 
 
 @pytest.mark.parametrize("arch", ["gpt_oss"])

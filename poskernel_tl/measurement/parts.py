@@ -9,12 +9,14 @@ import types
 import typing
 
 import numpy as np
+import pandas as pd
 
 from poskernel_tl.measurement.pe_kernel import PEKernel
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.protocol import offset_bands
 from poskernel_tl.reducers import CenteringMeans, GramResult, TrackAResult
 from poskernel_tl.reducers.registry import STATISTICS
+from poskernel_tl.reducers.registry import condition_values as registry_values
 from poskernel_tl.schema import TABLE_ROWS, Part, axes
 
 CORE_PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, PEKernel)
@@ -57,6 +59,30 @@ def head_columns() -> dict[str, tuple[str, str, str]]:
            for attr, (col, label) in cls.head_fields().items()}
     for stat in STATISTICS.values():
         out.update({col: (stat.name, col, label) for col, label in stat.head_columns.items()})
+    return out
+
+
+def field_columns() -> dict[str, str]:
+    """``heads.csv`` column -> label of the per-head columns declared on fields
+    (``column(..., head=)``), the statistics' own left out."""
+    return {col: label for cls in part_classes() for col, label in cls.head_fields().values()}
+
+
+def condition_entries() -> list[tuple[str, str, str]]:
+    """(name, label, description) of every per-condition value: each statistic's, and the
+    mean over heads of each per-head column declared on a field."""
+    out = [(key, label, stat.description) for stat in STATISTICS.values()
+           for key, label in stat.condition_labels.items()]
+    return out + [(col, f"{label}, mean over heads", f"the mean over heads of {col}")
+                  for col, label in field_columns().items()]
+
+
+def condition_values(heads: pd.DataFrame) -> dict[str, float]:
+    """Every per-condition value (:func:`condition_entries`) of one condition's per-head
+    table; those whose columns the table lacks are left out."""
+    out = registry_values(heads)
+    out.update({col: float(heads[col].mean()) for col in field_columns()
+                if col in heads and not heads[col].isna().all()})
     return out
 
 
@@ -123,5 +149,6 @@ def planned_bytes(dims: dict[str, int], logits: int = 0, optional: tuple[str, ..
     return total
 
 
-__all__ = ["CORE_PARTS", "UNSHOWN", "build_part", "condition_dims", "head_columns",
+__all__ = ["CORE_PARTS", "UNSHOWN", "build_part", "condition_dims", "condition_entries",
+           "condition_values", "field_columns", "head_columns",
            "head_labels", "head_values", "owner", "part_classes", "planned_bytes"]

@@ -34,13 +34,13 @@ from poskernel_tl.io import save_arrays, save_csv, save_json
 from poskernel_tl.measurement.parts import (
     build_part,
     condition_dims,
+    condition_values,
     head_values,
     owner,
     part_classes,
 )
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.reducers import GramResult, SavedLogits, TrackAResult
-from poskernel_tl.reducers.registry import condition_values
 from poskernel_tl.schema import Part, SavedFiles, tidy_tables
 
 # result attribute -> (part, field) where the names differ
@@ -232,8 +232,9 @@ class ConditionResult:
         return df
 
     def condition_values(self) -> dict[str, float]:
-        """Every registered statistic's per-condition values (``grid_summary.csv``, the
-        report), read from :meth:`kernels`; empty without the per-head table."""
+        """Every per-condition value (``grid_summary.csv``, the report: each statistic's, and
+        the mean over heads of each per-head column declared on a field), read from
+        :meth:`kernels`; empty without the per-head table."""
         heads = self.kernels()
         return {} if heads is None else condition_values(heads)
 

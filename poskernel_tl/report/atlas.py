@@ -15,8 +15,8 @@ from matplotlib.figure import Figure
 
 from poskernel_tl import constants as C
 from poskernel_tl.fit.kernel_class import CLASSES
+from poskernel_tl.measurement.parts import condition_entries, condition_values
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.reducers.registry import STATISTICS, condition_labels, condition_values
 from poskernel_tl.report.figures import condition_label
 from poskernel_tl.report.html import esc
 from poskernel_tl.report.sections import table_html
@@ -61,17 +61,16 @@ def statistics_html(per: pd.DataFrame, out: Path) -> str:
     """Each registered statistic's per-condition values as a model × (dataset, T) table
     (``atlas_{value}``: CSV and Markdown), labelled exploratory, with its description."""
     html = []
-    for stat in STATISTICS.values():
-        for key, label in stat.condition_labels.items():
-            if key not in per or per[key].isna().all():
-                continue
-            table = per.pivot_table(index="model", columns=["dataset", "length"], values=key)
-            table.columns = [f"{d}, T = {t}" for d, t in table.columns]
-            write_table(table.round(3).reset_index(), out / f"atlas_{key}")
-            html += [f"<h3>{esc(label[:1].upper() + label[1:])} (exploratory)</h3>",
-                     f'<p class="pk-note">{esc(stat.description)}.</p>',
-                     table_html(table.round(3).reset_index()),
-                     f'<p class="pk-note">File: <a href="atlas_{key}.csv">atlas_{key}.csv</a></p>']
+    for key, label, description in condition_entries():
+        if key not in per or per[key].isna().all():
+            continue
+        table = per.pivot_table(index="model", columns=["dataset", "length"], values=key)
+        table.columns = [f"{d}, T = {t}" for d, t in table.columns]
+        write_table(table.round(3).reset_index(), out / f"atlas_{key}")
+        html += [f"<h3>{esc(label[:1].upper() + label[1:])} (exploratory)</h3>",
+                 f'<p class="pk-note">{esc(description)}.</p>',
+                 table_html(table.round(3).reset_index()),
+                 f'<p class="pk-note">File: <a href="atlas_{key}.csv">atlas_{key}.csv</a></p>']
     return "".join(html)
 
 
@@ -161,7 +160,7 @@ def section(results_dir: Path, results: list[ConditionResult], out: Path, figure
     totals = heads.groupby("condition")["kernel_class"].value_counts().unstack(fill_value=0)
     per = per_condition(heads)
     totals = totals.join(per.drop(columns=["model", "dataset", "length"]).rename(
-        columns=condition_labels()))
+        columns={key: label for key, label, _ in condition_entries()}))
     return "".join([
         "<h2>Figure 5 — the atlas: which kernel each head implements (exploratory)</h2>",
         '<p class="pk-note">Exploratory: not part of the pre-registered protocol. Each '
