@@ -15,6 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 KINDS = ("number", "curve", "matrix", "histogram")
+KERNEL_SECTION = "Positional kernel g(Δ)"  # where the g(Δ) of every source is drawn
+KERNEL_NOTE = ("Each source on its own axes (their scales differ). Track A: mean sub-diagonal "
+               "of the raw logits pooled over sequences; Track B: the same fit on the "
+               "averaged Gram matrix. Orange: Track A within rows (a free constant per row "
+               "of each sequence, which the softmax ignores), on the raw kernel's mean level.")
+ORANGE = "#e08a2c"
 
 
 @dataclass(frozen=True)
@@ -25,7 +31,11 @@ class Panel:
     ``matrix``; ``[n_seqs, layer, head_index]`` read at (:, layer, head) for
     ``histogram``, with ``marker`` (a ``[layer, head_index]`` field) drawn as a line.
     ``title`` heads its section (a number: its row), ``note`` says what it shows; ``x`` and
-    ``y`` label the axes."""
+    ``y`` label the axes. A curve's ``back`` names the field of the keys after the query
+    (an encoder's Δ = −1, −2, …; drawn dotted where the part holds it), ``name`` its
+    trace (``name_of``: a part attribute whose text is added), ``color`` its colour;
+    curves of one section with one ``plot`` title share that plot, whichever part
+    declares them (a statistic draws over Track A's g(Δ) this way)."""
 
     kind: str
     title: str
@@ -37,6 +47,11 @@ class Panel:
     log_x: bool = False
     marker: str | None = None
     digits: int = 3
+    plot: str = ""
+    back: str | None = None
+    name: str = ""
+    name_of: str | None = None
+    color: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -51,10 +66,18 @@ class Panel:
         value = np.asarray(value, np.float64)
         return value[:, layer, head] if self.kind == "histogram" else value[layer, head]
 
+    def back_values(self, part, layer: int, head: int) -> np.ndarray | None:
+        value = None if self.back is None else getattr(part, self.back, None)
+        return None if value is None else np.asarray(value, np.float64)[layer, head]
+
+    def trace_name(self, part) -> str:
+        extra = "" if self.name_of is None else str(getattr(part, self.name_of))
+        return f"{self.name} ({extra})" if self.name and extra else self.name or extra
+
     def marker_value(self, part, layer: int, head: int) -> float | None:
         if self.marker is None or getattr(part, self.marker, None) is None:
             return None
         return float(np.asarray(getattr(part, self.marker))[layer, head])
 
 
-__all__ = ["KINDS", "Panel"]
+__all__ = ["KERNEL_NOTE", "KERNEL_SECTION", "KINDS", "ORANGE", "Panel"]

@@ -104,7 +104,7 @@ def test_its_panel_shows_in_the_report_and_in_inspect_head(tiny_tokenizer, tmp_p
     assert len(mine) == 1
     np.testing.assert_allclose(typed(mine[0]["series"][0]["y"]), want, atol=1e-5)
     numbers, panels = declared(view.parts, 1, 2)
-    assert [p["section"] for p in panels] == [TITLE] and numbers == []
+    assert TITLE in [p["section"] for p in panels]
 
 
 def test_the_readme_shows_the_declared_panel():

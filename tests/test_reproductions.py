@@ -61,4 +61,4 @@ def test_in_the_report(tiny_tokenizer, tmp_path):
     assert list(table["our model"]) == ["tiny-llama"] * len(table)
     assert table["source"].str.startswith("Gu et al.").any()
     data = next((tmp_path / "report" / "data").glob("*random*.js")).read_text()
-    assert '["r2-within",' in data  # the head view's within-row R² beside the raw one
+    assert '["r2-within-pooled",' in data  # the head view's within-row R² beside the raw one

@@ -120,7 +120,8 @@ def test_data_file_holds_the_saved_numbers(site):
             p = d["heads"][layer * H + head]
             numbers = {n[0]: n[2] for n in p["numbers"]}
             assert numbers["r2-pooled"] == r.r2_pooled[layer, head]
-            assert numbers["r2-B"] == r.r2_gram[layer, head]
+            assert numbers["r2-shown"] == r.r2_gram[layer, head]
+            assert numbers["r2-gram-raw"] == r.r2_gram_raw[layer, head]
             kernel = [q for q in p["panels"] if q["section"] == "Positional kernel g(Δ)"]
             np.testing.assert_array_equal(typed(kernel[0]["series"][0]["y"]),
                                           r.g_pooled[layer, head].astype(np.float32))

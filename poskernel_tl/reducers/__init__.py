@@ -2,7 +2,8 @@
 
 from poskernel_tl.reducers.base import LayerBatch, Reducer, Workspace
 from poskernel_tl.reducers.freq_usage import FreqUsage, FreqUsageReducer
-from poskernel_tl.reducers.gram import GramReducer, GramResult
+from poskernel_tl.reducers.gram import GramReducer
+from poskernel_tl.reducers.gram_result import GramResult
 from poskernel_tl.reducers.logits import LogitSaver, SavedLogits
 from poskernel_tl.reducers.moments import CenteringMeans, Moments, MomentsReducer
 from poskernel_tl.reducers.perm_null import PermNull, PermNullReducer

@@ -45,7 +45,6 @@ budget accumulates Track B in blocks of layers, one evaluation pass each
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -54,8 +53,6 @@ from torch import Tensor
 
 from poskernel_tl import kernels
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
-from poskernel_tl.errors import ResultFileError
-from poskernel_tl.fit.toeplitz import kept_finite, sym_antisym, two_sided
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram_cost import GRAM_ROWS, as_path, gram_row_blocks
 from poskernel_tl.reducers.gram_fit import (
@@ -65,75 +62,9 @@ from poskernel_tl.reducers.gram_fit import (
     tile_pieces,
     variant_fit,
 )
+from poskernel_tl.reducers.gram_result import GramResult
 from poskernel_tl.reducers.moments import Moments, means_in_place
 from poskernel_tl.reducers.two_sided import check_two_sided
-from poskernel_tl.schema import Part, column, stored
-
-
-@dataclass
-class GramResult(Part):
-    """Track B of one condition; where each field is saved is declared on it. The table's
-    ``R2_gram`` is the centered fit, or the raw one where the condition is not centered
-    (the protocol's CSV), so ``r2_gram`` is written and read by :meth:`columns`/:meth:`load`."""
-
-    NAME = "track_b"
-    r2_gram_raw: Float[np.ndarray, "layer head_index"] = column("trackB", "R2_gram_raw")
-    # g is NaN past a sliding window's last kept offset (checked by :func:`kept_finite`)
-    g_gram_raw: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "gram_raw")
-    r2_gram: Float[np.ndarray, "layer head_index"]  # NaN without centering
-    g_gram: Float[np.ndarray, "layer head_index lag"] = stored("g.npz", "gram_centered")
-    r2_gram_half: Float[np.ndarray, "layer head_index"] = column("trackB", "R2_gram_half")
-    gram_raw: Float[np.ndarray, "layer head_index query_pos key_pos"] | None = stored(
-        "gram_raw.pt", default=None)
-    gram_centered: Float[np.ndarray, "layer head_index query_pos key_pos"] | None = stored(
-        "gram_centered.pt", default=None)
-    centered: bool = column("trackB", "centered", default=False)
-    eval_moments: Moments | None = None  # the evaluation means (not saved)
-    # bidirectional models only (None for causal ones): Δ = −1..−(T−1) and Δ = 0
-    g_gram_raw_back: Float[np.ndarray, "layer head_index lag"] | None = stored(
-        "g.npz", "gram_raw_back", finite=True, default=None)
-    g_gram_back: Float[np.ndarray, "layer head_index lag"] | None = stored(
-        "g.npz", "gram_centered_back", default=None)
-    g_gram_raw_self: Float[np.ndarray, "layer head_index"] | None = stored(
-        "g.npz", "gram_raw_self", default=None)
-    g_gram_self: Float[np.ndarray, "layer head_index"] | None = stored(
-        "g.npz", "gram_centered_self", default=None)
-
-    def columns(self, table: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
-        """The saved columns; ``R2_gram`` first; for a bidirectional model the asymmetry
-        of g (``asym_gram``: of the fit ``R2_gram`` shows; ``asym_gram_raw``)."""
-        cols = super().columns(table, dims)
-        if table == "trackB":
-            shown = self.r2_gram if self.centered else self.r2_gram_raw
-            cols = {"R2_gram": np.asarray(shown).ravel(), **cols}
-            if self.g_gram_raw_back is not None:
-                raw = self.asymmetry(centered=False)
-                cols["asym_gram"] = (self.asymmetry() if self.centered else raw).ravel()
-                cols["asym_gram_raw"] = raw.ravel()
-        return cols
-
-    def asymmetry(self, centered: bool = True) -> Float[np.ndarray, "layer head_index"]:
-        """Per head, the share of the two-sided g's variance that is antisymmetric
-        (:func:`~poskernel_tl.fit.toeplitz.sym_antisym`) for the centered (NaN where not
-        centered) or raw Gram; NaN for a causal result."""
-        g, back = (self.g_gram, self.g_gram_back) if centered else \
-            (self.g_gram_raw, self.g_gram_raw_back)
-        if back is None:
-            return np.full(self.r2_gram_raw.shape, np.nan)
-        return sym_antisym(two_sided(g, back))[2]
-
-    @classmethod
-    def load(cls, saved, dims: dict[str, int], **given):
-        raw = saved.table_column("trackB", "R2_gram", dims, ("layer", "head_index"))
-        r2 = raw if given.get("centered") else np.full(raw.shape, np.nan)
-        part = super().load(saved, dims, r2_gram=r2, **given)
-        for key, g in (("gram_centered", part.g_gram), ("gram_centered_back", part.g_gram_back),
-                       ("gram_raw", part.g_gram_raw)):
-            if (part.centered or key == "gram_raw") and g is not None and not kept_finite(g):
-                raise ResultFileError(f"{saved.path_of('g.npz')}: {key} holds NaN/inf")
-        return part
-
-
 
 Means = tuple[Float[Tensor, "head_index pos d_head"] | None,
               Float[Tensor, "kv_head_index pos d_head"] | None]
@@ -400,4 +331,4 @@ def applied(y: Tensor | None, terms: list, d: int) -> Tensor | None:
     return torch.cat([part(p) - part(m) if m is not None else part(p) for p, m in terms], -1)
 
 
-__all__ = ["GramReducer", "GramResult", "concat_layers"]
+__all__ = ["GramReducer", "concat_layers"]

@@ -12,7 +12,7 @@ from jaxtyping import Float, Int
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.fit.toeplitz import kept_finite, sym_antisym, two_sided
 from poskernel_tl.fit.variants import Variant, fitted, strip_of, variants_of
-from poskernel_tl.panels import Panel
+from poskernel_tl.panels import KERNEL_NOTE, KERNEL_SECTION, Panel
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM
 from poskernel_tl.schema import TABLE_ROWS, Part, axes, column, stored
 
@@ -25,7 +25,12 @@ class TrackAResult(Part):
     """Track A of one condition; where each field is saved is declared on it."""
 
     NAME = "track_a"
-    PANELS = (Panel("histogram", "Per-sequence R²", "r2_per_seq", x="R² per sequence",
+    PANELS = (Panel("number", "Track A pooled R²", "r2_pooled"),
+              Panel("number", "Track A pooled R², sink column left out", "r2_pooled_nosink"),
+              Panel("curve", KERNEL_SECTION, "g_pooled", back="g_pooled_back", log_x=True,
+                    plot="Track A g(Δ)", name="raw logits", x="lag Δ = t − s",
+                    y="g(Δ)", note=KERNEL_NOTE),
+              Panel("histogram", "Per-sequence R²", "r2_per_seq", x="R² per sequence",
                     y="sequences", marker="r2_pooled",
                     note="Track A R² of each evaluation sequence; the line is the pooled fit."),)
     seq_index: Int[np.ndarray, " n_seqs"]  # positions within the pass (not saved)

@@ -23,6 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.fit.within_row import RowLayout, match_mean, within_fit
+from poskernel_tl.panels import KERNEL_SECTION, ORANGE, Panel
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.statistic import Run, StatisticSpec, mean_of
 from poskernel_tl.schema import Part, column, stored
@@ -31,6 +32,10 @@ from poskernel_tl.schema import Part, column, stored
 @dataclass
 class WithinRow(Part):
     NAME = "within_row"
+    PANELS = (Panel("number", "Track A within-row R² (pooled)", "r2_within_pooled"),
+              Panel("curve", KERNEL_SECTION, "g_within", back="g_within_back",
+                    plot="Track A g(Δ)", color=ORANGE,
+                    name="within rows (a constant per row removed)"))
     r2_within_per_seq: Float[np.ndarray, "n_seqs layer head_index"] = column(
         "trackA", "R2_within_row_per_seq")
     r2_within_pooled: Float[np.ndarray, "layer head_index"] = column(

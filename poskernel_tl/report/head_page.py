@@ -21,17 +21,11 @@ browser:
 
 import numpy as np
 
-from poskernel_tl.panels import Panel
+from poskernel_tl.panels import KERNEL_NOTE, KERNEL_SECTION, Panel
 from poskernel_tl.report.encode import num, typed
 
-KERNEL_SECTION = "Positional kernel g(Δ)"
-KERNEL_NOTE = ("Each source on its own axes (their scales differ). Track A: mean sub-diagonal "
-               "of the raw logits pooled over sequences; Track B: the same fit on the "
-               "averaged Gram matrix. Orange: Track A within rows (a free constant per row "
-               "of each sequence, which the softmax ignores), on the raw kernel's mean level.")
 SPECTRUM_NOTE = ("Dashed: the model's rotary frequencies θᵢ. Triangles: the top peaks (filled: "
                  "significant; green: within ±10% of a θᵢ).")
-ORANGE = "#e08a2c"
 
 
 # ------------------------------------------------------------------- text
@@ -79,7 +73,8 @@ def histogram(section: str, values: np.ndarray, *, x_label: str, y_label: str,
 def matrix(section: str, z: np.ndarray, *, x_label: str, y_label: str,
            note: str = "") -> dict:
     return {"kind": "matrix", "section": section, "sectionNote": note, "title": "",
-            "z": typed(z, "f4"), "xLabel": x_label, "yLabel": y_label, "width": "half"}
+            "z": typed(z, "f4"), "shape": list(np.shape(z)), "xLabel": x_label,
+            "yLabel": y_label, "width": "half"}
 
 
 def message(section: str, status: str, text: str) -> dict:
@@ -90,15 +85,39 @@ def message(section: str, status: str, text: str) -> dict:
 # ----------------------------------------------------------- declared panels
 def declared(parts: dict, layer: int, head: int) -> tuple[list, list]:
     """(numbers, panels) of every panel the parts declare (``Part.PANELS``), in part
-    order, for one head; a panel whose field a part does not hold is left out."""
+    order, for one head (a panel whose field a part does not hold is left out), arranged
+    (:func:`arrange`)."""
     numbers, panels = [], []
     for part in parts.values():
         for p in getattr(type(part), "PANELS", ()):
             entry = panel_entry(p, part, layer, head)
-            if entry is None:
-                continue
-            (numbers if p.kind == "number" else panels).append(entry)
-    return numbers, panels
+            if entry is not None:
+                (numbers if p.kind == "number" else panels).append(entry)
+    return numbers, arrange(panels)
+
+
+def arrange(panels: list[dict]) -> list[dict]:
+    """Curves of one section and plot title drawn as one plot (in the first one's place),
+    and each section's panels together, sections in the order they first appear."""
+    out, plots = [], {}
+    for entry in panels:
+        key = (entry["section"], entry.get("title"))
+        if entry["kind"] == "curve" and key in plots:
+            _merge(plots[key], entry)
+            continue
+        if entry["kind"] == "curve":
+            plots[key] = entry = {**entry, "series": list(entry["series"])}
+        out.append(entry)
+    order = list(dict.fromkeys(e["section"] for e in out))
+    return sorted(out, key=lambda e: order.index(e["section"]))
+
+
+def _merge(into: dict, entry: dict) -> None:
+    """``entry``'s traces drawn in the plot of ``into`` (one section, one plot title)."""
+    into["series"] += entry["series"]
+    into["legend"] = True
+    if entry["xLabel"] != into["xLabel"] and "|Δ|" in entry["xLabel"]:
+        into["xLabel"] = entry["xLabel"]
 
 
 def panel_entry(p: Panel, part, layer: int, head: int) -> dict | list | None:
@@ -106,11 +125,21 @@ def panel_entry(p: Panel, part, layer: int, head: int) -> dict | list | None:
     v = p.values(part, layer, head)
     if v is None:
         return None
-    if p.kind == "number":
-        return [f"panel-{p.field}", p.title, num(v), p.digits]
+    if p.kind == "number":  # keyed by its field (r2_pooled: "r2-pooled")
+        name = p.trace_name(part)
+        return [p.field.replace("_", "-"), f"{p.title} ({name})" if name else p.title,
+                num(v), p.digits]
     if p.kind == "curve":
-        return curve(p.title, [series(v.astype(np.float32), first=p.first)], x_label=p.x,
-                     y_label=p.y, note=p.note, log_x=p.log_x, legend=False)
+        back = p.back_values(part, layer, head)
+        name = p.trace_name(part)
+        traces = [series(v.astype(np.float32), first=p.first, name=name, color=p.color)]
+        if back is not None:  # keys after the query, Δ = −1, −2, …
+            traces.append(series(back.astype(np.float32), first=p.first, color=p.color,
+                                 dash="dot", name=f"{name}: keys after the query, g(−Δ)"))
+            traces[0]["name"] = f"{name}: keys before the query, g(Δ)"
+        return curve(p.title, traces, title=p.plot, x_label="|Δ| = |t − s|"
+                     if back is not None and p.first == 1 else p.x, y_label=p.y, note=p.note,
+                     log_x=p.log_x, legend=len(traces) > 1)
     if p.kind == "histogram":
         return histogram(p.title, v, x_label=p.x, y_label=p.y, note=p.note,
                          marker=p.marker_value(part, layer, head))
@@ -119,22 +148,14 @@ def panel_entry(p: Panel, part, layer: int, head: int) -> dict | list | None:
 
 # ------------------------------------------------------------ built panels
 def kernel_panels(kernels: list[dict]) -> list[dict]:
-    """g(Δ) of each source on its own axes: ``kernels`` entries ``{label, g, back,
-    within, within_back}`` (arrays or None)."""
+    """g(Δ) of each source given as arrays (a notebook's view; a result's are declared on
+    its parts), each on its own axes: ``kernels`` entries ``{label, g, back}``."""
     out = []
     for k in kernels:
-        both, within = k.get("back") is not None, k.get("within") is not None
-        first = ("raw logits: g(Δ)" if within and not both else
-                 "keys before the query: g(Δ), Δ > 0")
-        traces = [series(k["g"], name=first)]
+        both = k.get("back") is not None
+        traces = [series(k["g"], name="keys before the query: g(Δ), Δ > 0" if both else "g(Δ)")]
         if both:
             traces.append(series(k["back"], name="keys after the query: g(−Δ)", dash="dot"))
-        if within:
-            traces.append(series(k["within"], name="within rows (a constant per row removed)",
-                                 color=ORANGE))
-        if k.get("within_back") is not None:
-            traces.append(series(k["within_back"], name="within rows, g(−Δ)", color=ORANGE,
-                                 dash="dot"))
         out.append(curve(KERNEL_SECTION, traces, title=k["label"], note=KERNEL_NOTE,
                          x_label="|Δ| = |t − s|" if both else "lag Δ = t − s",
                          y_label="g(Δ)", log_x=True))
@@ -195,5 +216,5 @@ def page(title: str, *, numbers: list, panels: list, anchor: str | None = None,
 
 
 __all__ = ["KERNEL_SECTION", "curve", "declared", "fixed", "histogram", "kernel_panels",
-           "matrix", "message", "page", "panel_entry", "peak_table", "series", "sig",
+           "matrix", "message", "page", "panel_entry", "arrange", "peak_table", "series", "sig",
            "spectrum_panel", "yes"]

@@ -227,7 +227,7 @@ def head_payload(data: HeadPageData, max_tokens: int = VIEW_TOKENS, *,
         "twoSided": data.two_sided, "tokens": [str(t) for t in data.tokens[:n]],
         "step": None, "label": f"{T} tokens"}
     return HP.page(data.title, numbers=numbers + list(data.numbers),
-                   panels=panels + list(data.panels), notes=notes, seq=seq, long=long,
+                   panels=HP.arrange(panels + list(data.panels)), notes=notes, seq=seq, long=long,
                    tables=tables, links=[[k, check_relative_url(v)]
                                          for k, v in data.links.items()])
 

@@ -22,6 +22,7 @@ from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import LABELS, SOURCES
 from poskernel_tl.measurement.parts import head_labels
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.panels import KERNEL_SECTION
 from poskernel_tl.report import extras
 from poskernel_tl.report import head_page as HP
 from poskernel_tl.report.collect import SavedCondition
@@ -151,29 +152,6 @@ class _Condition:
             self.seq = [int(s) for s in r.seq_id].index(cond.logits_seq)
             self.codes = quantize(r.logits[cond.logits_seq], r.causal)
 
-    def numbers(self, layer: int, head: int) -> list:
-        r, at = self.r, (layer, head)
-        rows = [["r2-pooled", "Track A pooled R²", num(r.r2_pooled[at]), 3],
-                ["r2-B", "Track B centered R²" if r.centered else "Track B R² (uncentered)",
-                 num((r.r2_gram if r.centered else r.r2_gram_raw)[at]), 3],
-                ["r2-B-raw", "Track B raw R²", num(r.r2_gram_raw[at]), 3],
-                ["r2-nosink", "Track A pooled R², sink column left out",
-                 num(r.r2_pooled_nosink[at]), 3]]
-        if r.r2_within_pooled is not None:  # what the softmax sees: a constant per row free
-            rows.insert(1, ["r2-within", "Track A within-row R² (pooled)",
-                            num(r.r2_within_pooled[at]), 3])
-        return rows
-
-    def kernels(self, layer: int, head: int) -> list[dict]:
-        r, at = self.r, (layer, head)
-        g_b, source = r.g_trackB
-        g_b_back = r.g_gram_back if r.centered else r.g_gram_raw_back
-        row = lambda a: None if a is None else np.asarray(a[at], np.float32)
-        return HP.kernel_panels([
-            {"label": "Track A pooled g(Δ)", "g": row(r.g_pooled), "back": row(r.g_pooled_back),
-             "within": row(r.g_within), "within_back": row(r.g_within_back)},
-            {"label": f"Track B g(Δ) ({source})", "g": row(g_b), "back": row(g_b_back)}])
-
     def sequence(self, layer: int, head: int) -> dict | None:
         """The saved sequence's logits of this head (8-bit codes), its g(Δ) and R²; its
         tokens are the condition's (``tokens`` of the data file)."""
@@ -193,6 +171,8 @@ class _Condition:
         """One head's page (:func:`~poskernel_tl.report.head_page.page`)."""
         r, i = self.r, layer * self.r.n_heads + head
         numbers, declared = HP.declared(r.parts, layer, head)
+        kernel = [p for p in declared if p["section"] == KERNEL_SECTION]
+        rest = [p for p in declared if p["section"] != KERNEL_SECTION]
         spectra = [_spectrum(self.cond, self.spectral[s], s, layer, head)
                    for s in ("trackB", "trackA")]
         long_files = None if not self.long else {
@@ -205,9 +185,9 @@ class _Condition:
                        f"L{layer}H{head}", anchor=head_anchor(r.model, r.dataset, r.length,
                                                              layer, head),
                        notes=[weights] if weights else [],
-                       numbers=self.numbers(layer, head) + numbers,
+                       numbers=numbers,
                        seq=self.sequence(layer, head), long_files=long_files,
-                       panels=self.kernels(layer, head) + spectra + declared,
+                       panels=kernel + spectra + rest,
                        tables=[_table(x, i) for x in self.tables])
 
 
