@@ -14,7 +14,7 @@ import poskernel_tl as pk
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.sink_mass import EPSILON, SinkMassReducer, share_above
-from poskernel_tl.reducers.statistic import Run
+from poskernel_tl.reducers.statistic import StatisticContext
 
 T = 40
 
@@ -45,7 +45,7 @@ def test_a_planted_sink_head_and_its_share(tiny_tokenizer):
     q[:, :, 0, 0] = 1.0
     k = torch.zeros(n, T, model.spec.n_kv_heads, d)
     k[:, 0, :, 0] = 50.0
-    red = SinkMassReducer(Run(model, T, n, MeasureConfig(null_seqs=n)))
+    red = SinkMassReducer(StatisticContext(model, T, n, MeasureConfig(null_seqs=n)))
     red.update(LayerBatch(0, q, k, torch.arange(n), 1.0, rows=(0, 1)))
     got = red.result().sink_mass[0]
     assert got[0] > 0.999

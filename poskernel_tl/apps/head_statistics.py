@@ -13,7 +13,7 @@ from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.registry import STATISTICS
-from poskernel_tl.reducers.statistic import Run
+from poskernel_tl.reducers.statistic import StatisticContext
 from poskernel_tl.reducers.track_a import TrackAReducer
 from poskernel_tl.schema import Part
 
@@ -25,7 +25,7 @@ def head_statistics(model: LoadedModel, layer: int,
     or panels), for ``layer`` on the one sequence whose q and k (every head of the layer)
     are given; the parts' other layers are not measured."""
     T = q.shape[0]
-    run = Run(model, T, 1, MeasureConfig(null_seqs=1, null_perms=0))
+    run = StatisticContext(model, T, 1, MeasureConfig(null_seqs=1, null_perms=0))
     batch = LayerBatch(layer, q[None], k[None], torch.zeros(1, dtype=torch.long,
                                                             device=q.device),
                        model.logit_scale, rows=(0,), terms=model.spec.layer_terms(layer))

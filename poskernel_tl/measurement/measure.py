@@ -57,7 +57,7 @@ from poskernel_tl.reducers import (
 )
 from poskernel_tl.reducers.gram import concat_layers
 from poskernel_tl.reducers.registry import STATISTICS
-from poskernel_tl.reducers.statistic import Run
+from poskernel_tl.reducers.statistic import StatisticContext
 
 ScoresPath = str  # "auto" | "hook" | "qk"
 
@@ -246,7 +246,7 @@ def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
     """Pass 2's reducers by the name of the result part each makes: Track A, Track B (for
     ``gram_layers``, default all), then every statistic of the registry this run wants
     (:data:`~poskernel_tl.reducers.registry.STATISTICS`)."""
-    s, run = model.spec, Run(model, T, n, opts, centering, wanted)
+    s, run = model.spec, StatisticContext(model, T, n, opts, centering, wanted)
     layers = range(s.n_layers) if gram_layers is None else gram_layers
     reds = {"track_a": TrackAReducer(n, s.n_layers, s.n_heads, T, model.device,
                                      seed=opts.seed, source=run.source, causal=s.causal,
@@ -299,7 +299,7 @@ def result_parts(model: LoadedModel, reds: dict, track_b: GramResult,
              "centering": CenteringMeans.from_moments(centering)}
     if centering is None:
         parts["track_b"] = dataclasses.replace(parts["track_b"], gram_centered=None)
-    run = Run(model, T, n, opts, centering)
+    run = StatisticContext(model, T, n, opts, centering)
     for name, red in reds.items():
         if name in STATISTICS:
             stat = STATISTICS[name]

@@ -20,7 +20,7 @@ from torch import Tensor
 from poskernel_tl.panels import Panel
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import PatternReader, PatternRows, score_blocks
-from poskernel_tl.reducers.statistic import Run, StatisticSpec, mean_of
+from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec, mean_of
 from poskernel_tl.schema import Part, column, stored
 
 
@@ -51,7 +51,7 @@ def row_distance(rows: PatternRows, scale: float, terms) -> Float[Tensor, "seq h
 
 
 class AttnDistanceReducer:
-    def __init__(self, run: Run):
+    def __init__(self, run: StatisticContext):
         s = run.spec
         self.reader = PatternReader.of(run)
         self.total = torch.zeros(s.n_layers, s.n_heads, run.length, dtype=torch.float64,

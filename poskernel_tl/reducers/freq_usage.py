@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, stored
 
 
@@ -86,7 +86,7 @@ class FreqUsageReducer:
                          self.first.cpu().numpy(), self.second.cpu().numpy())
 
 
-def build(run: Run) -> FreqUsageReducer | None:
+def build(run: StatisticContext) -> FreqUsageReducer | None:
     """None for a model without rotary pairs."""
     if run.model.rotary_pairs is None:
         return None
@@ -95,7 +95,7 @@ def build(run: Run) -> FreqUsageReducer | None:
                             device=run.device)
 
 
-def with_theta(part: FreqUsage, reducers, run: Run) -> FreqUsage:
+def with_theta(part: FreqUsage, reducers, run: StatisticContext) -> FreqUsage:
     """The pairs' rotation rates θ and which layers rotate, read from the model's spec."""
     s = run.spec
     rotary = np.array([s.layers[L].pe == "rope" for L in range(s.n_layers)]) if s.layers \

@@ -11,7 +11,7 @@ from poskernel_tl.constants import VIEW_TOKENS, VIS_DIR
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, SavedFiles
 
 
@@ -76,7 +76,7 @@ class LogitSaver:
                             for i, v in self.layers.items() if all(x is not None for x in v)})
 
 
-def build(run: Run) -> LogitSaver | None:
+def build(run: StatisticContext) -> LogitSaver | None:
     """The full logits of the pass positions ``run.wanted`` (None: none wanted, or past
     VIEW_TOKENS tokens)."""
     if not run.wanted or run.length > VIEW_TOKENS:

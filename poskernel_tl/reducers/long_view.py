@@ -31,7 +31,7 @@ from poskernel_tl.fit.blocks import block_size, read_mask, reduce_blocks
 from poskernel_tl.models.softmax_ops import logsumexp_with_sinks, sink_logits
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import ROWS, score_blocks
-from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, stored
 
 FILE = f"{VIS_DIR}/long_view.npz"
@@ -59,7 +59,7 @@ class LongView(Part):
 
 
 class LongViewReducer:
-    def __init__(self, run: Run):
+    def __init__(self, run: StatisticContext):
         s = run.spec
         self.pos = min(run.wanted)
         self.seq_id, self.T, self.causal = run.wanted[self.pos], run.length, s.causal
@@ -132,7 +132,7 @@ class LongViewReducer:
         return LongView(seq=np.array([self.seq_id]), scale=np.array([self.scale]), **out)
 
 
-def build(run: Run) -> LongViewReducer | None:
+def build(run: StatisticContext) -> LongViewReducer | None:
     """The long view of the first wanted sequence past VIEW_TOKENS tokens (None: shorter,
     or none wanted)."""
     return LongViewReducer(run) if run.wanted and run.length > VIEW_TOKENS else None

@@ -99,7 +99,7 @@ class PatternReader:
 
     @classmethod
     def of(cls, run) -> "PatternReader":
-        """The reader of a :class:`~poskernel_tl.reducers.statistic.Run`."""
+        """The reader of a :class:`~poskernel_tl.reducers.statistic.StatisticContext`."""
         return cls(run.options.null_seqs, run.spec.causal, run.max_lags)
 
     def rows(self, batch: LayerBatch) -> PatternRows | None:

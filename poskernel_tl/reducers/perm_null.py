@@ -55,7 +55,7 @@ from poskernel_tl.models.softmax_ops import cap_scores
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
-from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.reducers.tile_sums import null_tile_stats
 from poskernel_tl.reducers.two_sided import check_two_sided, sides
 from poskernel_tl.schema import Part, stored
@@ -267,7 +267,7 @@ class PermNullReducer:
                         perms=self.perms_cpu.numpy(), n_seqs=n[0], seed=self.seed)
 
 
-def build(run: Run) -> PermNullReducer | None:
+def build(run: StatisticContext) -> PermNullReducer | None:
     """``null_perms`` draws over the first ``null_seqs`` sequences (None: no draws)."""
     o, s = run.options, run.spec
     if o.null_perms <= 0:
@@ -278,7 +278,7 @@ def build(run: Run) -> PermNullReducer | None:
                            max_lags=run.max_lags)
 
 
-def with_same_seqs(part: PermNull, reducers, run: Run) -> PermNull:
+def with_same_seqs(part: PermNull, reducers, run: StatisticContext) -> PermNull:
     """The unpermuted pooled R² of the null's sequences, from Track A's sums."""
     track_a = reducers["track_a"]
     same, _ = track_a.pooled(torch.arange(part.n_seqs, device=run.device))

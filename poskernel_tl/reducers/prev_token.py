@@ -22,7 +22,7 @@ from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import MAX_POS, PatternReader
-from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, column
 
 
@@ -57,7 +57,7 @@ class PrevTokenReducer:
         return PrevTokenScore(tl_prev_token=self.total.cpu().numpy() / n)
 
 
-def build(run: Run) -> PrevTokenReducer:
+def build(run: StatisticContext) -> PrevTokenReducer:
     s = run.spec
     return PrevTokenReducer(s.n_layers, s.n_heads, run.length, max_seqs=run.options.null_seqs,
                             causal=s.causal, max_lags=run.max_lags, device=run.device)

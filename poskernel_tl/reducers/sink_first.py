@@ -30,7 +30,7 @@ from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import PatternReader
-from poskernel_tl.reducers.statistic import Run, StatisticSpec, mean_of
+from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec, mean_of
 from poskernel_tl.schema import Part, column, stored
 
 EPSILON = 0.3  # Gu et al.'s ε
@@ -45,7 +45,7 @@ class SinkFirst(Part):
 
 
 class SinkFirstReducer:
-    def __init__(self, run: Run):
+    def __init__(self, run: StatisticContext):
         s = run.spec
         self.reader = PatternReader.of(run)
         self.alpha = torch.zeros(s.n_layers, s.n_heads, KEYS, dtype=torch.float64,

@@ -21,7 +21,7 @@ from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import PatternReader
-from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, column
 
 EPSILON = 0.3  # the threshold on a head's pooled weight on the first token (Gu et al.'s ε)
@@ -34,7 +34,7 @@ class SinkMass(Part):
 
 
 class SinkMassReducer:
-    def __init__(self, run: Run):
+    def __init__(self, run: StatisticContext):
         s = run.spec
         self.reader = PatternReader.of(run)
         self.total = torch.zeros(s.n_layers, s.n_heads, dtype=torch.float64, device=run.device)

@@ -3,14 +3,15 @@
 
 A statistic is one module that ends with a ``STATISTIC`` (as an analysis ends with its
 ``SPEC``): the result part it makes (a :class:`~poskernel_tl.schema.Part` whose fields say
-their axes and where each is saved), how its reducer is built from the model and the
-run's options (:class:`Run`; ``None``: not wanted in this run), its bytes for the memory
-plan, and which of its fields are per-head columns (with a label) and which values it
-gives per condition. :data:`poskernel_tl.reducers.registry.STATISTICS` lists them; from
-that list ``pk.measure`` builds the reducers and the result's parts, ``ConditionResult``
-saves, loads and checks them, the per-head table (``heads.csv``) gains the declared
-columns (and with it the report's per-head tables, the atlas and the head viewer's
-rows), and ``grid_summary.csv`` and the report gain the per-condition values.
+their axes and where each is saved, and its head-view panels), how its reducer is built
+from the model and the run's options (:class:`StatisticContext`; ``None``: not wanted in
+this run), its bytes for the memory plan, and which of its fields are per-head columns
+(with a label) and which values it gives per condition.
+:data:`poskernel_tl.reducers.registry.STATISTICS` lists them; from that list
+``pk.measure`` builds the reducers and the result's parts, ``ConditionResult`` saves,
+loads and checks them, the per-head table (``heads.csv``) gains the declared columns (and
+with it the report's per-head tables, the atlas and the head viewer's rows), every head
+view its panels, and ``grid_summary.csv`` and the report the per-condition values.
 
 Track A and Track B are not in the list: the plan runs Track B in blocks of layers and
 every other statistic reads Track A's result, so ``pk.measure`` builds them itself.
@@ -28,7 +29,7 @@ from poskernel_tl.schema import Part
 
 
 @dataclass(frozen=True)
-class Run:
+class StatisticContext:
     """What a statistic's reducer is built from: the model, the evaluation set's shape and
     the run's options (a :class:`~poskernel_tl.plan.config.MeasureConfig`)."""
 
@@ -78,13 +79,13 @@ class StatisticSpec:
 
     name: str
     part: type[Part]
-    build: Callable[[Run], Any]
+    build: Callable[[StatisticContext], Any]
     description: str
     state_bytes: Callable[[LoadedModel, Any], int] = no_bytes
     head_columns: Mapping[str, str] = field(default_factory=dict)
     condition_values: Callable[[pd.DataFrame], dict[str, float]] | None = None
     condition_labels: Mapping[str, str] = field(default_factory=dict)
-    finish: Callable[[Part, Mapping[str, Any], Run], Part] | None = None
+    finish: Callable[[Part, Mapping[str, Any], StatisticContext], Part] | None = None
 
     def values_of(self, heads: pd.DataFrame) -> dict[str, float]:
         """:attr:`condition_values` of one condition's per-head table; empty where the
@@ -100,4 +101,4 @@ class StatisticSpec:
             raise ValueError(f"statistic {self.name!r}: its part is named {self.part.NAME!r}")
 
 
-__all__ = ["Run", "StatisticSpec", "mean_of", "no_bytes"]
+__all__ = ["StatisticContext", "StatisticSpec", "mean_of", "no_bytes"]

@@ -21,7 +21,7 @@ from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram import GramReducer
 from poskernel_tl.reducers.gram_cost import accumulator_bytes
 from poskernel_tl.reducers.moments import Moments
-from poskernel_tl.reducers.statistic import Run, StatisticSpec
+from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, column
 
 
@@ -62,7 +62,7 @@ class WhitenedGramReducer:
         return WhitenedGramResult(self.gram.result().r2_gram_raw)
 
 
-def build(run: Run) -> WhitenedGramReducer | None:
+def build(run: StatisticContext) -> WhitenedGramReducer | None:
     """Only with ``--whiten`` (which needs centering sequences)."""
     if not run.options.whiten:
         return None

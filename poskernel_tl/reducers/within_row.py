@@ -25,7 +25,7 @@ from torch import Tensor
 from poskernel_tl.fit.within_row import RowLayout, match_mean, within_fit
 from poskernel_tl.panels import KERNEL_SECTION, ORANGE, Panel
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.statistic import Run, StatisticSpec, mean_of
+from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec, mean_of
 from poskernel_tl.schema import Part, column, stored
 
 
@@ -62,7 +62,7 @@ class WithinRow(Part):
 ROW_BLOCK = 256  # rows of the materialised logits masked at a time (a copy of that size)
 
 
-def layouts(run: Run) -> list[RowLayout]:
+def layouts(run: StatisticContext) -> list[RowLayout]:
     """Each layer's :class:`RowLayout` at the run's length."""
     T, s = run.length, run.spec
     lags = run.max_lags or [T - 1] * s.n_layers
@@ -96,7 +96,7 @@ def row_sums(batch: LayerBatch, layout: RowLayout, from_scores: bool
 
 
 class WithinRowReducer:
-    def __init__(self, run: Run):
+    def __init__(self, run: StatisticContext):
         s = run.spec
         self.layouts = layouts(run)
         self.from_scores = run.source == "scores"
@@ -116,7 +116,7 @@ class WithinRowReducer:
                          np.full(self.row_sq.shape[1:], np.nan))
 
 
-def finish(part: WithinRow, reducers, run: Run) -> WithinRow:
+def finish(part: WithinRow, reducers, run: StatisticContext) -> WithinRow:
     """Both R² from Track A's per-lag sums and Σ A² (its sequences seen) and the rows':
     each sequence's fit and the pooled one solved together, layer by layer; the pooled
     fit's g on the raw g's level."""
