@@ -137,6 +137,10 @@ def test_data_file_holds_the_saved_numbers(site):
             assert q["lo"] == float(np.float32(want.min()))
             np.testing.assert_array_equal(typed(q["g"]), r.g_per_seq[2, layer, head])
             spectrum = [q for q in p["panels"] if q["section"].startswith("Spectrum — Track B")]
+            power = spectrum[0]["series"][0]  # half floats of |ĝ|² over its largest value
+            assert typed(power["y"]).max() == 1 and power["scale"] > 0
+            assert power["x"] == "omega" and len(typed(d["shared"]["omega"])) == len(
+                typed(power["y"]))
             peaks = spectrum[0]["tables"][1]["rows"]
             saved = site["peaks"]["trackB"].query(f"layer == {layer} and head == {head}")
             assert [float(row[1]["attrs"]["data-value"]) for row in peaks] == \

@@ -48,7 +48,10 @@ def yes(x) -> str:
 # ------------------------------------------------------------------ panel kinds
 def series(y, *, name: str = "", first: int = 1, x=None, color: str | None = None,
            dash: str | None = None, mode: str = "lines", symbol: str | None = None) -> dict:
-    """One trace of a curve: ``y`` (typed f4 or a list), x = ``x`` or ``first``, …"""
+    """One trace of a curve: ``y`` (an array, sent as float32; a typed array or a list as
+    given), x = ``x`` (an array, a list, or the name of an array the page's file shares)
+    or ``first``, ``first`` + 1, …; a trace may carry a ``scale`` its y are multiplied by
+    (a half-precision display copy)."""
     y = typed(y, "f4") if isinstance(y, np.ndarray) else y
     return {"y": y, "x": x, "first": first, "name": name, "color": color, "dash": dash,
             "mode": mode, "symbol": symbol}
@@ -176,8 +179,10 @@ def spectrum_panel(label: str, omega: np.ndarray, power: np.ndarray, thetas, *,
              ("significant, unmatched", "triangle-down", "#d62728",
               lambda p: p["significant"] and not p["matched"]),
              ("not significant", "triangle-down-open", "#000", lambda p: not p["significant"]))
-    traces = [series(np.asarray(power, np.float32)[1:], name="|ĝ(ω)|² as analysed",
-                     x=shared_x or typed(x, "f8"))]
+    y = np.asarray(power, np.float64)[1:]
+    scale = float(np.nanmax(y)) if np.isfinite(y).any() and np.nanmax(y) > 0 else 1.0
+    traces = [{**series(typed(y / scale, "f2"), name="|ĝ(ω)|² as analysed",
+                        x=shared_x or typed(x, "f8")), "scale": scale}]  # a display copy
     for name, symbol, color, chosen in kinds:
         mine = [p for p in peaks if chosen(p)]
         traces.append(series([num(p["magnitude"] ** 2) for p in mine], mode="markers",

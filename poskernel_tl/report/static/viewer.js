@@ -223,7 +223,7 @@
       return { type: "line", x0: x, x1: x, yref: "paper", y0: 0, y1: 1, line: { color: "#e08a2c", width: 0.8, dash: "dash" } };
     });
     var traces = p.series.map(function (s) {
-      var y = Array.from(s.y), x = typeof s.x === "string" ? Array.from(shared[s.x]) : s.x ? Array.from(s.x)
+      var y = Array.from(s.y, function (v) { return v * (s.scale || 1); }), x = typeof s.x === "string" ? Array.from(shared[s.x]) : s.x ? Array.from(s.x)
         : y.map(function (_, i) { return i + s.first; });
       var t = { x: x, y: y, mode: s.mode, name: s.name, line: { width: s.mode === "lines" ? 1.2 : 1 } };
       if (s.color) t.line.color = s.color;
