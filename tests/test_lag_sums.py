@@ -210,15 +210,15 @@ def test_the_strip_is_derived_from_the_regions():
     (or, open to the end, the start its complement ends at); a strip narrower than a
     region needs is refused rather than summed short."""
     assert STRIP == strip_of(REGIONS) >= max(v.strip_keys() for v in VARIANTS.values())
-    far = Variant(rows=(60, 90))
-    assert far.inside() and far.strip_keys() == 90
-    assert strip_of([far, Variant(rows=(120, None), keys=(100, None))]) == 120
+    far = Variant(rows=(60, STRIP + 30))
+    assert far.inside() and far.strip_keys() == STRIP + 30
+    assert strip_of([far, Variant(rows=(STRIP + 50, None), keys=(100, None))]) == STRIP + 50
     assert not Variant(rows=(120, None)).inside()
     with pytest.raises(ValueError, match="lo < hi"):
         Variant(rows=(5, 5))
-    q, k = draw(100, n=1, seed=1)
+    q, k = draw(STRIP + 40, n=1, seed=1)
     st = track_a_stats(q, k, SCALE)  # a strip of STRIP keys
-    with pytest.raises(ValueError, match="needs a strip of 90 keys"):
+    with pytest.raises(ValueError, match=f"needs a strip of {STRIP + 30} keys"):
         region_sums(st.skewed, far, (st.s1, st.sq))
 
 

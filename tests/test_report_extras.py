@@ -143,48 +143,53 @@ def test_report_has_section_figures_and_layer_table(built):
     assert "kernel / ablation*" in section
 
 
-def extras_of(built, r) -> dict:
-    """The further analyses' rows in the condition's data file, by analysis name."""
+def tables_of(built, r, at: int) -> dict:
+    """Head ``at``'s tables of the further analyses in the condition's data file (the page
+    of that head), by analysis name."""
     text = (built["report"] / "data" / f"{r.stem()}.js").read_text(encoding="utf-8")
-    payload = json.loads(text[text.index(" = {") + 3:-2])
-    return {x["name"]: x for x in payload["extras"]}
+    page = json.loads(text[text.index(" = {") + 3:-2])["heads"][at]
+    by_title = {t["title"]: t for t in page["tables"]}
+    return {name: by_title[a.title] for name, a in ANALYSES.items() if a.title in by_title}
+
+
+def shown(table: dict, label: str) -> list:
+    """The row of quantity ``label``: [label, value, interval, note]."""
+    return next(row for row in table["rows"] if row[0] == label)
 
 
 def test_malformed_csv_is_a_note(built):
     text = read(built["page"])
     section = text[text.index(EX.section_title()):text.index("<h2>Limitations")]
     assert "unreadable — missing column dloss_ablated" in section
-    rows = extras_of(built, built["rand"])
-    assert rows["kernel-patching"]["status"] == EX.UNREADABLE
+    rows = tables_of(built, built["rand"], 0)
+    assert rows["kernel-patching"]["message"].startswith(f"{EX.UNREADABLE} — ")
     assert "missing column dloss_ablated" in rows["kernel-patching"]["message"]
-    assert rows["separable"]["status"] == EX.NOT_RUN
+    assert rows["separable"]["message"].startswith(f"{EX.NOT_RUN} — ")
 
 
 def test_head_views_carry_each_heads_values(built):
-    rows = extras_of(built, built["prose"])
-    at = 1 * H + 0  # L1H0
+    rows = tables_of(built, built["prose"], 1 * H + 0)  # L1H0
     for name, col in (("kernel-patching", "dloss_patched"), ("kernel-patching", "dloss_ablated"),
                       ("separable", "R2_separable"), ("mean-field", "share_cross")):
-        labels = dict(ANALYSES[name].head_rows)
-        i = rows[name]["labels"].index(labels[col])
-        assert rows[name]["values"][at][i] == pytest.approx(PLANTED[col]), col
+        label = dict(ANALYSES[name].head_rows)[col]
+        assert float(shown(rows[name], label)[1]) == pytest.approx(PLANTED[col], rel=1e-3), col
     kp = built["tables"]["kernel-patching"].set_index(["layer", "head"]).loc[(1, 0)]
-    i = rows["kernel-patching"]["labels"].index("Δloss, kernel patched (nats)")
-    assert rows["kernel-patching"]["intervals"][at][i] == pytest.approx(
-        [kp["dloss_patched_lo"], kp["dloss_patched_hi"]])
+    lo, hi = shown(rows["kernel-patching"], "Δloss, kernel patched (nats)")[2][1:-1].split(", ")
+    assert [float(lo), float(hi)] == pytest.approx(
+        [kp["dloss_patched_lo"], kp["dloss_patched_hi"]], rel=1e-3)
     shares = [0.5, PLANTED["share_cross"], 0.4]
-    assert rows["mean-field"]["values"][at][1:4] == pytest.approx(shares)
-    assert rows["kernel-patching"]["values"][at][-1] == ""  # no note where ablation matters
-    assert "the ratio means little" in rows["kernel-patching"]["values"][0 * H + 1][-1]
+    assert [float(r[1]) for r in rows["mean-field"]["rows"][1:4]] == pytest.approx(shares)
+    assert rows["kernel-patching"]["rows"][0][3] == ""  # no note where ablation matters
+    other = tables_of(built, built["prose"], 0 * H + 1)
+    assert "the ratio means little" in other["kernel-patching"]["rows"][0][3]
 
 
 def test_head_views_without_csvs_say_not_run(built):
-    rows = extras_of(built, built["rand"])
+    rows = tables_of(built, built["rand"], 0)
     for name in ("separable", "mean-field"):
-        assert rows[name]["status"] == EX.NOT_RUN
-        assert rows[name]["message"] == (f"poskernel analyze {name} --model {OTHER} "
-                                         f"--dataset random --length {T} --out DIR")
-        assert "values" not in rows[name]
+        assert rows[name]["message"] == (f"{EX.NOT_RUN} — poskernel analyze {name} --model "
+                                         f"{OTHER} --dataset random --length {T} --out DIR")
+        assert "rows" not in rows[name]
 
 
 def test_report_without_csvs_has_no_section(tmp_path):
@@ -275,6 +280,7 @@ def test_a_registered_analysis_is_reported_without_report_edits(tmp_path, monkey
     assert "valid x*" in section and "<td>1</td>" in section  # layer 0 over its valid head
     assert "<td>2</td>" in section and "<td>1/2</td>" in section  # mean x; ok count
     assert "Toy analysis: over the heads where ok" in section
-    rows = extras_of({"report": tmp_path / "report"}, r)["toy"]
-    assert rows["labels"] == ["x of the head"]
-    assert rows["values"][1] == [3.0, "not ok here"] and rows["values"][2] == [5.0, ""]
+    built = {"report": tmp_path / "report"}
+    rows = [tables_of(built, r, at)["toy"]["rows"] for at in (1, 2)]
+    assert rows[0] == [["x of the head", "3", "", "not ok here"]]
+    assert rows[1] == [["x of the head", "5", "", ""]]

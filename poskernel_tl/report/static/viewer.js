@@ -215,7 +215,7 @@
   }
   function axis(label, log) {
     var a = { title: { text: label } };
-    if (log) { a.type = "log"; a.minorloglabels = "complete"; }
+    if (log) Object.assign(a, { type: "log", minorloglabels: "complete" });
     return a;
   }
   function drawCurve(div, p, shared) {
