@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_softmax_terms import what_softmax_reads
+from test_softmax_terms import softmax_patterns
 from tiny_models import softmax_loaded, tiny_loaded
 
 import poskernel_tl as pk
@@ -34,13 +34,7 @@ def test_distance_is_the_naive_one_on_what_the_softmax_reads(arch, tiny_tokenize
     model = softmax_loaded(arch, tiny_tokenizer)
     ids = torch.randint(3, 290, (4, T), generator=torch.Generator().manual_seed(1))
     res = pk.measure(model, ids, progress=False, null_seqs=3)
-    for layer, (A, keep) in enumerate(what_softmax_reads(arch, model, ids[:3])):
-        terms = model.spec.layers[layer].terms
-        logits = torch.where(keep, A, -np.inf)
-        if terms.sinks is not None:  # the sink logit joins each row's normaliser
-            sink = torch.tensor(terms.sinks, dtype=A.dtype)[None, :, None, None]
-            logits = torch.cat([logits, sink.expand(*A.shape[:3], 1)], -1)
-        p = logits.softmax(-1)[..., :T]
+    for layer, p in enumerate(softmax_patterns(arch, model, ids[:3])):
         want = naive_rows(p)
         assert np.abs(res.attn_distance_rows[layer] - want).max() <= 1e-5, (arch, layer)
         assert np.abs(res.attn_distance[layer] - want.mean(-1)).max() <= 1e-5

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_softmax_terms import what_softmax_reads
+from test_softmax_terms import softmax_patterns
 from tiny_models import softmax_loaded, tiny_loaded
 
 import poskernel_tl as pk
@@ -24,14 +24,8 @@ def test_sink_mass_is_the_naive_mean_weight_on_key_0(arch, tiny_tokenizer):
     model = softmax_loaded(arch, tiny_tokenizer)
     ids = torch.randint(3, 290, (4, T), generator=torch.Generator().manual_seed(1))
     res = pk.measure(model, ids, progress=False, null_seqs=3)
-    for layer, (A, keep) in enumerate(what_softmax_reads(arch, model, ids[:3])):
-        terms = model.spec.layers[layer].terms
-        logits = torch.where(keep, A, -np.inf)
-        if terms.sinks is not None:  # the sink logit joins each row's normaliser
-            sink = torch.tensor(terms.sinks, dtype=A.dtype)[None, :, None, None]
-            logits = torch.cat([logits, sink.expand(*A.shape[:3], 1)], -1)
-        p = logits.softmax(-1)[..., 1:, 0]  # rows t ≥ 1, key 0
-        want = p.mean(-1).mean(0).numpy()
+    for layer, p in enumerate(softmax_patterns(arch, model, ids[:3])):
+        want = p[..., 1:, 0].mean(-1).mean(0).numpy()  # rows t ≥ 1, key 0
         assert np.abs(res.sink_mass[layer] - want).max() <= 1e-6, (arch, layer)
 
 

@@ -64,6 +64,20 @@ def what_softmax_reads(arch: str, model, ids) -> list[tuple[torch.Tensor, torch.
     return out
 
 
+def softmax_patterns(arch: str, model, ids) -> list[torch.Tensor]:
+    """Per attention layer: the pattern HF's eager softmax makes ([n, H, T, T] over the
+    tokens; the learned sinks, where the model has them, take their share of each row)."""
+    out = []
+    for layer, (A, keep) in enumerate(what_softmax_reads(arch, model, ids)):
+        terms = model.spec.layers[layer].terms
+        logits = torch.where(keep, A, -np.inf)
+        if terms.sinks is not None:  # the sink logit joins each row's normaliser
+            sink = torch.tensor(terms.sinks, dtype=A.dtype)[None, :, None, None]
+            logits = torch.cat([logits, sink.expand(*A.shape[:3], 1)], -1)
+        out.append(logits.softmax(-1)[..., :A.shape[-1]])
+    return out
+
+
 @pytest.mark.parametrize("arch", SOFTMAX_ARCHITECTURES)
 def test_track_a_fits_what_the_softmax_reads(arch, tiny_tokenizer):
     """Track A pooled and per-sequence R² equal the naive fit on what HF's eager softmax
