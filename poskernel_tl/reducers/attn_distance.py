@@ -3,11 +3,13 @@ model the mean offset Σ_s p(t, s)·(t − s) of the keys the row attends to), a
 sequences; per head, its mean over query rows (``attn_distance`` in ``heads.csv``) and the
 curve d(t) in the head view.
 
-Read on the attention pattern of the measured forward, as the sink mass is: each row's
-normaliser from :mod:`poskernel_tl.reducers.pattern` (shared with the other pattern
-statistics), the rows' logits in blocks of 256 query rows over the keys the mask keeps, on
-the first ``null_seqs`` sequences and (causal models) the first 2048 positions; rows past
-them are NaN. Learned sinks take their share of a row and add no distance.
+Read on the attention pattern of the measured forward, as the sink mass is, on the first
+``null_seqs`` sequences and (causal models) the first 2048 positions (rows past them are
+NaN): on the CPU each row's d(t) comes with its normaliser from
+:mod:`poskernel_tl.reducers.pattern` (one pass over the rows' logits for both); on the
+kernels' path (the normalisers from one Triton launch) it is formed here from the rows'
+logits in blocks of 256 query rows over the keys the mask keeps. Learned sinks take their
+share of a row and add no distance.
 """
 
 from dataclasses import dataclass
@@ -64,7 +66,8 @@ class AttnDistanceReducer:
         if rows is None:
             return
         self.positions = rows.positions
-        d = row_distance(rows, batch.scale, batch.terms)
+        d = rows.offset_mean if rows.offset_mean is not None else \
+            row_distance(rows, batch.scale, batch.terms)  # the kernels' path
         self.total[batch.layer, :, :rows.positions] += d.sum(0).to(self.total)
         self.n_seen[batch.layer] += len(rows.keep)
 

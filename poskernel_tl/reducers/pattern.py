@@ -39,7 +39,9 @@ class PatternRows:
     (float32, or float64 where an ALiBi ramp is folded in); ``lse``: log of each row's
     normaliser (its keys and any sink logits); ``token_mass``: the share of each row on
     tokens (1 less what the learned sinks take; None without sinks); ``last``: the last
-    offset a row reads (None: every key, bidirectional)."""
+    offset a row reads (None: every key, bidirectional); ``offset_mean``: each row's
+    Σ_s p(t, s)·|t − s|, formed in the same pass as its normaliser on the CPU path (None
+    on the kernels' path: who reads it forms it from q and k)."""
 
     keep: list[int]
     q: Float[Tensor, "seq pos head_index d_logit"]
@@ -47,6 +49,7 @@ class PatternRows:
     lse: Float[Tensor, "seq head_index pos"]
     token_mass: Float[Tensor, "seq head_index pos"] | None
     last: int | None
+    offset_mean: Float[Tensor, "seq head_index pos"] | None = None
 
     @property
     def positions(self) -> int:
@@ -130,15 +133,18 @@ def _pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int |
     sel = slice(keep[0], keep[-1] + 1) if keep == list(range(keep[0], keep[-1] + 1)) \
         else torch.as_tensor(keep, device=bq.device)
     q, k = bq[sel, :T].to(dtype), bk[sel, :T].to(dtype)
+    offsets = None
     if batch.on_kernels:  # one launch; the kernel applies the softmax's terms itself
         tokens = kernels.row_lse_tiles(batch.q[sel, :T], batch.k[sel, :T], batch.scale, last,
                                batch.terms)
     else:
-        tokens = row_logsumexp(q, k, batch.scale, last, batch.terms)
+        tokens, offsets = row_logsumexp(q, k, batch.scale, last, batch.terms, offsets=True)
     sinks = sink_logits(batch.terms, q.device)
     lse = logsumexp_with_sinks(tokens, None if sinks is None else sinks.expand(len(keep), -1))
     mass = None if sinks is None else (tokens - lse).exp()
-    return PatternRows(keep, q, k, lse, mass, last)
+    if offsets is not None and mass is not None:  # the sinks' share adds no offset
+        offsets = offsets * mass
+    return PatternRows(keep, q, k, lse, mass, last, offsets)
 
 
 def score_blocks(q: Float[Tensor, "seq pos head_index d_logit"],
@@ -165,15 +171,27 @@ def score_blocks(q: Float[Tensor, "seq pos head_index d_logit"],
 
 def row_logsumexp(q: Float[Tensor, "seq pos head_index d_logit"],
                   k: Float[Tensor, "seq pos kv_head_index d_logit"], scale: float,
-                  last: int | None, terms) -> Float[Tensor, "seq head_index pos"]:
+                  last: int | None, terms, offsets: bool = False):
     """logsumexp_s A[t, s] over the keys row t reads (``last`` None: all of them), in
     blocks of :data:`ROWS` rows over those keys only, a key/value head's query heads
-    together."""
+    together; ``offsets``: also each row's Σ_s p(t, s)·|t − s| under the tokens' own
+    normaliser, from the same block (returns both)."""
     b, T, H, _ = q.shape
     out = q.new_empty(b, k.shape[2], H // k.shape[2], T)
-    for r0, r1, _, A in score_blocks(q, k, scale, last, terms):
-        out[..., r0:r1] = torch.logsumexp(A, -1)
-    return out.reshape(b, H, T)
+    mean = out.new_empty(out.shape) if offsets else None
+    for r0, r1, lo, A in score_blocks(q, k, scale, last, terms):
+        if not offsets:
+            out[..., r0:r1] = torch.logsumexp(A, -1)
+            continue
+        top = A.amax(-1, keepdim=True)
+        e = A.sub_(top).exp_()  # the block's own copy: A is not read again
+        z = e.sum(-1)
+        out[..., r0:r1] = top[..., 0] + z.log()
+        offset = (torch.arange(r0, r1, device=A.device)[:, None] -
+                  torch.arange(lo, lo + A.shape[-1], device=A.device)[None]).abs().to(A)
+        mean[..., r0:r1] = (e * offset).sum(-1) / z
+    lse = out.reshape(b, H, T)
+    return (lse, mean.reshape(b, H, T)) if offsets else lse
 
 
 __all__ = ["MAX_POS", "ROWS", "PatternRows", "pattern_rows", "row_logsumexp", "score_blocks"]
