@@ -76,6 +76,7 @@ from scipy.optimize import nnls
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import poskernel_tl as pk  # noqa: E402
+from poskernel_tl.fit.geometry import Geometry  # noqa: E402
 from poskernel_tl.fit.toeplitz import shift_invariance_r2  # noqa: E402
 from poskernel_tl.measurement.measure import forward_pass  # noqa: E402
 from poskernel_tl.models.embedded import from_gguf  # noqa: E402
@@ -141,13 +142,13 @@ def forward_all(model, ids, batch_size: int) -> None:
 def track_a_only(model, ids, batch_size: int, null_seqs: int) -> None:
     """The evaluation pass of pk.measure without Track B, and its fits."""
     s, T, dev = model.spec, ids.shape[1], model.device
-    make = lambda: [TrackAReducer(len(ids), s.n_layers, s.n_heads, T, dev,
-                                  max_lags=s.max_lags(T)),
+    lags = Geometry.of(s, T).max_lags
+    make = lambda: [TrackAReducer(len(ids), s.n_layers, s.n_heads, T, dev, max_lags=lags),
                     FreqUsageReducer(s.n_layers, s.n_heads, s.n_kv_heads,
                                      *model.rotary_pairs, device=dev),
                     PermNullReducer(s.n_layers, s.n_heads, T, n_perm=4, max_seqs=null_seqs,
                                     device=dev, include_identity=False,
-                                    max_lags=s.max_lags(T))]
+                                    max_lags=lags)]
     for r in forward_pass(model, ids, make, batch_size, "A only", progress=False):
         r.result()
 

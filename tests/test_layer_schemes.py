@@ -19,6 +19,7 @@ from transformer_lens.head_detector import (
 
 import poskernel_tl as pk
 from poskernel_tl import constants as C
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.fit.kernel_class import CLASSES
 from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, shift_invariance_r2
 from poskernel_tl.fit.variants import region_sums
@@ -104,7 +105,7 @@ def test_each_layer_scheme_is_read_from_the_model(arch, tiny_tokenizer):
     if arch == "gemma3":  # each layer type its own base, from its own buffer
         assert spec.layers[2].base == pytest.approx(1e6, rel=1e-4)
         assert spec.layers[0].base == pytest.approx(1e4, rel=1e-4)
-        assert spec.max_lags(T) == [15, 15, T - 1, 15]
+        assert Geometry.of(spec, T).max_lags == [15, 15, T - 1, 15]
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -244,9 +245,9 @@ def test_chunked_attention_past_its_chunk_is_refused_in_one_line():
     layers = read_layers(hf, "rope", 4, 16)
     assert all(s.terms.chunk == 8 and s.mask == "causal" for s in layers)
     spec = describe(hf, placeholder_spec("tiny", None))
-    spec.check_length(8)
+    assert Geometry.checked(spec, 8).lags == (7,) * 4
     with pytest.raises(UserError, match="chunks of 8") as err:
-        spec.check_length(9)
+        Geometry.checked(spec, 9)
     assert "\n" not in str(err.value)
 
 

@@ -11,6 +11,7 @@ from test_softmax_terms import softmax_patterns
 from tiny_models import softmax_loaded, tiny_loaded
 
 import poskernel_tl as pk
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.sink_mass import EPSILON, SinkMassReducer, share_above
@@ -39,7 +40,7 @@ def test_a_planted_sink_head_and_its_share(tiny_tokenizer):
     q[:, :, 0, 0] = 1.0
     k = torch.zeros(n, T, model.spec.n_kv_heads, d)
     k[:, 0, :, 0] = 50.0
-    red = SinkMassReducer(StatisticContext(model, T, n, MeasureConfig(null_seqs=n)))
+    red = SinkMassReducer(StatisticContext(model, Geometry.of(model.spec, T), n, MeasureConfig(null_seqs=n)))
     red.update(LayerBatch(0, q, k, torch.arange(n), 1.0, rows=(0, 1)))
     got = red.result().sink_mass[0]
     assert got[0] > 0.999

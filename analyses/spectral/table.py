@@ -22,6 +22,7 @@ from poskernel_tl.analyses.spectral.processing import (
     span,
     spectrum,
 )
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.protocol import HEAD_THRESHOLD
 
 HEAD_COLUMNS = [
@@ -165,7 +166,7 @@ def layer_groups(spec, length: int) -> list[tuple[list[int], np.ndarray | None, 
     (and for a result saved before layers were described)."""
     if spec.layers is None:
         return [(list(range(spec.n_layers)), spec.rotary_frequencies(), length, spec.pe or "")]
-    lags = spec.max_lags(length) or [length - 1] * spec.n_layers
+    lags = Geometry.of(spec, length).lags
     groups: dict = {}
     for layer, (s, m) in enumerate(zip(spec.layers, lags)):
         groups.setdefault((s.inv_freq, m + 1, s.pe), []).append(layer)

@@ -9,6 +9,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers.base import LayerBatch
@@ -18,20 +19,19 @@ from poskernel_tl.reducers.track_a import TrackAReducer
 from poskernel_tl.schema import Part
 
 
-def head_statistics(model: LoadedModel, layer: int,
+def head_statistics(model: LoadedModel, geometry: Geometry, layer: int,
                     q: Float[Tensor, "pos head_index d_head"],
                     k: Float[Tensor, "pos kv_head_index d_head"]) -> dict[str, Part]:
     """Name -> part of every registered statistic that shows something per head (columns
     or panels), for ``layer`` on the one sequence whose q and k (every head of the layer)
-    are given; the parts' other layers are not measured."""
-    T = q.shape[0]
-    run = StatisticContext(model, T, 1, MeasureConfig(null_seqs=1, null_perms=0))
+    are given (``geometry``: that sequence's); the parts' other layers are not measured."""
+    run = StatisticContext(model, geometry, 1, MeasureConfig(null_seqs=1, null_perms=0))
     batch = LayerBatch(layer, q[None], k[None], torch.zeros(1, dtype=torch.long,
                                                             device=q.device),
                        model.logit_scale, rows=(0,), terms=model.spec.layer_terms(layer))
     s = model.spec
-    track_a = TrackAReducer(1, s.n_layers, s.n_heads, T, q.device, causal=s.causal,
-                            max_lags=run.max_lags)
+    track_a = TrackAReducer(1, s.n_layers, s.n_heads, geometry.length, q.device,
+                            causal=geometry.causal, max_lags=geometry.max_lags)
     track_a.update(batch)
     out = {}
     for stat in STATISTICS.values():

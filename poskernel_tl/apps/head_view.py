@@ -29,6 +29,7 @@ from poskernel_tl.apps.head_statistics import head_statistics, statistic_values
 from poskernel_tl.apps.head_zoom import HeadZoom
 from poskernel_tl.data.sequences import token_strings
 from poskernel_tl.fit.blocks import fit_mask
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.fit.kernel_class import head_kernels
 from poskernel_tl.fit.toeplitz import (
     lag_counts,
@@ -324,7 +325,8 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     layer, head = int(layer), int(head)
     ids = token_ids(model, text_or_tokens, max_tokens)
     t = head_tensors(model, ids, layer, head)
-    max_lag = (spec.max_lags(len(ids)) or [None] * spec.n_layers)[layer]
+    geometry = Geometry.of(spec, len(ids))  # the length is checked by token_ids
+    max_lag = geometry.window(layer)
     fit = fit_one(t["scores"], spec.causal, max_lag)
     r2_nosink = variant_r2(t["scores"], NO_SINK, spec.causal, max_lag)
     thetas = spec.rotary_frequencies(layer)
@@ -348,7 +350,7 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes,
         q=t["q"].float().cpu().numpy(), k=t["k"].float().cpu().numpy(),
         logit_scale=float(model.logit_scale))
-    view.parts = head_statistics(model, layer, t["q_layer"], t["k_layer"])
+    view.parts = head_statistics(model, geometry, layer, t["q_layer"], t["k_layer"])
     view.statistics = statistic_values(view.parts, layer, head)
     T = len(ids)  # the view's arrays against the text's length (cheap: shapes only)
     check_shapes(view, {"pos": T, "query_pos": T, "key_pos": T, "lag": T - 1},

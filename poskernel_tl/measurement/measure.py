@@ -38,6 +38,7 @@ from torch import Tensor
 from poskernel_tl import constants as C
 from poskernel_tl.data.inputs import CenteringTokens, Tokens, checked_tokens
 from poskernel_tl.errors import UserError
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.measurement.pe_kernel import NoPositionTableError, is_post_ln, pe_kernel_part
 from poskernel_tl.measurement.result import ConditionResult
@@ -131,7 +132,7 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor,
 def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool = True,
             seq_id=None, logits_for: Sequence[int] = (), keep_gram: bool | None = None,
             dataset: str = "custom", config: dict | None = None, length: int | None = None,
-            **options) -> ConditionResult:
+            geometry: Geometry | None = None, **options) -> ConditionResult:
     """Track A and Track B of every head on ``tokens`` (evaluation sequences, an int
     tensor [n, T] or a list of strings), centered by the per-position means of
     ``centering_tokens`` (none: Track B uncentered, as the protocol does for random
@@ -146,18 +147,21 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     the full Gram matrices (default: T ≤ 256); ``seq_id``: ids of the evaluation
     sequences (default 0..n−1); ``config``: saved with the result. ``length``: strings
     (and tensors) are cut to this many tokens, a shorter one refused; without it both sets
-    are cut to their shortest sequence and the result's notes say so.
+    are cut to their shortest sequence and the result's notes say so. ``geometry``: the
+    run's, already checked against ``model`` (:class:`~poskernel_tl.fit.geometry.Geometry`;
+    default: made and checked here), handed to every reducer.
     """
     t0, opts = time.time(), MeasureConfig(**options)
     opts.validate()  # bad values fail before any work
     ev_ids, cen_ids, cut = checked_tokens(model, tokens, centering_tokens, length)
     T, dev = ev_ids.shape[1], model.device
-    model.spec.check_length(T)
+    if geometry is None or geometry.length != T:
+        geometry = Geometry.checked(model.spec, T)
     hook_scores = choose_scores_path(model, opts.scores)
     mask = check_mask(model)
     if opts.whiten and cen_ids is None:
         raise UserError("--whiten needs centering sequences")
-    if opts.whiten and model.spec.max_lags(ev_ids.shape[1]) is not None:
+    if opts.whiten and geometry.windowed:
         raise UserError(f"--whiten: {model.spec.name} has sliding-window layers, and the "
                         "whitened Gram is fitted on the whole triangle; run without --whiten")
     seq_id = np.arange(len(ev_ids)) if seq_id is None else np.asarray(seq_id, dtype=np.int64)
@@ -166,9 +170,9 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     plan = plan_run(model, opts, ev_ids, cen_ids, keep_gram, len(wanted))
     batch_size = plan.batch_size
     centering = centering_pass(model, cen_ids, batch_size, opts, progress)
-    reds, track_b = evaluation_passes(model, ev_ids, centering, wanted, opts, plan,
+    reds, track_b = evaluation_passes(model, geometry, ev_ids, centering, wanted, opts, plan,
                                       keep_gram, hook_scores, progress)
-    parts, notes = result_parts(model, reds, track_b, centering, ev_ids, opts)
+    parts, notes = result_parts(model, geometry, reds, track_b, centering, ev_ids, opts)
     notes = [plan.note()] + notes if plan.blocked else notes
     notes = ([cut] if cut else []) + notes
     provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
@@ -228,37 +232,39 @@ def plan_run(model: LoadedModel, opts: MeasureConfig, ev_ids: Tokens,
     return plan
 
 
-def gram_reducer(model: LoadedModel, T: int, centering: Moments | None,
+def gram_reducer(model: LoadedModel, geometry: Geometry, centering: Moments | None,
                  layers: Sequence[int], full: bool, factors: Sequence[bool] | bool
                  ) -> GramReducer:
     """Track B's reducer for ``layers`` (``full``: every key, to keep the matrices;
     ``factors``: the sequences' q/k instead of an accumulator, as the plan chose)."""
     s = model.spec
-    return GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, T, s.d_head, model.logit_scale,
-                       model.device, reference=centering, layers=layers, full=full,
-                       factors=factors, causal=s.causal, max_lags=s.max_lags(T))
+    return GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, geometry.length, s.d_head,
+                       model.logit_scale, model.device, reference=centering, layers=layers,
+                       full=full, factors=factors, causal=geometry.causal,
+                       max_lags=geometry.max_lags)
 
 
-def eval_reducers(model: LoadedModel, n: int, T: int, centering: Moments | None,
+def eval_reducers(model: LoadedModel, geometry: Geometry, n: int, centering: Moments | None,
                   wanted: dict[int, int], opts: MeasureConfig,
                   gram_layers: Sequence[int] | None = None, full: bool = False,
                   factors: Sequence[bool] | bool = False) -> dict:
     """Pass 2's reducers by the name of the result part each makes: Track A, Track B (for
     ``gram_layers``, default all), then every statistic of the registry this run wants
     (:data:`~poskernel_tl.reducers.registry.STATISTICS`)."""
-    s, run = model.spec, StatisticContext(model, T, n, opts, centering, wanted)
+    s, run = model.spec, StatisticContext(model, geometry, n, opts, centering, wanted)
     layers = range(s.n_layers) if gram_layers is None else gram_layers
-    reds = {"track_a": TrackAReducer(n, s.n_layers, s.n_heads, T, model.device,
-                                     seed=opts.seed, source=run.source, causal=s.causal,
-                                     max_lags=run.max_lags),
-            "track_b": gram_reducer(model, T, centering, layers, full, factors)}
+    reds = {"track_a": TrackAReducer(n, s.n_layers, s.n_heads, geometry.length, model.device,
+                                     seed=opts.seed, source=run.source,
+                                     causal=geometry.causal, max_lags=geometry.max_lags),
+            "track_b": gram_reducer(model, geometry, centering, layers, full, factors)}
     for stat in STATISTICS.values():
         if (red := stat.build(run)) is not None:
             reds[stat.name] = red
     return reds
 
 
-def evaluation_passes(model: LoadedModel, ev_ids: Tokens, centering: Moments | None,
+def evaluation_passes(model: LoadedModel, geometry: Geometry, ev_ids: Tokens,
+                      centering: Moments | None,
                       wanted: dict[int, int], opts: MeasureConfig, plan: Plan,
                       keep_gram: bool, hook_scores: bool, progress: bool
                       ) -> tuple[dict, GramResult]:
@@ -266,17 +272,17 @@ def evaluation_passes(model: LoadedModel, ev_ids: Tokens, centering: Moments | N
     per other block (Track B alone, each forward stopped after the block's last layer),
     each block's accumulator fitted and freed before the next is built. Returns pass 2's
     other reducers by name and Track B's result over every layer."""
-    n, T = ev_ids.shape
+    n = len(ev_ids)
     *others, last = plan.layer_blocks
     reds = forward_pass(model, ev_ids,
-                        lambda: eval_reducers(model, n, T, centering, wanted, opts,
+                        lambda: eval_reducers(model, geometry, n, centering, wanted, opts,
                                               range(*last), keep_gram, plan.factors),
                         plan.batch_size, "evaluation pass", progress, hook_scores,
                         after_batch=lambda reds: reds["track_a"].check_finite())
     fits = {last: reds.pop("track_b").result(centering, keep_matrices=keep_gram)}
     for block in others:
         (gram,) = forward_pass(
-            model, ev_ids, lambda block=block: [gram_reducer(model, T, centering,
+            model, ev_ids, lambda block=block: [gram_reducer(model, geometry, centering,
                                                              range(*block), keep_gram,
                                                              plan.factors)],
             plan.batch_size, f"Track B, layers {block[0]}-{block[1] - 1}", progress,
@@ -286,7 +292,7 @@ def evaluation_passes(model: LoadedModel, ev_ids: Tokens, centering: Moments | N
     return reds, concat_layers([fits[b] for b in plan.layer_blocks])
 
 
-def result_parts(model: LoadedModel, reds: dict, track_b: GramResult,
+def result_parts(model: LoadedModel, geometry: Geometry, reds: dict, track_b: GramResult,
                  centering: Moments | None, ev_ids: Tokens, opts: MeasureConfig | None = None
                  ) -> tuple[dict, list[str]]:
     """The result's parts from the evaluation pass's reducers and Track B's result, and
@@ -299,7 +305,7 @@ def result_parts(model: LoadedModel, reds: dict, track_b: GramResult,
              "centering": CenteringMeans.from_moments(centering)}
     if centering is None:
         parts["track_b"] = dataclasses.replace(parts["track_b"], gram_centered=None)
-    run = StatisticContext(model, T, n, opts, centering)
+    run = StatisticContext(model, geometry, n, opts, centering)
     for name, red in reds.items():
         if name in STATISTICS:
             stat = STATISTICS[name]

@@ -24,6 +24,7 @@ import pandas as pd
 from jaxtyping import Int
 
 from poskernel_tl import constants as C
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.fit.kernel_class import condition_kernels
 from poskernel_tl.fit.toeplitz import two_sided
 from poskernel_tl.hooks import kv_head_map
@@ -162,6 +163,12 @@ class ConditionResult:
         or the raw Gram where the condition is not centered."""
         return (self.g_gram, "gram_centered") if self.centered else (self.g_gram_raw,
                                                                      "gram_raw")
+
+    @property
+    def geometry(self) -> Geometry:
+        """The condition's geometry (its length and every layer's kept offsets), as the
+        run that measured it made it."""
+        return Geometry.of(self.spec, self.length)
 
     @property
     def causal(self) -> bool:

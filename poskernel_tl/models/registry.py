@@ -15,7 +15,6 @@ import numpy as np
 from poskernel_tl.errors import ModelUnavailableError, UnknownNameError, UserError
 from poskernel_tl.models.scheme import LayerScheme, terms_summary
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
-from poskernel_tl.models.softmax_terms import check_length as check_terms_length
 
 PEScheme = Literal["rope", "learned-absolute", "alibi", "none"]
 NormType = Literal["layernorm", "rmsnorm"]
@@ -71,20 +70,6 @@ class ModelSpec:
         """Query heads per key/value head (1 without grouped-query attention)."""
         return self.n_heads // self.n_kv_heads
 
-    def check_length(self, length: int, what: str = "--length") -> None:
-        """A UserError naming ``what`` unless 3 ≤ length ≤ the model's context (an
-        unknown context, 0, is not checked)."""
-        if length < 3:
-            raise UserError(f"{what} {length}: the fit needs at least 3 tokens")
-        if self.n_ctx and length > self.n_ctx:
-            raise UserError(f"{what} {length} exceeds {self.name}'s context of "
-                            f"{self.n_ctx} tokens")
-        for layer, scheme in enumerate(self.layers or ()):
-            try:
-                check_terms_length(scheme.terms, length, layer)
-            except ValueError as err:
-                raise UserError(f"{what} {length}: {self.name}: {err}") from None
-
     def layer_terms(self, layer: int) -> SoftmaxTerms:
         """What layer ``layer``'s softmax reads beyond scale·q·k (nothing before loading)."""
         return NONE if self.layers is None else self.layers[layer].terms
@@ -115,15 +100,6 @@ class ModelSpec:
         if self.inv_freq is not None:
             return np.asarray(self.inv_freq, dtype=np.float64)
         return _config_inv_freq(self)
-
-    def max_lags(self, length: int) -> list[int] | None:
-        """Per layer, the largest offset Δ a fit at ``length`` keeps (T − 1, or a sliding
-        window's last kept offset); None when every layer keeps the whole triangle."""
-        if self.layers is None:
-            return None
-        lags = [length - 1 if s.max_lag is None else min(length - 1, s.max_lag)
-                for s in self.layers]
-        return None if all(m == length - 1 for m in lags) else lags
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

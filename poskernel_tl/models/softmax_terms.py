@@ -19,7 +19,8 @@ transform it; the fit of a head must read exactly what its softmax reads. A
   column (gpt-oss). They are no entry of the logits among tokens, so the fit never sees
   them; the attention pattern (the previous-token score, the head view) divides by them.
 - ``chunk``: a chunked causal mask (Llama 4): query t reads key s ≤ t of its own chunk
-  of ``chunk`` positions. For T ≤ chunk it keeps every causal entry.
+  of ``chunk`` positions. For T ≤ chunk it keeps every causal entry (a longer length is
+  refused: :meth:`poskernel_tl.fit.geometry.Geometry.checked`).
 
 The tensor side (folding the terms into q and k, the cap, the pattern with sinks) is
 :mod:`~poskernel_tl.models.softmax_ops`; reading them from a model is
@@ -101,17 +102,6 @@ class SoftmaxTerms:
                 d[name] = tuple(float(x) for x in d[name])
         return cls(**d)
 
-
 NONE = SoftmaxTerms()
 
-def check_length(terms: SoftmaxTerms, length: int, layer: int) -> None:
-    """A ValueError where the fit cannot read the layer's mask at ``length``: a chunked
-    layer at T > chunk (its kept entries are no function of the offset alone and no fit
-    of this toolkit reads them yet)."""
-    if terms.chunk is not None and length > terms.chunk:
-        raise ValueError(f"layer {layer} masks in chunks of {terms.chunk} positions: "
-                         f"lengths up to {terms.chunk} keep every causal entry and are "
-                         f"supported; T = {length} is not")
-
-
-__all__ = ["NONE", "SoftmaxTerms", "check_length"]
+__all__ = ["NONE", "SoftmaxTerms"]

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from poskernel_tl.data.datasets import check_dataset, saves_logits_by_default
 from poskernel_tl.errors import UserError
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.models.registry import EMBEDDED_DEFAULT, ModelSpec, resolve
 from poskernel_tl.sizes import check_batch_size, parse_memory
 
@@ -187,17 +188,19 @@ class RunConfig(MeasureConfig):
     overwrite: bool = option(False, "rebuild a sequence file that does not match this run")
     progress: bool = option(True, "no progress bars", flag="--quiet")
 
-    def validate(self, spec: ModelSpec | None = None) -> None:
+    def validate(self, spec: ModelSpec | None = None) -> Geometry:
         """Every check that needs no model, so bad input fails before loading one
-        (``spec``: of a model already loaded; default: the registry's)."""
+        (``spec``: of a model already loaded; default: the registry's). Returns the
+        run's geometry at ``--length``, checked against ``spec``."""
         super().validate()
         check_dataset(self.dataset)
         spec = spec if spec is not None else resolve(self.model)
-        spec.check_length(self.length)
+        geometry = Geometry.checked(spec, self.length)
         if self.n_seqs < 4 or self.n_seqs % 2:
             raise UserError(f"--n-seqs {self.n_seqs}: need an even number >= 4 (half "
                             "centering, half evaluation)")
         check_device_name(self.device)  # whether this machine has it: where the model loads
+        return geometry
 
     def wants_logits(self) -> bool:
         if self.save_logits != "auto":

@@ -7,6 +7,7 @@ reducer states of itself and picks, per kind of layer, the path by
 import itertools
 import math
 
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.reducers.lag_sums import MOMENT_BYTES
 from poskernel_tl.reducers.two_sided import sides
@@ -49,9 +50,8 @@ def block_entries(length: int, full: bool, max_lag: int | None = None) -> int:
 
 def layer_lags(model: LoadedModel, length: int) -> list[int | None]:
     """Per layer, the last offset its window keeps (None: the whole triangle)."""
-    lags = model.spec.max_lags(length)
-    return [None] * model.spec.n_layers if lags is None else \
-        [None if m >= length - 1 else m for m in lags]
+    geometry = Geometry.of(model.spec, length)
+    return [geometry.window(layer) for layer in range(geometry.n_layers)]
 
 
 def low_rank(model: LoadedModel, n_eval: int) -> bool:

@@ -81,7 +81,7 @@ def build(run: StatisticContext) -> LogitSaver | None:
     VIEW_TOKENS tokens)."""
     if not run.wanted or run.length > VIEW_TOKENS:
         return None
-    return LogitSaver(dict(run.wanted), run.spec.n_layers, causal=run.spec.causal)
+    return LogitSaver(dict(run.wanted), run.spec.n_layers, causal=run.geometry.causal)
 
 
 STATISTIC = StatisticSpec(

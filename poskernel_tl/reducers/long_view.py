@@ -60,10 +60,8 @@ class LongView(Part):
 
 class LongViewReducer:
     def __init__(self, run: StatisticContext):
-        s = run.spec
-        self.pos = min(run.wanted)
-        self.seq_id, self.T, self.causal = run.wanted[self.pos], run.length, s.causal
-        self.max_lags = run.max_lags
+        self.pos, self.geometry = min(run.wanted), run.geometry
+        self.seq_id, self.T, self.causal = run.wanted[self.pos], run.length, run.geometry.causal
         self.b, self.n = block_size(self.T)
         self.layers: dict[int, dict] = {}
         self.scale = float(run.model.logit_scale)
@@ -71,7 +69,7 @@ class LongViewReducer:
     def _last(self, layer: int) -> int | None:
         if not self.causal:
             return None
-        return self.T - 1 if self.max_lags is None else min(self.max_lags[layer], self.T - 1)
+        return self.geometry.max_lag(layer)
 
     def update(self, batch: LayerBatch) -> None:
         if self.pos not in batch.rows:

@@ -103,7 +103,7 @@ class PatternReader:
     @classmethod
     def of(cls, run) -> "PatternReader":
         """The reader of a :class:`~poskernel_tl.reducers.statistic.StatisticContext`."""
-        return cls(run.options.null_seqs, run.spec.causal, run.max_lags)
+        return cls(run.options.null_seqs, run.geometry.causal, run.max_lags)
 
     def rows(self, batch: LayerBatch) -> PatternRows | None:
         """:func:`pattern_rows` of ``batch`` (None: none of its sequences is read)."""

@@ -274,8 +274,8 @@ def build(run: StatisticContext) -> PermNullReducer | None:
         return None
     return PermNullReducer(s.n_layers, s.n_heads, run.length, n_perm=o.null_perms,
                            max_seqs=o.null_seqs, seed=o.seed, device=run.device,
-                           include_identity=False, source=run.source, causal=s.causal,
-                           max_lags=run.max_lags)
+                           include_identity=False, source=run.source,
+                           causal=run.geometry.causal, max_lags=run.max_lags)
 
 
 def with_same_seqs(part: PermNull, reducers, run: StatisticContext) -> PermNull:

@@ -60,7 +60,7 @@ class PrevTokenReducer:
 def build(run: StatisticContext) -> PrevTokenReducer:
     s = run.spec
     return PrevTokenReducer(s.n_layers, s.n_heads, run.length, max_seqs=run.options.null_seqs,
-                            causal=s.causal, max_lags=run.max_lags, device=run.device)
+                            causal=run.geometry.causal, max_lags=run.max_lags, device=run.device)
 
 
 STATISTIC = StatisticSpec(

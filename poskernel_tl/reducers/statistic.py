@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.schema import Part
@@ -30,11 +31,13 @@ from poskernel_tl.schema import Part
 
 @dataclass(frozen=True)
 class StatisticContext:
-    """What a statistic's reducer is built from: the model, the evaluation set's shape and
-    the run's options (a :class:`~poskernel_tl.plan.config.MeasureConfig`)."""
+    """What a statistic's reducer is built from: the model, the run's geometry (its
+    length, mask and per-layer offsets: :class:`~poskernel_tl.fit.geometry.Geometry`),
+    the number of evaluation sequences and the run's options (a
+    :class:`~poskernel_tl.plan.config.MeasureConfig`)."""
 
     model: LoadedModel
-    length: int
+    geometry: Geometry
     n_eval: int
     options: Any
     centering: Any = None  # the centering pass's Moments, or None
@@ -54,9 +57,13 @@ class StatisticContext:
         return "scores" if self.options.scores in ("hook", "qk") else "lags"
 
     @property
+    def length(self) -> int:
+        return self.geometry.length
+
+    @property
     def max_lags(self) -> list[int] | None:
         """Per layer, the last offset its mask keeps (None: every layer's whole triangle)."""
-        return self.spec.max_lags(self.length)
+        return self.geometry.max_lags
 
 
 def no_bytes(model: LoadedModel, work: Any) -> int:

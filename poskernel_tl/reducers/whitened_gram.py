@@ -66,7 +66,7 @@ def build(run: StatisticContext) -> WhitenedGramReducer | None:
     """Only with ``--whiten`` (which needs centering sequences)."""
     if not run.options.whiten:
         return None
-    return WhitenedGramReducer(run.centering, run.model.logit_scale, causal=run.spec.causal)
+    return WhitenedGramReducer(run.centering, run.model.logit_scale, causal=run.geometry.causal)
 
 
 STATISTIC = StatisticSpec(

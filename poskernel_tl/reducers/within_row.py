@@ -64,9 +64,8 @@ ROW_BLOCK = 256  # rows of the materialised logits masked at a time (a copy of t
 
 def layouts(run: StatisticContext) -> list[RowLayout]:
     """Each layer's :class:`RowLayout` at the run's length."""
-    T, s = run.length, run.spec
-    lags = run.max_lags or [T - 1] * s.n_layers
-    return [RowLayout(T, min(m, T - 1), two_sided=not s.causal) for m in lags]
+    g = run.geometry
+    return [RowLayout(g.length, m, two_sided=not g.causal) for m in g.lags]
 
 
 def row_sums(batch: LayerBatch, layout: RowLayout, from_scores: bool

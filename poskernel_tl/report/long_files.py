@@ -67,10 +67,9 @@ def write_long_views(report_dir: str | Path, cond: SavedCondition) -> dict | Non
     T, two, key = int(r.length), not r.causal, condition_key(r.model, r.dataset, r.length)
     i = [int(s) for s in r.seq_id].index(part.seq_id)
     b, _ = block_size(T)
-    lags = r.spec.max_lags(T) or [None] * r.n_layers
     scale = float(np.asarray(part.scale).ravel()[0])
     for layer in range(r.n_layers):
-        last = None if two else lags[layer]
+        last = None if two else r.geometry.window(layer)
         _, count = fit_blocks(np.zeros(T - 1), None, T, b, two, last)
         for head in range(r.n_heads):
             _write(folder, key, f"L{layer}H{head}", _head(r, part, i, layer, head, last, count, b))

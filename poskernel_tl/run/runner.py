@@ -12,6 +12,7 @@ import torch
 from poskernel_tl import constants as C
 from poskernel_tl import protocol
 from poskernel_tl.data.sequences import centering_mask, ensure_sequences, eval_mask
+from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.folder import check_space
 from poskernel_tl.measurement.measure import measure
 from poskernel_tl.measurement.parts import condition_dims, planned_bytes
@@ -23,9 +24,11 @@ from poskernel_tl.plan.config import RunConfig
 
 @dataclass
 class PreparedCondition:
-    """A condition ready to measure: the model and the split sequence file."""
+    """A condition ready to measure: the model, the run's geometry (checked against the
+    loaded model) and the split sequence file."""
 
     model: LoadedModel
+    geometry: Geometry
     seqs: dict
     seq_file: Path
 
@@ -46,16 +49,16 @@ class PreparedCondition:
 def prepare(cfg: RunConfig, model: LoadedModel | None = None) -> PreparedCondition:
     """Validate ``cfg``, load the model unless given, and build (or reuse) the sequence
     file under ``cfg.out``: what every command working on one condition starts with."""
-    cfg.validate(model.spec if model is not None else None)
+    geometry = cfg.validate(model.spec if model is not None else None)
     resolve_device(cfg.device)  # whether this machine has it (the name is checked above)
-    if model is None:
+    if model is None:  # checked above against the registry's spec, now against its layers
         model = load_model(cfg)
-    model.spec.check_length(cfg.length)
+        geometry = Geometry.checked(model.spec, cfg.length)
     seqs, seq_file, _ = ensure_sequences(
         Path(cfg.out), model.tokenizer, cfg.dataset, cfg.length, cfg.n_seqs, cfg.seed,
         model_name=cfg.model, n_ctx=model.spec.n_ctx, allow_cross_doc=cfg.allow_cross_doc,
         overwrite=cfg.overwrite)
-    return PreparedCondition(model, seqs, seq_file)
+    return PreparedCondition(model, geometry, seqs, seq_file)
 
 
 def run_condition(cfg: RunConfig, model: LoadedModel | None = None
@@ -69,7 +72,7 @@ def run_condition(cfg: RunConfig, model: LoadedModel | None = None
     result = measure(
         cond.model, cond.eval_tokens, cond.centering_tokens, **cfg.measure_kwargs(),
         progress=cfg.progress, seq_id=cond.eval_seq_id, logits_for=logits_for,
-        dataset=cfg.dataset, config=cfg.to_dict())
+        dataset=cfg.dataset, config=cfg.to_dict(), geometry=cond.geometry)
     result = result.replace(model=cfg.model)
     written = {"sequences": cond.seq_file, **result.save(cfg.out)}
     return result, written
