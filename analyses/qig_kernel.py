@@ -20,7 +20,7 @@ values are kept (as a multiset), their offsets t − s are scrambled. For a symm
 matrix (the QIG logits) this is A[π(t), π(s)]; for any other matrix the lower triangle is
 first reflected onto the upper one, so the null acts on unordered position pairs and
 masked fills never enter the fit. That sets it apart from the position-permutation null
-of ``pk.measure`` (:mod:`poskernel_tl.reducers.perm_null`, and the head view's on one
+of ``pk.measure`` (:mod:`poskernel_tl.statistics.perm_null`, and the head view's on one
 matrix), which fits A[π(t), π(s)] whole and so reads both triangles of a causal head's
 product q·kᵀ.
 """
@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
 from poskernel_tl.fit.toeplitz import lag_counts, r2_from_sums, shift_invariance_r2
-from poskernel_tl.reducers.perm_null import joint_permutations, null_p_value, null_percentile
+from poskernel_tl.statistics.perm_null import joint_permutations, null_p_value, null_percentile
 
 _CHUNK_ELEMENTS = 1 << 24  # bounds the [batch, chunk, pos, d] and [batch, perm, pair] temps
 

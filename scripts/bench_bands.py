@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 import poskernel_tl as pk  # noqa: E402
 import poskernel_tl.reducers.lag_sums as lag  # noqa: E402
-import poskernel_tl.reducers.perm_null as perm_null  # noqa: E402
+import poskernel_tl.statistics.perm_null as perm_null  # noqa: E402
 from poskernel_tl.models.embedded import from_gguf  # noqa: E402
 from poskernel_tl.models.registry import resolve  # noqa: E402
 from poskernel_tl.protocol import band_ends  # noqa: E402

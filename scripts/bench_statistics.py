@@ -16,7 +16,7 @@ import time
 import torch
 
 import poskernel_tl as pk
-from poskernel_tl.reducers import registry
+from poskernel_tl.statistics import registry
 
 
 def timed(fn) -> float:

@@ -84,13 +84,12 @@ from poskernel_tl.models.registry import resolve  # noqa: E402
 from poskernel_tl.plan import batching  # noqa: E402
 from poskernel_tl.plan.allocator import reuse_freed_memory  # noqa: E402
 from poskernel_tl.reducers import (  # noqa: E402
-    FreqUsageReducer,
     GramReducer,
     LayerBatch,
     MomentsReducer,
-    PermNullReducer,
     TrackAReducer,
 )
+from poskernel_tl.statistics import FreqUsageReducer, PermNullReducer  # noqa: E402
 
 COLUMNS = ("HF sdpa", "HF eager", "bridge eager", "bridge sdpa", "A only", "A + B")
 

@@ -15,10 +15,10 @@ from tiny_models import softmax_loaded, tiny_loaded
 import poskernel_tl as pk
 from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.plan.config import MeasureConfig
-from poskernel_tl.reducers.attn_distance import AttnDistanceReducer
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.statistic import StatisticContext
 from poskernel_tl.report.head_page import declared
+from poskernel_tl.statistics.attn_distance import AttnDistanceReducer
+from poskernel_tl.statistics.statistic import StatisticContext
 
 T = 40
 TITLE = "Attention distance by query row"
@@ -62,7 +62,8 @@ def test_planted_uniform_and_previous_token_heads(tiny_tokenizer):
     angle = lambda x: 300 * torch.stack([torch.cos(w * x), torch.sin(w * x)], -1)
     q[:, :, 1, :2] = angle(torch.arange(T, dtype=torch.float64) - 1).float()
     k[:, :, 0, :2] = angle(torch.arange(T, dtype=torch.float64)).float()
-    red = AttnDistanceReducer(StatisticContext(model, Geometry.of(model.spec, T), n, MeasureConfig(null_seqs=n)))
+    run = StatisticContext(model, Geometry.of(model.spec, T), n, MeasureConfig(null_seqs=n))
+    red = AttnDistanceReducer(run)
     red.update(LayerBatch(0, q, k, torch.arange(n), 1.0, rows=(0, 1)))
     out = red.result()
     np.testing.assert_allclose(out.attn_distance_rows[0, 0], np.arange(T) / 2, atol=1e-5)
@@ -107,7 +108,7 @@ def test_the_readme_shows_the_declared_panel():
     import re
     from pathlib import Path
 
-    from poskernel_tl.reducers import attn_distance
+    from poskernel_tl.statistics import attn_distance
 
     text = (Path(__file__).parents[1] / "README.md").read_text()
     section = text[text.index("A statistic shows more than a number"):]

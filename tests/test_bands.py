@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from poskernel_tl.protocol import band_ends, offset_bands
-from poskernel_tl.reducers import LayerBatch, PermNullReducer, TrackAReducer
+from poskernel_tl.reducers import LayerBatch, TrackAReducer
+from poskernel_tl.statistics import PermNullReducer
 
 B, H, D = 4, 2, 8
 SCALE = 1 / np.sqrt(D)
@@ -124,7 +125,7 @@ def test_the_band_benchmark_switches_band_sums_off_and_back():
     from pathlib import Path
 
     import poskernel_tl.reducers.lag_sums as lag
-    import poskernel_tl.reducers.perm_null as perm_null
+    import poskernel_tl.statistics.perm_null as perm_null
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "bench_bands.py"
     spec = importlib.util.spec_from_file_location("bench_bands", path)

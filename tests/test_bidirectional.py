@@ -29,13 +29,12 @@ from poskernel_tl.reducers import (
     GramReducer,
     LayerBatch,
     MomentsReducer,
-    PermNullReducer,
     TrackAReducer,
-    WhitenedGramReducer,
     gram_cost,
 )
 from poskernel_tl.reducers.moments import random_half
-from poskernel_tl.reducers.perm_null import joint_permutations
+from poskernel_tl.statistics import PermNullReducer, WhitenedGramReducer
+from poskernel_tl.statistics.perm_null import joint_permutations
 
 B, T, H, D = 5, 64, 3, 6
 SCALE = 0.41

@@ -1,5 +1,5 @@
 """Barbero et al.'s frequency claim as a per-head share and a per-condition permutation
-test (:mod:`poskernel_tl.reducers.freq_usage`): the share against a loop over pairs, the
+test (:mod:`poskernel_tl.statistics.freq_usage`): the share against a loop over pairs, the
 test against an exhaustive enumeration of the labellings, a planted difference found, a
 flat one not."""
 
@@ -12,7 +12,7 @@ import torch
 from tiny_models import tiny_loaded
 
 import poskernel_tl as pk
-from poskernel_tl.reducers.freq_usage import FreqUsage, positional_heads_test
+from poskernel_tl.statistics.freq_usage import FreqUsage, positional_heads_test
 
 
 def test_share_by_pairs():

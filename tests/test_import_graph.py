@@ -1,5 +1,5 @@
 """The package's import graph points one way, folder by folder: the core (the modules
-directly under ``poskernel_tl/``) → models and hooks → data → fit → reducers → plan →
+directly under ``poskernel_tl/``) → models and hooks → data → fit → reducers → statistics → plan →
 measurement → analyses → report → run → apps and the public API. No cycle, no import
 hidden in a function to dodge one, no private name imported across modules, and every
 name imported from the module that defines it (no re-exports, but for a package's public
@@ -25,7 +25,8 @@ RANKS = [
     ("data",),
     ("fit",),
     ("kernels",),  # the GPU's tiled kernels (Triton), which the reducers call
-    ("reducers",),  # each states its own memory (and Track B its time) for the plan
+    ("reducers",),  # the engine; each states its own memory (and Track B its time) for the plan
+    ("statistics",),  # the per-head statistics that plug into a run, on the engine
     ("plan",),
     ("measurement",),
     ("analyses",),

@@ -8,7 +8,8 @@ from test_toeplitz import naive_r2
 
 from poskernel_tl.fit.kernel_class import head_kernels, row_shares
 from poskernel_tl.fit.toeplitz import lag_counts
-from poskernel_tl.reducers import LayerBatch, PermNullReducer, TrackAReducer
+from poskernel_tl.reducers import LayerBatch, TrackAReducer
+from poskernel_tl.statistics import PermNullReducer
 
 B = 8
 PLANTED = ("previous-token", "sink", "local", "periodic", "decay", "content")
@@ -109,7 +110,7 @@ def test_a_head_view_classes_one_sequence(T):
     null: each planted head of one sequence in its class, and the null equal to naive fits
     of the permuted matrices."""
     from poskernel_tl.apps.head_view import fit_one, kernel_of, position_permutation_null
-    from poskernel_tl.reducers.perm_null import joint_permutations
+    from poskernel_tl.statistics.perm_null import joint_permutations
 
     A = planted_logits(T, seed=1)[0]
     got = [kernel_of(fit_one(a, True), a, None, np.array([2 * np.pi / 16]))["kernel_class"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from poskernel_tl.fit.variants import Variant, region_sums, strip_of
-from poskernel_tl.reducers import LayerBatch, PermNullReducer, TrackAReducer
+from poskernel_tl.reducers import LayerBatch, TrackAReducer
 from poskernel_tl.reducers.lag_sums import (
     key_strip,
     lag_sums,
@@ -16,6 +16,7 @@ from poskernel_tl.reducers.lag_sums import (
     track_a_stats,
 )
 from poskernel_tl.reducers.track_a_result import REGIONS, SINK_COLUMN, STRIP, VARIANTS
+from poskernel_tl.statistics import PermNullReducer
 
 H, HKV, D = 6, 2, 5
 SCALE = 0.37

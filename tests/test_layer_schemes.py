@@ -25,10 +25,11 @@ from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, shift
 from poskernel_tl.fit.variants import region_sums
 from poskernel_tl.models.scheme import summary
 from poskernel_tl.models.scheme_reader import attention_modules, read_layers
-from poskernel_tl.reducers import GramReducer, LayerBatch, PermNullReducer
+from poskernel_tl.reducers import GramReducer, LayerBatch
 from poskernel_tl.reducers.gram_fit import lower_apply
 from poskernel_tl.reducers.lag_sums import lower_sum_squares, track_a_stats, windowed
 from poskernel_tl.reducers.track_a_result import SINK_COLUMN
+from poskernel_tl.statistics import PermNullReducer
 
 T = 40
 
@@ -145,7 +146,7 @@ def test_prev_token_score_is_transformer_lens_own(monkeypatch, causal, window, r
     a causal model's score past ``max_pos`` positions is TransformerLens's score of the
     sequences cut to ``max_pos`` tokens."""
     from poskernel_tl.reducers import pattern
-    from poskernel_tl.reducers.prev_token import PrevTokenReducer
+    from poskernel_tl.statistics.prev_token import PrevTokenReducer
 
     monkeypatch.setattr(pattern, "ROWS", rows)
 

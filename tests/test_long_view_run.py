@@ -11,8 +11,8 @@ import torch
 from tiny_models import arch_loaded, tiny_loaded
 
 import poskernel_tl as pk
-import poskernel_tl.reducers.logits as saved_logits
-import poskernel_tl.reducers.long_view as LV
+import poskernel_tl.statistics.logits as saved_logits
+import poskernel_tl.statistics.long_view as LV
 from poskernel_tl.fit.blocks import block_size, fit_mask
 from poskernel_tl.measurement.result import ConditionResult
 

@@ -65,7 +65,7 @@ def test_permutation_null_reuses_track_a_for_the_unpermuted_fit(llama, measured)
     6 here, fewer than the 8 the null uses), not a second pass."""
     assert measured.r2_perm_null.shape == (4, 2, 4)
     assert np.array_equal(measured.r2_perm_same_seqs, measured.r2_pooled)
-    from poskernel_tl.reducers import PermNullReducer
+    from poskernel_tl.statistics import PermNullReducer
 
     standalone = PermNullReducer(2, 4, T, n_perm=4, max_seqs=8, seed=0)
     from poskernel_tl.measurement.measure import forward_pass

@@ -26,7 +26,7 @@ from poskernel_tl.analyses.qig_kernel import (
     synthetic_basins,
 )
 from poskernel_tl.fit.toeplitz import shift_invariance_r2
-from poskernel_tl.reducers.perm_null import joint_permutations
+from poskernel_tl.statistics.perm_null import joint_permutations
 
 
 def seed_formula(x: np.ndarray, temperature: float, eps: float = 1e-8) -> np.ndarray:

@@ -13,12 +13,12 @@ from matplotlib.figure import Figure
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.models.registry import REGISTRY
 from poskernel_tl.reducers import LayerBatch
-from poskernel_tl.reducers.perm_null import PermNullReducer
 from poskernel_tl.report import figure_nulls as FN
 from poskernel_tl.report import figures as F
 from poskernel_tl.report import nulls as N
 from poskernel_tl.report import tables as TB
 from poskernel_tl.report import verdicts as V
+from poskernel_tl.statistics.perm_null import PermNullReducer
 
 SCRIPT = "<script>alert(1)</script>\"quoted\" 'single'"
 
@@ -325,7 +325,7 @@ def test_perm_null_planted_rope_head_far_above_null(device):
 def test_null_percentile_and_p_value_match_a_naive_loop():
     """Mid-rank percentile (ties half) and the one-sided p-value over the finite draws,
     per cell, with ties, NaN draws, a NaN observation and a cell of NaN draws only."""
-    from poskernel_tl.reducers.perm_null import null_p_value, null_percentile
+    from poskernel_tl.statistics.perm_null import null_p_value, null_percentile
 
     rng = np.random.default_rng(0)
     null = rng.integers(0, 5, (9, 3, 4)).astype(float)  # ties on purpose

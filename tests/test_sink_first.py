@@ -10,7 +10,7 @@ import torch
 from tiny_models import VOCAB, arch_hf_model, arch_loaded, tiny_hf_model, tiny_loaded
 
 import poskernel_tl as pk
-from poskernel_tl.reducers.sink_first import EPSILON, KEYS, STATISTIC, SinkFirst
+from poskernel_tl.statistics.sink_first import EPSILON, KEYS, STATISTIC, SinkFirst
 
 T = 24
 

@@ -14,8 +14,8 @@ import poskernel_tl as pk
 from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.sink_mass import EPSILON, SinkMassReducer, share_above
-from poskernel_tl.reducers.statistic import StatisticContext
+from poskernel_tl.statistics.sink_mass import EPSILON, SinkMassReducer, share_above
+from poskernel_tl.statistics.statistic import StatisticContext
 
 T = 40
 
@@ -40,7 +40,8 @@ def test_a_planted_sink_head_and_its_share(tiny_tokenizer):
     q[:, :, 0, 0] = 1.0
     k = torch.zeros(n, T, model.spec.n_kv_heads, d)
     k[:, 0, :, 0] = 50.0
-    red = SinkMassReducer(StatisticContext(model, Geometry.of(model.spec, T), n, MeasureConfig(null_seqs=n)))
+    run = StatisticContext(model, Geometry.of(model.spec, T), n, MeasureConfig(null_seqs=n))
+    red = SinkMassReducer(run)
     red.update(LayerBatch(0, q, k, torch.arange(n), 1.0, rows=(0, 1)))
     got = red.result().sink_mass[0]
     assert got[0] > 0.999

@@ -16,15 +16,15 @@ from tiny_models import arch_loaded, tiny_loaded
 from torch.overrides import TorchFunctionMode
 
 import poskernel_tl as pk
-import poskernel_tl.reducers.long_view as long_view
+import poskernel_tl.statistics.long_view as long_view
 from poskernel_tl import kernels
 from poskernel_tl.kernels.dispatch import IN_LAUNCH
 from poskernel_tl.measurement import measure as measure_module
 from poskernel_tl.measurement.parts import condition_entries, field_columns, head_columns
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.plan import batching
-from poskernel_tl.reducers import registry
-from poskernel_tl.reducers.statistic import StatisticSpec
+from poskernel_tl.statistics import registry
+from poskernel_tl.statistics.statistic import StatisticSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 24
@@ -126,7 +126,7 @@ def example_module() -> types.ModuleType:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("### Adding a statistic"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert code.startswith("# poskernel_tl/reducers/self_mass.py")
+    assert code.startswith("# poskernel_tl/statistics/self_mass.py")
     module = types.ModuleType("self_mass")
     exec(compile(code, "README.md", "exec"), module.__dict__)
     return module

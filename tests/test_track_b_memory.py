@@ -260,7 +260,7 @@ def test_whitened_gram_holds_what_the_plan_counts(rng, llama):
     """The whitened diagnostic keeps Track B's float32 lower-triangle accumulator (no
     float64 T×T): its tensors add up to the plan's count per layer, and its R² equals a
     GramReducer's raw fit fed the whitened vectors."""
-    from poskernel_tl.reducers import WhitenedGramReducer
+    from poskernel_tl.statistics import WhitenedGramReducer
 
     T, n = 300, 4
     q, k = _qk(rng, n, T)

@@ -6,15 +6,10 @@ import torch
 
 from poskernel_tl.errors import NonFiniteError
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
-from poskernel_tl.reducers import (
-    FreqUsageReducer,
-    GramReducer,
-    LayerBatch,
-    MomentsReducer,
-    TrackAReducer,
-)
+from poskernel_tl.reducers import GramReducer, LayerBatch, MomentsReducer, TrackAReducer
 from poskernel_tl.reducers.moments import random_half
 from poskernel_tl.reducers.track_a_result import PER_SEQ, VARIANTS
+from poskernel_tl.statistics import FreqUsageReducer
 
 TOL = 1e-6
 B, T, H, HKV, D, L = 6, 64, 4, 2, 8, 2
@@ -264,7 +259,7 @@ def test_nonfinite_names_layer_head_sequence(qk):
 
 
 def test_whitened_gram_matches_naive(qk, rng):
-    from poskernel_tl.reducers import WhitenedGramReducer
+    from poskernel_tl.statistics import WhitenedGramReducer
 
     q, k = qk
     cq = torch.randn(5, T, H, D, generator=rng) * torch.linspace(0.5, 3, D) + q[:1]

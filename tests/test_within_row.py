@@ -14,11 +14,11 @@ from tiny_models import arch_hf_model, arch_loaded, tiny_hf_model, tiny_loaded
 
 import poskernel_tl as pk
 from poskernel_tl.fit.within_row import RowLayout, match_mean, within_fit, within_r2
-from poskernel_tl.reducers import within_row
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import track_a_stats
 from poskernel_tl.reducers.two_sided import upper_stats
-from poskernel_tl.reducers.within_row import row_sums
+from poskernel_tl.statistics import within_row
+from poskernel_tl.statistics.within_row import row_sums
 
 SCALE = 0.25
 

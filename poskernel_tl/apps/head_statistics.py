@@ -1,5 +1,5 @@
 """Every registered statistic on one sequence, for the head view: each statistic's own
-reducer (:data:`~poskernel_tl.reducers.registry.STATISTICS`) fed the layer's q and k of
+reducer (:data:`~poskernel_tl.statistics.registry.STATISTICS`) fed the layer's q and k of
 the view's forward, as ``pk.measure`` feeds it, and completed as it completes it
 (``finish``, with Track A's reducer of the same batch beside it). The view shows their
 per-head columns (:func:`statistic_values`) and their declared panels."""
@@ -13,10 +13,10 @@ from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.registry import STATISTICS
-from poskernel_tl.reducers.statistic import StatisticContext
 from poskernel_tl.reducers.track_a import TrackAReducer
 from poskernel_tl.schema import Part
+from poskernel_tl.statistics.registry import STATISTICS
+from poskernel_tl.statistics.statistic import StatisticContext
 
 
 def head_statistics(model: LoadedModel, geometry: Geometry, layer: int,

@@ -43,7 +43,6 @@ from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.io import sentence
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.models.softmax_ops import attention_pattern, head_logits, sink_logits
-from poskernel_tl.reducers.perm_null import joint_permutations
 from poskernel_tl.reducers.track_a_result import NO_SINK
 from poskernel_tl.report import (
     SHARED,
@@ -57,6 +56,7 @@ from poskernel_tl.report import (
 from poskernel_tl.report.head_page import declared
 from poskernel_tl.report.viewer_long import NOTEBOOK_FACTOR_BYTES
 from poskernel_tl.schema import check_shapes
+from poskernel_tl.statistics.perm_null import joint_permutations
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
 VIEW_NULL_PERMS = 19  # permutations of the head view's null (its class's content rule)
@@ -273,7 +273,7 @@ def position_permutation_null(A: Float[Tensor, "query_pos key_pos"], causal: boo
                               max_lag: int | None, n_perm: int = VIEW_NULL_PERMS
                               ) -> Float[np.ndarray, " perm"]:
     """R² of the fit to A[π][:, π] for ``n_perm`` joint position permutations π: the run's
-    permutation null (:func:`~poskernel_tl.reducers.perm_null.joint_permutations`, seed
+    permutation null (:func:`~poskernel_tl.statistics.perm_null.joint_permutations`, seed
     0) on this one matrix, fitted as the view fits A."""
     out = []
     for pi in joint_permutations(A.shape[-1], n_perm).to(A.device):

@@ -1,7 +1,7 @@
 """One run's geometry: the length, whether the mask is causal, and per layer the entries
 (t, s) its softmax keeps — made once from the model's spec (:meth:`Geometry.checked`, the
 one place a length is checked against a model) and handed to every reducer, fit and
-view that needs it (:class:`~poskernel_tl.reducers.statistic.StatisticContext`,
+view that needs it (:class:`~poskernel_tl.statistics.statistic.StatisticContext`,
 ``ConditionResult.geometry``).
 
 A layer keeps the offsets Δ = t − s = 1..``lags[layer]`` below the diagonal (T − 1: the

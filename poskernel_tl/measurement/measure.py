@@ -57,8 +57,8 @@ from poskernel_tl.reducers import (
     Workspace,
 )
 from poskernel_tl.reducers.gram import concat_layers
-from poskernel_tl.reducers.registry import STATISTICS
-from poskernel_tl.reducers.statistic import StatisticContext
+from poskernel_tl.statistics.registry import STATISTICS
+from poskernel_tl.statistics.statistic import StatisticContext
 
 ScoresPath = str  # "auto" | "hook" | "qk"
 
@@ -250,7 +250,7 @@ def eval_reducers(model: LoadedModel, geometry: Geometry, n: int, centering: Mom
                   factors: Sequence[bool] | bool = False) -> dict:
     """Pass 2's reducers by the name of the result part each makes: Track A, Track B (for
     ``gram_layers``, default all), then every statistic of the registry this run wants
-    (:data:`~poskernel_tl.reducers.registry.STATISTICS`)."""
+    (:data:`~poskernel_tl.statistics.registry.STATISTICS`)."""
     s, run = model.spec, StatisticContext(model, geometry, n, opts, centering, wanted)
     layers = range(s.n_layers) if gram_layers is None else gram_layers
     reds = {"track_a": TrackAReducer(n, s.n_layers, s.n_heads, geometry.length, model.device,

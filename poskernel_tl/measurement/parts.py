@@ -1,6 +1,6 @@
 """The parts a :class:`~poskernel_tl.measurement.result.ConditionResult` is composed of:
 Track A, Track B, the centering means and S_PE, then every statistic of the registry
-(:data:`~poskernel_tl.reducers.registry.STATISTICS`), and which part declares each field."""
+(:data:`~poskernel_tl.statistics.registry.STATISTICS`), and which part declares each field."""
 
 import dataclasses
 import functools
@@ -15,9 +15,9 @@ from poskernel_tl.measurement.pe_kernel import PEKernel
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.protocol import offset_bands
 from poskernel_tl.reducers import CenteringMeans, GramResult, TrackAResult
-from poskernel_tl.reducers.registry import STATISTICS
-from poskernel_tl.reducers.registry import condition_values as registry_values
 from poskernel_tl.schema import TABLE_ROWS, Part, axes
+from poskernel_tl.statistics.registry import STATISTICS
+from poskernel_tl.statistics.registry import condition_values as registry_values
 
 CORE_PARTS: tuple[type[Part], ...] = (TrackAResult, GramResult, CenteringMeans, PEKernel)
 UNSHOWN = ("seq_index", "eval_moments", "perms", "n_seqs", "seed")

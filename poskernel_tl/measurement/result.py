@@ -3,11 +3,12 @@
 A result is its condition (model, dataset, length, spec, evaluation sequence ids,
 configuration, provenance) and a set of parts, each the result dataclass of the reducer
 that computes it (:func:`part_classes`: Track A, Track B, the centering means, S_PE and
-every statistic of :data:`~poskernel_tl.reducers.registry.STATISTICS`). Where each
+every statistic of :data:`~poskernel_tl.statistics.registry.STATISTICS`). Where each
 part's fields are saved — a file and key, or a column of the tidy Track A/Track B tables
 — is declared on the fields themselves
-(:mod:`poskernel_tl.schema`), so ``save``, ``load``, ``to_frames`` and the shape checks
-are written once, here, for every part.
+(:mod:`poskernel_tl.schema`), so ``save``, ``load``, the tables and the shape checks are
+written once for every part: the files in :mod:`~poskernel_tl.measurement.store`, the
+tables in :mod:`~poskernel_tl.measurement.tables`, the value and its checks here.
 
 A part's fields read as attributes of the result (``result.r2_pooled`` is
 ``result.track_a.r2_pooled``); an absent part's fields read as their defaults (None).
@@ -25,21 +26,18 @@ from jaxtyping import Int
 
 from poskernel_tl import constants as C
 from poskernel_tl.fit.geometry import Geometry
-from poskernel_tl.fit.kernel_class import condition_kernels
 from poskernel_tl.fit.toeplitz import two_sided
 from poskernel_tl.hooks import kv_head_map
-from poskernel_tl.measurement import store
+from poskernel_tl.measurement import store, tables
 from poskernel_tl.measurement.parts import (
     build_part,
     condition_dims,
-    condition_values,
-    head_values,
     owner,
     part_classes,
 )
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.reducers import GramResult, TrackAResult
-from poskernel_tl.schema import Part, tidy_tables
+from poskernel_tl.schema import Part
 
 # result attribute -> (part, field) where the names differ
 ALIASES = {"r2_perm_null": ("perm_null", "r2_null"),
@@ -212,56 +210,28 @@ class ConditionResult:
     def stem(self) -> str:
         return C.stem(self.model, self.dataset, self.length)
 
-    # ------------------------------------------------------------------ tables
+    # ------------------------------------------- its tables (measurement/tables.py)
     def to_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The tidy Track A table (a row per eval sequence, layer, head) and Track B's."""
-        tables = self.tables()
-        return tables["trackA"], tables["trackB"]
+        """The tidy Track A and Track B tables
+        (:func:`~poskernel_tl.measurement.tables.to_frames`)."""
+        return tables.to_frames(self)
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        """Every tidy table the parts fill (:func:`~poskernel_tl.schema.tidy_tables`)."""
-        return tidy_tables(self.parts.values(), self.dims(), dict(
-            model=self.model, dataset=self.dataset, length=self.length), self.seq_id,
-            self.kv_head, skip=() if self.band_lo is not None else ("bands",))
+        """Every tidy table the parts fill (:func:`~poskernel_tl.measurement.tables.tidy`)."""
+        return tables.tidy(self)
 
     def kernels(self) -> pd.DataFrame | None:
-        """Per head, the kernel descriptors and class (:mod:`poskernel_tl.fit.kernel_class`)
-        and every declared per-head column this result holds
-        (:func:`~poskernel_tl.measurement.parts.head_columns`): ``heads.csv``."""
-        df = condition_kernels(self)
-        if df is None:
-            return None
-        for col, values in head_values(self.parts).items():
-            df[col] = values.ravel()
-        return df
+        """The per-head table, ``heads.csv`` (:func:`~poskernel_tl.measurement.tables.heads`)."""
+        return tables.heads(self)
 
     def condition_values(self) -> dict[str, float]:
-        """Every per-condition value (``grid_summary.csv``, the report: each statistic's, and
-        the mean over heads of each per-head column declared on a field), read from
-        :meth:`kernels`; empty without the per-head table."""
-        heads = self.kernels()
-        return {} if heads is None else condition_values(heads)
+        """Every per-condition value (:func:`~poskernel_tl.measurement.tables.condition_values`)."""
+        return tables.condition_values(self)
 
     def layer_summary(self) -> pd.DataFrame:
-        """Mean over heads of each layer: pooled Track A (and within rows), Track B centered
-        and raw; for a model with sliding-window layers also each layer's kind and Track A
-        pooled over the whole causal triangle (``R2_A_whole``, the diagnostic)."""
-        df = pd.DataFrame({
-            "R2_A_pooled": np.nanmean(self.r2_pooled, axis=1),
-            "R2_A_per_seq": np.nanmean(self.r2_per_seq, axis=(0, 2)),
-            "R2_A_nosink": np.nanmean(self.r2_pooled_nosink, axis=1),
-            "R2_B_centered": (np.nanmean(self.r2_gram, axis=1) if self.centered
-                              else np.full(self.n_layers, np.nan)),
-            "R2_B_raw": np.nanmean(self.r2_gram_raw, axis=1)})
-        whole = getattr(self, "r2_pooled_whole", None)
-        if whole is not None:
-            df.insert(1, "R2_A_whole", np.nanmean(whole, axis=1))
-        if "within_row" in self.parts:  # the same fit with a free constant per row
-            df.insert(1, "R2_A_within_row", np.nanmean(self.r2_within_pooled, axis=1))
-        if self.spec.layers and len({s.kind for s in self.spec.layers}) > 1:
-            df.insert(0, "kind", [s.kind for s in self.spec.layers])
-        df.index.name = "layer"
-        return df
+        """Per layer, the mean over heads of each R²
+        (:func:`~poskernel_tl.measurement.tables.layer_summary`)."""
+        return tables.layer_summary(self)
 
     # ------------------------------------------------ its files (measurement/store.py)
     def save(self, out: str | Path) -> dict[str, Path]:

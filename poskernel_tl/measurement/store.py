@@ -15,8 +15,9 @@ from poskernel_tl.folder import file_digest
 from poskernel_tl.io import save_arrays, save_csv, save_json
 from poskernel_tl.measurement.parts import part_classes
 from poskernel_tl.models.registry import ModelSpec
-from poskernel_tl.reducers import GramResult, SavedLogits, TrackAResult
+from poskernel_tl.reducers import GramResult, TrackAResult
 from poskernel_tl.schema import SavedFiles
+from poskernel_tl.statistics import SavedLogits
 
 
 def save(r, out: str | Path) -> dict[str, Path]:

@@ -12,7 +12,7 @@ from typing import Literal
 
 import numpy as np
 
-from poskernel_tl.errors import ModelUnavailableError, UnknownNameError, UserError
+from poskernel_tl.errors import ModelUnavailableError, UnknownNameError
 from poskernel_tl.models.scheme import LayerScheme, terms_summary
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 

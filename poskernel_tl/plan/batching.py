@@ -56,8 +56,8 @@ from poskernel_tl.reducers.gram_cost import (
     track_b_paths,
 )
 from poskernel_tl.reducers.moments import means_bytes
-from poskernel_tl.reducers.registry import STATISTICS
 from poskernel_tl.sizes import check_batch_size, gib, parse_memory
+from poskernel_tl.statistics.registry import STATISTICS
 
 # the caps: on CPU larger batches only raise peak memory (the matmuls already use every
 # core at batch 4); on a GPU beyond 64 sequences the forward is long saturated

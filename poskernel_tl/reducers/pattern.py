@@ -102,7 +102,7 @@ class PatternReader:
 
     @classmethod
     def of(cls, run) -> "PatternReader":
-        """The reader of a :class:`~poskernel_tl.reducers.statistic.StatisticContext`."""
+        """The reader of a :class:`~poskernel_tl.statistics.statistic.StatisticContext`."""
         return cls(run.options.null_seqs, run.geometry.causal, run.max_lags)
 
     def rows(self, batch: LayerBatch) -> PatternRows | None:

@@ -28,7 +28,6 @@ from poskernel_tl.errors import NoConditionError, ResultFileError
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.plan.allocator import release_freed_memory
 from poskernel_tl.progress import tqdm
-from poskernel_tl.reducers.perm_null import null_percentile
 from poskernel_tl.report import (
     atlas,
     extras,
@@ -56,6 +55,7 @@ from poskernel_tl.report.viewer_data import (
     head_anchor,
     write_data,
 )
+from poskernel_tl.statistics.perm_null import null_percentile
 
 REPORT_DIR = "report"
 FIG_DIR = "figures"

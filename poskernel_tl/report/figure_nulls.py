@@ -5,9 +5,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.reducers.perm_null import null_percentile
 from poskernel_tl.report import nulls
 from poskernel_tl.report.figures import condition_label
+from poskernel_tl.statistics.perm_null import null_percentile
 
 
 def fig_nulls(r: ConditionResult, nope: np.ndarray | None = None) -> Figure:

@@ -1,7 +1,7 @@
 """A condition's long view as files the report's head views load one head at a time.
 
 A run past 256 tokens with ``--save-logits yes`` saves one evaluation sequence's long view
-(:mod:`poskernel_tl.reducers.long_view`). The report writes, under ``data/{stem}/``:
+(:mod:`poskernel_tl.statistics.long_view`). The report writes, under ``data/{stem}/``:
 
 - ``L{layer}H{head}.js``: the head's overview (the run's block sums of the logits and the
   pattern; the fit's block sums from that sequence's g(Δ) and the geometry,
@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from poskernel_tl.fit.blocks import block_size, fit_blocks
-from poskernel_tl.reducers.long_view import CHECK_ROWS
 from poskernel_tl.report.collect import SavedCondition
 from poskernel_tl.report.encode import num, typed
 from poskernel_tl.report.html import write_script_data
 from poskernel_tl.report.viewer_data import DATA_DIR, condition_key
 from poskernel_tl.report.viewer_long import assemble, maps_from_sums
+from poskernel_tl.statistics.long_view import CHECK_ROWS
 
 GLOBAL = "PK_LONG"
 

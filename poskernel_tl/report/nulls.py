@@ -8,7 +8,7 @@ them on a scale:
    SS_total ~ Beta((k−1)/2, (N−k)/2) with k = T−1 groups, so E[R²] = (T−2)/(N−1)
    (per sequence n = 1, N = T(T−1)/2).
 2. **Joint position-permutation null** (per head, measured during the run by
-   :class:`~poskernel_tl.reducers.perm_null.PermNullReducer`; read as
+   :class:`~poskernel_tl.statistics.perm_null.PermNullReducer`; read as
    ``result.r2_perm_null`` [perm, layer, head_index] when present): the head's own
    logits with q and k positions permuted together.
 3. **Empirical NoPE distribution** (when a model without positional encoding is in the
@@ -21,8 +21,8 @@ from jaxtyping import Float
 from scipy import stats
 
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.reducers.perm_null import null_p_value, null_percentile
 from poskernel_tl.schema import head_index_columns
+from poskernel_tl.statistics.perm_null import null_p_value, null_percentile
 
 THRESHOLDS = (0.40, 0.80)
 

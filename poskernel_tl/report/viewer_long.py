@@ -30,8 +30,8 @@ import torch
 from jaxtyping import Float
 
 from poskernel_tl.fit.blocks import N_BLOCKS, block_size, fit_blocks, fit_mask, reduce_blocks
-from poskernel_tl.reducers.long_view import CHECK_ROWS  # rows sampled for the factors' error
 from poskernel_tl.report.encode import num, typed
+from poskernel_tl.statistics.long_view import CHECK_ROWS  # rows sampled for the factors' error
 
 ZOOM = 256  # the default zoom window: ZOOM rows × ZOOM keys
 ZOOM_MAX = 512  # the largest window the page draws at full resolution

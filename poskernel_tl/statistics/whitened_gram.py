@@ -21,8 +21,8 @@ from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram import GramReducer
 from poskernel_tl.reducers.gram_cost import accumulator_bytes
 from poskernel_tl.reducers.moments import Moments
-from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, column
+from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec
 
 
 def whitened_layer_bytes(model: LoadedModel, length: int) -> int:

@@ -21,8 +21,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, stored
+from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec
 
 
 @dataclass

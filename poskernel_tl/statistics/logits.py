@@ -11,8 +11,8 @@ from poskernel_tl.constants import VIEW_TOKENS, VIS_DIR
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, SavedFiles
+from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec
 
 
 @dataclass
@@ -48,7 +48,7 @@ class SavedLogits(Part):
 
 def logit_bytes(model: LoadedModel, length: int, n_logits: int) -> int:
     """``n_logits`` sequences' float32 [layer, head, T, T] logits (none past VIEW_TOKENS:
-    :mod:`poskernel_tl.reducers.long_view` keeps one sequence's long view there)."""
+    :mod:`poskernel_tl.statistics.long_view` keeps one sequence's long view there)."""
     s = model.spec
     if length > VIEW_TOKENS:
         return 0

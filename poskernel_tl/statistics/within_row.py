@@ -25,8 +25,8 @@ from torch import Tensor
 from poskernel_tl.fit.within_row import RowLayout, match_mean, within_fit
 from poskernel_tl.panels import KERNEL_SECTION, ORANGE, Panel
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec, mean_of
 from poskernel_tl.schema import Part, column, stored
+from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec, mean_of
 
 
 @dataclass

@@ -22,8 +22,8 @@ from torch import Tensor
 from poskernel_tl.panels import Panel
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import PatternReader, PatternRows, score_blocks
-from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec, mean_of
 from poskernel_tl.schema import Part, column, stored
+from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec, mean_of
 
 
 @dataclass

@@ -22,8 +22,8 @@ from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import MAX_POS, PatternReader
-from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, column
+from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec
 
 
 @dataclass

@@ -31,8 +31,8 @@ from poskernel_tl.fit.blocks import block_size, read_mask, reduce_blocks
 from poskernel_tl.models.softmax_ops import logsumexp_with_sinks, sink_logits
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import ROWS, score_blocks
-from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, stored
+from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec
 
 FILE = f"{VIS_DIR}/long_view.npz"
 CHECK_ROWS = 64

@@ -2,7 +2,7 @@
 query rows t ≥ 1 and sequences, α_h = mean_t p[t, 0]; per condition, the share of heads
 with α_h > 0.3. A pooled variant of Gu et al.'s metric (ICLR 2025), not theirs: they
 threshold each sequence's α (row 0 included, divided by T) and average the indicator —
-:mod:`poskernel_tl.reducers.sink_first` computes that, as released.
+:mod:`poskernel_tl.statistics.sink_first` computes that, as released.
 
 Read on the attention pattern of the measured forward (what the softmax reads under the
 layer's mask, learned sink logits in the normaliser where the model has them): the rows'
@@ -21,8 +21,8 @@ from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import PatternReader
-from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.schema import Part, column
+from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec
 
 EPSILON = 0.3  # the threshold on a head's pooled weight on the first token (Gu et al.'s ε)
 

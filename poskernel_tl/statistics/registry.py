@@ -1,5 +1,5 @@
 """The statistic registry: every per-head statistic computed during the forward, by name
-(:class:`~poskernel_tl.reducers.statistic.StatisticSpec`). ``pk.measure``, the result's
+(:class:`~poskernel_tl.statistics.statistic.StatisticSpec`). ``pk.measure``, the result's
 parts, the per-head table, ``grid_summary.csv``, the report and the head viewer iterate
 over :data:`STATISTICS`.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from poskernel_tl.errors import UnknownNameError
-from poskernel_tl.reducers.statistic import StatisticSpec
+from poskernel_tl.statistics.statistic import StatisticSpec
 
 
 def discover() -> dict[str, StatisticSpec]:

@@ -7,7 +7,7 @@ their axes and where each is saved, and its head-view panels), how its reducer i
 from the model and the run's options (:class:`StatisticContext`; ``None``: not wanted in
 this run), its bytes for the memory plan, and which of its fields are per-head columns
 (with a label) and which values it gives per condition.
-:data:`poskernel_tl.reducers.registry.STATISTICS` lists them; from that list
+:data:`poskernel_tl.statistics.registry.STATISTICS` lists them; from that list
 ``pk.measure`` builds the reducers and the result's parts, ``ConditionResult`` saves,
 loads and checks them, the per-head table (``heads.csv``) gains the declared columns (and
 with it the report's per-head tables, the atlas and the head viewer's rows), every head

@@ -55,10 +55,10 @@ from poskernel_tl.models.softmax_ops import cap_scores
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
-from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec
 from poskernel_tl.reducers.tile_sums import null_tile_stats
 from poskernel_tl.reducers.two_sided import check_two_sided, sides
 from poskernel_tl.schema import Part, stored
+from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec
 
 
 @dataclass

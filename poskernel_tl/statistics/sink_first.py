@@ -18,7 +18,7 @@ the first ``null_seqs`` evaluation sequences and, for a causal model, the first
 MAX_POS tokens α is that of the sequences cut to it). A sliding window's row that no
 longer holds key k puts no weight on it (and still counts among the T − k rows).
 
-:mod:`poskernel_tl.reducers.sink_mass` keeps the earlier, pooled statistic (the mean weight
+:mod:`poskernel_tl.statistics.sink_mass` keeps the earlier, pooled statistic (the mean weight
 on key 0 over rows t ≥ 1 and sequences), which is not Gu et al.'s.
 """
 
@@ -30,8 +30,8 @@ from jaxtyping import Float
 
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import PatternReader
-from poskernel_tl.reducers.statistic import StatisticContext, StatisticSpec, mean_of
 from poskernel_tl.schema import Part, column, stored
+from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec, mean_of
 
 EPSILON = 0.3  # Gu et al.'s ε
 KEYS = 5  # α_k kept for k = 0 … KEYS − 1
