@@ -13,7 +13,7 @@ from test_softmax_terms import softmax_patterns
 from tiny_models import softmax_loaded, tiny_loaded
 
 import poskernel_tl as pk
-from poskernel_tl.fit.geometry import Geometry
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.report.head_page import declared

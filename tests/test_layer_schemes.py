@@ -19,10 +19,10 @@ from transformer_lens.head_detector import (
 
 import poskernel_tl as pk
 from poskernel_tl import constants as C
-from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.fit.kernel_class import CLASSES
 from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, shift_invariance_r2
 from poskernel_tl.fit.variants import region_sums
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.scheme import summary
 from poskernel_tl.models.scheme_reader import attention_modules, read_layers
 from poskernel_tl.reducers import GramReducer, LayerBatch

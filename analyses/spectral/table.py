@@ -22,7 +22,7 @@ from poskernel_tl.analyses.spectral.processing import (
     span,
     spectrum,
 )
-from poskernel_tl.fit.geometry import Geometry
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.protocol import HEAD_THRESHOLD
 
 HEAD_COLUMNS = [

@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.fit.geometry import Geometry
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.plan.config import MeasureConfig
 from poskernel_tl.reducers.base import LayerBatch

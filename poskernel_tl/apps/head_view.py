@@ -29,7 +29,6 @@ from poskernel_tl.apps.head_statistics import head_statistics, statistic_values
 from poskernel_tl.apps.head_zoom import HeadZoom
 from poskernel_tl.data.sequences import token_strings
 from poskernel_tl.fit.blocks import fit_mask
-from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.fit.kernel_class import head_kernels
 from poskernel_tl.fit.toeplitz import (
     lag_counts,
@@ -41,6 +40,7 @@ from poskernel_tl.fit.variants import variant_r2
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.io import sentence
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.models.softmax_ops import attention_pattern, head_logits, sink_logits
 from poskernel_tl.reducers.track_a_result import NO_SINK

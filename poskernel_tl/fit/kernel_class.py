@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float
 
+from poskernel_tl.fit.toeplitz import layer_lag_counts
+
 THRESHOLDS = {"content_r2_without_null": 0.05, "prev_share": 0.5, "sink_share": 0.5,
               "local_width_fraction": 1 / 16, "periodic_share": 0.25, "decay_r2": 0.5}
 CLASSES = ("content", "previous-token", "sink", "local", "periodic", "decay", "other")
@@ -142,7 +144,8 @@ def condition_kernels(r) -> pd.DataFrame | None:
     condition's columns first; None for a result saved without the sink column's mean."""
     if r.g_sink is None:
         return None
-    counts = r.geometry.lag_counts()[:, 0].numpy()
+    g = r.geometry
+    counts = layer_lag_counts(g.length, g.max_lags, g.n_layers)[:, 0].numpy()
     df = head_kernels(np.asarray(r.g_pooled, np.float64), np.asarray(r.g_sink, np.float64),
                       counts, r.r2_pooled, r.r2_perm_null, r.g_pooled_back, r.thetas)
     for i, (name, value) in enumerate((("model", r.model), ("dataset", r.dataset),

@@ -38,10 +38,10 @@ from torch import Tensor
 from poskernel_tl import constants as C
 from poskernel_tl.data.inputs import CenteringTokens, Tokens, checked_tokens
 from poskernel_tl.errors import UserError
-from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.measurement.pe_kernel import NoPositionTableError, is_post_ln, pe_kernel_part
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel, dtype_name
 from poskernel_tl.models.scheme import summary as scheme_summary
 from poskernel_tl.plan.batching import Plan, Workload, batched, plan_measure
@@ -148,7 +148,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     sequences (default 0..n−1); ``config``: saved with the result. ``length``: strings
     (and tensors) are cut to this many tokens, a shorter one refused; without it both sets
     are cut to their shortest sequence and the result's notes say so. ``geometry``: the
-    run's, already checked against ``model`` (:class:`~poskernel_tl.fit.geometry.Geometry`;
+    run's, already checked against ``model`` (:class:`~poskernel_tl.models.geometry.Geometry`;
     default: made and checked here), handed to every reducer.
     """
     t0, opts = time.time(), MeasureConfig(**options)

@@ -25,7 +25,6 @@ import pandas as pd
 from jaxtyping import Int
 
 from poskernel_tl import constants as C
-from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.fit.toeplitz import two_sided
 from poskernel_tl.hooks import kv_head_map
 from poskernel_tl.measurement import store, tables
@@ -35,6 +34,7 @@ from poskernel_tl.measurement.parts import (
     owner,
     part_classes,
 )
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.reducers import GramResult, TrackAResult
 from poskernel_tl.schema import Part

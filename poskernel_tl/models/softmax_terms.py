@@ -20,7 +20,7 @@ transform it; the fit of a head must read exactly what its softmax reads. A
   them; the attention pattern (the previous-token score, the head view) divides by them.
 - ``chunk``: a chunked causal mask (Llama 4): query t reads key s ≤ t of its own chunk
   of ``chunk`` positions. For T ≤ chunk it keeps every causal entry (a longer length is
-  refused: :meth:`poskernel_tl.fit.geometry.Geometry.checked`).
+  refused: :meth:`poskernel_tl.models.geometry.Geometry.checked`).
 
 The tensor side (folding the terms into q and k, the cap, the pattern with sinks) is
 :mod:`~poskernel_tl.models.softmax_ops`; reading them from a model is

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from poskernel_tl.data.datasets import check_dataset, saves_logits_by_default
 from poskernel_tl.errors import UserError
-from poskernel_tl.fit.geometry import Geometry
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.registry import EMBEDDED_DEFAULT, ModelSpec, resolve
 from poskernel_tl.sizes import check_batch_size, parse_memory
 

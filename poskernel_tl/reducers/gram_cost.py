@@ -7,7 +7,7 @@ reducer states of itself and picks, per kind of layer, the path by
 import itertools
 import math
 
-from poskernel_tl.fit.geometry import Geometry
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.reducers.lag_sums import MOMENT_BYTES
 from poskernel_tl.reducers.two_sided import sides

@@ -12,11 +12,11 @@ import torch
 from poskernel_tl import constants as C
 from poskernel_tl import protocol
 from poskernel_tl.data.sequences import centering_mask, ensure_sequences, eval_mask
-from poskernel_tl.fit.geometry import Geometry
 from poskernel_tl.folder import check_space
 from poskernel_tl.measurement.measure import measure
 from poskernel_tl.measurement.parts import condition_dims, planned_bytes
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel, load_model, resolve_device
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.plan.config import RunConfig

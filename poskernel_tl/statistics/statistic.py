@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from poskernel_tl.fit.geometry import Geometry
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.schema import Part
@@ -32,7 +32,7 @@ from poskernel_tl.schema import Part
 @dataclass(frozen=True)
 class StatisticContext:
     """What a statistic's reducer is built from: the model, the run's geometry (its
-    length, mask and per-layer offsets: :class:`~poskernel_tl.fit.geometry.Geometry`),
+    length, mask and per-layer offsets: :class:`~poskernel_tl.models.geometry.Geometry`),
     the number of evaluation sequences and the run's options (a
     :class:`~poskernel_tl.plan.config.MeasureConfig`)."""
 

@@ -12,11 +12,7 @@ past it: its kept entries are then no function of the offset alone.
 
 from dataclasses import dataclass
 
-from jaxtyping import Float
-from torch import Tensor
-
 from poskernel_tl.errors import UserError
-from poskernel_tl.fit.toeplitz import layer_lag_counts
 from poskernel_tl.models.registry import ModelSpec
 
 
@@ -79,13 +75,6 @@ class Geometry:
     def window(self, layer: int) -> int | None:
         """The last offset layer ``layer`` keeps where a window cuts its triangle, else None."""
         return self.lags[layer] if self.lags[layer] < self.length - 1 else None
-
-    def lag_counts(self, row_lo: int = 0, row_hi: int | None = None,
-                   device=None) -> Float[Tensor, "layer 1 lag"]:
-        """n(Δ) of every layer, Δ = 1..T−1, over query rows [row_lo, row_hi)
-        (:func:`~poskernel_tl.fit.toeplitz.layer_lag_counts`)."""
-        return layer_lag_counts(self.length, self.max_lags, self.n_layers, row_lo, row_hi,
-                                device)
 
 
 __all__ = ["Geometry"]
