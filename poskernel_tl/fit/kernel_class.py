@@ -37,6 +37,13 @@ from poskernel_tl.fit.toeplitz import layer_lag_counts
 THRESHOLDS = {"content_r2_without_null": 0.05, "prev_share": 0.5, "sink_share": 0.5,
               "local_width_fraction": 1 / 16, "periodic_share": 0.25, "decay_r2": 0.5}
 CLASSES = ("content", "previous-token", "sink", "local", "periodic", "decay", "other")
+# the per-head table's descriptor columns a head view shows, with their labels
+DESCRIPTORS = {"R2_pooled": "Track A R² (pooled)", "null_max": "R² of the null (max)",
+               "prev_share": "previous-token share", "sink_share": "sink share",
+               "peak_lag": "peak lag Δ", "peak_margin": "peak margin",
+               "width": "local width (offsets)", "decay_slope": "decay slope over ln Δ",
+               "decay_r2": "decay R²", "periodic_share": "periodic share",
+               "periodic_theta": "matched θᵢ (rad/token)"}
 
 
 def _logcum(x: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ import numpy as np
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import LABELS, SOURCES
+from poskernel_tl.fit.kernel_class import DESCRIPTORS
 from poskernel_tl.measurement.parts import head_labels
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.panels import KERNEL_SECTION
@@ -39,12 +40,6 @@ HEAD_FIELDS = ("status", "preregistered", "n_peaks_found", "n_significant", "n_m
                "frac_matched", "criterion_met", "chance", "p_value", "aligned", "fpr",
                "ref_peak_r", "gate_met")
 PEAK_FIELDS = ("omega", "magnitude", "significant", "matched", "nearest_theta", "rel_error")
-KERNEL_FIELDS = (("R2_pooled", "Track A R² (pooled)"), ("null_max", "R² of the null (max)"),
-                 ("prev_share", "previous-token share"), ("sink_share", "sink share"),
-                 ("peak_lag", "peak lag Δ"), ("peak_margin", "peak margin"),
-                 ("width", "local width (offsets)"), ("decay_slope", "decay slope over ln Δ"),
-                 ("decay_r2", "decay R²"), ("periodic_share", "periodic share"),
-                 ("periodic_theta", "matched θᵢ (rad/token)"))
 
 
 def condition_key(model: str, dataset: str, length: int) -> str:
@@ -112,7 +107,7 @@ def kernel_rows(r: ConditionResult) -> dict:
     if heads is None:
         return {**entry, "status": "not run",
                 "message": "measured before kernel classes: run poskernel run again"}
-    cols = [(c, label) for c, label in (*KERNEL_FIELDS, *head_labels().items())
+    cols = [(c, label) for c, label in (*DESCRIPTORS.items(), *head_labels().items())
             if c in heads.columns]
     values: list = [None] * (r.n_layers * r.n_heads)
     for row in heads.to_dict("records"):
