@@ -13,6 +13,7 @@ each line as a total, per sequence of the run and per evaluation sequence; fixed
 import argparse
 import collections
 import os
+import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,6 +25,7 @@ import poskernel_tl.reducers as reducers  # noqa: E402
 from poskernel_tl.measurement.measure import forward_pass  # noqa: E402
 from poskernel_tl.plan.allocator import reuse_freed_memory  # noqa: E402
 from poskernel_tl.plan.batching import device_cap  # noqa: E402
+from poskernel_tl.statistics.registry import STATISTICS  # noqa: E402
 
 SECONDS: dict[str, float] = collections.defaultdict(float)
 
@@ -42,6 +44,17 @@ def timed_method(cls: type, name: str) -> None:
     setattr(cls, name, wrapper)
 
 
+def reducer_classes() -> list[type]:
+    """The engine's reducers and every registered statistic's (the ``*Reducer`` classes of
+    the module that declares it)."""
+    found = [getattr(reducers, name) for name in reducers.__all__ if name.endswith("Reducer")]
+    for stat in STATISTICS.values():
+        module = sys.modules[stat.part.__module__]
+        found += [c for name, c in vars(module).items() if name.endswith("Reducer")
+                  and isinstance(c, type) and c.__module__ == module.__name__]
+    return list(dict.fromkeys(found))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("length", type=int)
@@ -52,11 +65,9 @@ def main() -> None:
     args = ap.parse_args()
     reuse_freed_memory()  # as the poskernel command (POSKERNEL_MALLOC=default: glibc's own)
     torch.set_num_threads(args.threads)
-    for name in reducers.__all__:
-        cls = getattr(reducers, name)
-        if name.endswith("Reducer"):
-            timed_method(cls, "update")
-            timed_method(cls, "result")
+    for cls in reducer_classes():
+        timed_method(cls, "update")
+        timed_method(cls, "result")
     model = pk.load_model("smollm2-135m", device="cpu", attention="sdpa", progress=False)
     ids = torch.randint(100, model.bridge.cfg.d_vocab - 100, (args.n, args.length),
                         generator=torch.Generator().manual_seed(0))
