@@ -13,7 +13,8 @@ from test_layer_schemes import hf_eager_logits, naive_r2
 import poskernel_tl as pk
 from poskernel_tl.models.embedded import from_gguf
 
-pytestmark = pytest.mark.gemma3
+# slow: loading the model (its GGUF dequantized, ≈ 95 s) is most of it
+pytestmark = [pytest.mark.gemma3, pytest.mark.slow]
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext2_test_raw.txt"
 T = 640  # past the 512-token window, so the window removes entries
 

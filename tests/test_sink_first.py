@@ -95,6 +95,7 @@ def test_smollm2_equals_the_released_computation(smollm2):
 
 
 @pytest.mark.smollm2
+@pytest.mark.slow  # two runs of 30 layers on longer sequences (≈ 50 s)
 def test_smollm2_puts_no_sink_on_repeated_tokens(smollm2):
     """Gu et al.'s finding for RoPE models (Mistral, LLaMA: Sink₁ 0.00 % on repeated
     tokens) holds for the embedded SmolLM2 at their T = 64 on 100 sequences, while random

@@ -96,6 +96,7 @@ def _conversion_round_trip(name: str, monkeypatch, tmp_path, text: str):
     assert all(torch.equal(a[k], third.state_dict()[k]) for k in a)
 
 
+@pytest.mark.slow  # three conversions of the GGUF file (≈ 50 s)
 def test_the_gguf_conversion_is_kept_and_read_back_the_same(monkeypatch, tmp_path):
     _conversion_round_trip("smollm2-135m", monkeypatch, tmp_path,
                            "def f(x):\n    return x ** 2  # Héllo, wörld! 1905 " * 8)

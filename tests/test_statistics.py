@@ -60,8 +60,9 @@ def no_sync(update, seen: set, name: str):
     return checked
 
 
-@pytest.mark.parametrize("arch,tiled", [("llama", False), ("gpt_oss", False), ("bloom", False),
-                                        ("gemma2", False), ("gpt_oss", True), ("bloom", True)])
+@pytest.mark.parametrize("arch,tiled", [
+    ("llama", False), ("gpt_oss", False), ("bloom", False), ("gemma2", False),
+    ("gpt_oss", True), pytest.param("bloom", True, marks=pytest.mark.slow)])
 def test_no_reducer_syncs_in_update(arch, tiled, tiny_tokenizer, monkeypatch):
     """Every reducer of a run with every statistic on (the centering means, Track A,
     Track B, whitening, the null, saved logits, the pattern statistics) updates without a
