@@ -68,6 +68,11 @@ class AnalysisSpec:
     # True: defined for bidirectional (encoder) models too; False: reads the causal
     # triangle only, and an encoder is refused rather than given a one-sided answer
     bidirectional: bool = False
+    # the head view's panels: given what the analysis saved for a condition (its loaded
+    # table, or the spectral analysis' SavedSpectral) and the condition's result, a
+    # function of (layer, head) returning panel dicts (:mod:`poskernel_tl.panels`' kinds)
+    # with a ``shared`` dict of the arrays they name (e.g. ``"omega"``); None: no panel
+    head_panels: Callable[[Any, ConditionResult], Callable[[int, int], list[dict]]] | None = None
 
     @property
     def suffix(self) -> str:

@@ -7,12 +7,16 @@ a histogram over sequences. The head page's builder
 (:mod:`poskernel_tl.report.head_page`) collects the panels of every part a result holds,
 for the report's head views and for ``pk.inspect_head`` alike, and the page's script
 draws each kind the same way whoever declared it: a statistic's panel is one line of its
-own module.
+own module. The JSON shape of each kind (:func:`curve`, :func:`histogram`, :func:`matrix`,
+:func:`message`, a curve's :func:`series`) is made here too, for the builder and for an
+analysis that draws its own panels from its saved files (``AnalysisSpec.head_panels``).
 """
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from poskernel_tl.encode import num, typed
 
 KINDS = ("number", "curve", "matrix", "histogram")
 KERNEL_SECTION = "Positional kernel g(Δ)"  # where the g(Δ) of every source is drawn
@@ -80,4 +84,63 @@ class Panel:
         return float(np.asarray(getattr(part, self.marker))[layer, head])
 
 
-__all__ = ["KERNEL_NOTE", "KERNEL_SECTION", "KINDS", "ORANGE", "Panel"]
+# ------------------------------------------------------------ the kinds' shapes
+def fixed(x, digits: int) -> str:
+    return "–" if num(x) is None else f"{float(x):.{digits}f}"
+
+
+def sig(x) -> str:
+    """Four significant digits, trailing zeros dropped ("–" for None/NaN)."""
+    if num(x) is None:
+        return "–"
+    v = float(f"{float(x):.4g}")
+    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+
+
+def yes(x) -> str:
+    return "–" if x is None else "yes" if x else "no"
+
+
+# ------------------------------------------------------------------ panel kinds
+def series(y, *, name: str = "", first: int = 1, x=None, color: str | None = None,
+           dash: str | None = None, mode: str = "lines", symbol: str | None = None) -> dict:
+    """One trace of a curve: ``y`` (an array, sent as float32; a typed array or a list as
+    given), x = ``x`` (an array, a list, or the name of an array the page's file shares)
+    or ``first``, ``first`` + 1, …; a trace may carry a ``scale`` its y are multiplied by
+    (a half-precision display copy)."""
+    y = typed(y, "f4") if isinstance(y, np.ndarray) else y
+    return {"y": y, "x": x, "first": first, "name": name, "color": color, "dash": dash,
+            "mode": mode, "symbol": symbol}
+
+
+def curve(section: str, traces: list[dict], *, x_label: str, y_label: str, title: str = "",
+          note: str = "", log_x: bool = False, log_y: bool = False, width: str = "half",
+          vlines=(), tables=(), legend: bool | None = None) -> dict:
+    return {"kind": "curve", "section": section, "sectionNote": note, "title": title,
+            "series": traces, "xLabel": x_label, "yLabel": y_label, "logX": log_x,
+            "logY": log_y, "width": width, "vlines": [num(v) for v in vlines],
+            "tables": list(tables), "legend": len(traces) > 1 if legend is None else legend}
+
+
+def histogram(section: str, values: np.ndarray, *, x_label: str, y_label: str,
+              note: str = "", marker: float | None = None) -> dict:
+    return {"kind": "histogram", "section": section, "sectionNote": note, "title": "",
+            "values": typed(values, "f4"), "xLabel": x_label, "yLabel": y_label,
+            "marker": num(marker), "width": "half"}
+
+
+def matrix(section: str, z: np.ndarray, *, x_label: str, y_label: str,
+           note: str = "") -> dict:
+    return {"kind": "matrix", "section": section, "sectionNote": note, "title": "",
+            "z": typed(z, "f4"), "shape": list(np.shape(z)), "xLabel": x_label,
+            "yLabel": y_label, "width": "half"}
+
+
+def message(section: str, status: str, text: str) -> dict:
+    return {"kind": "message", "section": section, "sectionNote": "", "status": status,
+            "text": text}
+
+
+
+__all__ = ["KERNEL_NOTE", "KERNEL_SECTION", "KINDS", "ORANGE", "Panel", "curve", "fixed",
+           "histogram", "matrix", "message", "series", "sig", "yes"]

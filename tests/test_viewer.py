@@ -254,3 +254,33 @@ def test_data_files_are_written_in_pieces_as_one_text(tmp_path):
     assert text == ('(window.PK_DATA = window.PK_DATA || {})["m/d_8"] = ' +
                     json_for_script(payload) + ";\n")
     assert "</script>" not in text and "\u2028" not in text
+
+
+def test_an_analysis_declares_its_head_panels(site, monkeypatch):
+    """A panel an analysis declares (``AnalysisSpec.head_panels``, as the spectral analysis
+    declares its spectra) reaches every head's page with the arrays it shares, given what
+    the analysis saved for the condition (here nothing: its status says "not run")."""
+    from poskernel_tl.analyses import registry
+    from poskernel_tl.analyses.base import AnalysisSpec
+    from poskernel_tl.panels import curve, series
+    from poskernel_tl.report.collect import Decoders, read_condition
+    from poskernel_tl.report.viewer_data import condition_payload
+
+    class Ramp:
+        def __init__(self, saved, r):
+            self.shared, self.status, self.n = {"ramp_x": [0, 1, 2]}, saved.status, r.n_heads
+
+        def __call__(self, layer, head):
+            return [curve("Ramp", [series([layer, head, self.n], x="ramp_x")], x_label="x",
+                          y_label="y", note=self.status)]
+
+    monkeypatch.setitem(registry.REGISTRY, "ramp", AnalysisSpec(
+        name="ramp", title="Ramp", guide="a test", compute=None, head_panels=Ramp))
+    r = site["prose"]
+    payload = condition_payload(read_condition(site["out"], (r.model, "prose", T), Decoders()))
+    assert payload["shared"]["ramp_x"] == [0, 1, 2] and "omega" in payload["shared"]
+    for i, page in enumerate(payload["heads"]):
+        sections = [p["section"] for p in page["panels"]]
+        assert sections.count("Ramp") == 1 and sum(s.startswith("Spectrum") for s in sections) == 2
+        ramp = next(p for p in page["panels"] if p["section"] == "Ramp")
+        assert ramp["series"][0]["y"] == [i // H, i % H, H] and ramp["sectionNote"] == "not run"

@@ -72,6 +72,7 @@ from poskernel_tl.analyses.spectral.processing import (
     two_sided_for_spectrum,
 )
 from poskernel_tl.analyses.spectral.table import layer_groups, spectral_table_by_layers
+from poskernel_tl.analyses.spectral.view import SpectrumPanels
 from poskernel_tl.errors import ResultFileError
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.plan.config import option
@@ -283,4 +284,5 @@ SPEC = AnalysisSpec(
     head_rows=(("frac_matched", "fraction of top peaks matched to a θᵢ"),
                ("p_value", "alignment p-value")),
     guide="The DFT of g(Δ) against the positional-encoding frequencies θᵢ: peaks that are "
-          "significant and lie within the matching tolerance of a θᵢ.")
+          "significant and lie within the matching tolerance of a θᵢ.",
+    head_panels=SpectrumPanels)

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from poskernel_tl import constants as C
+from poskernel_tl.analyses.base import AnalysisSpec
+from poskernel_tl.analyses.spectral import SPEC as SPECTRAL
 from poskernel_tl.analyses.spectral.io import SavedSpectral, read_spectral
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import extras, figures
@@ -50,6 +52,14 @@ class SavedCondition:
     tokens: list[str] | None = None
     kept: dict = field(default_factory=dict)  # what Figure 4 reads of ``kept_head``
     kept_head: tuple[int, int] | None = None
+
+    def saved(self, analysis: AnalysisSpec):
+        """What ``analysis`` saved for this condition: the spectral files as read, or the
+        analysis' table (:class:`~poskernel_tl.report.extras.Loaded`; its status says
+        whether it was run)."""
+        if analysis.name == SPECTRAL.name:
+            return self.spectral
+        return self.extras.get(analysis.name) or extras.Loaded(analysis, Path())
 
     @property
     def key(self) -> Key:

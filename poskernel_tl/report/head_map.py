@@ -19,11 +19,11 @@ import pandas as pd
 
 from poskernel_tl import constants as C
 from poskernel_tl.analyses.spectral.io import read_spectral
+from poskernel_tl.encode import typed
 from poskernel_tl.measurement.parts import head_labels
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import extras, nulls
 from poskernel_tl.report.collect import SavedCondition
-from poskernel_tl.report.encode import typed
 from poskernel_tl.report.html import json_for_script, write_page
 from poskernel_tl.report.tables import dataset_label
 from poskernel_tl.report.viewer_data import DATA_DIR, condition_key

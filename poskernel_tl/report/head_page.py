@@ -12,77 +12,27 @@ browser:
   pattern where hooked, its g(Δ) and R², its tokens — the circuitsvis pattern and the
   logits/fit/residual maps; or ``long`` / ``longFiles``: the long view;
 - ``panels``: each ``{"kind": "curve" | "histogram" | "matrix" | "message", "section",
-  "sectionNote", ...}``; consecutive panels of one section share its row. The positional
-  kernels and spectra are built here; every part's declared panels
-  (:class:`~poskernel_tl.panels.Panel`, ``Part.PANELS``) are read by :func:`declared`;
+  "sectionNote", ...}`` (the kinds' shapes: :mod:`poskernel_tl.panels`); consecutive
+  panels of one section share its row. Every part's declared panels
+  (:class:`~poskernel_tl.panels.Panel`, ``Part.PANELS``) are read by :func:`declared`,
+  every analysis' (``AnalysisSpec.head_panels``: the spectra, the spectral analysis')
+  by the hosts from its saved files;
 - ``tables``: the "Further analyses" tables (``title``, ``columns``, ``rows`` or
   ``message``).
 """
 
 import numpy as np
 
-from poskernel_tl.panels import KERNEL_NOTE, KERNEL_SECTION, Panel
-from poskernel_tl.report.encode import num, typed
-
-SPECTRUM_NOTE = ("Dashed: the model's rotary frequencies θᵢ. Triangles: the top peaks (filled: "
-                 "significant; green: within ±10% of a θᵢ).")
-
-
-# ------------------------------------------------------------------- text
-def fixed(x, digits: int) -> str:
-    return "–" if num(x) is None else f"{float(x):.{digits}f}"
-
-
-def sig(x) -> str:
-    """Four significant digits, trailing zeros dropped ("–" for None/NaN)."""
-    if num(x) is None:
-        return "–"
-    v = float(f"{float(x):.4g}")
-    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
-
-
-def yes(x) -> str:
-    return "–" if x is None else "yes" if x else "no"
-
-
-# ------------------------------------------------------------------ panel kinds
-def series(y, *, name: str = "", first: int = 1, x=None, color: str | None = None,
-           dash: str | None = None, mode: str = "lines", symbol: str | None = None) -> dict:
-    """One trace of a curve: ``y`` (an array, sent as float32; a typed array or a list as
-    given), x = ``x`` (an array, a list, or the name of an array the page's file shares)
-    or ``first``, ``first`` + 1, …; a trace may carry a ``scale`` its y are multiplied by
-    (a half-precision display copy)."""
-    y = typed(y, "f4") if isinstance(y, np.ndarray) else y
-    return {"y": y, "x": x, "first": first, "name": name, "color": color, "dash": dash,
-            "mode": mode, "symbol": symbol}
-
-
-def curve(section: str, traces: list[dict], *, x_label: str, y_label: str, title: str = "",
-          note: str = "", log_x: bool = False, log_y: bool = False, width: str = "half",
-          vlines=(), tables=(), legend: bool | None = None) -> dict:
-    return {"kind": "curve", "section": section, "sectionNote": note, "title": title,
-            "series": traces, "xLabel": x_label, "yLabel": y_label, "logX": log_x,
-            "logY": log_y, "width": width, "vlines": [num(v) for v in vlines],
-            "tables": list(tables), "legend": len(traces) > 1 if legend is None else legend}
-
-
-def histogram(section: str, values: np.ndarray, *, x_label: str, y_label: str,
-              note: str = "", marker: float | None = None) -> dict:
-    return {"kind": "histogram", "section": section, "sectionNote": note, "title": "",
-            "values": typed(values, "f4"), "xLabel": x_label, "yLabel": y_label,
-            "marker": num(marker), "width": "half"}
-
-
-def matrix(section: str, z: np.ndarray, *, x_label: str, y_label: str,
-           note: str = "") -> dict:
-    return {"kind": "matrix", "section": section, "sectionNote": note, "title": "",
-            "z": typed(z, "f4"), "shape": list(np.shape(z)), "xLabel": x_label,
-            "yLabel": y_label, "width": "half"}
-
-
-def message(section: str, status: str, text: str) -> dict:
-    return {"kind": "message", "section": section, "sectionNote": "", "status": status,
-            "text": text}
+from poskernel_tl.encode import num
+from poskernel_tl.panels import (
+    KERNEL_NOTE,
+    KERNEL_SECTION,
+    Panel,
+    curve,
+    histogram,
+    matrix,
+    series,
+)
 
 
 # ----------------------------------------------------------- declared panels
@@ -165,52 +115,6 @@ def kernel_panels(kernels: list[dict]) -> list[dict]:
     return out
 
 
-def spectrum_panel(label: str, omega: np.ndarray, power: np.ndarray, thetas, *,
-                   peaks: list[dict] = (), summary: list = (), shared_x: str | None = None
-                   ) -> dict:
-    """|ĝ(ω)|² over ω > 0 (log-log) with the rotary frequencies marked and the top
-    ``peaks`` (dicts of omega, magnitude, significant, matched, nearest_theta,
-    rel_error) as markers and a table; ``summary``: (quantity, text) rows. ``shared_x``:
-    the name under which the page's file holds ω > 0 for every head (else it travels
-    with the panel)."""
-    x = np.asarray(omega, np.float64)[1:]
-    kinds = (("significant, matched", "triangle-down", "#2ca02c",
-              lambda p: p["significant"] and p["matched"]),
-             ("significant, unmatched", "triangle-down", "#d62728",
-              lambda p: p["significant"] and not p["matched"]),
-             ("not significant", "triangle-down-open", "#000", lambda p: not p["significant"]))
-    y = np.asarray(power, np.float64)[1:]
-    scale = float(np.nanmax(y)) if np.isfinite(y).any() and np.nanmax(y) > 0 else 1.0
-    traces = [{**series(typed(y / scale, "f2"), name="|ĝ(ω)|² as analysed",
-                        x=shared_x or typed(x, "f8")), "scale": scale}]  # a display copy
-    for name, symbol, color, chosen in kinds:
-        mine = [p for p in peaks if chosen(p)]
-        traces.append(series([num(p["magnitude"] ** 2) for p in mine], mode="markers",
-                             x=[num(p["omega"]) for p in mine], name=name, color=color,
-                             symbol=symbol))
-    lines = [t for t in (thetas if thetas is not None else ())
-             if len(x) and x[0] <= t <= np.pi]
-    tables = [] if not peaks and not summary else [
-        {"columns": ["", ""], "rows": [[str(a), str(b)] for a, b in summary]},
-        peak_table(label, peaks)]
-    return curve("Spectrum — " + label, traces, note=SPECTRUM_NOTE, x_label="ω (rad/token)",
-                 y_label="power", log_x=True, log_y=True, width="full", vlines=lines,
-                 legend=True, tables=tables)
-
-
-def peak_table(label: str, peaks: list[dict]) -> dict:
-    """The top peaks as a table; the ω cells carry their value (``data-value``)."""
-    rows = [[str(i + 1), {"text": fixed(p["omega"], 4), "attrs": {
-                "data-pk": "omega", "data-value": repr(float(p["omega"]))}},
-             fixed(2 * np.pi / p["omega"], 1) if num(p["omega"]) else "–",
-             yes(p["significant"]), yes(p["matched"]), fixed(p["nearest_theta"], 4),
-             "–" if num(p["rel_error"]) is None else f"{100 * p['rel_error']:.1f}%"]
-            for i, p in enumerate(peaks)]
-    return {"columns": ["rank", "ω (rad/token)", "period (tokens)", "significant", "matched",
-                        "nearest θᵢ", "rel. error"], "rows": rows,
-            "attrs": {"data-pk-peaks": label}}
-
-
 def page(title: str, *, numbers: list, panels: list, anchor: str | None = None,
          notes=(), links=(), seq: dict | None = None, tables=(), long: dict | None = None,
          long_files: dict | None = None) -> dict:
@@ -220,6 +124,4 @@ def page(title: str, *, numbers: list, panels: list, anchor: str | None = None,
             "panels": panels, "tables": list(tables)}
 
 
-__all__ = ["KERNEL_SECTION", "curve", "declared", "fixed", "histogram", "kernel_panels",
-           "matrix", "message", "page", "panel_entry", "arrange", "peak_table", "series", "sig",
-           "spectrum_panel", "yes"]
+__all__ = ["arrange", "declared", "kernel_panels", "page", "panel_entry"]

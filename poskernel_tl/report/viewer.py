@@ -22,12 +22,14 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float
 
+from poskernel_tl.analyses.spectral.view import spectrum_panel
 from poskernel_tl.constants import VIEW_TOKENS
+from poskernel_tl.encode import num, typed
 from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.fit.one_matrix import matrix_fit
 from poskernel_tl.io import atomic_write
+from poskernel_tl.panels import histogram
 from poskernel_tl.report import head_page as HP
-from poskernel_tl.report.encode import num, typed
 from poskernel_tl.report.html import (
     ASSETS_DIR,
     bundle_js,
@@ -210,10 +212,10 @@ def head_payload(data: HeadPageData, max_tokens: int = VIEW_TOKENS, *,
                                    ("Track A g(Δ)", data.g_trackA, data.g_trackA_back),
                                    ("Track B g(Δ)", data.g_trackB, None)) if v is not None])
     if data.spectrum is not None:  # the peaks and the alignment are tables, made in Python
-        panels.append(HP.spectrum_panel("g(Δ)", *data.spectrum, data.thetas))
+        panels.append(spectrum_panel("g(Δ)", *data.spectrum, data.thetas))
     if data.per_seq_r2 is not None:
-        panels.append(HP.histogram("Per-sequence R²", data.per_seq_r2,
-                                   x_label="R² per sequence", y_label="sequences"))
+        panels.append(histogram("Per-sequence R²", data.per_seq_r2,
+                                x_label="R² per sequence", y_label="sequences"))
     tables = [_frame_table(k, v) for k, v in data.tables.items()]
     if data.beyond is not None:
         tables.append(_frame_table("Further analyses", data.beyond))

@@ -4,42 +4,37 @@ The file assigns ``window.PK_DATA[key]`` (``key`` = ``{model}/{dataset}_{T}``, t
 permalink prefix), so the page loads it with a ``<script>`` element from ``file://``
 (Chromium refuses ``fetch()`` of local files). It holds one page per head, built by the
 head page's builder (:mod:`poskernel_tl.report.head_page`) from the numbers the run and
-its analyses saved — R², the g(Δ) of both tracks, per-sequence R², the spectral tables,
-peaks and spectra of both g sources, the further analyses' rows, every part's declared
-panels, and the logits of one saved sequence with that sequence's own g(Δ) — plus what
-the heads share (the token strings of that sequence, the spectra's frequencies). Past
-256 tokens a head's page points to its long view (:mod:`poskernel_tl.report.long_files`).
-Arrays travel as base64 typed arrays (:mod:`poskernel_tl.report.encode`): the logits
+its analyses saved — every part's declared panels (R², the g(Δ) of both tracks,
+per-sequence R², …), every analysis' declared panels (``AnalysisSpec.head_panels``: the
+spectra, peaks and tests of both g sources), the further analyses' rows, and the logits
+of one saved sequence with that sequence's own g(Δ) — plus what the heads share (the
+token strings of that sequence, the arrays the analyses' panels name: the spectra's
+frequencies). Past 256 tokens a head's page points to its long view
+(:mod:`poskernel_tl.report.long_files`). Arrays travel as base64 typed arrays
+(:mod:`poskernel_tl.encode`; :mod:`poskernel_tl.report.logit_codes`): the logits
 (strict lower triangle, row by row) as 8-bit codes per head, value = lo + code × step,
 zlib-compressed, a display copy; every R² shown comes from the result files.
 """
 
 from pathlib import Path
 
-import numpy as np
-
 from poskernel_tl import constants as C
-from poskernel_tl.analyses.spectral.io import LABELS, SOURCES
+from poskernel_tl.analyses.registry import REGISTRY
+from poskernel_tl.encode import num, typed
 from poskernel_tl.fit.kernel_class import DESCRIPTORS
 from poskernel_tl.measurement.parts import head_labels
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.panels import KERNEL_SECTION
+from poskernel_tl.panels import KERNEL_SECTION, sig
 from poskernel_tl.report import extras
 from poskernel_tl.report import head_page as HP
 from poskernel_tl.report.collect import SavedCondition
-from poskernel_tl.report.encode import num, quantize, typed
 from poskernel_tl.report.figures import model_label
 from poskernel_tl.report.html import write_script_data
+from poskernel_tl.report.logit_codes import quantize
 from poskernel_tl.report.tables import dataset_label
 
 DATA_DIR = "data"
 GLOBAL = "PK_DATA"
-SPECTRAL_COMMAND = "poskernel spectral DIR"
-OMEGA = "omega"  # the spectra's frequencies ω > 0, shared by every head of the file
-HEAD_FIELDS = ("status", "preregistered", "n_peaks_found", "n_significant", "n_matched",
-               "frac_matched", "criterion_met", "chance", "p_value", "aligned", "fpr",
-               "ref_peak_r", "gate_met")
-PEAK_FIELDS = ("omega", "magnitude", "significant", "matched", "nearest_theta", "rel_error")
 
 
 def condition_key(model: str, dataset: str, length: int) -> str:
@@ -54,47 +49,6 @@ def head_anchor(model: str, dataset: str, length: int, layer: int, head: int) ->
 
 def data_path(report_dir: str | Path, r: ConditionResult) -> Path:
     return Path(report_dir) / DATA_DIR / f"{r.stem()}.js"
-
-
-def _spectral(cond: SavedCondition, source: str) -> dict:
-    """One source's spectral analysis of the condition: ``status``, ``label``, ``message``
-    and, where it ran, each head's fields and peaks (index layer × n_heads + head)."""
-    saved, r = cond.spectral, cond.result
-    problems = [f"{f}: {why}" for f, why in saved.problems]
-    if not saved.has(source):
-        status = "not run" if source in saved.missing else "unreadable"
-        return {"status": status, "label": LABELS[source], "message": SPECTRAL_COMMAND
-                if status == "not run" else "; ".join(problems) or "incomplete files"}
-    t = saved.tables[source]
-    rows = [dict(zip(HEAD_FIELDS, (num(v) for v in rec))) for rec in
-            t.reindex(columns=list(HEAD_FIELDS)).itertuples(index=False)]
-    peaks: list = [[] for _ in range(r.n_layers * r.n_heads)]
-    for rec in saved.peaks[source].to_dict("records"):
-        peaks[int(rec["layer"]) * r.n_heads + int(rec["head"])].append(
-            {k: num(rec[k]) for k in PEAK_FIELDS})
-    name = str(t["source"].iloc[0])
-    label = LABELS[source] if name != "gram_raw" else \
-        "Track B g, raw Gram: the condition is uncentered (pre-registered)"
-    return {"status": "ok", "label": label, "rows": rows, "peaks": peaks}
-
-
-def _spectrum(cond: SavedCondition, s: dict, source: str, layer: int, head: int) -> dict:
-    """One head's spectrum panel of ``source`` (a message where the analysis is missing)."""
-    if s["status"] != "ok":
-        return HP.message("Spectrum — " + s["label"], s["status"], s["message"])
-    i = layer * cond.result.n_heads + head
-    f = s["rows"][i]
-    summary = [("status", f["status"]), ("aligned with θᵢ (p < 0.05)", HP.yes(f["aligned"])),
-               ("p-value (rescaled-θ null)", HP.sig(f["p_value"])),
-               ("false-positive rate of the test", HP.sig(f["fpr"])),
-               ("significant peaks", f"{HP.fixed(f['n_significant'], 0)} of "
-                                     f"{HP.fixed(f['n_peaks_found'], 0)}"),
-               ("top-5 peaks within ±10% of a θᵢ", f"{HP.fixed(f['n_matched'], 0)} (chance "
-                                                   f"{HP.fixed(f['chance'], 2)})"),
-               ("in the pre-registered analysis", HP.yes(f["preregistered"]))]
-    mags = np.asarray(cond.spectral.spectra[source][layer, head], np.float64)
-    return HP.spectrum_panel(s["label"], cond.spectral.omega, mags ** 2, cond.result.thetas,
-                             peaks=s["peaks"][i], summary=summary, shared_x=OMEGA)
 
 
 def kernel_rows(r: ConditionResult) -> dict:
@@ -127,7 +81,7 @@ def _table(x: dict, i: int) -> dict:
         return {**out, "message": "no row for this head"}
     iv = x["intervals"][i] or [None] * len(x["labels"])
     return {**out, "rows": [
-        [label, HP.sig(v[j]), f"[{HP.sig(iv[j][0])}, {HP.sig(iv[j][1])}]"
+        [label, sig(v[j]), f"[{sig(iv[j][0])}, {sig(iv[j][1])}]"
          if iv[j] and iv[j][0] is not None else "", v[-1] if j == 0 else ""]
         for j, label in enumerate(x["labels"])]}
 
@@ -139,7 +93,8 @@ class _Condition:
     def __init__(self, cond: SavedCondition, long: dict | None):
         r = self.r = cond.result
         self.cond, self.long = cond, long
-        self.spectral = {source: _spectral(cond, source) for source in SOURCES}
+        self.analyses = [a.head_panels(cond.saved(a), r) for a in REGISTRY.values()
+                         if a.head_panels is not None]
         self.tables = [kernel_rows(r)] + extras.viewer_tables(
             cond.extras, r.model, r.dataset, r.length, r.n_layers, r.n_heads)
         self.seq = self.codes = None
@@ -168,8 +123,7 @@ class _Condition:
         numbers, declared = HP.declared(r.parts, layer, head)
         kernel = [p for p in declared if p["section"] == KERNEL_SECTION]
         rest = [p for p in declared if p["section"] != KERNEL_SECTION]
-        spectra = [_spectrum(self.cond, self.spectral[s], s, layer, head)
-                   for s in ("trackB", "trackA")]
+        analyses = [p for panels in self.analyses for p in panels(layer, head)]
         long_files = None if not self.long else {
             "dir": self.long["dir"], "key": condition_key(r.model, r.dataset, r.length),
             "layer": layer, "head": head, "seq": self.long["seq"],
@@ -182,7 +136,7 @@ class _Condition:
                        notes=[weights] if weights else [],
                        numbers=numbers,
                        seq=self.sequence(layer, head), long_files=long_files,
-                       panels=kernel + spectra + rest,
+                       panels=kernel + analyses + rest,
                        tables=[_table(x, i) for x in self.tables])
 
 
@@ -190,12 +144,11 @@ def condition_payload(cond: SavedCondition, long: dict | None = None) -> dict:
     """Every head view of one condition (see the module docstring); ``long``: where its
     heads' long views are (:mod:`poskernel_tl.report.long_files`)."""
     r, shared = cond.result, _Condition(cond, long)
-    omega = cond.spectral.omega
     return {
         "key": condition_key(r.model, r.dataset, r.length), "stem": r.stem(),
         "model": r.model, "dataset": r.dataset, "length": int(r.length),
         "n_layers": r.n_layers, "n_heads": r.n_heads, "tokens": cond.tokens,
-        "shared": {} if omega is None else {OMEGA: typed(np.asarray(omega)[1:], "f8")},
+        "shared": {k: v for panels in shared.analyses for k, v in panels.shared.items()},
         "heads": [shared.page(layer, head) for layer in range(r.n_layers)
                   for head in range(r.n_heads)],
     }
