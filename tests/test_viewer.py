@@ -275,7 +275,8 @@ def test_an_analysis_declares_its_head_panels(site, monkeypatch):
                           y_label="y", note=self.status)]
 
     monkeypatch.setitem(registry.REGISTRY, "ramp", AnalysisSpec(
-        name="ramp", title="Ramp", guide="a test", compute=None, head_panels=Ramp))
+        name="ramp", title="Ramp", guide="a test", compute=lambda inputs, options: pd.DataFrame(),
+        head_panels=Ramp))
     r = site["prose"]
     payload = condition_payload(read_condition(site["out"], (r.model, "prose", T), Decoders()))
     assert payload["shared"]["ramp_x"] == [0, 1, 2] and "omega" in payload["shared"]
