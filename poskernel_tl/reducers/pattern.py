@@ -20,7 +20,7 @@ pattern of the sequences cut to that length, at (MAX_POS / T)² of the cost at l
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl import kernels
@@ -73,8 +73,7 @@ class PatternRows:
         a = torch.einsum("bthd,bshd->bhts", q, k.repeat_interleave(group, dim=2)).mul_(scale)
         p = (cap_scores(a, terms) - self.lse[..., None]).exp_()
         if self.last is not None:
-            lag = torch.arange(self.positions, device=p.device)[:, None] - \
-                torch.arange(k.shape[1], device=p.device)[None]
+            lag = block_offsets(0, self.positions, 0, k.shape[1], p.device)
             p = p * ((lag >= 0) & (lag <= self.last))
         return p
 
@@ -147,6 +146,13 @@ def _pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int |
     return PatternRows(keep, q, k, lse, mass, last, offsets)
 
 
+def block_offsets(r0: int, r1: int, lo: int, hi: int, device=None
+                  ) -> Int[Tensor, "query_pos key_pos"]:
+    """The offsets t − s of query rows [r0, r1) against keys [lo, hi)."""
+    rows = torch.arange(r0, r1, device=device)
+    return rows[:, None] - torch.arange(lo, hi, device=device)[None]
+
+
 def score_blocks(q: Float[Tensor, "seq pos head_index d_logit"],
                  k: Float[Tensor, "seq pos kv_head_index d_logit"], scale: float,
                  last: int | None, terms, rows: int = ROWS, align: int = 1):
@@ -163,8 +169,7 @@ def score_blocks(q: Float[Tensor, "seq pos head_index d_logit"],
         lo, hi = (0, T) if last is None else (max(0, r0 - last) // align * align, r1)
         A = cap_scores(torch.matmul(qg[..., r0:r1, :], kt[..., lo:hi]).mul_(scale), terms)
         if last is not None:  # the block's own mask: keys t − last ≤ s ≤ t
-            lag = torch.arange(r0, r1, device=q.device)[:, None] - \
-                torch.arange(lo, hi, device=q.device)[None]
+            lag = block_offsets(r0, r1, lo, hi, q.device)
             A.masked_fill_((lag < 0) | (lag > last), float("-inf"))
         yield r0, r1, lo, A
 
@@ -187,11 +192,11 @@ def row_logsumexp(q: Float[Tensor, "seq pos head_index d_logit"],
         e = A.sub_(top).exp_()  # the block's own copy: A is not read again
         z = e.sum(-1)
         out[..., r0:r1] = top[..., 0] + z.log()
-        offset = (torch.arange(r0, r1, device=A.device)[:, None] -
-                  torch.arange(lo, lo + A.shape[-1], device=A.device)[None]).abs().to(A)
+        offset = block_offsets(r0, r1, lo, lo + A.shape[-1], A.device).abs().to(A)
         mean[..., r0:r1] = (e * offset).sum(-1) / z
     lse = out.reshape(b, H, T)
     return (lse, mean.reshape(b, H, T)) if offsets else lse
 
 
-__all__ = ["MAX_POS", "ROWS", "PatternRows", "pattern_rows", "row_logsumexp", "score_blocks"]
+__all__ = ["MAX_POS", "ROWS", "PatternRows", "block_offsets", "pattern_rows", "row_logsumexp",
+           "score_blocks"]

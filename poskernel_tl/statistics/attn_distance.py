@@ -21,7 +21,12 @@ from torch import Tensor
 
 from poskernel_tl.panels import Panel
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.pattern import PatternReader, PatternRows, score_blocks
+from poskernel_tl.reducers.pattern import (
+    PatternReader,
+    PatternRows,
+    block_offsets,
+    score_blocks,
+)
 from poskernel_tl.schema import Part, column, stored
 from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec, mean_of
 
@@ -46,8 +51,7 @@ def row_distance(rows: PatternRows, scale: float, terms) -> Float[Tensor, "seq h
     lse = rows.lse.reshape(b, kv, H // kv, T)
     out = lse.new_empty(b, kv, H // kv, T)
     for r0, r1, lo, A in score_blocks(rows.q, rows.k, scale, rows.last, terms):
-        offset = (torch.arange(r0, r1, device=A.device)[:, None] -
-                  torch.arange(lo, lo + A.shape[-1], device=A.device)[None]).abs().to(A)
+        offset = block_offsets(r0, r1, lo, lo + A.shape[-1], A.device).abs().to(A)
         out[..., r0:r1] = ((A - lse[..., r0:r1, None]).exp_() * offset).sum(-1)
     return out.reshape(b, H, T)
 
