@@ -61,3 +61,5 @@ def test_a_run_checks_its_length_once_and_hands_the_geometry_down(tiny_tokenizer
     # called on its own, pk.measure makes (and checks) the geometry of its tokens
     pk.measure(model, torch.randint(3, 200, (2, 16)), progress=False, null_perms=0)
     assert len(made) == 2 and made[1].length == 16 and seen[-1] is made[1]
+    with pytest.raises(ValueError, match="for 24 tokens, the sequences have 16"):
+        pk.measure(model, torch.randint(3, 200, (2, 16)), progress=False, geometry=made[0])

@@ -155,8 +155,11 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     opts.validate()  # bad values fail before any work
     ev_ids, cen_ids, cut = checked_tokens(model, tokens, centering_tokens, length)
     T, dev = ev_ids.shape[1], model.device
-    if geometry is None or geometry.length != T:
+    if geometry is None:
         geometry = Geometry.checked(model.spec, T)
+    elif geometry.length != T:  # a caller's bug, not the user's input
+        raise ValueError(f"the geometry given is for {geometry.length} tokens, the "
+                         f"sequences have {T}")
     hook_scores = choose_scores_path(model, opts.scores)
     mask = check_mask(model)
     if opts.whiten and cen_ids is None:
