@@ -121,24 +121,26 @@ def _arch_configs() -> dict:
 ARCHITECTURES = tuple(_arch_configs())
 
 
-def arch_hf_model(arch: str, seed: int = 0):
+def arch_hf_model(arch: str, seed: int = 0, **overrides):
     """The tiny random Hugging Face causal LM of ``arch`` (eager attention): a config of
-    :func:`_arch_configs` or of :func:`_softmax_configs`."""
+    :func:`_arch_configs` or of :func:`_softmax_configs`, with ``overrides`` set on it."""
     from transformers import AutoModelForCausalLM
 
-    configs = _arch_configs() if arch in ARCHITECTURES else _softmax_configs()
+    config = (_arch_configs() if arch in ARCHITECTURES else _softmax_configs())[arch]
+    for name, value in overrides.items():
+        setattr(config, name, value)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(configs[arch], attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     model.config.architectures = [type(model).__name__]
     return model
 
 
-def arch_loaded(arch: str, tokenizer, seed: int = 0) -> LoadedModel:
+def arch_loaded(arch: str, tokenizer, seed: int = 0, **overrides) -> LoadedModel:
     """``arch`` booted as a bridge with everything read from the model (as ``hf:`` does)."""
     from poskernel_tl.hooks.fast_attention import set_attention
     from poskernel_tl.models.registry import placeholder_spec
 
-    hf = arch_hf_model(arch, seed)
+    hf = arch_hf_model(arch, seed, **overrides)
     spec = describe(hf, placeholder_spec(f"tiny-{arch}", None))
     bridge = boot_bridge(hf, tokenizer)
     return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf,

@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.fit.toeplitz import r2_two_sided, skew_lower
+from poskernel_tl.fit.toeplitz import chunk_rows, r2_two_sided, skew_lower
 
 Block = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]
 
@@ -68,9 +68,10 @@ class Variant:
         return inside
 
     def counts(self, T: int, max_lag: int | None = None, upper: bool = False,
-               device=None) -> Float[Tensor, " lag"]:
-        """n(Δ) of the region, Δ = 1..T−1 (upper: Δ = −1..−(T−1)), within ``max_lag``:
-        per Δ the rows t with t and its key s = t ∓ Δ both in range (O(T), no T×T mask)."""
+               device=None, chunk: int | None = None) -> Float[Tensor, " lag"]:
+        """n(Δ) of the region, Δ = 1..T−1 (upper: Δ = −1..−(T−1)), within ``max_lag``
+        (and, lower side, ``chunk``: a chunked mask's): per Δ the rows t with t and its key
+        s = t ∓ Δ both in range (O(T), no T×T mask)."""
         (r0, r1), (k0, k1) = self.rows, self.keys
         r1, k1 = T if r1 is None else min(r1, T), T if k1 is None else min(k1, T)
         lag = torch.arange(1, T, device=device, dtype=torch.int64)
@@ -81,7 +82,7 @@ class Variant:
             hi = torch.minimum(hi, T - lag)  # s < T
         else:
             lo = torch.maximum(lo, lag)  # s ≥ 0
-        n = (hi - lo).clamp(min=0)
+        n = (hi - lo).clamp(min=0) if chunk is None or upper else chunk_rows(lo, hi, lag, chunk)
         if max_lag is not None:
             n = n * (lag <= max_lag)
         return n.double()
@@ -161,10 +162,11 @@ def regions_sums(skewed: Float[Tensor, "batch head_index pos lag"],
 
 
 def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: bool = True,
-               max_lag: int | None = None) -> float:
+               max_lag: int | None = None, chunk: int | None = None) -> float:
     """R² of the shift-invariant fit over ``variant``'s region of one materialised matrix
-    (the head view's; entry by entry): its strictly lower entries within ``max_lag``, and
-    for a bidirectional model (``causal`` false) its upper ones too, one g per signed lag."""
+    (the head view's; entry by entry): its strictly lower entries within ``max_lag`` (and
+    ``chunk``), and for a bidirectional model (``causal`` false) its upper ones too, one g
+    per signed lag."""
     T = A.shape[-1]
     t = torch.arange(T, device=A.device)[:, None]
     s = torch.arange(T, device=A.device)[None]
@@ -174,8 +176,11 @@ def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: 
         keep = (t > s) & variant.holds(rows, keys)
         if max_lag is not None and not upper:
             keep &= (t - s) <= max_lag
+        if chunk is not None and not upper:
+            keep &= t // chunk == s // chunk
         z = skew_lower(torch.where(keep, M.double(), 0.0))
-        return z.sum(-2), (z * z).sum((-2, -1)), variant.counts(T, max_lag, upper, A.device)
+        return z.sum(-2), (z * z).sum((-2, -1)), variant.counts(T, max_lag, upper, A.device,
+                                                                 chunk)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

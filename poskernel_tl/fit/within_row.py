@@ -27,8 +27,8 @@ K is singular once (g + a, c − a fit alike); r is orthogonal to its null vecto
 solution gives the same g·r. Nothing here holds a T × T matrix: a reducer keeps
 u(Δ) = Σ_{t ∋ Δ} R_x(t)/m_t and Σ_t R_x(t)²/m_t per sequence beside Track A's sums.
 
-**Solving.** A causal layer's row t keeps the offsets 1..m_t with m_t = min(t, W)
-nondecreasing, so K[i, j] = n_i·δ_ij − τ(max(i, j)) with τ(j) = Σ_{t: m_t ≥ j} 1/m_t; the
+**Solving.** A causal layer's row t keeps the offsets 1..m_t with m_t = min(t, W) (a
+chunked mask of C positions: min(t mod C, W)), so K[i, j] = n_i·δ_ij − τ(max(i, j)) with τ(j) = Σ_{t: m_t ≥ j} 1/m_t; the
 difference of consecutive equations is a recursion,
 
     n_{i+1} g_{i+1} = r_{i+1} − r_i + n_i g_i − (τ_i − τ_{i+1}) Σ_{j ≤ i} g_j,
@@ -54,12 +54,14 @@ from poskernel_tl.fit.toeplitz import lag_counts, upper_lag_counts
 class RowLayout:
     """The row/offset incidence of one layer's kept entries at length ``T``: ``max_lag``
     the last offset a causal layer keeps (its window; T − 1 without one); ``two_sided``
-    for a bidirectional layer (both triangles, no window). Lag axes follow Track A's:
+    for a bidirectional layer (both triangles, no window); ``chunk`` a chunked mask's
+    where it binds (row t keeps offsets up to t mod chunk). Lag axes follow Track A's:
     Δ = 1..T−1 (zero past ``max_lag``), then, two-sided, Δ = −1..−(T−1)."""
 
     T: int
     max_lag: int
     two_sided: bool = False
+    chunk: int | None = None
     _weights: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -71,11 +73,11 @@ class RowLayout:
         t = torch.arange(self.T, dtype=torch.float64, device=device)
         if self.two_sided:
             return torch.full_like(t, self.T - 1.0)
-        return torch.clamp(t, max=self.max_lag)
+        return torch.clamp(t if self.chunk is None else t % self.chunk, max=self.max_lag)
 
     def lag_counts(self, device=None) -> Float[Tensor, " lag"]:
         """n(Δ) of one sequence on the lag axis (Track A's counts of each side)."""
-        n = lag_counts(self.T, device=device, max_lag=self.max_lag)
+        n = lag_counts(self.T, device=device, max_lag=self.max_lag, chunk=self.chunk)
         return torch.cat([n, upper_lag_counts(self.T, device=device)]) if self.two_sided \
             else n
 
@@ -98,6 +100,11 @@ class RowLayout:
         rows t ≥ Δ (for Δ ≤ its window), offset −Δ by the rows t ≤ T − 1 − Δ."""
         inv, kept = self.weights(rows.device)
         per_row = rows * inv
+        if self.chunk is not None:  # the rows keeping Δ: those with m_t ≥ Δ
+            by_m = per_row.new_zeros(*per_row.shape[:-1], self.T + 1)
+            by_m.index_add_(-1, self.row_counts(rows.device).long(), per_row)
+            u = by_m.flip(-1).cumsum(-1).flip(-1)[..., 1:self.T]
+            return u, torch.linalg.vecdot(per_row, rows)
         inclusive = torch.cumsum(per_row, -1)
         # Σ_{t ≥ Δ} = total − Σ_{t < Δ}, for Δ = 1..T−1
         lower = inclusive[..., -1:] - inclusive[..., :-1]

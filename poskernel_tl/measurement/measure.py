@@ -244,7 +244,7 @@ def gram_reducer(model: LoadedModel, geometry: Geometry, centering: Moments | No
     return GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, geometry.length, s.d_head,
                        model.logit_scale, model.device, reference=centering, layers=layers,
                        full=full, factors=factors, causal=geometry.causal,
-                       max_lags=geometry.max_lags)
+                       max_lags=geometry.max_lags, chunks=geometry.bound_chunks)
 
 
 def eval_reducers(model: LoadedModel, geometry: Geometry, n: int, centering: Moments | None,
@@ -258,7 +258,8 @@ def eval_reducers(model: LoadedModel, geometry: Geometry, n: int, centering: Mom
     layers = range(s.n_layers) if gram_layers is None else gram_layers
     reds = {"track_a": TrackAReducer(n, s.n_layers, s.n_heads, geometry.length, model.device,
                                      seed=opts.seed, source=run.source,
-                                     causal=geometry.causal, max_lags=geometry.max_lags),
+                                     causal=geometry.causal, max_lags=geometry.max_lags,
+                                     chunks=geometry.bound_chunks),
             "track_b": gram_reducer(model, geometry, centering, layers, full, factors)}
     for stat in STATISTICS.values():
         if (red := stat.build(run)) is not None:

@@ -6,8 +6,11 @@ view that needs it (:class:`~poskernel_tl.statistics.statistic.StatisticContext`
 
 A layer keeps the offsets Δ = t − s = 1..``lags[layer]`` below the diagonal (T − 1: the
 whole triangle; a sliding window of W positions: W − 1), and an encoder the same above it.
-A chunked mask (Llama 4) keeps every causal entry up to its chunk's length, and is refused
-past it: its kept entries are then no function of the offset alone.
+A chunked mask of C positions (Llama 4) keeps query t's keys s ≤ t of its own chunk
+(⌊s / C⌋ = ⌊t / C⌋): every causal entry up to T = C; past it the offsets Δ ≤ C − 1 (its
+``lags``), each counted where it lies inside a chunk (:meth:`Geometry.chunk` says where one
+binds; the counts are :func:`~poskernel_tl.fit.toeplitz.lag_counts`' with that chunk, the
+logits across chunks are never read: :func:`~poskernel_tl.models.softmax_ops.chunk_qk`).
 """
 
 from dataclasses import dataclass
@@ -31,28 +34,21 @@ class Geometry:
         """The geometry of ``spec`` at ``length``, unchecked (a saved result's, or the
         registry's before loading; :meth:`checked` for a run)."""
         layers = spec.layers or [None] * spec.n_layers
-        lags = tuple(length - 1 if s is None or s.max_lag is None else min(length - 1, s.max_lag)
-                     for s in layers)
-        return cls(length, spec.causal, lags,
-                   tuple(None if s is None else s.terms.chunk for s in layers))
+        chunks = tuple(None if s is None else s.terms.chunk for s in layers)
+        lags = tuple(min(length, c or length, length if s is None or s.max_lag is None
+                         else s.max_lag + 1) - 1 for s, c in zip(layers, chunks))
+        return cls(length, spec.causal, lags, chunks)
 
     @classmethod
     def checked(cls, spec: ModelSpec, length: int, what: str = "--length") -> "Geometry":
         """:meth:`of`, or a UserError naming ``what`` unless 3 ≤ length ≤ the model's
-        context (an unknown context, 0, is not checked) and every layer's mask is one the
-        fits read at this length."""
+        context (an unknown context, 0, is not checked)."""
         if length < 3:
             raise UserError(f"{what} {length}: the fit needs at least 3 tokens")
         if spec.n_ctx and length > spec.n_ctx:
             raise UserError(f"{what} {length} exceeds {spec.name}'s context of "
                             f"{spec.n_ctx} tokens")
-        geometry = cls.of(spec, length)
-        for layer, chunk in enumerate(geometry.chunks):
-            if chunk is not None and length > chunk:
-                raise UserError(f"{what} {length}: {spec.name}: layer {layer} masks in chunks "
-                                f"of {chunk} positions: lengths up to {chunk} keep every "
-                                f"causal entry and are supported; T = {length} is not")
-        return geometry
+        return cls.of(spec, length)
 
     @property
     def n_layers(self) -> int:
@@ -71,6 +67,17 @@ class Geometry:
 
     def max_lag(self, layer: int) -> int:
         return self.lags[layer]
+
+    def chunk(self, layer: int) -> int | None:
+        """The chunk of layer ``layer``'s mask where it binds (T > chunk), else None."""
+        c = self.chunks[layer] if self.chunks else None
+        return c if c is not None and c < self.length else None
+
+    @property
+    def bound_chunks(self) -> list[int | None] | None:
+        """Per layer :meth:`chunk`; None when no chunk binds (the reducers' argument)."""
+        out = [self.chunk(L) for L in range(self.n_layers)]
+        return out if any(c is not None for c in out) else None
 
     def window(self, layer: int) -> int | None:
         """The last offset layer ``layer`` keeps where a window cuts its triangle, else None."""

@@ -61,6 +61,25 @@ def fold_qk(q: Float[Tensor, "batch pos head_index d_head"],
     return q, k
 
 
+def chunk_qk(q: Float[Tensor, "batch pos head_index d_head"],
+             k: Float[Tensor, "batch pos kv_head_index d_head"], chunk: int
+             ) -> tuple[Float[Tensor, "batch pos head_index d_chunked"],
+                        Float[Tensor, "batch pos kv_head_index d_chunked"]]:
+    """(q', k') with q'_t·k'_s = q_t·k_s where t and s lie in one chunk of ``chunk``
+    positions and exactly 0 across chunks: position t's vector placed in the ⌈T / chunk⌉
+    slots of width d at its chunk's slot. Every sum over a chunked mask's kept entries is
+    then the same sum over the causal triangle (within Δ ≤ chunk − 1) of q'·k'ᵀ, so the
+    streaming fits read a chunked layer unchanged; only the counts come from the mask."""
+    T = q.shape[1]
+    slot = torch.nn.functional.one_hot(torch.arange(T, device=q.device) // chunk,
+                                       -(-T // chunk)).to(q.dtype)  # [pos, chunk]
+
+    def spread(x: Tensor) -> Tensor:
+        b, _, h, d = x.shape
+        return (x[:, :, :, None, :] * slot[None, :, None, :, None]).reshape(b, T, h, -1)
+    return spread(q), spread(k)
+
+
 def head_logits(q: Float[Tensor, "pos d_head"], k: Float[Tensor, "pos d_head"],
                 terms: SoftmaxTerms, head: int, scale: float
                 ) -> Float[Tensor, "query_pos key_pos"]:
@@ -105,5 +124,5 @@ def logsumexp_with_sinks(lse: Float[Tensor, "*head pos"],
     return torch.logaddexp(lse, sinks.to(lse).reshape(*sinks.shape, 1).expand_as(lse))
 
 
-__all__ = ["alibi_ramp", "attention_pattern", "cap_scores", "fold_qk", "head_logits",
+__all__ = ["alibi_ramp", "attention_pattern", "cap_scores", "chunk_qk", "fold_qk", "head_logits",
            "logsumexp_with_sinks", "sink_logits", "temperatures"]

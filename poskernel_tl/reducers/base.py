@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl import kernels
-from poskernel_tl.models.softmax_ops import cap_scores, fold_qk
+from poskernel_tl.models.softmax_ops import cap_scores, chunk_qk, fold_qk
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 
 
@@ -52,7 +52,8 @@ class LayerBatch:
     part into q and k (an ALiBi ramp, a temperature; q/k themselves when nothing is
     added), and ``scores`` are formed from them and soft-capped where the layer caps, so
     every fit of the logits (Track A, the null, the saved logits, the pattern scores)
-    reads what the softmax reads."""
+    reads what the softmax reads; where a chunked mask binds (:attr:`chunk`) they are 0
+    across chunks (:attr:`kept_qk`)."""
 
     layer: int
     q: Float[Tensor, "batch pos head_index d_head"]
@@ -74,6 +75,22 @@ class LayerBatch:
         return fold_qk(self.q, self.k, self.terms, self.scale)
 
     @property
+    def chunk(self) -> int | None:
+        """The chunk of the layer's chunked mask where it binds (T > chunk), else None."""
+        c = self.terms.chunk
+        return c if c is not None and c < self.q.shape[1] else None
+
+    @cached_property
+    def kept_qk(self) -> tuple[Float[Tensor, "batch pos head_index d_kept"],
+                               Float[Tensor, "batch pos kv_head_index d_kept"]]:
+        """:attr:`logit_qk`, or where a chunk binds its
+        :func:`~poskernel_tl.models.softmax_ops.chunk_qk`: (q', k') whose product is the
+        additive logit on the entries the mask keeps and exactly 0 across chunks, what a
+        sum over the kept entries streams from (the counts come from the mask)."""
+        q, k = self.logit_qk
+        return (q, k) if self.chunk is None else chunk_qk(q, k, self.chunk)
+
+    @property
     def streams(self) -> bool:
         """Whether the logits are a bilinear form of :attr:`logit_qk`, so that fits may
         stream sums of q and k (False for soft-capped logits: those read :attr:`scores`)."""
@@ -83,8 +100,8 @@ class LayerBatch:
     def on_kernels(self) -> bool:
         """Whether this batch's statistics are read from the tiled kernels (on a GPU:
         :func:`poskernel_tl.kernels.active`, the one rule) rather than the chunked
-        sums designed for a CPU."""
-        return kernels.active(self.q)
+        sums designed for a CPU; a chunk that binds takes those sums on every device)."""
+        return kernels.active(self.q) and self.chunk is None
 
     @property
     def group(self) -> int:
@@ -94,8 +111,12 @@ class LayerBatch:
     @cached_property
     def scores(self) -> Float[Tensor, "batch head_index query_pos key_pos"]:
         if self.hooked_scores is not None:
-            return self.hooked_scores
-        return cap_scores(qk_scores(*self.logit_qk, self.scale, self.workspace, "scores"),
+            A = self.hooked_scores
+            if self.chunk is not None:  # 0 across chunks, as the formed scores are
+                t = torch.arange(A.shape[-1], device=A.device) // self.chunk
+                A = torch.where(t[:, None] == t[None], A, 0.0)
+            return A
+        return cap_scores(qk_scores(*self.kept_qk, self.scale, self.workspace, "scores"),
                           self.terms)
 
 

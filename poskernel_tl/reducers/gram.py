@@ -104,13 +104,17 @@ class GramReducer:
                  reference: Moments | None = None, *, layers: Sequence[int] | None = None,
                  full: bool | None = None, factors: bool | Sequence[bool] = False,
                  causal: bool = True,
-                 max_lags: Sequence[int] | None = None):
+                 max_lags: Sequence[int] | None = None,
+                 chunks: Sequence[int | None] | None = None):
         if not causal:
             check_two_sided(n_heads, n_kv_heads)
         self.scale, self.group, self.T = scale, n_heads // n_kv_heads, length
         self.causal = causal
         # per layer, the last offset its mask keeps (a sliding window); None: T − 1
         self.max_lags = [length - 1] * n_layers if max_lags is None else list(max_lags)
+        # per layer, the chunk of a chunked mask that binds (its entries across chunks
+        # are left out of every fit; such a layer is read off the tiled kernels)
+        self.chunks = [None] * n_layers if chunks is None else list(chunks)
         self.layers = list(range(n_layers)) if layers is None else list(layers)
         self.slot = {L: i for i, L in enumerate(self.layers)}
         path = as_path(factors, n_layers)  # one path per layer of the model
@@ -146,7 +150,7 @@ class GramReducer:
     def _blocks(self, i: int, n_heads: int, device) -> list[Tensor]:
         """Layer slot ``i``'s zeroed row blocks [head, rows, keys] (on the kernels'
         device, views of one flat buffer, kept with its tile table in ``self.flat``)."""
-        if not self.tiled:
+        if not self.tiled or self.chunks[self.layers[i]] is not None:
             return [torch.zeros(n_heads, r1 - r0, k1 - k0, dtype=torch.float32, device=device)
                     for r0, r1, k0, k1 in self.blocks[i]]
         flat, views, table = kernels.gram_layout(self.blocks[i], n_heads, device)
@@ -218,7 +222,8 @@ class GramReducer:
         for name, t in terms.items():
             u, v = uv.get(name, (None, None))
             fit = variant_fit(pieces, u, v, applied(pieces.y, t, d), self.scale,
-                              applied(pieces.y_up, t, d), max_lag=max_lag)
+                              applied(pieces.y_up, t, d), max_lag=max_lag,
+                              chunk=self.chunks[self.layers[i]])
             out[name] = (*fit, mats.get(name))
         return out
 
@@ -239,18 +244,20 @@ class GramReducer:
         return keep
 
     def pieces(self, i: int, x: Tensor, keep, max_lag: int) -> Pieces:
-        """B's pieces of layer slot ``i`` over the offsets Δ ≤ ``max_lag``."""
+        """B's pieces of layer slot ``i`` over the offsets Δ ≤ ``max_lag`` (and within
+        the layer's chunk)."""
         window = None if max_lag >= self.T - 1 else max_lag
+        chunk = self.chunks[self.layers[i]]
         if self.factors[i]:
             q = torch.cat([q for q, _ in self.kept[i]])
             return factor_pieces(q, torch.cat([k for _, k in self.kept[i]]), x,
-                                 upper=not self.causal, max_lag=window)
+                                 upper=not self.causal, max_lag=window, chunk=chunk)
         if self.flat[i] is not None:  # read by tiles (one flat buffer)
             return tile_pieces(self.flat[i][0], self.blocks[i], self.acc[i][0].shape[0],
                                self.count[i], x, keep, self.acc[i], upper=not self.causal,
                                max_lag=window)
         return dense_pieces(zip(self.blocks[i], self.acc[i]), self.count[i], x, keep,
-                            upper=not self.causal, max_lag=window)
+                            upper=not self.causal, max_lag=window, chunk=chunk)
 
     def result(self, centering: Moments | None = None, keep_matrices: bool = False
                ) -> GramResult:

@@ -49,6 +49,7 @@ from torch import Tensor
 from poskernel_tl import kernels
 from poskernel_tl.fit.diagonals import diagonal_lines
 from poskernel_tl.fit.toeplitz import lag_counts, r2_two_sided
+from poskernel_tl.models.softmax_ops import chunk_qk
 from poskernel_tl.models.softmax_terms import NONE
 from poskernel_tl.reducers.band_sums import band_is_cheaper
 from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX, GRAM_ROWS, gram_row_blocks
@@ -149,7 +150,8 @@ Block = tuple[tuple[int, int, int, int], Tensor]  # (r0, r1, k0, k1), rows × ke
 
 def dense_pieces(blocks: Iterable[Block], n: int,
                  x: Float[Tensor, "kv_head_index pos rank"], keep=None,
-                 upper: bool = False, max_lag: int | None = None) -> Pieces:
+                 upper: bool = False, max_lag: int | None = None,
+                 chunk: int | None = None) -> Pieces:
     """B = acc / n from the accumulator's row blocks ``((r0, r1, k0, k1), block)`` (the
     block holding keys [k0, k1) of rows [r0, r1)), read once: each block's kept keys
     copied into a float32 buffer with the excluded entries zeroed, their sums and
@@ -157,7 +159,8 @@ def dense_pieces(blocks: Iterable[Block], n: int,
     totals). ``keep(r0, r1, block)``, if given, sees each block whole (float32, divided
     by n). ``upper``: the upper triangle's pieces too (the blocks must hold every key).
     ``max_lag``: B_low keeps only the offsets t − s ≤ max_lag (a sliding window): the
-    keys before the window are never read (a block may start at the window's first)."""
+    keys before the window are never read (a block may start at the window's first).
+    ``chunk``: B_low keeps only the entries within one chunk (a chunked mask)."""
     if upper and max_lag is not None:
         raise ValueError("dense_pieces: a window on a two-sided fit is not supported")
     T, dev, out, flat = x.shape[1], str(x.device), None, None
@@ -183,6 +186,9 @@ def dense_pieces(blocks: Iterable[Block], n: int,
         G[:, :, r0 - lo:].masked_fill_(_band_mask(rows, rows, 0, True, dev), 0.0)
         if max_lag is not None and r1 - 1 - lo > max_lag:  # t − s > max_lag zeroed
             G.masked_fill_(_band_mask(rows, r1 - lo, r0 - lo - max_lag - 1, False, dev), 0.0)
+        if chunk is not None:  # entries across chunks zeroed
+            G.masked_fill_(torch.arange(r0, r1, device=dev)[:, None] // chunk !=
+                           torch.arange(lo, r1, device=dev)[None] // chunk, 0.0)
         _add(out, False, r0, G, x32[:, lo:r1], lower_block_sums(buf, r0 - lo, T))
         if upper:  # keys [r0, T) before ``rows`` zero columns, s ≤ t zeroed
             out.diag[:, r0:r1] = a.diagonal(r0, 1, 2)
@@ -295,22 +301,27 @@ def tile_pieces(acc: Float[Tensor, " entries"], blocks: list[tuple[int, int, int
 def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
                   k: Float[Tensor, "batch pos kv_head_index d_head"],
                   x: Float[Tensor, "kv_head_index pos rank"], upper: bool = False,
-                  max_lag: int | None = None) -> Pieces:
+                  max_lag: int | None = None, chunk: int | None = None) -> Pieces:
     """B = mean_x q̃_x·k̃_xᵀ from the factors (``q`` already carries the scale). ``upper``:
     the upper triangle's pieces too (Bᵀ's lower ones, one key head per query head).
     ``max_lag``: the pieces of the offsets t − s ≤ max_lag only (a sliding window). Above
-    a rank n·d_head of :data:`FACTOR_RANK_MAX`, from the blocks (:func:`factor_blocks`)."""
+    a rank n·d_head of :data:`FACTOR_RANK_MAX`, from the blocks (:func:`factor_blocks`).
+    ``chunk``: a chunked mask's entries only (the factors spread by chunk,
+    :func:`~poskernel_tl.models.softmax_ops.chunk_qk`: 0 across chunks)."""
     if upper and max_lag is not None:
         raise ValueError("factor_pieces: a window on a two-sided fit is not supported")
+    if chunk is not None:
+        q, k = chunk_qk(q, k, chunk)
     n, T, H, d = q.shape
-    if kernels.active(q):  # the accumulator formed from the factors, one launch, then read
+    if kernels.active(q) and chunk is None:  # the accumulator formed from the factors, one launch, then read
         blocks = gram_row_blocks(T, upper, max_lag=max_lag)
         flat, _, table = kernels.gram_layout(blocks, H, q.device)
         kernels.gram_tile_update(flat, table, GRAM_ROWS, q, k)
         return tile_pieces(flat, blocks, H, n, x, upper=upper, max_lag=max_lag)
     if n * d > FACTOR_RANK_MAX:  # the moments would outgrow the blocks: form the blocks
         blocks = gram_row_blocks(T, upper, max_lag=max_lag)
-        return dense_pieces(factor_blocks(q, k, blocks), n, x, upper=upper, max_lag=max_lag)
+        return dense_pieces(factor_blocks(q, k, blocks), n, x, upper=upper, max_lag=max_lag,
+                            chunk=chunk)
     s1 = windowed(lag_sums(q, k, 1.0).sum(0), max_lag)  # (lag_sums bounds its FFTs)
     # the factors side by side, [1, T, heads, n·d] in FIT_DTYPE (one copy each): n·B = qs·ksᵀ
     side = lambda t: cast_permuted(t, (1, 2, 0, 3), FIT_DTYPE).view(1, T, t.shape[2], n * d)
@@ -331,20 +342,23 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
                 v: Float[Tensor, "kv_head_index pos rank"] | None,
                 w: Float[Tensor, "head_index pos rank"] | None, scale: float,
                 w_up: Float[Tensor, "head_index pos rank"] | None = None,
-                max_lag: int | None = None
+                max_lag: int | None = None, chunk: int | None = None
                 ) -> tuple[Float[Tensor, " head_index"], Float[Tensor, "head_index lag"],
                            Float[Tensor, "head_index lag"] | None,
                            Float[Tensor, " head_index"] | None]:
     """R², g, and for two-sided pieces g_back and the diagonal's mean g_self (else None),
     of G = B + scale·U·Vᵀ, given W = B_low·V and W_up = B_up·V (from ``pieces.y``,
     ``pieces.y_up``); U, V, W None: G = B. ``max_lag``: the fit over the offsets
-    t − s ≤ max_lag (a sliding window; the pieces must be the window's)."""
+    t − s ≤ max_lag (a sliding window; the pieces must be the window's), and ``chunk``:
+    a chunked mask's entries (the pieces must be its; U·Vᵀ spread by chunk)."""
     s1, sq = pieces.s1, pieces.sq
     s1_up, sq_up, diag = pieces.s1_up, pieces.sq_up, pieces.diag
-    if u is not None and kernels.active(u):
+    if u is not None and kernels.active(u) and chunk is None:
         s1, sq, s1_up, sq_up, diag = _tile_corrected(pieces, u, v, w, w_up, scale, max_lag)
     elif u is not None:
         ut, vt = u.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, T, heads, rank]
+        if chunk is not None:  # U·Vᵀ's entries across chunks are 0
+            ut, vt = chunk_qk(ut, vt, chunk)
         if band_is_cheaper(ut.shape[1], max_lag, ut.shape[-1]):  # float64, on the band
             s1_uv, sq_uv, _ = lower_stats(ut, vt, 1.0, max_lag=max_lag)
         else:
@@ -358,7 +372,7 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
                 scale * scale * lower_sum_squares(vt, ut, 1.0)[0]
             diag = diag + scale * (u * v).sum(-1)
     T = s1.shape[-1] + 1
-    counts = lag_counts(T, device=s1.device, max_lag=max_lag)
+    counts = lag_counts(T, device=s1.device, max_lag=max_lag, chunk=chunk)
     back = None if s1_up is None else (s1_up, sq_up, counts)
     r2, g, g_back = r2_two_sided((s1, sq, counts), back)
     return r2, g, g_back, None if diag is None else diag.mean(-1)

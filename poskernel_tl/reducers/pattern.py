@@ -50,6 +50,7 @@ class PatternRows:
     token_mass: Float[Tensor, "seq head_index pos"] | None
     last: int | None
     offset_mean: Float[Tensor, "seq head_index pos"] | None = None
+    chunk: int | None = None  # a chunked mask's chunk where it binds
 
     @property
     def positions(self) -> int:
@@ -73,8 +74,8 @@ class PatternRows:
         a = torch.einsum("bthd,bshd->bhts", q, k.repeat_interleave(group, dim=2)).mul_(scale)
         p = (cap_scores(a, terms) - self.lse[..., None]).exp_()
         if self.last is not None:
-            lag = block_offsets(0, self.positions, 0, k.shape[1], p.device)
-            p = p * ((lag >= 0) & (lag <= self.last))
+            p = p * kept_block(0, self.positions, 0, k.shape[1], self.last, self.chunk,
+                               p.device)
         return p
 
     def weight(self, scale: float, terms, rows: slice, keys: Tensor
@@ -83,7 +84,11 @@ class PatternRows:
         p = (self.entries(scale, terms, rows, keys) - self.lse[..., rows]).exp_()
         if self.last is not None:
             t = torch.arange(self.positions, device=p.device)[rows]
-            p = p * ((t - keys.to(t.device)) <= self.last)
+            s = keys.to(t.device)
+            kept = (t - s) <= self.last
+            if self.chunk is not None:
+                kept &= t // self.chunk == s // self.chunk
+            p = p * kept
         return p
 
 
@@ -91,8 +96,10 @@ class PatternRows:
 class PatternReader:
     """What a statistic on the pattern reads of every batch: the rows of the first
     ``max_seqs`` sequences, under the mask of a causal model (each layer's last kept offset
-    in ``max_lags``; None: the whole triangle) or of an encoder, on the first ``max_pos``
-    positions of a causal one. :meth:`of` a statistic's run: its ``null_seqs`` sequences."""
+    in ``max_lags``; None: the whole triangle; a chunked mask the batch's
+    :attr:`~poskernel_tl.reducers.base.LayerBatch.chunk`) or of an encoder, on the first
+    ``max_pos`` positions of a causal one. :meth:`of` a statistic's run: its ``null_seqs``
+    sequences."""
 
     max_seqs: int
     causal: bool
@@ -132,18 +139,20 @@ def _pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int |
     sel = slice(keep[0], keep[-1] + 1) if keep == list(range(keep[0], keep[-1] + 1)) \
         else torch.as_tensor(keep, device=bq.device)
     q, k = bq[sel, :T].to(dtype), bk[sel, :T].to(dtype)
+    chunk = batch.chunk if batch.chunk is not None and batch.chunk < T else None
     offsets = None
     if batch.on_kernels:  # one launch; the kernel applies the softmax's terms itself
         tokens = kernels.row_lse_tiles(batch.q[sel, :T], batch.k[sel, :T], batch.scale, last,
                                batch.terms)
     else:
-        tokens, offsets = row_logsumexp(q, k, batch.scale, last, batch.terms, offsets=True)
+        tokens, offsets = row_logsumexp(q, k, batch.scale, last, batch.terms, offsets=True,
+                                        chunk=chunk)
     sinks = sink_logits(batch.terms, q.device)
     lse = logsumexp_with_sinks(tokens, None if sinks is None else sinks.expand(len(keep), -1))
     mass = None if sinks is None else (tokens - lse).exp()
     if offsets is not None and mass is not None:  # the sinks' share adds no offset
         offsets = offsets * mass
-    return PatternRows(keep, q, k, lse, mass, last, offsets)
+    return PatternRows(keep, q, k, lse, mass, last, offsets, chunk)
 
 
 def block_offsets(r0: int, r1: int, lo: int, hi: int, device=None
@@ -153,13 +162,26 @@ def block_offsets(r0: int, r1: int, lo: int, hi: int, device=None
     return rows[:, None] - torch.arange(lo, hi, device=device)[None]
 
 
+def kept_block(r0: int, r1: int, lo: int, hi: int, last: int, chunk: int | None,
+               device=None) -> Tensor:
+    """Bool [r1 − r0, hi − lo]: the entries of query rows [r0, r1) and keys [lo, hi) a
+    causal mask keeps — 0 ≤ t − s ≤ ``last``, and t, s in one chunk where ``chunk``."""
+    lag = block_offsets(r0, r1, lo, hi, device)
+    kept = (lag >= 0) & (lag <= last)
+    if chunk is not None:
+        kept &= (torch.arange(r0, r1, device=device)[:, None] // chunk ==
+                 torch.arange(lo, hi, device=device)[None] // chunk)
+    return kept
+
+
 def score_blocks(q: Float[Tensor, "seq pos head_index d_logit"],
                  k: Float[Tensor, "seq pos kv_head_index d_logit"], scale: float,
-                 last: int | None, terms, rows: int = ROWS, align: int = 1):
+                 last: int | None, terms, rows: int = ROWS, align: int = 1,
+                 chunk: int | None = None):
     """Yield (r0, r1, lo, A) per block of ``rows`` query rows: A [seq, kv, group, r1 − r0,
     hi − lo] what the softmax reads of keys [lo, hi) — every key (``last`` None), else the
     block's keys up to its last row from ``align``·⌊(r0 − last) / align⌋ on, −inf where
-    the mask removes them (s > t or t − s > last)."""
+    the mask removes them (s > t, t − s > last, or across a ``chunk``)."""
     b, T, H, d = q.shape
     kv = k.shape[2]
     qg = q.permute(0, 2, 1, 3).reshape(b, kv, H // kv, T, d)
@@ -169,22 +191,21 @@ def score_blocks(q: Float[Tensor, "seq pos head_index d_logit"],
         lo, hi = (0, T) if last is None else (max(0, r0 - last) // align * align, r1)
         A = cap_scores(torch.matmul(qg[..., r0:r1, :], kt[..., lo:hi]).mul_(scale), terms)
         if last is not None:  # the block's own mask: keys t − last ≤ s ≤ t
-            lag = block_offsets(r0, r1, lo, hi, q.device)
-            A.masked_fill_((lag < 0) | (lag > last), float("-inf"))
+            A.masked_fill_(~kept_block(r0, r1, lo, hi, last, chunk, q.device), float("-inf"))
         yield r0, r1, lo, A
 
 
 def row_logsumexp(q: Float[Tensor, "seq pos head_index d_logit"],
                   k: Float[Tensor, "seq pos kv_head_index d_logit"], scale: float,
-                  last: int | None, terms, offsets: bool = False):
+                  last: int | None, terms, offsets: bool = False, chunk: int | None = None):
     """logsumexp_s A[t, s] over the keys row t reads (``last`` None: all of them), in
     blocks of :data:`ROWS` rows over those keys only, a key/value head's query heads
     together; ``offsets``: also each row's Σ_s p(t, s)·|t − s| under the tokens' own
-    normaliser, from the same block (returns both)."""
+    normaliser, from the same block (returns both); ``chunk``: a chunked mask's."""
     b, T, H, _ = q.shape
     out = q.new_empty(b, k.shape[2], H // k.shape[2], T)
     mean = out.new_empty(out.shape) if offsets else None
-    for r0, r1, lo, A in score_blocks(q, k, scale, last, terms):
+    for r0, r1, lo, A in score_blocks(q, k, scale, last, terms, chunk=chunk):
         if not offsets:
             out[..., r0:r1] = torch.logsumexp(A, -1)
             continue
@@ -198,5 +219,5 @@ def row_logsumexp(q: Float[Tensor, "seq pos head_index d_logit"],
     return (lse, mean.reshape(b, H, T)) if offsets else lse
 
 
-__all__ = ["MAX_POS", "ROWS", "PatternRows", "block_offsets", "pattern_rows", "row_logsumexp",
-           "score_blocks"]
+__all__ = ["MAX_POS", "ROWS", "PatternRows", "block_offsets", "kept_block", "pattern_rows",
+           "row_logsumexp", "score_blocks"]

@@ -105,17 +105,24 @@ class TrackAReducer:
     def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int,
                  device: torch.device | str = "cpu", seed: int = 0,
                  source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK,
-                 causal: bool = True, max_lags: list[int] | None = None):
+                 causal: bool = True, max_lags: list[int] | None = None,
+                 chunks: list[int | None] | None = None):
         """``max_lags``: per layer, the last offset Δ its mask keeps (a sliding window;
         None: every layer's whole triangle). Every fit of a layer then reads only the
-        entries with Δ ≤ its max_lag, and its g is NaN past it."""
+        entries with Δ ≤ its max_lag, and its g is NaN past it. ``chunks``: per layer, the
+        chunk of a chunked mask that binds (None: none; the layer's max_lag is then
+        chunk − 1): its counts are the mask's, its sums are read from
+        :attr:`~poskernel_tl.reducers.base.LayerBatch.kept_qk`, and its whole-triangle R²
+        is NaN (the logits across chunks are not read)."""
         if source not in ("lags", "scores"):
             raise ValueError(f"source={source!r}: choose 'lags' or 'scores'")
         if max_lags is not None and not causal:
             raise ValueError("a sliding window on a bidirectional model is not supported")
         T = length
         self.max_lags = [T - 1] * n_layers if max_lags is None else list(max_lags)
-        self.counts = layer_lag_counts(T, max_lags, n_layers, device=device)
+        self.chunks = [None] * n_layers if chunks is None else list(chunks)
+        self.counts = layer_lag_counts(T, max_lags, n_layers, device=device,
+                                       chunks=self.chunks)
         self.kept = (self.counts > 0).double()  # [layer, 1, lag]: the lags a window keeps
         self.source, self.chunk = source, chunk
         f64 = dict(dtype=torch.float64, device=device)
@@ -138,8 +145,9 @@ class TrackAReducer:
         self.region_s1 = dict(zip(self.regions, self.region_stack[0]))
         self.region_sq = dict(zip(self.regions, self.region_stack[1]))
         self.masks: dict = {}  # the regions' masks of the batched path, per layer and side
-        self.region_counts = {v: torch.stack([v.counts(T, m, device=device)
-                                              for m in self.max_lags])[:, None]
+        self.region_counts = {v: torch.stack([v.counts(T, m, device=device, chunk=c)
+                                              for m, c in zip(self.max_lags, self.chunks)]
+                                             )[:, None]
                               for v in self.regions}
         self.upper_counts = {v: v.counts(T, upper=True, device=device) for v in self.regions}
         self.r2_variant = {f: torch.zeros(n_seqs, n_layers, n_heads, **f64) for f in PER_SEQ}
@@ -165,7 +173,7 @@ class TrackAReducer:
 
     def _update_from_lags(self, batch: LayerBatch) -> None:
         """The sums from q/k directly (:func:`~poskernel_tl.reducers.lag_sums.track_a_stats`)."""
-        q, k = batch.logit_qk
+        q, k = batch.kept_qk
         st = track_a_stats(q, k, batch.scale, self.chunk, self.max_lags[batch.layer])
         upper = None if self.upper is None else upper_stats(q, k, batch.scale, self.chunk)
         if self.sq_whole is not None:
@@ -185,7 +193,7 @@ class TrackAReducer:
     def _update_from_scores(self, batch: LayerBatch) -> None:
         """The sums from the materialised logits ``batch.scores`` (the reference path)."""
         L, idx = batch.layer, batch.index
-        q, k = batch.logit_qk
+        q, k = batch.kept_qk
         shift = lower_mean_from_qk(q, k, batch.scale)  # any shift is exact; near the mean
         A = batch.scores
         work = batch.workspace.get("track_a", (A.shape[0], A.shape[1], 2 * self.T, self.T),
@@ -209,6 +217,8 @@ class TrackAReducer:
         ``batched``: every region at once (:meth:`_store_regions`)."""
         s1, sq = whole
         self.s1[idx, L], self.sq[idx, L], self.bands[idx, L] = s1, sq, bands
+        if self.chunks[L] is not None:  # its q·k across chunks is never read
+            self.sq_whole[idx, L] = float("nan")
         s1 = s1 * self.kept[L, 0]  # the lags the window keeps
         if upper is not None:
             self.upper.store(L, idx, upper)

@@ -50,7 +50,8 @@ def row_distance(rows: PatternRows, scale: float, terms) -> Float[Tensor, "seq h
     kv = rows.k.shape[2]
     lse = rows.lse.reshape(b, kv, H // kv, T)
     out = lse.new_empty(b, kv, H // kv, T)
-    for r0, r1, lo, A in score_blocks(rows.q, rows.k, scale, rows.last, terms):
+    for r0, r1, lo, A in score_blocks(rows.q, rows.k, scale, rows.last, terms,
+                                      chunk=rows.chunk):
         offset = block_offsets(r0, r1, lo, lo + A.shape[-1], A.device).abs().to(A)
         out[..., r0:r1] = ((A - lse[..., r0:r1, None]).exp_() * offset).sum(-1)
     return out.reshape(b, H, T)

@@ -51,7 +51,7 @@ from poskernel_tl.fit.toeplitz import (
     r2_two_sided,
 )
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.models.softmax_ops import cap_scores
+from poskernel_tl.models.softmax_ops import cap_scores, chunk_qk
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
@@ -140,10 +140,13 @@ class PermNullReducer:
                  include_identity: bool = True,
                  source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK,
                  causal: bool = True, max_lags: list[int] | None = None,
-                 dtype: torch.dtype = torch.float32):
+                 chunks: list[int | None] | None = None, dtype: torch.dtype = torch.float32):
         """``max_lags``: per layer, the last offset its mask keeps (a sliding window): the
         permuted product of a layer is fitted on the same offsets Δ ≤ max_lag as the
         real one, so the null holds as many entries per lag as the fit it judges.
+        ``chunks``: per layer, the chunk of a chunked mask that binds (None: none): the
+        permuted product is read on the entries that mask keeps (q', k' spread by chunk
+        after the permutation, :func:`~poskernel_tl.models.softmax_ops.chunk_qk`).
         ``dtype``: what the ``"lags"`` sums are formed in, with float64 totals; float32
         (~1e-7 relative, far below the spread between draws) takes under half the CPU
         time of float64."""
@@ -158,6 +161,7 @@ class PermNullReducer:
         self.T, self.n_perm, self.max_seqs, self.seed = T, n_perm, max_seqs, seed
         self.n_layers, self.n_heads = n_layers, n_heads
         self.max_lags = [T - 1] * n_layers if max_lags is None else list(max_lags)
+        self.chunks = [None] * n_layers if chunks is None else list(chunks)
         self.perms_cpu = joint_permutations(T, n_perm, seed)
         # with include_identity, draw 0 is the unpermuted fit of the same sequences (a
         # caller that runs Track A on them already, like measure, can take it from there)
@@ -193,7 +197,7 @@ class PermNullReducer:
             q, k = self._select(*batch.logit_qk, keep)
             for p in range(len(self.perms)):
                 pi = self.perms[p]
-                qp, kp = q.index_select(1, pi), k.index_select(1, pi)
+                qp, kp = self._permuted(q, k, pi, L)
                 self._add(p, L, lower_stats(qp, kp, batch.scale, self.chunk,
                                             self.max_lags[L], self.dtype),
                           None if self.causal else lower_stats(kp, qp, batch.scale, self.chunk,
@@ -214,6 +218,11 @@ class PermNullReducer:
             q, k = q.index_select(0, idx), k.index_select(0, idx)
         return q, k
 
+    def _permuted(self, q: Tensor, k: Tensor, pi: Tensor, L: int) -> tuple[Tensor, Tensor]:
+        """q[:, π], k[:, π], spread by layer ``L``'s chunk where one binds."""
+        qp, kp = q.index_select(1, pi), k.index_select(1, pi)
+        return (qp, kp) if self.chunks[L] is None else chunk_qk(qp, kp, self.chunks[L])
+
     def _update_from_scores(self, q: Tensor, k: Tensor, batch: LayerBatch) -> None:
         """The reference path: form each permuted product and sweep its lower triangle."""
         b, T, h, _ = q.shape
@@ -221,7 +230,7 @@ class PermNullReducer:
         work = batch.workspace.get("perm_null_work", (b, h, 2 * T, T), q, zero=True)
         for p in range(len(self.perms)):
             pi = self.perms[p]
-            qp, kp = q.index_select(1, pi), k.index_select(1, pi)
+            qp, kp = self._permuted(q, k, pi, L)
             shift = lower_mean_from_qk(qp, kp, batch.scale)
             A = cap_scores(qk_scores(qp, kp, batch.scale, batch.workspace, "perm_null_scores"),
                            batch.terms)
@@ -254,7 +263,7 @@ class PermNullReducer:
         if n[0] == 0:
             raise RuntimeError("no sequences were fed to the permutation null")
         counts = layer_lag_counts(self.T, self.max_lags, self.n_layers,
-                                  device=self.s1.device) * n[0]
+                                  device=self.s1.device, chunks=self.chunks) * n[0]
         back = None if self.causal else (self.s1_back, self.sq_back, counts)
         r2, *_ = r2_two_sided((self.s1, self.sq, counts), back)
         r2 = r2.detach().cpu().numpy()
@@ -275,7 +284,8 @@ def build(run: StatisticContext) -> PermNullReducer | None:
     return PermNullReducer(s.n_layers, s.n_heads, run.length, n_perm=o.null_perms,
                            max_seqs=o.null_seqs, seed=o.seed, device=run.device,
                            include_identity=False, source=run.source,
-                           causal=run.geometry.causal, max_lags=run.max_lags)
+                           causal=run.geometry.causal, max_lags=run.max_lags,
+                           chunks=run.geometry.bound_chunks)
 
 
 def with_same_seqs(part: PermNull, reducers, run: StatisticContext) -> PermNull:

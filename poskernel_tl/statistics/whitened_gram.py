@@ -41,13 +41,16 @@ class WhitenedGramResult(Part):
 
 
 class WhitenedGramReducer:
-    def __init__(self, centering: Moments, scale: float, causal: bool = True):
+    def __init__(self, centering: Moments, scale: float, causal: bool = True,
+                 max_lags: list[int] | None = None, chunks: list[int | None] | None = None):
+        """``max_lags``/``chunks``: each layer's mask (a window, a chunk), as Track B's."""
         white_q, white_k = centering.whitening()
         self.mean_q, self.mean_k = centering.mean_q, centering.mean_k  # float32
         self.white_q, self.white_k = white_q.float(), white_k.float()  # [L, H(kv), d, d]
         L, H, T, d = self.mean_q.shape
         self.gram = GramReducer(L, H, self.mean_k.shape[1], T, d, scale,
-                                self.mean_q.device, full=False, causal=causal)
+                                self.mean_q.device, full=False, causal=causal,
+                                max_lags=max_lags, chunks=chunks)
 
     def update(self, batch: LayerBatch) -> None:
         L = batch.layer
@@ -66,7 +69,9 @@ def build(run: StatisticContext) -> WhitenedGramReducer | None:
     """Only with ``--whiten`` (which needs centering sequences)."""
     if not run.options.whiten:
         return None
-    return WhitenedGramReducer(run.centering, run.model.logit_scale, causal=run.geometry.causal)
+    g = run.geometry
+    return WhitenedGramReducer(run.centering, run.model.logit_scale, causal=g.causal,
+                               max_lags=g.max_lags, chunks=g.bound_chunks)
 
 
 STATISTIC = StatisticSpec(

@@ -65,7 +65,8 @@ ROW_BLOCK = 256  # rows of the materialised logits masked at a time (a copy of t
 def layouts(run: StatisticContext) -> list[RowLayout]:
     """Each layer's :class:`RowLayout` at the run's length."""
     g = run.geometry
-    return [RowLayout(g.length, m, two_sided=not g.causal) for m in g.lags]
+    return [RowLayout(g.length, m, two_sided=not g.causal, chunk=g.chunk(L))
+            for L, m in enumerate(g.lags)]
 
 
 def row_sums(batch: LayerBatch, layout: RowLayout, from_scores: bool
@@ -81,7 +82,7 @@ def row_sums(batch: LayerBatch, layout: RowLayout, from_scores: bool
             out[..., lo:lo + ROW_BLOCK] = torch.where(keep, A[..., lo:lo + ROW_BLOCK, :], 0
                                                       ).sum(-1, dtype=torch.float64)
         return out
-    q, k = batch.logit_qk
+    q, k = batch.kept_qk  # (0 across a chunked mask's chunks)
     keys = torch.cumsum(k, 1, dtype=torch.float64)  # Σ_{s ≤ t} k_s
     if layout.two_sided:
         keys = keys[:, -1:] - k  # every key but t's own
