@@ -31,7 +31,8 @@ def head_statistics(model: LoadedModel, geometry: Geometry, layer: int,
                        model.logit_scale, rows=(0,), terms=model.spec.layer_terms(layer))
     s = model.spec
     track_a = TrackAReducer(1, s.n_layers, s.n_heads, geometry.length, q.device,
-                            causal=geometry.causal, max_lags=geometry.max_lags)
+                            causal=geometry.causal, max_lags=geometry.max_lags,
+                            chunks=geometry.bound_chunks)
     track_a.update(batch)
     out = {}
     for stat in STATISTICS.values():

@@ -104,6 +104,7 @@ class HeadView:
     g_back: Float[np.ndarray, " lag"] | None = None
     g_self: float | None = None
     max_lag: int | None = None  # a sliding window's last kept offset (the fit reads Δ ≤ it)
+    chunk: int | None = None  # a chunked mask's chunk where it binds (the fit reads within it)
     kernel: dict | None = None  # this sequence's kernel descriptors and class
     # the zoom of a long view: post-rotary q of the head, k of its kv head, logits = scale·q·kᵀ
     q: Float[np.ndarray, "pos d_head"] | None = None
@@ -135,9 +136,13 @@ class HeadView:
         notes = [f"Logits from {self.scores_from}; pattern from {self.pattern_from}. "
                  "g(Δ) (drawn as Track A) and its spectrum are this one sequence's fit; "
                  "Track B needs many sequences (pk.measure).", *self.notes]
-        if self.max_lag is not None:
+        if self.max_lag is not None and self.chunk is None:
             notes.append(f"The layer attends within a sliding window: the fit reads the "
                          f"offsets 1 ≤ t − s ≤ {self.max_lag} only (g is not defined past).")
+        if self.chunk is not None:
+            notes.append(f"The layer attends within chunks of {self.chunk} positions: the fit "
+                         "reads the entries t, s of one chunk only, each offset counted "
+                         "where the mask keeps it.")
         if self.thetas is not None:
             notes.append(alignment_line(self.alignment))
         tables = alignment_frames(self.alignment, "this sequence's g(Δ)")
@@ -154,7 +159,7 @@ class HeadView:
             two_sided=self.two_sided, spectrum=self.spectrum, thetas=self.thetas,
             tables=tables,
             r2_values={"R² without the sink column (key 0)": self.r2_nosink},
-            notes=notes, max_lag=self.max_lag, q=self.q, k=self.k, logit_scale=self.logit_scale,
+            notes=notes, max_lag=self.max_lag, chunk=self.chunk, q=self.q, k=self.k, logit_scale=self.logit_scale,
             fit=(self.r2, self.g, self.g_back), numbers=numbers, panels=panels)
 
     def to_html(self, assets_rel: str | None = None) -> str:
@@ -244,21 +249,22 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
 
 
 def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
-            max_lag: int | None = None) -> dict:
+            max_lag: int | None = None, chunk: int | None = None) -> dict:
     """The head's fit on one matrix: ``r2``, ``g``, ``g_back``/``g_self`` (None when
     causal), ``residual`` (A − g(t − s) where the fit reads, NaN elsewhere) and ``logits``
     (A with NaN above the diagonal when causal). ``max_lag``: a sliding window's last kept
-    offset (the fit reads t − s ≤ max_lag; g and the residual are NaN past it)."""
+    offset (the fit reads t − s ≤ max_lag; g and the residual are NaN past it); ``chunk``:
+    a chunked mask's (the fit reads within one chunk; the residual is NaN across)."""
     T = A.shape[-1]
     if causal:
-        (r2, g), g_back, g_self = shift_invariance_r2(A, max_lag), None, None
+        (r2, g), g_back, g_self = shift_invariance_r2(A, max_lag, chunk), None, None
         full = g
     else:
         r2, g, g_back, g_self = shift_invariance_r2_two_sided(A)
         full = torch.from_numpy(two_sided(g.cpu().numpy(), g_back.cpu().numpy(),
                                           float(g_self)))
     lag = (torch.arange(T)[:, None] - torch.arange(T)[None]).to(A.device)
-    fitted = torch.from_numpy(fit_mask(T, not causal, max_lag)).to(A.device)
+    fitted = torch.from_numpy(fit_mask(T, not causal, max_lag, chunk=chunk)).to(A.device)
     index = (lag.clamp(min=1) - 1) if causal else (lag + T - 1)
     residual = torch.where(fitted, A.double() - full.to(A.device)[index],
                            torch.full_like(A, math.nan, dtype=torch.float64))
@@ -270,28 +276,28 @@ def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
 
 
 def position_permutation_null(A: Float[Tensor, "query_pos key_pos"], causal: bool,
-                              max_lag: int | None, n_perm: int = VIEW_NULL_PERMS
-                              ) -> Float[np.ndarray, " perm"]:
+                              max_lag: int | None, n_perm: int = VIEW_NULL_PERMS,
+                              chunk: int | None = None) -> Float[np.ndarray, " perm"]:
     """R² of the fit to A[π][:, π] for ``n_perm`` joint position permutations π: the run's
     permutation null (:func:`~poskernel_tl.statistics.perm_null.joint_permutations`, seed
     0) on this one matrix, fitted as the view fits A."""
     out = []
     for pi in joint_permutations(A.shape[-1], n_perm).to(A.device):
         Ap = A[pi][:, pi]
-        out.append(shift_invariance_r2(Ap, max_lag)[0] if causal else
+        out.append(shift_invariance_r2(Ap, max_lag, chunk)[0] if causal else
                    shift_invariance_r2_two_sided(Ap)[0])
     return torch.stack(out).double().cpu().numpy()
 
 
 def kernel_of(fit: dict, A: Float[Tensor, "query_pos key_pos"], max_lag: int | None,
-              thetas: np.ndarray | None) -> dict:
+              thetas: np.ndarray | None, chunk: int | None = None) -> dict:
     """:func:`~poskernel_tl.fit.kernel_class.head_kernels` of this one sequence's fit, against
     :func:`position_permutation_null`: class first, then the descriptors."""
     causal = fit["g_back"] is None
-    counts = lag_counts(A.shape[-1], max_lag=max_lag).numpy()
+    counts = lag_counts(A.shape[-1], max_lag=max_lag, chunk=chunk).numpy()
     sink = np.where(counts > 0, A[1:, 0].double().cpu().numpy(), np.nan)
     back = None if causal else fit["g_back"][None, None]
-    null = position_permutation_null(A, causal, max_lag)
+    null = position_permutation_null(A, causal, max_lag, chunk=chunk)
     row = head_kernels(fit["g"][None, None], sink[None, None], counts[None],
                        np.array([[fit["r2"]]]), null[:, None, None], back, thetas).iloc[0]
     return {"kernel_class": row["kernel_class"],
@@ -326,9 +332,9 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     ids = token_ids(model, text_or_tokens, max_tokens)
     t = head_tensors(model, ids, layer, head)
     geometry = Geometry.of(spec, len(ids))  # the length is checked by token_ids
-    max_lag = geometry.window(layer)
-    fit = fit_one(t["scores"], spec.causal, max_lag)
-    r2_nosink = variant_r2(t["scores"], NO_SINK, spec.causal, max_lag)
+    max_lag, chunk = geometry.window(layer), geometry.chunk(layer)
+    fit = fit_one(t["scores"], spec.causal, max_lag, chunk)
+    r2_nosink = variant_r2(t["scores"], NO_SINK, spec.causal, max_lag, chunk)
     thetas = spec.rotary_frequencies(layer)
     usage = _usage(model, t["q"], t["k"]) if thetas is not None else None
     if usage is not None and len(usage) != len(thetas):
@@ -345,7 +351,8 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
         tokens=token_strings(model.tokenizer, ids.tolist()), token_ids=ids.numpy(),
         logits=fit["logits"], pattern=t["pattern"].float().cpu().numpy(), g=fit["g"],
         r2=fit["r2"], r2_nosink=r2_nosink, residual=fit["residual"], g_back=fit["g_back"],
-        g_self=fit["g_self"], max_lag=max_lag, kernel=kernel_of(fit, t["scores"], max_lag, thetas),
+        g_self=fit["g_self"], max_lag=max_lag, chunk=chunk,
+        kernel=kernel_of(fit, t["scores"], max_lag, thetas, chunk),
         spectrum=(omega, power), alignment=alignment, thetas=thetas,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes,
         q=t["q"].float().cpu().numpy(), k=t["k"].float().cpu().numpy(),

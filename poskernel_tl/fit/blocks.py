@@ -41,13 +41,19 @@ def read_offsets(T: int, two_sided: bool, last: int | None) -> np.ndarray:
 
 
 def fit_mask(T: int, two_sided: bool = False, max_lag: int | None = None,
-             rows: slice = slice(None)) -> Bool[np.ndarray, "query_pos key_pos"]:
+             rows: slice = slice(None), chunk: int | None = None
+             ) -> Bool[np.ndarray, "query_pos key_pos"]:
     """The entries a head's fit reads, of the rows ``rows``: every off-diagonal one
     (``two_sided``), else the strict lower triangle, up to offset ``max_lag`` (a sliding
     window) where given (:func:`read_offsets`: entry (t, s) is offset t − s, read from a
-    Toeplitz view of the offsets, so that no T × T index is formed)."""
+    Toeplitz view of the offsets, so that no T × T index is formed), and within one
+    ``chunk`` of positions where given (a chunked mask)."""
     back = read_offsets(T, two_sided, max_lag)[::-1]  # back[T − 1 − t + s] = (t − s read)
-    return np.lib.stride_tricks.sliding_window_view(back, T)[::-1][rows].copy()
+    keep = np.lib.stride_tricks.sliding_window_view(back, T)[::-1][rows].copy()
+    if chunk is not None:
+        pos = np.arange(T) // chunk
+        keep &= pos[rows, None] == pos[None]
+    return keep
 
 
 def read_mask(T: int, two_sided: bool, last: int | None, rows: Tensor, keys: Tensor

@@ -160,6 +160,7 @@ def kept_finite(g: Float[np.ndarray, "*batch lag"]) -> bool:
 
 def shift_invariance_r2(
     scores: Float[Tensor, "*batch query_pos key_pos"], max_lag: int | None = None,
+    chunk: int | None = None,
 ) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"]]:
     """Fit g(Δ) to the strictly lower triangle of ``scores`` and return ``(r2, g)``.
 
@@ -167,12 +168,18 @@ def shift_invariance_r2(
     over all entries with s < t, accumulated in float64. Entries on or above the
     diagonal are ignored whatever they hold (masked fills included). ``max_lag``: fit
     only the entries with t − s ≤ max_lag (what a sliding window keeps; g is NaN past it).
+    ``chunk``: only the entries with t and s in one chunk of that many positions (a
+    chunked mask).
     """
     T = scores.shape[-1]
     if scores.shape[-2] != T or T < 3:
         raise UserError(f"need square score matrices with T >= 3, got {tuple(scores.shape)}")
+    if chunk is not None:
+        pos = torch.arange(T, device=scores.device) // chunk
+        scores = torch.where(pos[:, None] == pos[None], scores, 0.0)
     s1, sq = lag_sums(scores, max_lag=max_lag)
-    return r2_from_sums(s1, sq, lag_counts(T, device=scores.device, max_lag=max_lag))
+    return r2_from_sums(s1, sq, lag_counts(T, device=scores.device, max_lag=max_lag,
+                                           chunk=chunk))
 
 
 # ------------------------------------------------------------- both triangles

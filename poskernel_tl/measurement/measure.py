@@ -164,9 +164,6 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     mask = check_mask(model)
     if opts.whiten and cen_ids is None:
         raise UserError("--whiten needs centering sequences")
-    if opts.whiten and geometry.windowed:
-        raise UserError(f"--whiten: {model.spec.name} has sliding-window layers, and the "
-                        "whitened Gram is fitted on the whole triangle; run without --whiten")
     seq_id = np.arange(len(ev_ids)) if seq_id is None else np.asarray(seq_id, dtype=np.int64)
     wanted = {i: int(seq_id[i]) for i in logits_for if i < len(ev_ids)}
     keep_gram = T <= C.GRAM_SAVE_MAX_T if keep_gram is None else keep_gram

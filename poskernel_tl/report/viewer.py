@@ -157,6 +157,7 @@ class HeadPageData:
     links: dict[str, str] = field(default_factory=dict)
     beyond: pd.DataFrame | None = None
     max_lag: int | None = None  # a sliding window's last kept offset: the fit reads Δ ≤ it
+    chunk: int | None = None  # a chunked mask's chunk where it binds: the fit reads within it
     # the zoom of a long view (past max_tokens): post-rotary q, the kv head's k, the factor
     q: Float[np.ndarray, "query_pos d_head"] | None = None
     k: Float[np.ndarray, "key_pos d_head"] | None = None
@@ -177,7 +178,7 @@ class HeadPageData:
         if self.spectrum is not None and self.spectrum[0].shape != self.spectrum[1].shape:
             raise ValueError("spectrum omega and power differ in length")
         if self.fit is None:
-            self.fit = matrix_fit(self.logits, self.two_sided, self.max_lag)
+            self.fit = matrix_fit(self.logits, self.two_sided, self.max_lag, self.chunk)
 
 
 def _frame_table(title: str, df: pd.DataFrame) -> dict:
@@ -198,7 +199,7 @@ def head_payload(data: HeadPageData, max_tokens: int = VIEW_TOKENS, *,
     T = len(data.tokens)
     n = min(T, max_tokens)
     r2, g, g_back = data.fit
-    keep = fit_mask(T, data.two_sided, data.max_lag, slice(0, n))[:, :n]
+    keep = fit_mask(T, data.two_sided, data.max_lag, slice(0, n), data.chunk)[:, :n]
     logits = np.where(keep, np.asarray(data.logits)[:n, :n], np.nan)
     notes, long = list(data.notes), None
     if n < T and data.q is not None:
