@@ -38,7 +38,8 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
-from poskernel_tl.fit.toeplitz import lag_counts, r2_from_sums, shift_invariance_r2
+from poskernel_tl.fit.counts import lag_counts
+from poskernel_tl.fit.toeplitz import r2_from_sums, shift_invariance_r2
 from poskernel_tl.statistics.perm_null import joint_permutations, null_p_value, null_percentile
 
 _CHUNK_ELEMENTS = 1 << 24  # bounds the [batch, chunk, pos, d] and [batch, perm, pair] temps

@@ -16,12 +16,8 @@ from poskernel_tl.analyses import spectral as S
 from poskernel_tl.analyses.spectral import io as SIO
 from poskernel_tl.analyses.spectral import table as ST
 from poskernel_tl.errors import UserError
-from poskernel_tl.fit.toeplitz import (
-    shift_invariance_r2_two_sided,
-    sym_antisym,
-    two_sided,
-    upper_lag_counts,
-)
+from poskernel_tl.fit.counts import upper_lag_counts
+from poskernel_tl.fit.toeplitz import shift_invariance_r2_two_sided, sym_antisym, two_sided
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
 from poskernel_tl.reducers import (

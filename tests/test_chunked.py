@@ -15,7 +15,8 @@ from transformer_lens.head_detector import (
 )
 
 import poskernel_tl as pk
-from poskernel_tl.fit.toeplitz import lag_counts, shift_invariance_r2
+from poskernel_tl.fit.counts import lag_counts
+from poskernel_tl.fit.toeplitz import shift_invariance_r2
 from poskernel_tl.fit.variants import Variant
 from poskernel_tl.fit.within_row import RowLayout
 from poskernel_tl.models.geometry import Geometry
@@ -193,3 +194,33 @@ def test_inspect_head_fits_the_chunked_mask(llama4):
     assert abs(view.r2 - want) <= 1e-6 and view.chunk == CHUNK
     assert abs(float(shift_invariance_r2(A.nan_to_num(), CHUNK - 1, CHUNK)[0]) - want) <= 1e-6
     assert any("chunks of 16" in n for n in view.page_data().notes)
+
+
+def test_whitened_gram_reads_each_layers_mask():
+    """``--whiten``'s Gram is fitted on each layer's own mask — a chunk, a window, the
+    whole triangle — as Track B's is (it was fitted on the whole triangle, and refused for
+    windowed models)."""
+    from poskernel_tl.statistics.whitened_gram import WhitenedGramReducer
+
+    T, n, H, kv, d = 40, 6, 2, 1, 4
+    g = torch.Generator().manual_seed(6)
+    q, k = torch.randn(n, 3, T, H, d, generator=g), torch.randn(n, 3, T, kv, d, generator=g)
+    cen = MomentsReducer(n, 3, H, kv, T, d, half_seed=1, second_moments=True)
+    for L in range(3):
+        cen.update(LayerBatch(L, q[:, L], k[:, L], torch.arange(n), 0.5))
+    means = cen.result()
+    red = WhitenedGramReducer(means, 0.5, max_lags=[CHUNK - 1, 9, T - 1],
+                              chunks=[CHUNK, None, None])
+    for L in range(3):
+        red.update(LayerBatch(L, q[:, L], k[:, L], torch.arange(n), 0.5, rows=tuple(range(n))))
+    got = red.result().r2_gram_whitened
+    wq, wk = means.whitening()
+    t, s = torch.arange(T)[:, None], torch.arange(T)[None]
+    masks = [kept(T, CHUNK), (t > s) & (t - s <= 9), t > s]
+    for L, keep in enumerate(masks):
+        mq, mk = (m[L].transpose(0, 1).double() for m in (means.mean_q, means.mean_k))
+        qw = torch.einsum("nthd,hde->nthe", q[:, L].double() - mq, wq[L].double())
+        kw = torch.einsum("nthd,hde->nthe", k[:, L].double() - mk, wk[L].double())
+        gram = torch.einsum("nthd,nshd->hts", qw, kw.repeat_interleave(H // kv, 2)) * 0.5 / n
+        want = naive_r2(gram[None], keep[None, None].expand(1, H, T, T))
+        assert np.abs(got[L] - want).max() <= 1e-5, L

@@ -12,7 +12,8 @@ from poskernel_tl.analyses import gk_baseline as G
 from poskernel_tl.analyses.base import AnalysisInputs
 from poskernel_tl.analyses.gk_baseline import split as GS
 from poskernel_tl.data.sequences import build_sequences
-from poskernel_tl.fit.toeplitz import lag_counts, lag_sums, r2_from_sums, shift_invariance_r2
+from poskernel_tl.fit.counts import lag_counts
+from poskernel_tl.fit.toeplitz import lag_sums, r2_from_sums, shift_invariance_r2
 from poskernel_tl.measurement.pe_kernel import (
     NoPositionTableError,
     head_projected_pe_kernel,

@@ -6,8 +6,8 @@ import pytest
 import torch
 from test_toeplitz import naive_r2
 
+from poskernel_tl.fit.counts import lag_counts
 from poskernel_tl.fit.kernel_class import head_kernels, row_shares
-from poskernel_tl.fit.toeplitz import lag_counts
 from poskernel_tl.reducers import LayerBatch, TrackAReducer
 from poskernel_tl.statistics import PermNullReducer
 

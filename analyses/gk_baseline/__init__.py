@@ -77,7 +77,8 @@ from poskernel_tl.analyses.gk_baseline.split import (
     split_layer0_scores,
 )
 from poskernel_tl.data.inputs import as_tokens, check_tokens
-from poskernel_tl.fit.toeplitz import lag_counts, lag_sums, r2_from_sums
+from poskernel_tl.fit.counts import lag_counts
+from poskernel_tl.fit.toeplitz import lag_sums, r2_from_sums
 from poskernel_tl.measurement.measure import choose_scores_path, forward_pass
 from poskernel_tl.plan.config import option
 

@@ -29,13 +29,9 @@ from poskernel_tl.apps.head_statistics import head_statistics, statistic_values
 from poskernel_tl.apps.head_zoom import HeadZoom
 from poskernel_tl.data.sequences import token_strings
 from poskernel_tl.fit.blocks import fit_mask
+from poskernel_tl.fit.counts import lag_counts
 from poskernel_tl.fit.kernel_class import head_kernels
-from poskernel_tl.fit.toeplitz import (
-    lag_counts,
-    shift_invariance_r2,
-    shift_invariance_r2_two_sided,
-    two_sided,
-)
+from poskernel_tl.fit.toeplitz import shift_invariance_r2, shift_invariance_r2_two_sided, two_sided
 from poskernel_tl.fit.variants import variant_r2
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.hooks.names import scores_hook_is_logits
@@ -159,7 +155,8 @@ class HeadView:
             two_sided=self.two_sided, spectrum=self.spectrum, thetas=self.thetas,
             tables=tables,
             r2_values={"R² without the sink column (key 0)": self.r2_nosink},
-            notes=notes, max_lag=self.max_lag, chunk=self.chunk, q=self.q, k=self.k, logit_scale=self.logit_scale,
+            notes=notes, max_lag=self.max_lag, chunk=self.chunk, q=self.q, k=self.k,
+            logit_scale=self.logit_scale,
             fit=(self.r2, self.g, self.g_back), numbers=numbers, panels=panels)
 
     def to_html(self, assets_rel: str | None = None) -> str:

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float
 
-from poskernel_tl.fit.toeplitz import layer_lag_counts
+from poskernel_tl.fit.counts import layer_lag_counts
 
 THRESHOLDS = {"content_r2_without_null": 0.05, "prev_share": 0.5, "sink_share": 0.5,
               "local_width_fraction": 1 / 16, "periodic_share": 0.25, "decay_r2": 0.5}

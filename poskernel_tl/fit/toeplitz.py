@@ -32,6 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.errors import UserError
+from poskernel_tl.fit.counts import lag_counts
 from poskernel_tl.protocol import band_ends
 
 
@@ -46,45 +47,6 @@ def skew_lower(
     sheared = padded.reshape(*batch, 2 * T * T)[..., : T * (2 * T - 1)]
     sheared = sheared.reshape(*batch, T, 2 * T - 1)  # sheared[t, c] = padded[t, c - t]
     return sheared[..., T:]  # c = T-1+Δ, i.e. s = t - Δ
-
-
-def chunk_rows(lo: Tensor | int, hi: Tensor | int, lag: Tensor, chunk: int) -> Tensor:
-    """How many rows t in [lo, hi) keep their key t − Δ inside their own chunk of ``chunk``
-    positions (t mod chunk ≥ Δ), per Δ in ``lag`` (O(1) each: no mask is formed)."""
-    def below(x):  # rows t in [0, x) with t mod chunk ≥ Δ
-        x = torch.as_tensor(x, device=lag.device).clamp(min=0)
-        return (x // chunk) * (chunk - lag).clamp(min=0) + (x % chunk - lag).clamp(min=0)
-    return (below(hi) - below(torch.minimum(torch.as_tensor(lo, device=lag.device),
-                                            torch.as_tensor(hi, device=lag.device)))
-            ).clamp(min=0)
-
-
-def lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,
-               device=None, max_lag: int | None = None, chunk: int | None = None
-               ) -> Float[Tensor, " lag"]:
-    """n(Δ) for Δ = 1..T−1: how many query rows t in [row_lo, row_hi) have a key at t−Δ
-    (0 past ``max_lag``, the last offset a sliding window keeps; with ``chunk``, only the
-    rows whose key lies in their own chunk: a chunked mask)."""
-    row_hi = T if row_hi is None else min(row_hi, T)
-    lags = torch.arange(1, T, device=device, dtype=torch.float64)
-    if chunk is not None:
-        counts = chunk_rows(row_lo, row_hi, lags.long(), chunk).double()
-    else:
-        counts = torch.clamp(row_hi - torch.clamp(lags, min=row_lo), min=0)
-    return counts if max_lag is None else counts * (lags <= max_lag)
-
-
-def layer_lag_counts(T: int, max_lags: Sequence[int] | None, n_layers: int, row_lo: int = 0,
-                     row_hi: int | None = None, device=None,
-                     chunks: Sequence[int | None] | None = None
-                     ) -> Float[Tensor, "layer 1 lag"]:
-    """:func:`lag_counts` of every layer, [layer, 1, lag] (broadcasts over heads): each
-    layer's own last kept offset ``max_lags[layer]`` (None: every layer's whole triangle)
-    and chunk ``chunks[layer]`` (None: no chunk binds)."""
-    lags = [None] * n_layers if max_lags is None else max_lags
-    chunks = [None] * n_layers if chunks is None else chunks
-    return torch.stack([lag_counts(T, row_lo, row_hi, device, m, c)
-                        for m, c in zip(lags, chunks)])[:, None]
 
 
 def lag_sums(
@@ -183,15 +145,6 @@ def shift_invariance_r2(
 
 
 # ------------------------------------------------------------- both triangles
-def upper_lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,
-                     device=None) -> Float[Tensor, " lag"]:
-    """n(Δ) for Δ = −1..−(T−1) (index j ↔ Δ = −(j+1)): how many query rows t in
-    [row_lo, row_hi) have a key at t + j + 1 (the upper triangle)."""
-    row_hi = T if row_hi is None else min(row_hi, T)
-    last = T - torch.arange(1, T, device=device, dtype=torch.float64)  # rows t < T − m
-    return torch.clamp(torch.clamp(last, max=row_hi) - row_lo, min=0)
-
-
 Sums = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"], Float[Tensor, "... lag"]]
 
 

@@ -28,7 +28,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.fit.toeplitz import chunk_rows, r2_two_sided, skew_lower
+from poskernel_tl.fit.counts import chunk_rows
+from poskernel_tl.fit.toeplitz import r2_two_sided, skew_lower
 
 Block = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]
 

@@ -28,8 +28,8 @@ solution gives the same g·r. Nothing here holds a T × T matrix: a reducer keep
 u(Δ) = Σ_{t ∋ Δ} R_x(t)/m_t and Σ_t R_x(t)²/m_t per sequence beside Track A's sums.
 
 **Solving.** A causal layer's row t keeps the offsets 1..m_t with m_t = min(t, W) (a
-chunked mask of C positions: min(t mod C, W)), so K[i, j] = n_i·δ_ij − τ(max(i, j)) with τ(j) = Σ_{t: m_t ≥ j} 1/m_t; the
-difference of consecutive equations is a recursion,
+chunked mask of C positions: min(t mod C, W)), so K[i, j] = n_i·δ_ij − τ(max(i, j)) with
+τ(j) = Σ_{t: m_t ≥ j} 1/m_t; the difference of consecutive equations is a recursion,
 
     n_{i+1} g_{i+1} = r_{i+1} − r_i + n_i g_i − (τ_i − τ_{i+1}) Σ_{j ≤ i} g_j,
 
@@ -47,7 +47,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.fit.toeplitz import lag_counts, upper_lag_counts
+from poskernel_tl.fit.counts import lag_counts, upper_lag_counts
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ whole triangle; a sliding window of W positions: W − 1), and an encoder the sa
 A chunked mask of C positions (Llama 4) keeps query t's keys s ≤ t of its own chunk
 (⌊s / C⌋ = ⌊t / C⌋): every causal entry up to T = C; past it the offsets Δ ≤ C − 1 (its
 ``lags``), each counted where it lies inside a chunk (:meth:`Geometry.chunk` says where one
-binds; the counts are :func:`~poskernel_tl.fit.toeplitz.lag_counts`' with that chunk, the
+binds; the counts are :func:`~poskernel_tl.fit.counts.lag_counts`' with that chunk, the
 logits across chunks are never read: :func:`~poskernel_tl.models.softmax_ops.chunk_qk`).
 """
 

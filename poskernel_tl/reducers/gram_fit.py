@@ -47,8 +47,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl import kernels
+from poskernel_tl.fit.counts import lag_counts
 from poskernel_tl.fit.diagonals import diagonal_lines
-from poskernel_tl.fit.toeplitz import lag_counts, r2_two_sided
+from poskernel_tl.fit.toeplitz import r2_two_sided
 from poskernel_tl.models.softmax_ops import chunk_qk
 from poskernel_tl.models.softmax_terms import NONE
 from poskernel_tl.reducers.band_sums import band_is_cheaper
@@ -313,7 +314,7 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
     if chunk is not None:
         q, k = chunk_qk(q, k, chunk)
     n, T, H, d = q.shape
-    if kernels.active(q) and chunk is None:  # the accumulator formed from the factors, one launch, then read
+    if kernels.active(q) and chunk is None:  # the accumulator from the factors, then read
         blocks = gram_row_blocks(T, upper, max_lag=max_lag)
         flat, _, table = kernels.gram_layout(blocks, H, q.device)
         kernels.gram_tile_update(flat, table, GRAM_ROWS, q, k)

@@ -34,15 +34,8 @@ from torch import Tensor
 
 from poskernel_tl.errors import NonFiniteError
 from poskernel_tl.fit.bands import band_fits
-from poskernel_tl.fit.toeplitz import (
-    lag_counts,
-    lag_means,
-    layer_lag_counts,
-    lower_lag_stats,
-    lower_mean_from_qk,
-    r2_two_sided,
-    upper_lag_counts,
-)
+from poskernel_tl.fit.counts import lag_counts, layer_lag_counts, upper_lag_counts
+from poskernel_tl.fit.toeplitz import lag_means, lower_lag_stats, lower_mean_from_qk, r2_two_sided
 from poskernel_tl.fit.variants import (
     Variant,
     region_mask,

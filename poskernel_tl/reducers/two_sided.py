@@ -27,12 +27,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.fit.toeplitz import (
-    Sums,
-    lower_lag_stats,
-    lower_mean_from_qk,
-    upper_lag_counts,
-)
+from poskernel_tl.fit.counts import upper_lag_counts
+from poskernel_tl.fit.toeplitz import Sums, lower_lag_stats, lower_mean_from_qk
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.lag_sums import (

@@ -44,12 +44,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl.fit.bands import band_r2
-from poskernel_tl.fit.toeplitz import (
-    layer_lag_counts,
-    lower_lag_stats,
-    lower_mean_from_qk,
-    r2_two_sided,
-)
+from poskernel_tl.fit.counts import layer_lag_counts
+from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, r2_two_sided
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.models.softmax_ops import cap_scores, chunk_qk
 from poskernel_tl.protocol import band_ends
