@@ -60,8 +60,10 @@ def layer_summary(r) -> pd.DataFrame:
                           else np.full(r.n_layers, np.nan)),
         "R2_B_raw": np.nanmean(r.r2_gram_raw, axis=1)})
     whole = getattr(r, "r2_pooled_whole", None)
-    if whole is not None:
-        df.insert(1, "R2_A_whole", np.nanmean(whole, axis=1))
+    if whole is not None:  # NaN on a chunked layer past its chunk (never read)
+        n = np.isfinite(whole).sum(axis=1)
+        df.insert(1, "R2_A_whole", np.where(n > 0, np.nansum(whole, axis=1) / np.maximum(n, 1),
+                                            np.nan))
     if "within_row" in r.parts:  # the same fit with a free constant per row
         df.insert(1, "R2_A_within_row", np.nanmean(r.r2_within_pooled, axis=1))
     if r.spec.layers and len({s.kind for s in r.spec.layers}) > 1:

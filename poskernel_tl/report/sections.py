@@ -293,12 +293,13 @@ def layer_kinds_html(results: Sequence[ConditionResult]) -> str:
             rows.append({"condition": cond_text(r), "layer kind": kind,
                          "layers": ", ".join(map(str, ix)),
                          "mean pooled R² (kept entries)": fmt(np.nanmean(r.r2_pooled[ix])),
-                         "… over the whole triangle": "—" if whole is None else
-                         fmt(np.nanmean(whole[ix]))})
+                         "… over the whole triangle": "—" if whole is None or not
+                         np.isfinite(whole[ix]).any() else fmt(np.nanmean(whole[ix]))})
     if not rows:
         return ""
     return ("<h2>Layer kinds (exploratory)</h2><p>Each layer is fitted on the entries its "
             "own mask keeps (a sliding-window layer: offsets below its window); the whole "
-            "triangle, logits the window removes included, is shown for contrast. Not "
+            "triangle, logits the window removes included, is shown for contrast (— for a "
+            "chunked layer past its chunk: its logits across chunks are not read). Not "
             "pre-registered: read as description.</p>" + table_html(pd.DataFrame(rows)))
 
