@@ -224,3 +224,17 @@ def test_whitened_gram_reads_each_layers_mask():
         gram = torch.einsum("nthd,nshd->hts", qw, kw.repeat_interleave(H // kv, 2)) * 0.5 / n
         want = naive_r2(gram[None], keep[None, None].expand(1, H, T, T))
         assert np.abs(got[L] - want).max() <= 1e-5, L
+
+
+def test_the_plan_counts_the_widened_q_and_k(llama4):
+    """Track A's transient estimate counts q and k ⌈T / chunk⌉ times wider where a chunk
+    binds, and is unchanged where none does."""
+    from poskernel_tl.fit.variants import strip_bytes
+    from poskernel_tl.reducers import track_a
+
+    s = llama4.spec
+    assert Geometry.of(s, CHUNK).widening == 1 and Geometry.of(s, 40).widening == 3
+    for T, wide in ((CHUNK, 1), (40, 3)):
+        want = track_a.LAG_COPIES * s.n_heads * T * s.d_head * wide * 8 + \
+            strip_bytes(s.n_heads, T, track_a.STRIP)
+        assert track_a.work_bytes(llama4, T) == want

@@ -79,6 +79,13 @@ class Geometry:
         out = [self.chunk(L) for L in range(self.n_layers)]
         return out if any(c is not None for c in out) else None
 
+    @property
+    def widening(self) -> int:
+        """How many times wider a binding chunk makes q and k where the fits read them
+        (⌈T / chunk⌉ slots of d_head: :func:`~poskernel_tl.models.softmax_ops.chunk_qk`);
+        1 when none binds."""
+        return max([1] + [-(-self.length // c) for c in self.bound_chunks or [] if c])
+
     def window(self, layer: int) -> int | None:
         """The last offset layer ``layer`` keeps where a window cuts its triangle, else None."""
         return self.lags[layer] if self.lags[layer] < self.length - 1 else None

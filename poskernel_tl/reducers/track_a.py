@@ -43,6 +43,7 @@ from poskernel_tl.fit.variants import (
     regions_sums,
     strip_bytes,
 )
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.protocol import (
     N_SPLITS,
@@ -88,9 +89,11 @@ def state_bytes(model: LoadedModel, length: int, n_seqs: int) -> int:
 def work_bytes(model: LoadedModel, length: int) -> int:
     """Track A's transient bytes per sequence of a batch (:data:`LAG_COPIES`), and the
     strip its regions are read from (:data:`~poskernel_tl.reducers.track_a_result.STRIP`
-    keys: :func:`~poskernel_tl.fit.variants.strip_bytes`), per side."""
+    keys: :func:`~poskernel_tl.fit.variants.strip_bytes`), per side; q and k widened by
+    a chunked mask that binds (:attr:`~poskernel_tl.models.geometry.Geometry.widening`)."""
     s = model.spec
-    return (LAG_COPIES * s.n_heads * length * s.d_head * 8 +
+    wide = Geometry.of(s, length).widening
+    return (LAG_COPIES * s.n_heads * length * s.d_head * wide * 8 +
             strip_bytes(s.n_heads, length, STRIP)) * sides(model)
 
 
