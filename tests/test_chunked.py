@@ -7,6 +7,7 @@ statistic equals a naive float64 computation on what Hugging Face's eager softma
 import numpy as np
 import pytest
 import torch
+from browser import find_chromium, load_page
 from softmax_spy import naive_r2, naive_within_r2, softmax_inputs
 from tiny_models import arch_hf_model, arch_loaded
 from transformer_lens.head_detector import (
@@ -26,6 +27,8 @@ from poskernel_tl.reducers.gram import GramReducer
 from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX
 from poskernel_tl.reducers.moments import MomentsReducer
 from poskernel_tl.reducers.track_a_result import VARIANTS
+from poskernel_tl.report.build import build_report
+from poskernel_tl.report.viewer_data import head_anchor
 from poskernel_tl.statistics.perm_null import PermNullReducer
 
 CHUNK = 16
@@ -238,3 +241,40 @@ def test_the_plan_counts_the_widened_q_and_k(llama4):
         want = track_a.LAG_COPIES * s.n_heads * T * s.d_head * wide * 8 + \
             strip_bytes(s.n_heads, T, track_a.STRIP)
         assert track_a.work_bytes(llama4, T) == want
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="headless Chromium not found")
+def test_the_report_page_reads_the_chunked_mask(llama4, tmp_path):
+    """In the report, a saved sequence's pattern and fit read the entries the layer's
+    mask keeps: Σ_t (t mod chunk) keys below the diagonal on a chunked layer, every one on
+    the global layer (the page counts them in ``data-pk-kept``)."""
+    T = 40
+    ids = torch.randint(3, 290, (4, T), generator=torch.Generator().manual_seed(5))
+    res = pk.measure(llama4, ids, progress=False, null_perms=0, logits_for=[0])
+    res.save(tmp_path)
+    page = build_report(tmp_path, workers=1)
+    for layer, want in ((0, int(kept(T, CHUNK).sum())), (3, T * (T - 1) // 2)):
+        anchor = head_anchor(res.model, res.dataset, T, layer, 1)
+        run = load_page(page, budget_ms=8000, fragment=anchor)
+        assert run.probe == [] and run.console == [], (run.probe, run.console)
+        box = run.dom.find_all("div", id="pk-head")[0].find_all("div", class_="pk-cv")[0]
+        assert box.attrs["data-pk-state"] == "mounted"
+        assert box.attrs["data-pk-kept"] == str(want), layer
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="headless Chromium not found")
+def test_the_report_page_reads_a_sliding_window(tiny_tokenizer, tmp_path):
+    """The same count on Gemma 2's sliding-window layers: min(t, window) keys per row."""
+    model = arch_loaded("gemma2", tiny_tokenizer)
+    T = 40
+    ids = torch.randint(3, 290, (2, T), generator=torch.Generator().manual_seed(5))
+    res = pk.measure(model, ids, progress=False, null_perms=0, logits_for=[0])
+    res.save(tmp_path)
+    page = build_report(tmp_path, workers=1)
+    windowed = [L for L in range(res.n_layers) if res.geometry.window(L) is not None]
+    assert windowed
+    last = res.geometry.window(windowed[0])
+    anchor = head_anchor(res.model, res.dataset, T, windowed[0], 0)
+    run = load_page(page, budget_ms=8000, fragment=anchor)
+    box = run.dom.find_all("div", id="pk-head")[0].find_all("div", class_="pk-cv")[0]
+    assert box.attrs["data-pk-kept"] == str(sum(min(t, last) for t in range(T)))

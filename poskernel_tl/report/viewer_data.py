@@ -103,8 +103,10 @@ class _Condition:
             self.codes = quantize(r.logits[cond.logits_seq], r.causal)
 
     def sequence(self, layer: int, head: int) -> dict | None:
-        """The saved sequence's logits of this head (8-bit codes), its g(Δ) and R²; its
-        tokens are the condition's (``tokens`` of the data file)."""
+        """The saved sequence's logits of this head (8-bit codes), its g(Δ) and R², and the
+        layer's mask (``last``: a window's last kept offset, ``chunk``: a binding chunk;
+        the page's pattern and fit read only those entries); its tokens are the
+        condition's (``tokens`` of the data file)."""
         if self.seq is None:
             return None
         r, (codes, lo, step), at = self.r, self.codes, (layer, head)
@@ -113,6 +115,7 @@ class _Condition:
                 "lo": num(lo[at]), "step": num(step[at]), "pattern": None,
                 "g": typed(r.g_per_seq[self.seq][at], "f4"), "gBack": back,
                 "r2": num(r.r2_per_seq[self.seq][at]), "twoSided": not r.causal,
+                "last": r.geometry.window(layer), "chunk": r.geometry.chunk(layer),
                 "tokens": None, "label": f"evaluation sequence {self.cond.logits_seq}" + (
                     "" if self.cond.tokens else
                     " (token strings not available: positions shown)")}

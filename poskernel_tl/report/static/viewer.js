@@ -133,18 +133,29 @@
     for (var t = 0; t < T; t++) for (var s = 0; s < (q.twoSided ? T : t); s++) if (s !== t) full[t * T + s] = q.lo + q.step * q.codes[k++];
     return full;
   }
+  /* whether the head's softmax reads key s of row t: off the diagonal (which is not saved),
+     s < t unless two-sided, within the layer's window (q.last) and chunk (q.chunk) */
+  function readsOf(q) {
+    return function (t, s) {
+      if (s === t || (!q.twoSided && s > t)) return false;
+      if (q.last !== null && q.last !== undefined && Math.abs(t - s) > q.last) return false;
+      return !q.chunk || Math.floor(t / q.chunk) === Math.floor(s / q.chunk);
+    };
+  }
   function drawSequence(root, q) {
     if (q.codes) q.logits = fromCodes(q);
     var T = q.T, id = "pk-cv-" + (++counter), att = [], tokens = [], both = !!q.twoSided;
+    var reads = readsOf(q), kept = 0;
     for (var t = 0; t < T; t++) {
       var rowv = new Array(T).fill(0), hi = both ? T : t;
       if (q.pattern) { for (var s = 0; s < (both ? T : t + 1); s++) rowv[s] = q.pattern[t * T + s]; }
       else if (t === 0 && !both) { rowv[0] = 1; }
       else {
         var mx = -Infinity, sum = 0;
-        for (s = 0; s < hi; s++) if (s !== t) mx = Math.max(mx, q.logits[t * T + s]);
-        for (s = 0; s < hi; s++) if (s !== t) { rowv[s] = Math.exp(q.logits[t * T + s] - mx); sum += rowv[s]; }
-        for (s = 0; s < hi; s++) rowv[s] /= sum;
+        for (s = 0; s < hi; s++) if (reads(t, s)) { mx = Math.max(mx, q.logits[t * T + s]); kept++; }
+        for (s = 0; s < hi; s++) if (reads(t, s)) { rowv[s] = Math.exp(q.logits[t * T + s] - mx); sum += rowv[s]; }
+        if (sum > 0) { for (s = 0; s < hi; s++) rowv[s] /= sum; }
+        else rowv[t] = 1;  // no saved key kept (a chunk's first row): it attends to itself
       }
       att.push(rowv);
       tokens.push(q.tokens ? String(q.tokens[t]) : String(t));
@@ -156,7 +167,7 @@
       }))]);
     var note = q.pattern ? "The head's attention pattern (hook_pattern)."
       : both ? "Softmax of the saved logits over every key s ≠ t (no causal mask; the diagonal s = t is not saved, so this approximates the pattern)."
-      : "Softmax of the saved logits over the keys s < t (the diagonal s = t is not saved, so this approximates the pattern; row 0 attends to itself).";
+      : "Softmax of the saved logits over the keys s < t its mask keeps (within its window or chunk where it has one; the diagonal s = t is not saved, so this approximates the pattern; row 0 attends to itself).";
     root.appendChild(section("Attention pattern — " + q.label, note, [cv, strip]));
     if (typeof CircuitsVis === "undefined") {
       cv.setAttribute("data-pk-state", "error");
@@ -164,6 +175,7 @@
     } else {
       CircuitsVis.render(id, CircuitsVis.AttentionPattern, { tokens: tokens, attention: att, maskUpperTri: !both });
       cv.setAttribute("data-pk-cells", String(T * T));
+      if (!q.pattern) cv.setAttribute("data-pk-kept", String(kept));
       cv.setAttribute("data-pk-state", "mounted");
     }
     var mats = fitMatrices(q), plots = [box("pk-plot pk-third"), box("pk-plot pk-third"), box("pk-plot pk-third")];
@@ -179,11 +191,11 @@
     });
   }
   function fitMatrices(q) {
-    var T = q.T, A = [], F = [], R = [];
+    var T = q.T, A = [], F = [], R = [], reads = readsOf(q);
     for (var t = 0; t < T; t++) {
       var a = new Array(T).fill(null), f = new Array(T).fill(null), r = new Array(T).fill(null);
       for (var s = 0; s < (q.twoSided ? T : t); s++) {
-        if (s === t) continue;
+        if (!reads(t, s)) continue;
         a[s] = q.logits[t * T + s];
         var g = s < t ? (q.g ? q.g[t - s - 1] : null) : (q.gBack ? q.gBack[s - t - 1] : null);
         if (g !== null) { f[s] = g; r[s] = a[s] - g; }
