@@ -19,8 +19,10 @@ transform it; the fit of a head must read exactly what its softmax reads. A
   column (gpt-oss). They are no entry of the logits among tokens, so the fit never sees
   them; the attention pattern (the previous-token score, the head view) divides by them.
 - ``chunk``: a chunked causal mask (Llama 4): query t reads key s ≤ t of its own chunk
-  of ``chunk`` positions. For T ≤ chunk it keeps every causal entry (a longer length is
-  refused: :meth:`poskernel_tl.models.geometry.Geometry.checked`).
+  of ``chunk`` positions. For T ≤ chunk it keeps every causal entry; past it every fit
+  reads the entries of one chunk, counted by the mask
+  (:meth:`poskernel_tl.models.geometry.Geometry.chunk`,
+  :func:`~poskernel_tl.models.softmax_ops.chunk_qk`).
 
 The tensor side (folding the terms into q and k, the cap, the pattern with sinks) is
 :mod:`~poskernel_tl.models.softmax_ops`; reading them from a model is
