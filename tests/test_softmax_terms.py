@@ -4,7 +4,9 @@ reach the product another way (MLA, partial and interleaved rotary, a grouped Fa
 hybrid), each measured against a naive float64 fit on the input of Hugging Face's own
 eager softmax, over the entries its mask keeps."""
 
+import base64
 import copy
+import json
 import subprocess
 import sys
 
@@ -257,3 +259,13 @@ def test_the_report_says_what_the_softmax_reads(tmp_path, tiny_tokenizer):
     assert np.isfinite(table[["slope_A", "R2_line_A", "slope_B_content"]].to_numpy()).all()
     slope, r2 = ramp_fit(-0.25 * np.arange(1, 30) + 3.0)
     assert slope == pytest.approx(-0.25) and r2 == pytest.approx(1.0)
+    # each head's page draws its known kernel −m_h·Δ in Track A's g(Δ) plot
+    data = next(f for f in (tmp_path / "report" / "data").glob("*.js")
+                if f.name != "head_map.js").read_text()
+    pages = json.loads(data[data.index("] = ") + 4:].rstrip().rstrip(";"))["heads"]
+    layer, head = 1, 2
+    plot = next(p for p in pages[layer * 4 + head]["panels"] if p["title"] == "Track A g(Δ)")
+    known = [t for t in plot["series"] if t["name"] == "known kernel: alibi"]
+    m = model.spec.layers[layer].terms.slopes[head]
+    y = np.frombuffer(base64.b64decode(known[0]["y"]["b64"]), "<f4")
+    assert len(known) == 1 and np.allclose(y, -m * np.arange(1, T), rtol=1e-6)

@@ -3,7 +3,6 @@
 itself: its config and its modules (what :mod:`~poskernel_tl.models.scheme` describes).
 """
 
-import math
 import sys
 
 import torch
@@ -12,6 +11,7 @@ from torch import nn
 from poskernel_tl.models.alibi import alibi_slopes
 from poskernel_tl.models.scheme import ENCODER_TYPES, LayerScheme, UnreadableSchemeError
 from poskernel_tl.models.softmax_terms import SoftmaxTerms
+from poskernel_tl.models.terms.term import LayerContext
 
 
 def _inner(hf_model: nn.Module) -> nn.Module | None:
@@ -212,42 +212,14 @@ def _layer_scheme(cfg, block: int, layer_type: str, pe: str, freq: torch.Tensor 
         rotary_offset=offset if freq is not None else 0, block=block if hybrid else None)
 
 
-def _floats(x) -> tuple[float, ...]:
-    return tuple(float(v) for v in torch.as_tensor(x).detach().double().cpu().flatten())
-
-
 def read_terms(cfg, attn, layer_type: str, n_heads: int,
                slopes: tuple[float, ...] | None = None) -> SoftmaxTerms:
     """One layer's :class:`SoftmaxTerms` from its config and Hugging Face attention module
-    ``attn`` (None where the layers could not be matched to modules): soft-capping from
-    ``attn_logit_softcapping`` (module or config), learned sinks from the module's
-    ``sinks`` parameter, Llama 4's temperature where its module tunes it and skips RoPE,
-    a chunked mask from ``layer_type == "chunked_attention"``; ``slopes``: the layer's
-    ALiBi slopes, read by the caller (:func:`alibi_slopes`). A ValueError names what is
-    missing or inconsistent."""
-    cap = getattr(attn, "attn_logit_softcapping", None)
-    cap = cap if cap is not None else getattr(cfg, "attn_logit_softcapping", None)
-    sinks = getattr(attn, "sinks", None)
-    if sinks is not None:
-        sinks = _floats(sinks)
-        if len(sinks) != n_heads:
-            raise ValueError(f"{len(sinks)} sink logits for {n_heads} query heads")
-    temperature = None
-    if getattr(attn, "attn_temperature_tuning", False) and not getattr(attn, "use_rope", True):
-        temperature = (float(attn.floor_scale), float(attn.attn_scale))
-    elif attn is None and getattr(cfg, "attn_temperature_tuning", False):
-        raise ValueError("attn_temperature_tuning is set, but the layers' attention modules "
-                         "(which say where it applies) were not found")
-    chunk = None
-    if layer_type == "chunked_attention":
-        chunk = getattr(cfg, "attention_chunk_size", None)
-        if not isinstance(chunk, int) or chunk < 1:
-            raise ValueError("a chunked-attention layer without an integer "
-                             "config.attention_chunk_size")
-    if slopes is not None and (len(slopes) != n_heads or not all(map(math.isfinite, slopes))):
-        raise ValueError(f"ALiBi slopes {slopes} do not give one finite slope per query head")
-    return SoftmaxTerms(slopes=slopes, softcap=float(cap) if cap else None,
-                        temperature=temperature, sinks=sinks, chunk=chunk)
+    ``attn`` (None where the layers could not be matched to modules): every registered
+    term reads itself (:mod:`poskernel_tl.models.terms`); ``slopes``: the layer's ALiBi
+    slopes, read by the caller (:func:`alibi_slopes`). A ValueError names what is missing
+    or inconsistent."""
+    return SoftmaxTerms.read(LayerContext(cfg, attn, layer_type, n_heads, slopes))
 
 
 __all__ = ["NO_ATTENTION_TYPES", "NoAttentionError", "attention_modules", "original",

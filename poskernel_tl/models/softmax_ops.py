@@ -9,7 +9,6 @@ q and k reads it unchanged. :func:`cap_scores` applies the nonlinear part to mat
 scores.
 """
 
-import dataclasses
 
 import torch
 from jaxtyping import Float
@@ -85,8 +84,8 @@ def head_logits(q: Float[Tensor, "pos d_head"], k: Float[Tensor, "pos d_head"],
                 ) -> Float[Tensor, "query_pos key_pos"]:
     """What query head ``head``'s softmax reads, every entry (the mask not applied):
     scale·q'·k'ᵀ of the folded q and k, soft-capped where the layer caps; float64."""
-    one = dataclasses.replace(terms, slopes=None if terms.slopes is None
-                              else (terms.slopes[head],), sinks=None)
+    one = terms.replace(slopes=None if terms.slopes is None else (terms.slopes[head],),
+                        sinks=None)
     qf, kf = fold_qk(q[None, :, None].double(), k[None, :, None].double(), one, scale)
     return cap_scores(qf[0, :, 0] @ kf[0, :, 0].T * scale, terms)
 

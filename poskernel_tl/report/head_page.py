@@ -115,6 +115,22 @@ def kernel_panels(kernels: list[dict]) -> list[dict]:
     return out
 
 
+def known_panels(terms, length: int, head: int) -> list[dict]:
+    """Each term's known kernel of the offset (ALiBi's ramp −m_h·Δ:
+    :meth:`~poskernel_tl.models.terms.term.Term.known_kernel`) for query head ``head``, a
+    dashed trace drawn with Track A's g(Δ) (joined to its plot by :func:`arrange`)."""
+    out = []
+    for term in terms.terms:
+        known = term.known_kernel(range(1, length))
+        if known is not None:
+            trace = series(np.asarray(known[head], np.float32),
+                           name=f"known kernel: {term.label()}", dash="dash")
+            out.append(curve(KERNEL_SECTION, [trace], title="Track A g(Δ)",
+                             x_label="lag Δ = t − s", y_label="g(Δ)", log_x=True,
+                             note=KERNEL_NOTE))
+    return out
+
+
 def page(title: str, *, numbers: list, panels: list, anchor: str | None = None,
          notes=(), links=(), seq: dict | None = None, tables=(), long: dict | None = None,
          long_files: dict | None = None) -> dict:
@@ -124,4 +140,4 @@ def page(title: str, *, numbers: list, panels: list, anchor: str | None = None,
             "panels": panels, "tables": list(tables)}
 
 
-__all__ = ["arrange", "declared", "kernel_panels", "page", "panel_entry"]
+__all__ = ["arrange", "declared", "kernel_panels", "known_panels", "page", "panel_entry"]

@@ -24,6 +24,7 @@ from poskernel_tl.encode import num, typed
 from poskernel_tl.fit.kernel_class import DESCRIPTORS
 from poskernel_tl.measurement.parts import head_labels
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.softmax_terms import NONE
 from poskernel_tl.panels import KERNEL_SECTION, sig
 from poskernel_tl.report import extras
 from poskernel_tl.report import head_page as HP
@@ -124,7 +125,9 @@ class _Condition:
         """One head's page (:func:`~poskernel_tl.report.head_page.page`)."""
         r, i = self.r, layer * self.r.n_heads + head
         numbers, declared = HP.declared(r.parts, layer, head)
-        kernel = [p for p in declared if p["section"] == KERNEL_SECTION]
+        terms = r.spec.layers[layer].terms if r.spec.layers else NONE
+        kernel = HP.arrange([p for p in declared if p["section"] == KERNEL_SECTION] +
+                            HP.known_panels(terms, r.length, head))
         rest = [p for p in declared if p["section"] != KERNEL_SECTION]
         analyses = [p for panels in self.analyses for p in panels(layer, head)]
         long_files = None if not self.long else {
