@@ -41,7 +41,7 @@ def peak(fn):
 
 T, n, H, kv, d = int(sys.argv[1]), 4, 9, 3, 64  # SmolLM2-135M's heads
 model = SimpleNamespace(spec=SimpleNamespace(n_layers=1, n_heads=H, n_kv_heads=kv,
-                                             d_head=d, causal=True))
+                                             d_head=d, causal=True, layers=None))
 g = torch.Generator().manual_seed(0)
 qk = lambda m: (torch.randn(m, T, H, d, generator=g), torch.randn(m, T, kv, d, generator=g))
 batch = lambda m: LayerBatch(0, *qk(m), torch.arange(m), 0.125, rows=tuple(range(m)))
