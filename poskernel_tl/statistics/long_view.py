@@ -134,7 +134,7 @@ def build(run: StatisticContext) -> LongViewReducer | None:
     """The long view of the first wanted sequence past VIEW_TOKENS tokens (None: shorter,
     none wanted, or a chunked mask that binds: the overview's block sums read the fit as a
     function of the offset over every block, which a chunked mask's entries are not; its
-    head pages show the saved sequence's first VIEW_TOKENS tokens instead)."""
+    head pages then draw no sequence, only the per-head panels)."""
     if run.geometry.bound_chunks is not None:
         return None
     return LongViewReducer(run) if run.wanted and run.length > VIEW_TOKENS else None
