@@ -223,7 +223,7 @@ def plan_run(model: LoadedModel, opts: MeasureConfig, ev_ids: Tokens,
     :class:`~poskernel_tl.errors.PlanError` before any work where nothing fits); a split
     is announced in one line."""
     materialised = opts.scores != "auto" or getattr(model, "attention", "eager") != "sdpa" \
-        or any(s.terms.nonlinear for s in model.spec.layers or ())  # soft-capped scores
+        or any(not s.terms.bilinear for s in model.spec.layers or ())  # capped, tables
     work = Workload(ev_ids.shape[1], len(ev_ids), 0 if cen_ids is None else len(cen_ids),
                     materialised, keep_gram, n_logits, opts.whiten, opts.null_perms)
     plan = plan_measure(model, work, opts.batch_size, opts.max_memory)

@@ -179,7 +179,7 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
     shared = dict(causal=getattr(cfg, "model_type", None) not in ENCODER_TYPES,
                   layout=_layout(hf_model) if pe == "rope" else None, d_head=d_head,
                   offset=getattr(cfg, "qk_nope_head_dim", None) or 0, slopes=slopes,
-                  n_heads=n_heads, hybrid=len(blocks) < n_layers)
+                  n_heads=n_heads, hybrid=len(blocks) < n_layers, model=hf_model)
     out = []
     for block, attn in zip(blocks, attns):
         layer_pe = "none" if pe == "rope" and no_rope[block] else pe
@@ -194,10 +194,11 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
 
 def _layer_scheme(cfg, block: int, layer_type: str, pe: str, freq: torch.Tensor | None,
                   attn: nn.Module | None, *, causal: bool, layout: str | None, d_head: int,
-                  offset: int, slopes, n_heads: int, hybrid: bool) -> LayerScheme:
+                  offset: int, slopes, n_heads: int, hybrid: bool, model: nn.Module
+                  ) -> LayerScheme:
     mask, window = _mask(cfg, layer_type, causal)
     try:
-        terms = read_terms(cfg, attn, layer_type, n_heads, slopes)
+        terms = read_terms(cfg, attn, layer_type, n_heads, slopes, model)
     except ValueError as err:
         raise UnreadableSchemeError(f"layer {block}: {err}") from None
     if freq is not None and 2 * len(freq) + offset > d_head:
@@ -213,13 +214,14 @@ def _layer_scheme(cfg, block: int, layer_type: str, pe: str, freq: torch.Tensor 
 
 
 def read_terms(cfg, attn, layer_type: str, n_heads: int,
-               slopes: tuple[float, ...] | None = None) -> SoftmaxTerms:
+               slopes: tuple[float, ...] | None = None,
+               model: nn.Module | None = None) -> SoftmaxTerms:
     """One layer's :class:`SoftmaxTerms` from its config and Hugging Face attention module
     ``attn`` (None where the layers could not be matched to modules): every registered
     term reads itself (:mod:`poskernel_tl.models.terms`); ``slopes``: the layer's ALiBi
-    slopes, read by the caller (:func:`alibi_slopes`). A ValueError names what is missing
-    or inconsistent."""
-    return SoftmaxTerms.read(LayerContext(cfg, attn, layer_type, n_heads, slopes))
+    slopes, read by the caller (:func:`alibi_slopes`); ``model``: the whole model (a
+    term kept outside the layer). A ValueError names what is missing or inconsistent."""
+    return SoftmaxTerms.read(LayerContext(cfg, attn, layer_type, n_heads, slopes, model))
 
 
 __all__ = ["NO_ATTENTION_TYPES", "NoAttentionError", "attention_modules", "original",

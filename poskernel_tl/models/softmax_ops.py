@@ -5,10 +5,13 @@
 part of the softmax input (the ALiBi ramp as two more dimensions: q' = [q, −(m/scale)·(t
 − c), m/scale], k' = [k, 1, s − c] with c the middle position, so q'·k'·scale = scale·q·k −
 m·(t − s) exactly; the temperature as a factor on q), so every fit that streams sums of
-q and k reads it unchanged. :func:`cap_scores` applies the nonlinear part to materialised
-scores.
+q and k reads it unchanged. :func:`finish_scores` makes materialised scores what the
+softmax reads: an offset table that does not fold (:func:`offset_bias`, each entry's
+b_h(t − s)) added, the nonlinear part (:func:`cap_scores`) applied.
 """
 
+from collections.abc import Callable
+from functools import lru_cache
 
 import torch
 from jaxtyping import Float
@@ -83,11 +86,56 @@ def head_logits(q: Float[Tensor, "pos d_head"], k: Float[Tensor, "pos d_head"],
                 terms: SoftmaxTerms, head: int, scale: float
                 ) -> Float[Tensor, "query_pos key_pos"]:
     """What query head ``head``'s softmax reads, every entry (the mask not applied):
-    scale·q'·k'ᵀ of the folded q and k, soft-capped where the layer caps; float64."""
+    scale·q'·k'ᵀ of the folded q and k, an offset table's b_h(t − s) added, soft-capped
+    where the layer caps; float64."""
     one = terms.replace(slopes=None if terms.slopes is None else (terms.slopes[head],),
                         sinks=None)
     qf, kf = fold_qk(q[None, :, None].double(), k[None, :, None].double(), one, scale)
-    return cap_scores(qf[0, :, 0] @ kf[0, :, 0].T * scale, terms)
+    A = qf[0, :, 0] @ kf[0, :, 0].T * scale
+    if terms.offsets:
+        t = torch.arange(len(A), device=A.device)
+        A += offset_bias(terms, entry_offsets(t, t), len(A))[head].to(A)
+    return cap_scores(A, terms)
+
+
+@lru_cache(maxsize=16)
+def _offset_table(terms: SoftmaxTerms, length: int) -> Float[Tensor, "head_index lag"]:
+    """Σ of the layer's unfolded offset terms' b_h(Δ) at Δ = −(length − 1) … length − 1."""
+    lags = range(1 - length, length)
+    return sum(torch.tensor(t.known_kernel(lags), dtype=torch.float64)
+               for t in terms.offsets)
+
+
+def offset_bias(terms: SoftmaxTerms, delta: Tensor, length: int
+                ) -> Float[Tensor, "head_index ..."] | None:
+    """b_h(Δ) of the layer's offset terms that do not fold into q and k
+    (:attr:`~poskernel_tl.models.softmax_terms.SoftmaxTerms.offsets`), per query head at
+    the offsets ``delta`` (integers in (−length, length), any shape), float64 on
+    ``delta``'s device; None where the layer has none."""
+    if not terms.offsets:
+        return None
+    table = _offset_table(terms, length).to(delta.device)
+    return table[:, delta + (length - 1)]
+
+
+def entry_offsets(rows: Tensor, keys: Tensor) -> Tensor:
+    """t − s of the entries (rows[i], keys[j]): [len(rows), len(keys)]."""
+    return rows[:, None] - keys[None, :]
+
+
+def finish_scores(scores: Float[Tensor, "*batch head_index query_pos key_pos"],
+                  terms: SoftmaxTerms, delta: Callable[[], Tensor] | None = None,
+                  length: int = 0) -> Tensor:
+    """``scores`` (scale·q'·k' of the folded q and k, its head axis before the entries)
+    made what the softmax reads, in place: the unfolded offset terms' b_h(t − s) added
+    (``delta``: a function giving each entry's offset, of the entries' shape, called only
+    where the layer has such a term; ``length``: the sequence length bounding it), then
+    the cap (:func:`cap_scores`)."""
+    if terms.offsets:
+        if delta is None:
+            raise ValueError("an offset table is added at each entry's offset: pass delta")
+        scores.add_(offset_bias(terms, delta(), length).to(scores.dtype))
+    return cap_scores(scores, terms)
 
 
 def cap_scores(scores: Tensor, terms: SoftmaxTerms) -> Tensor:
@@ -123,5 +171,6 @@ def logsumexp_with_sinks(lse: Float[Tensor, "*head pos"],
     return torch.logaddexp(lse, sinks.to(lse).reshape(*sinks.shape, 1).expand_as(lse))
 
 
-__all__ = ["alibi_ramp", "attention_pattern", "cap_scores", "chunk_qk", "fold_qk", "head_logits",
-           "logsumexp_with_sinks", "sink_logits", "temperatures"]
+__all__ = ["alibi_ramp", "attention_pattern", "cap_scores", "chunk_qk", "entry_offsets",
+           "finish_scores", "fold_qk", "head_logits", "logsumexp_with_sinks", "offset_bias",
+           "sink_logits", "temperatures"]

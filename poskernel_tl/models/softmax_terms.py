@@ -92,15 +92,27 @@ class SoftmaxTerms:
 
     @property
     def additive(self) -> bool:
-        """Whether the product itself changes (a known function of the offset or a row
-        factor, folded into q/k)."""
-        return bool(self.kinds() & {"offset", "row factor"})
+        """Whether q and k change before their product (a term that folds into them: an
+        ALiBi ramp, a row factor)."""
+        return any(t.FOLDS for t in self._terms)
+
+    @property
+    def offsets(self) -> tuple[Term, ...]:
+        """The offset terms that do not fold into q and k (a learned table b_h(Δ)): the
+        fits add their known kernels to the materialised scores."""
+        return tuple(t for t in self._terms if t.KIND == "offset" and not t.FOLDS)
 
     @property
     def nonlinear(self) -> bool:
         """Whether the logits are a nonlinear function of q·k (fitted on the materialised
         scores)."""
         return "nonlinear" in self.kinds()
+
+    @property
+    def bilinear(self) -> bool:
+        """Whether the logits are scale·q'·k' of the folded q and k (:attr:`additive`), so
+        that fits may stream sums of q and k: no cap and no offset table."""
+        return not self.nonlinear and not self.offsets
 
     def __bool__(self) -> bool:
         return bool(self._terms)

@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl import kernels
-from poskernel_tl.models.softmax_ops import cap_scores, chunk_qk, fold_qk
+from poskernel_tl.models.softmax_ops import chunk_qk, entry_offsets, finish_scores, fold_qk
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 
 
@@ -50,7 +50,8 @@ class LayerBatch:
     usage read them (what content contributes). ``terms`` says what the layer's softmax
     adds (:mod:`poskernel_tl.models.softmax_terms`): ``logit_qk`` folds its additive
     part into q and k (an ALiBi ramp, a temperature; q/k themselves when nothing is
-    added), and ``scores`` are formed from them and soft-capped where the layer caps, so
+    added), and ``scores`` are formed from them, an offset table that does not fold added
+    at each entry's offset and soft-capped where the layer caps, so
     every fit of the logits (Track A, the null, the saved logits, the pattern scores)
     reads what the softmax reads; where a chunked mask binds (:attr:`chunk`) they are 0
     across chunks (:attr:`kept_qk`)."""
@@ -93,15 +94,17 @@ class LayerBatch:
     @property
     def streams(self) -> bool:
         """Whether the logits are a bilinear form of :attr:`logit_qk`, so that fits may
-        stream sums of q and k (False for soft-capped logits: those read :attr:`scores`)."""
-        return not self.terms.nonlinear
+        stream sums of q and k (False for soft-capped logits and for an offset table that
+        does not fold: those read :attr:`scores`)."""
+        return self.terms.bilinear
 
     @cached_property
     def on_kernels(self) -> bool:
         """Whether this batch's statistics are read from the tiled kernels (on a GPU:
         :func:`poskernel_tl.kernels.active`, the one rule) rather than the chunked
-        sums designed for a CPU; a chunk that binds takes those sums on every device)."""
-        return kernels.active(self.q) and self.chunk is None
+        sums designed for a CPU; a chunk that binds, or an offset table that does not
+        fold, takes those sums on every device)."""
+        return kernels.active(self.q) and self.chunk is None and not self.terms.offsets
 
     @property
     def group(self) -> int:
@@ -116,8 +119,10 @@ class LayerBatch:
                 t = torch.arange(A.shape[-1], device=A.device) // self.chunk
                 A = torch.where(t[:, None] == t[None], A, 0.0)
             return A
-        return cap_scores(qk_scores(*self.kept_qk, self.scale, self.workspace, "scores"),
-                          self.terms)
+        T, dev = self.q.shape[1], self.q.device
+        return finish_scores(qk_scores(*self.kept_qk, self.scale, self.workspace, "scores"),
+                             self.terms, lambda: entry_offsets(torch.arange(T, device=dev),
+                                                               torch.arange(T, device=dev)), T)
 
 
 def qk_scores(q: Float[Tensor, "batch pos head_index d_head"],

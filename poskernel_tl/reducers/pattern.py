@@ -3,7 +3,8 @@ statistic that reads the attention pattern (TransformerLens's previous-token sco
 attention-sink mass).
 
 The pattern of row t is p[t, s] = exp(A[t, s] − lse_t), with A = scale·q·kᵀ plus what
-the layer's softmax adds (an ALiBi ramp or a temperature folded into q and k, a soft-cap;
+the layer's softmax adds (an ALiBi ramp or a temperature folded into q and k, an offset
+table added, a soft-cap;
 :mod:`poskernel_tl.models.softmax_terms`) and lse_t the log-sum-exp over the keys the
 layer's mask keeps (causal, a sliding window, or every key for a bidirectional model)
 and, where the model has them (gpt-oss), its learned sink logits. A statistic that needs
@@ -18,13 +19,19 @@ pattern of the sequences cut to that length, at (MAX_POS / T)² of the cost at l
 """
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl import kernels
-from poskernel_tl.models.softmax_ops import cap_scores, logsumexp_with_sinks, sink_logits
+from poskernel_tl.models.softmax_ops import (
+    entry_offsets,
+    finish_scores,
+    logsumexp_with_sinks,
+    sink_logits,
+)
 from poskernel_tl.reducers.base import LayerBatch
 
 MAX_POS = 2048
@@ -62,8 +69,10 @@ class PatternRows:
         formed from q and k (GQA keys broadcast)."""
         q, k = self.q[:, rows], self.k[:, keys]  # [b, n, H, d], [b, n, kv, d]
         group = q.shape[2] // k.shape[2]
-        a = (q * k.repeat_interleave(group, dim=2)).sum(-1).mul_(scale)
-        return cap_scores(a, terms).transpose(1, 2)
+        a = (q * k.repeat_interleave(group, dim=2)).sum(-1).mul_(scale).transpose(1, 2)
+        T = self.positions
+        return finish_scores(a, terms, lambda: torch.arange(T, device=a.device)[rows] -
+                             keys.to(a.device), T)
 
     def first_keys(self, scale: float, terms, n: int
                    ) -> Float[Tensor, "seq head_index pos key"]:
@@ -72,7 +81,10 @@ class PatternRows:
         q, k = self.q, self.k[:, :n]
         group = q.shape[2] // k.shape[2]
         a = torch.einsum("bthd,bshd->bhts", q, k.repeat_interleave(group, dim=2)).mul_(scale)
-        p = (cap_scores(a, terms) - self.lse[..., None]).exp_()
+        T = self.positions
+        delta = lambda: entry_offsets(torch.arange(T, device=a.device),
+                                      torch.arange(n, device=a.device))
+        p = (finish_scores(a, terms, delta, T) - self.lse[..., None]).exp_()
         if self.last is not None:
             p = p * kept_block(0, self.positions, 0, k.shape[1], self.last, self.chunk,
                                p.device)
@@ -158,8 +170,7 @@ def _pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int |
 def block_offsets(r0: int, r1: int, lo: int, hi: int, device=None
                   ) -> Int[Tensor, "query_pos key_pos"]:
     """The offsets t − s of query rows [r0, r1) against keys [lo, hi)."""
-    rows = torch.arange(r0, r1, device=device)
-    return rows[:, None] - torch.arange(lo, hi, device=device)[None]
+    return entry_offsets(torch.arange(r0, r1, device=device), torch.arange(lo, hi, device=device))
 
 
 def kept_block(r0: int, r1: int, lo: int, hi: int, last: int, chunk: int | None,
@@ -189,7 +200,9 @@ def score_blocks(q: Float[Tensor, "seq pos head_index d_logit"],
     for r0 in range(0, T, rows):
         r1 = min(T, r0 + rows)
         lo, hi = (0, T) if last is None else (max(0, r0 - last) // align * align, r1)
-        A = cap_scores(torch.matmul(qg[..., r0:r1, :], kt[..., lo:hi]).mul_(scale), terms)
+        A = torch.matmul(qg[..., r0:r1, :], kt[..., lo:hi]).mul_(scale)
+        finish_scores(A.view(b, H, r1 - r0, hi - lo), terms,
+                      partial(block_offsets, r0, r1, lo, hi, q.device), T)
         if last is not None:  # the block's own mask: keys t − last ≤ s ≤ t
             A.masked_fill_(~kept_block(r0, r1, lo, hi, last, chunk, q.device), float("-inf"))
         yield r0, r1, lo, A

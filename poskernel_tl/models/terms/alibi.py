@@ -18,6 +18,7 @@ class Alibi(Term):
     NAME = "slopes"
     KIND = "offset"
     ORDER = 0
+    FOLDS = True
 
     @classmethod
     def read(cls, ctx: LayerContext) -> "Alibi | None":

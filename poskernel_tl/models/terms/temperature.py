@@ -13,6 +13,7 @@ class Temperature(Term):
     NAME = "temperature"
     KIND = "row factor"
     ORDER = 2
+    FOLDS = True
 
     @classmethod
     def read(cls, ctx: LayerContext) -> "Temperature | None":
