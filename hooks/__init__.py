@@ -3,6 +3,7 @@ the context manager that streams post-rotary q/k into reducers."""
 
 from poskernel_tl.hooks.capture import Capture, CapturedLayer, capture_qk
 from poskernel_tl.hooks.names import (
+    block_site,
     kv_head_map,
     logit_scale,
     qk_hook_names,
@@ -11,5 +12,5 @@ from poskernel_tl.hooks.names import (
 )
 from poskernel_tl.hooks.rotary import pair_indices, rotate
 
-__all__ = ["Capture", "CapturedLayer", "capture_qk", "kv_head_map", "logit_scale",
+__all__ = ["Capture", "CapturedLayer", "block_site", "capture_qk", "kv_head_map", "logit_scale",
            "pair_indices", "qk_hook_names", "qk_source", "rotate", "scores_hook_name"]

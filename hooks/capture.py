@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.hooks.names import QKSource, qk_source, scores_hook_name
+from poskernel_tl.hooks.names import QKSource, qk_source, scores_hook_name, site_of
 from poskernel_tl.hooks.rotary import LayerScheme, hooked_angles, pair_angles, rotate
 
 
@@ -59,10 +59,14 @@ class Capture:
 
     def forward(self, tokens: torch.Tensor, context: Any = None):
         """``bridge(tokens)`` with ``context`` handed to every callback of this pass (None
-        when the capture stopped the pass after its last layer)."""
+        when the capture stopped the pass after its last layer); an encoder-decoder's
+        decoder is fed ``tokens`` too."""
         self.context = context
+        config = getattr(getattr(self.bridge, "original_model", None), "config", None)
+        # an encoder-decoder's decoder reads the same tokens (not shifted right)
+        same = {"decoder_input": tokens} if getattr(config, "is_encoder_decoder", False) else {}
         try:
-            return self.bridge(tokens)
+            return self.bridge(tokens, **same)
         except StopForward:
             return None
         finally:
@@ -94,8 +98,8 @@ def capture_qk(
     hooks = []
     for layer in layers:
         scheme = None if schemes is None else schemes[layer]
-        block = layer if scheme is None or scheme.block is None else scheme.block
-        src = qk_source(bridge, block, rope=scheme is not None and scheme.pe == "rope")
+        site = site_of(layer, scheme)
+        src = qk_source(bridge, site, rope=scheme is not None and scheme.pe == "rope")
         if src.rotation != "as-is" and scheme is None:
             raise ValueError(f"layer {layer}: the bridge hooks q/k before rotary; pass the "
                              "layers' schemes (schemes=model.spec.layers)")
@@ -103,7 +107,7 @@ def capture_qk(
         if src.angles is not None:
             names.update(cos=src.angles[0], sin=src.angles[1])
         if scores:
-            names["scores"] = scores_hook_name(block)
+            names["scores"] = scores_hook_name(site)
         pending: dict[str, Tensor] = {}
 
         def emit(layer: int = layer, pending: dict = pending, src: QKSource = src,

@@ -13,17 +13,44 @@ blocks without attention).
 import math
 from dataclasses import dataclass
 
-ROT_Q = "blocks.{layer}.attn.hook_rot_q"
-ROT_K = "blocks.{layer}.attn.hook_rot_k"
-PLAIN_Q = "blocks.{layer}.attn.hook_q"
-PLAIN_K = "blocks.{layer}.attn.hook_k"
-Q_NORMED = "blocks.{layer}.attn.hook_q_normed"
-K_NORMED = "blocks.{layer}.attn.hook_k_normed"
-Q_NORM_OUT = "blocks.{layer}.attn.q_norm.hook_out"
-K_NORM_OUT = "blocks.{layer}.attn.k_norm.hook_out"
-COS = "blocks.{layer}.attn.hook_cos"
-SIN = "blocks.{layer}.attn.hook_sin"
-SCORES = "blocks.{layer}.attn.hook_attn_scores"
+ROT_Q = "{site}.hook_rot_q"
+ROT_K = "{site}.hook_rot_k"
+PLAIN_Q = "{site}.hook_q"
+PLAIN_K = "{site}.hook_k"
+PROJ_Q = "{site}.q.hook_out"  # where the bridge hooks the projections only (T5)
+PROJ_K = "{site}.k.hook_out"
+Q_NORMED = "{site}.hook_q_normed"
+K_NORMED = "{site}.hook_k_normed"
+Q_NORM_OUT = "{site}.q_norm.hook_out"
+K_NORM_OUT = "{site}.k_norm.hook_out"
+COS = "{site}.hook_cos"
+SIN = "{site}.hook_sin"
+SCORES = "{site}.hook_attn_scores"
+
+
+def block_site(block: int) -> str:
+    """The hook prefix of block ``block``'s attention in a decoder-only or encoder-only
+    bridge (an encoder-decoder's stacks name their own: ``encoder_blocks.{i}.attn``,
+    ``decoder_blocks.{i}.self_attn``)."""
+    return f"blocks.{block}.attn"
+
+
+def site_of(layer: int, scheme=None) -> str:
+    """The hook prefix of layer ``layer``'s attention: its scheme's ``site`` (a
+    :class:`~poskernel_tl.hooks.rotary.LayerScheme`, or None) where it names one (an
+    encoder-decoder's stack), else its block's (:func:`block_site`; a hybrid's scheme names
+    its block)."""
+    if scheme is not None and scheme.site:
+        return scheme.site
+    return block_site(layer if scheme is None or scheme.block is None else scheme.block)
+
+
+def attention_component(bridge, site: str):
+    """The bridge's attention component at ``site``, or None where there is none."""
+    try:
+        return bridge.get_submodule(site)
+    except AttributeError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -40,17 +67,19 @@ class QKSource:
     heads_first: bool = False  # hooked as [batch, head, pos, d_head] (DeepSeek's MLA)
 
 
-def qk_source(bridge, layer: int, rope: bool) -> QKSource:
-    """The :class:`QKSource` of ``layer`` (``rope``: whether the layer's scheme rotates),
-    from the class of its attention bridge: TransformerLens's rotary bridge fires
-    ``hook_rot_q``/``hook_rot_k`` (every layer, SmolLM3's NoPE ones included, where they
-    equal q and k), or, where the model normalises q and k after rotary
-    (``cfg.qk_norm_after_rope``, HunYuan), ``hook_q_normed``/``hook_k_normed``; the
-    fused-QKV rotary bridge fires ``hook_cos``/``hook_sin`` but not the rotated q/k; the
-    base bridge neither, and hooks q and k before the model's own q/k norms, read then
-    from the norms' ``hook_out`` (Gemma 4, which normalises before rotary). A block
-    :func:`capture_blocker` names is refused (ValueError). (Every bridge *lists*
-    ``hook_rot_q`` in its ``hook_dict``, fired or not, so the listing cannot tell.)"""
+def qk_source(bridge, site: str, rope: bool) -> QKSource:
+    """The :class:`QKSource` of the attention at ``site`` (:func:`block_site`; ``rope``:
+    whether the layer's scheme rotates), from the class of its attention bridge:
+    TransformerLens's rotary bridge fires ``hook_rot_q``/``hook_rot_k`` (every layer,
+    SmolLM3's NoPE ones included, where they equal q and k), or, where the model
+    normalises q and k after rotary (``cfg.qk_norm_after_rope``, HunYuan),
+    ``hook_q_normed``/``hook_k_normed``; the fused-QKV rotary bridge fires
+    ``hook_cos``/``hook_sin`` but not the rotated q/k; the base bridge neither, and hooks q
+    and k before the model's own q/k norms, read then from the norms' ``hook_out`` (Gemma
+    4, which normalises before rotary); a bridge that hooks only the projections (T5's)
+    gives them as ``q.hook_out``/``k.hook_out``. A site :func:`capture_blocker` names is
+    refused (ValueError). (Every bridge *lists* ``hook_rot_q`` in its ``hook_dict``, fired
+    or not, so the listing cannot tell.)"""
     from transformer_lens.model_bridge.generalized_components.mla_attention import (
         MLAAttentionBridge,
     )
@@ -61,37 +90,38 @@ def qk_source(bridge, layer: int, rope: bool) -> QKSource:
         PositionEmbeddingsAttentionBridge,
     )
 
-    reason = capture_blocker(bridge, layer)
+    reason = capture_blocker(bridge, site)
     if reason:
-        raise ValueError(f"block {layer}: {reason}")
-    attn = bridge.blocks[layer].attn
+        raise ValueError(f"{site}: {reason}")
+    attn = attention_component(bridge, site)
     norms = "q_norm" in attn.submodules
     if isinstance(attn, PositionEmbeddingsAttentionBridge):
         if norms and getattr(bridge.cfg, "qk_norm_after_rope", False):  # HunYuan
-            return QKSource(Q_NORMED.format(layer=layer), K_NORMED.format(layer=layer),
+            return QKSource(Q_NORMED.format(site=site), K_NORMED.format(site=site),
                             heads_first=True)
-        return QKSource(ROT_Q.format(layer=layer), ROT_K.format(layer=layer))
-    q, k = PLAIN_Q.format(layer=layer), PLAIN_K.format(layer=layer)
+        return QKSource(ROT_Q.format(site=site), ROT_K.format(site=site))
+    q, k = PLAIN_Q.format(site=site), PLAIN_K.format(site=site)
+    if q not in bridge.hook_dict and PROJ_Q.format(site=site) in bridge.hook_dict:
+        q, k = PROJ_Q.format(site=site), PROJ_K.format(site=site)  # T5's bridge
     if isinstance(attn, MLAAttentionBridge):  # whole heads, plain and rotary parts, rotated
         return QKSource(q, k, heads_first=True)
     if norms:  # the base bridge hooks q/k before the model's own norms (Gemma 4)
-        q, k = Q_NORM_OUT.format(layer=layer), K_NORM_OUT.format(layer=layer)
+        q, k = Q_NORM_OUT.format(site=site), K_NORM_OUT.format(site=site)
     if not rope:
         return QKSource(q, k)
     if isinstance(attn, PositionEmbeddingHooksMixin):
-        return QKSource(q, k, "hooked-angles", (COS.format(layer=layer),
-                                                SIN.format(layer=layer)))
+        return QKSource(q, k, "hooked-angles", (COS.format(site=site), SIN.format(site=site)))
     return QKSource(q, k, "scheme-angles")
 
 
-def capture_blocker(bridge, layer: int) -> str | None:
-    """Why block ``layer``'s q and k cannot be read as the model forms them, or None: a
-    block TransformerLens gives no attention component (Zamba2's hybrid blocks call one
-    attention block shared by several), or a layer that normalises its queries but reads
-    another layer's keys (key/value sharing)."""
-    block = bridge.blocks[layer]
-    attn = getattr(block, "attn", None)
+def capture_blocker(bridge, site: str) -> str | None:
+    """Why the q and k of the attention at ``site`` cannot be read as the model forms
+    them, or None: a block TransformerLens gives no attention component (Zamba2's hybrid
+    blocks call one attention block shared by several), or a layer that normalises its
+    queries but reads another layer's keys (key/value sharing)."""
+    attn = attention_component(bridge, site)
     if attn is None:
+        block = attention_component(bridge, site.rpartition(".")[0])
         return (f"TransformerLens's {type(block).__name__} of this block has no attention "
                 "component to hook (an attention block shared between layers is not "
                 "measured)")
@@ -102,34 +132,34 @@ def capture_blocker(bridge, layer: int) -> str | None:
     return None
 
 
-def qk_hook_names(bridge, layer: int) -> tuple[str, str]:
+def qk_hook_names(bridge, site: str) -> tuple[str, str]:
     """Hook names of the queries/keys a layer's capture reads first (post-rotary where
     the bridge hooks them, see :func:`qk_source`)."""
-    src = qk_source(bridge, layer, rope=False)
+    src = qk_source(bridge, site, rope=False)
     return src.q, src.k
 
 
-def scores_hook_name(layer: int) -> str:
-    """``hook_attn_scores`` ``[batch head_index query_pos key_pos]``: the pre-softmax,
-    masked scores q·kᵀ·scale wherever TransformerLens computes attention itself (GPT-2,
-    the rotary models, the fast path), but not on every bridge: see
-    :func:`scores_hook_is_logits`."""
-    return SCORES.format(layer=layer)
+def scores_hook_name(site: str) -> str:
+    """``hook_attn_scores`` ``[batch head_index query_pos key_pos]`` of the attention at
+    ``site``: the pre-softmax, masked scores q·kᵀ·scale wherever TransformerLens computes
+    attention itself (GPT-2, the rotary models, the fast path), but not on every bridge:
+    see :func:`scores_hook_is_logits`."""
+    return SCORES.format(site=site)
 
 
-def scores_hook_is_logits(bridge, layer: int = 0) -> bool:
-    """Whether ``hook_attn_scores`` at ``layer`` carries the pre-softmax logits.
+def scores_hook_is_logits(bridge, site: str = block_site(0)) -> bool:
+    """Whether ``hook_attn_scores`` at ``site`` carries the pre-softmax logits.
 
     False where the bridge's attention component is TransformerLens 4.3's base
     ``AttentionBridge``, whose forward hands the whole attention to the Hugging Face
-    module (BERT, so ``minilm-l6``; GPT-J): it then fires ``hook_attn_scores`` afterwards
-    on the attention *weights* HF returns, i.e. the post-softmax pattern
+    module (BERT, so ``minilm-l6``; GPT-J; T5): it then fires ``hook_attn_scores``
+    afterwards on the attention *weights* HF returns, i.e. the post-softmax pattern
     softmax(q·kᵀ/√d_head + padding mask), the same tensor as ``hook_pattern`` (rows sum
     to 1; on MiniLM it differs from q·kᵀ/√d_head by up to ≈ 30). ``hook_q``/``hook_k``
     are right there too ([batch pos head_index d_head], equal to HF's query/key
     projections), so form the logits from them instead.
     """
-    attn = bridge.blocks[layer].attn
+    attn = attention_component(bridge, site)
     owner = next(c for c in type(attn).__mro__ if "forward" in vars(c))
     return owner.__name__ != "AttentionBridge"
 

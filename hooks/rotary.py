@@ -34,6 +34,7 @@ class LayerScheme(Protocol):
     layout: str | None
     inv_freq: tuple[float, ...] | None
     block: int | None
+    site: str | None
     norm_after_rotary: float | None
 
 

@@ -33,14 +33,15 @@ class _Spy(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def softmax_inputs(hf_model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor,
-                                                              torch.Tensor | None]]:
+def softmax_inputs(hf_model, ids: torch.Tensor, **inputs
+                   ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """Per attention layer, in order: (A [batch, head, T, T] float64, the bool [batch, head,
-    T, T] of entries the mask keeps, the extra columns past T or None)."""
+    T, T] of entries the mask keeps, the extra columns past T or None). ``inputs``: more
+    arguments of the forward (an encoder-decoder's ``decoder_input_ids``)."""
     b, T = ids.shape
     spy = _Spy(T, None)
     with torch.no_grad(), spy:
-        hf_model(ids)
+        hf_model(ids, **inputs)
     out = []
     for x in spy.seen:
         if x.ndim == 3:

@@ -94,7 +94,7 @@ def test_numbers_equal_the_hooked_scores(arch, llama, gpt2, monkeypatch):
     omega, power = view.spectrum
     assert omega.shape == power.shape and (power >= 0).all()
     if arch == "llama":  # without hook_pattern: the softmax of the causal logits
-        monkeypatch.setattr("poskernel_tl.apps.head_view.PATTERN_HOOK", "no.such.hook{layer}")
+        monkeypatch.setattr("poskernel_tl.apps.head_view.PATTERN_HOOK", "no.such.hook{site}")
         soft = head_tensors(model, ids, 1, 3)
         assert soft["pattern_from"] == "softmax of the causal logits"
         np.testing.assert_allclose(soft["pattern"].numpy(), pattern.numpy(), atol=1e-6)

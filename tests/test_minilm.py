@@ -49,7 +49,8 @@ def test_spec_and_geometry(minilm):
     assert spec.rotary_frequencies() is None and minilm.rotary_pairs is None
     assert tuple(position_table(minilm.hf_model).weight.shape) == (512, 384)
     assert logit_scale(minilm.hf_model, 32) == pytest.approx(1 / math.sqrt(32))
-    assert qk_hook_names(minilm.bridge, 5) == ("blocks.5.attn.hook_q", "blocks.5.attn.hook_k")
+    assert qk_hook_names(minilm.bridge, "blocks.5.attn") == ("blocks.5.attn.hook_q",
+                                                             "blocks.5.attn.hook_k")
     assert minilm.attention == "eager"  # no fast path for BERT
 
 

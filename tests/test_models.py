@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import VOCAB, tiny_hf_model, tiny_loaded
 
-from poskernel_tl.hooks import capture_qk, kv_head_map, logit_scale, qk_hook_names
+from poskernel_tl.hooks import block_site, capture_qk, kv_head_map, logit_scale, qk_hook_names
 from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.reducers.base import LayerBatch
 
@@ -64,7 +64,7 @@ def test_hook_name_shape_table(arch, tiny_tokenizer):
     model = tiny_loaded(arch, tiny_tokenizer)
     q_hook, k_hook, n_kv = EXPECTED_HOOKS[arch]
     for layer in range(2):
-        assert qk_hook_names(model.bridge, layer) == (
+        assert qk_hook_names(model.bridge, block_site(layer)) == (
             f"blocks.{layer}.attn.{q_hook}", f"blocks.{layer}.attn.{k_hook}")
     _, got, scores = _capture(model, _ids(T=12, batch=2))
     assert sorted(got) == [0, 1]

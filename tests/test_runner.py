@@ -56,8 +56,8 @@ def test_run_writes_seed_files_and_matches_direct_fit(tiny_tokenizer, corpus, tm
     seqs = load_sequences(C.seqs_path(tmp_path, "tiny-llama", dataset, 32))
     ev = [i for i, s in enumerate(seqs["split"]) if s == "eval"]
     grabbed = {}
-    with torch.no_grad(), model.bridge.hooks(fwd_hooks=[
-            (scores_hook_name(1), lambda x, hook: grabbed.__setitem__(1, x.clone()))]):
+    grab = (scores_hook_name("blocks.1.attn"), lambda x, hook: grabbed.__setitem__(1, x.clone()))
+    with torch.no_grad(), model.bridge.hooks(fwd_hooks=[grab]):
         model.bridge(seqs["input_ids"][ev])
     r2, _ = pk.shift_invariance_r2(grabbed[1])  # [eval, head]
     got = a[a.layer == 1].pivot(index="seq_id", columns="head", values="R2_per_seq")

@@ -186,7 +186,7 @@ def test_blocked_run_equals_the_unblocked_one(llama, capsys, keep_gram):
 def test_forward_stops_after_the_last_layer_wanted(llama):
     seen, later = [], []
     ids = _tokens(2, 20, 3)
-    q1_name, _ = qk_hook_names(llama.bridge, 1)
+    q1_name, _ = qk_hook_names(llama.bridge, "blocks.1.attn")
     with torch.no_grad(), llama.bridge.hooks(fwd_hooks=[(q1_name,
                                                          lambda x, hook: later.append(1))]):
         with capture_qk(llama.bridge, lambda c: seen.append((c.layer, c.q.clone())),

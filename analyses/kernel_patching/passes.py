@@ -35,7 +35,7 @@ from poskernel_tl.analyses.kernel_patching.kernels import (
     replace_mask,
     shift_invariant_part,
 )
-from poskernel_tl.hooks import scores_hook_name
+from poskernel_tl.hooks import block_site, scores_hook_name
 from poskernel_tl.plan.batching import batched
 from poskernel_tl.progress import tqdm
 
@@ -103,7 +103,7 @@ def _clean_pass(model, ids: Tensor, batch_size: int, progress: bool):
         sums.zero_()
         losses.clear()
 
-    hooks = [(scores_hook_name(layer), observe) for layer in range(L)]
+    hooks = [(scores_hook_name(block_site(layer)), observe) for layer in range(L)]
     with bridge.hooks(fwd_hooks=hooks):
         batched(ids, batch_size, dev, "clean pass", progress,
                 lambda rows, chunk: losses.append(next_token_loss(bridge(chunk), chunk)),
@@ -161,7 +161,7 @@ def _patched_loss(model, ids: Tensor, loss_clean: Tensor, patcher: _Patcher, row
     clean row checked against the clean pass."""
     bridge, dev = model.bridge, model.device
     tok = ids[rows].to(dev)
-    hooks = [(scores_hook_name(patcher.layer), patcher.scores)]
+    hooks = [(scores_hook_name(block_site(patcher.layer)), patcher.scores)]
     if use_expand:
         hooks.append((f"blocks.{patcher.layer}.hook_in", patcher.expand))
     else:

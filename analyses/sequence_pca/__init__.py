@@ -52,7 +52,7 @@ from poskernel_tl.analyses.sequence_pca.stats import (
     train_mlp_probe,
 )
 from poskernel_tl.data.inputs import as_tokens, check_tokens
-from poskernel_tl.hooks import qk_hook_names
+from poskernel_tl.hooks import block_site, qk_hook_names
 from poskernel_tl.measurement.measure import forward_pass
 from poskernel_tl.plan.batching import batched
 from poskernel_tl.progress import tqdm
@@ -82,7 +82,8 @@ def stream_pass(model, ids: Int[Tensor, "batch pos"], reducers: list, batch_size
     names = {f"blocks.{layer}.hook_resid_pre": ("resid", layer) for layer in range(n)}
     names[f"blocks.{n - 1}.hook_resid_post"] = ("resid", n)
     if with_q:
-        names.update({qk_hook_names(bridge, layer)[0]: ("q", layer) for layer in range(n)})
+        names.update({qk_hook_names(bridge, block_site(layer))[0]: ("q", layer)
+                      for layer in range(n)})
     state: dict = {}
 
     def make(name: str, layer: int):

@@ -15,6 +15,7 @@ from poskernel_tl.errors import ResultFileError, UserError
 from poskernel_tl.folder import FolderLock
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.models.embedded import install_lines
+from poskernel_tl.models.families.registry import family_of
 from poskernel_tl.models.loading import load_model, load_tokenizer, resolve_device
 from poskernel_tl.models.registry import REGISTRY as MODELS
 from poskernel_tl.models.registry import resolve
@@ -38,9 +39,15 @@ def cmd_models(args) -> int:
         print("\n".join(install_lines()))
         return 0
     if args.name:
-        spec = load_model(args.name, device="cpu", progress=False).spec
+        model = load_model(args.name, device="cpu", progress=False)
+        spec = model.spec
         print(f"{spec.name}: {spec.n_layers} layers, {spec.n_heads} query / {spec.n_kv_heads} "
-              f"key-value heads, d_head {spec.d_head}, context {spec.n_ctx}")
+              f"key-value heads, d_head {spec.d_head}, context {spec.n_ctx or 'not stated'}, "
+              f"logit scale {model.logit_scale:.4g}")
+        family = family_of(model.hf_model.config)
+        if family is not None and family.STACKS:
+            print(f"  {family.NAME} {family.stack(spec.stack).name} stack: "
+                  f"{family.note(model.hf_model)}")
         for i, s in enumerate(spec.layers):
             start = f" from dimension {s.rotary_offset}" if s.rotary_offset else ""
             rope = "" if s.pe != "rope" else (f", {s.rotary_dims}/{spec.d_head} dims rotated"
@@ -55,7 +62,8 @@ def cmd_models(args) -> int:
             "rope_base", "loader")
     rows = [[str(getattr(s, c) if getattr(s, c) is not None else "-") for c in cols]
             + ["causal" if s.causal else "bidirectional"] for s in MODELS.values()]
-    rows.append(["hf:<repo id>", "any TransformerLens-supported causal LM or BERT encoder"]
+    rows.append(["hf:<repo id>", "any TransformerLens-supported causal LM, BERT encoder, "
+                 "or T5-family encoder-decoder (@encoder, the default, or @decoder)"]
                 + [""] * 9)
     cols += ("attention",)
     widths = [max(len(r[i]) for r in rows + [list(cols)]) for i in range(len(cols))]

@@ -54,7 +54,7 @@ from poskernel_tl.report.viewer_long import NOTEBOOK_FACTOR_BYTES
 from poskernel_tl.schema import check_shapes
 from poskernel_tl.statistics.perm_null import joint_permutations
 
-PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
+PATTERN_HOOK = "{site}.hook_pattern"
 VIEW_NULL_PERMS = 19  # permutations of the head view's null (its class's content rule)
 
 
@@ -201,10 +201,10 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
     scores hook or ``hook_scores=False``), its pattern (``hook_pattern``, else the
     softmax of A over s ≤ t), and its q [pos d_head] and k [pos d_head] (kv head)."""
     bridge, terms = model.bridge, model.spec.layer_terms(layer)
-    block = (model.spec.layers[layer].block if model.spec.layers else None) or layer
+    site = model.site(layer)
     if hook_scores is None:  # a BERT bridge's scores hook holds the pattern: use q·kᵀ
-        hook_scores = scores_hook_name(block) in bridge.hook_dict and not terms and \
-            scores_hook_is_logits(bridge, block)
+        hook_scores = scores_hook_name(site) in bridge.hook_dict and not terms and \
+            scores_hook_is_logits(bridge, site)
     kv = int(model.kv_heads[head])
     got: dict = {}
 
@@ -217,7 +217,7 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
     def on_pattern(x: Tensor, hook) -> None:
         got["pattern"] = x[0, head].detach().clone()
 
-    pattern_name = PATTERN_HOOK.format(layer=block)
+    pattern_name = PATTERN_HOOK.format(site=site)
     extra = [(pattern_name, on_pattern)] if pattern_name in bridge.hook_dict else []
     with torch.no_grad(), capture_qk(bridge, on_layer, scores=hook_scores, layers=[layer],
                                      schemes=model.spec.layers) as capture, \

@@ -69,7 +69,7 @@ def choose_scores_path(model: LoadedModel, scores: ScoresPath) -> bool:
     and k, no T×T logits; ``qk``: the logits formed from q and k (the reference path)."""
     if scores not in ("auto", "hook", "qk"):
         raise UserError(f"--scores {scores}: choose auto, hook or qk")
-    if scores == "hook" and scores_hook_name(0) not in model.bridge.hook_dict:
+    if scores == "hook" and scores_hook_name(model.site(0)) not in model.bridge.hook_dict:
         raise UserError("this bridge has no hook_attn_scores; use --scores qk")
     if scores == "hook" and model.spec.softmax_terms():
         raise UserError(f"--scores hook: {model.spec.name}'s softmax reads more than "

@@ -19,9 +19,10 @@ from torch import nn
 
 from poskernel_tl.errors import ModelUnavailableError, UserError
 from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
-from poskernel_tl.hooks.names import capture_blocker
+from poskernel_tl.hooks.names import capture_blocker, site_of
 from poskernel_tl.models import embedded
 from poskernel_tl.models.alibi import uses_alibi
+from poskernel_tl.models.families.registry import family_of
 from poskernel_tl.models.nope import NoRotaryEmbedding, apply_nope
 from poskernel_tl.models.registry import ModelSpec, placeholder_spec, resolve
 from poskernel_tl.models.scheme import ENCODER_TYPES, UnreadableSchemeError
@@ -60,8 +61,8 @@ class LoadedModel:
     def __post_init__(self) -> None:
         """Refuse a model whose attention layers' q and k the capture cannot read as the
         model forms them (:func:`~poskernel_tl.hooks.names.capture_blocker`)."""
-        for i, s in enumerate(self.spec.layers or ()):
-            reason = capture_blocker(self.bridge, i if s.block is None else s.block)
+        for i, _ in enumerate(self.spec.layers or ()):
+            reason = capture_blocker(self.bridge, self.site(i))
             if reason:
                 raise UnreadableSchemeError(
                     f"{self.spec.name} ({type(self.hf_model).__name__}), layer {i}: {reason}")
@@ -85,6 +86,11 @@ class LoadedModel:
         spec = describe(hf_model, placeholder_spec(str(label), hub_id=None))
         return cls(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf_model,
                    attention=set_attention(bridge, attention))
+
+    def site(self, layer: int) -> str:
+        """The bridge's hook prefix of layer ``layer``'s attention
+        (:func:`~poskernel_tl.hooks.names.site_of`)."""
+        return site_of(layer, None if self.spec.layers is None else self.spec.layers[layer])
 
     @property
     def device(self) -> torch.device:
@@ -131,15 +137,23 @@ def offline_hint(hub_id: str) -> str:
 
 def _from_hub(hub_id: str, dtype: torch.dtype | str):
     """A hub id or checkpoint folder: an encoder (``model_type`` in :data:`ENCODER_TYPES`,
-    read from its config first) as a masked LM, anything else as a causal LM."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    read from its config first) as a masked LM, an encoder-decoder whose family says so
+    (T5) as a sequence-to-sequence LM, anything else as a causal LM."""
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoTokenizer,
+    )
 
     try:
         config = AutoConfig.from_pretrained(hub_id)
         tokenizer = AutoTokenizer.from_pretrained(hub_id)
         if getattr(config, "model_type", None) in ENCODER_TYPES:
             return _masked_lm(hub_id, dtype), tokenizer
-        model = AutoModelForCausalLM.from_pretrained(
+        family = family_of(config)
+        seq2seq = family is not None and family.LOADS_AS == "seq2seq"
+        model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
             hub_id, dtype=dtype, attn_implementation="eager"
         )
     except (OSError, ValueError) as err:
@@ -266,9 +280,10 @@ def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
     scheme and norm type read from the config and modules. A hybrid's ``n_layers`` counts
     its attention layers (each scheme names its block); a model without attention is
     refused (:class:`~poskernel_tl.models.scheme_reader.NoAttentionError`)."""
-    updates = _placeholder_geometry(hf_model) if spec.n_layers == 0 else {}
+    updates = _placeholder_geometry(hf_model, spec.stack) if spec.n_layers == 0 else {}
     full = dataclasses.replace(spec, **updates)
-    layers = read_layers(hf_model, full.pe, full.n_layers, full.d_head, full.n_heads)
+    layers = read_layers(hf_model, full.pe, full.n_layers, full.d_head, full.n_heads,
+                         stack=spec.stack)
     updates["n_layers"] = len(layers)
     first = next((s for s in layers if s.inv_freq is not None), None)
     if first is not None:
@@ -278,9 +293,12 @@ def describe(hf_model: nn.Module, spec: ModelSpec) -> ModelSpec:
     return dataclasses.replace(full, **updates, layers=layers)
 
 
-def _placeholder_geometry(hf_model: nn.Module) -> dict:
-    """Geometry, PE scheme and norm read from the config and modules (``hf:`` ids)."""
+def _placeholder_geometry(hf_model: nn.Module, stack: str | None = None) -> dict:
+    """Geometry, PE scheme and norm read from the config and modules (``hf:`` ids); a
+    model family's own file (:mod:`poskernel_tl.models.families`) corrects what the
+    generic reading gets wrong for it, for its ``stack``."""
     cfg = hf_model.config
+    family = family_of(cfg)
     n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
     if not n_heads or not attention_modules(hf_model):
         raise NoAttentionError(f"{type(hf_model).__name__} has no softmax-attention layer"
@@ -296,13 +314,17 @@ def _placeholder_geometry(hf_model: nn.Module) -> dict:
     mla = getattr(cfg, "qk_nope_head_dim", None)  # DeepSeek: plain + rotary dims per head
     d_head = mla + cfg.qk_rope_head_dim if mla else \
         getattr(cfg, "head_dim", None) or d_model // n_heads
-    return dict(
+    out = dict(
         n_layers=getattr(cfg, "num_hidden_layers", None) or cfg.n_layer,
         n_heads=n_heads, n_kv_heads=kv_heads(hf_model, n_heads), d_head=d_head,
         n_ctx=context_length(cfg), pe=pe,
         norm="rmsnorm" if any("rmsnorm" in n for n in norms) else "layernorm",
         causal=getattr(cfg, "model_type", None) not in ENCODER_TYPES,
     )
+    if family is None:
+        return out
+    return {**out, **({"norm": family.NORM} if family.NORM else {}),
+            **(family.geometry(cfg, family.stack(stack)) if family.STACKS else {})}
 
 
 def kv_heads(hf_model: nn.Module, n_heads: int) -> int:

@@ -16,7 +16,7 @@ from poskernel_tl.errors import ModelUnavailableError, UnknownNameError
 from poskernel_tl.models.scheme import LayerScheme, terms_summary
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 
-PEScheme = Literal["rope", "learned-absolute", "alibi", "none"]
+PEScheme = Literal["rope", "learned-absolute", "alibi", "relative-bias", "none"]
 NormType = Literal["layernorm", "rmsnorm"]
 LoaderKind = Literal["hub", "hub-nope", "gguf", "embedded-bert"]
 
@@ -61,6 +61,9 @@ class ModelSpec:
     quantization: str | None = None
     assemble: bool = False
     causal: bool = True  # False: a bidirectional encoder (every query reads every key)
+    # an encoder-decoder's stack this spec measures ("encoder", "decoder"; the name's
+    # ``@stack`` suffix), None for a model of one stack
+    stack: str | None = None
     inv_freq: tuple[float, ...] | None = field(default=None, repr=False)
     # every layer's own scheme (:mod:`poskernel_tl.models.scheme`), read when the model is loaded
     layers: tuple[LayerScheme, ...] | None = field(default=None, repr=False)
@@ -223,14 +226,24 @@ def check_local(source: str) -> None:
             f"hf:{source} is a folder without config.json: not a Hugging Face model folder")
 
 
+def split_stack(source: str) -> tuple[str, str | None]:
+    """``X@stack`` → (X, stack): the stack of an encoder-decoder a name chooses (a plain
+    word after the last ``@``; ``@encoder``, ``@decoder``), else (source, None)."""
+    head, sep, tail = source.rpartition("@")
+    return (head, tail) if sep and head and tail.isidentifier() else (source, None)
+
+
 def resolve(name: str) -> ModelSpec:
     """Return the registry entry for ``name``; ``hf:<repo id>`` gives a placeholder spec
-    whose geometry is filled in from the model's config when it is loaded."""
+    whose geometry is filled in from the model's config when it is loaded
+    (``hf:<repo id>@decoder``: an encoder-decoder's decoder stack; the encoder is the
+    default)."""
     if name in REGISTRY:
         return REGISTRY[name]
     if name.startswith(HF_PREFIX) and len(name) > len(HF_PREFIX):
-        check_local(name[len(HF_PREFIX):])
-        return placeholder_spec(name, name[len(HF_PREFIX):])
+        source, stack = split_stack(name[len(HF_PREFIX):])
+        check_local(source)
+        return dataclasses.replace(placeholder_spec(name, source), stack=stack)
     raise UnknownModelError(
         f"unknown model {name!r}; known: {', '.join(REGISTRY)}, or hf:<repo id>"
     )

@@ -8,8 +8,9 @@ enters its logits:
 
 - ``pe``: ``"rope"`` (with its own ``inv_freq``, the rotated share ``rotary_dims`` of
   d_head and the pair ``layout``: ``"rotate_half"`` pairs i with i + r/2, ``"interleaved"``
-  pairs 2i with 2i + 1), ``"none"`` (NoPE) or ``"learned-absolute"`` (a position table
-  added to the residual stream);
+  pairs 2i with 2i + 1), ``"none"`` (NoPE), ``"learned-absolute"`` (a position table
+  added to the residual stream), ``"alibi"`` or ``"relative-bias"`` (a learned table of
+  biases over bucketed offsets added to the logits, T5's: its ``relative_bias`` term);
 - ``mask``: ``"causal"``, ``"sliding"`` (a query t reads keys s with t − s < ``window``,
   the rule of transformers' ``sliding_window_overlay``) or ``"bidirectional"``;
 - ``qk_norm``: whether q and k are normalised per head before RoPE.
@@ -42,7 +43,7 @@ class UnreadableSchemeError(UserError):
 class LayerScheme:
     """One layer's positional scheme (see the module docstring)."""
 
-    pe: str  # "rope" | "none" | "learned-absolute" | "alibi"
+    pe: str  # "rope" | "none" | "learned-absolute" | "alibi" | "relative-bias"
     mask: str = "causal"  # "causal" | "sliding" | "bidirectional"
     window: int | None = None  # sliding: a query reads keys with t − s < window
     inv_freq: tuple[float, ...] | None = None  # rope: θ_i per rotated pair
@@ -58,7 +59,10 @@ class LayerScheme:
     rotary_offset: int = 0
     # the model's block index of this attention layer where they differ (a hybrid's
     # attention layers among its state-space or convolution layers)
-    block: int | None = None  # what the softmax adds to scale·q·k (softmax_terms)
+    block: int | None = None
+    # the bridge's hook prefix of this layer's attention where it is not its block's
+    # (an encoder-decoder's stacks: ``encoder_blocks.{i}.attn``, ``decoder_blocks.{i}.self_attn``)
+    site: str | None = None
 
     @property
     def max_lag(self) -> int | None:
@@ -70,12 +74,12 @@ class LayerScheme:
         """A short label that separates layer kinds in tables and figures, e.g.
         ``"rope 1e+04, window 512"``, ``"rope 1e+06"``, ``"nope"``."""
         head = {"rope": "rope", "none": "nope", "learned-absolute": "learned",
-                "alibi": "alibi"}[self.pe]
+                "alibi": "alibi", "relative-bias": "relative"}[self.pe]
         if self.pe == "rope" and self.inv_freq:
             head += f" {self.base:.3g}"
         if self.mask == "sliding":
             head += f", window {self.window}"
-        extra = [x for x in self.terms.labels() if x != "alibi"]
+        extra = [x for x in self.terms.labels() if x not in ("alibi", "relative bias")]
         return ", ".join([head, *extra])
 
     @property

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from poskernel_tl.models.alibi import alibi_slopes
+from poskernel_tl.models.families.family import Family
+from poskernel_tl.models.families.registry import family_of
 from poskernel_tl.models.scheme import ENCODER_TYPES, LayerScheme, UnreadableSchemeError
 from poskernel_tl.models.softmax_terms import SoftmaxTerms
 from poskernel_tl.models.terms.term import LayerContext
@@ -147,14 +149,23 @@ def _norm_after_rotary(attn: nn.Module | None) -> float | None:
 
 
 def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
-                n_heads: int | None = None) -> tuple[LayerScheme, ...]:
+                n_heads: int | None = None, stack: str | None = None
+                ) -> tuple[LayerScheme, ...]:
     """The :class:`LayerScheme` of every attention layer of ``hf_model``'s ``n_layers``
     blocks (``pe``: the model-level scheme already read: ``"rope"``, ``"none"``,
     ``"learned-absolute"`` or ``"alibi"``), with what each layer's softmax adds to
     scale·q·k (:func:`~poskernel_tl.models.scheme_reader.read_terms`). A hybrid's blocks
     without softmax attention (:data:`NO_ATTENTION_TYPES`) are left out and each scheme
-    names its block; a model with none is refused (:class:`NoAttentionError`)."""
+    names its block; a model with none is refused (:class:`NoAttentionError`). An
+    encoder-decoder's layers are those of its ``stack`` (:func:`stack_layers`)."""
     cfg = hf_model.config
+    family = family_of(cfg)
+    if family is not None and family.STACKS:
+        return stack_layers(hf_model, family, stack, pe, n_heads or cfg.num_attention_heads)
+    if stack is not None:
+        raise UnreadableSchemeError(f"@{stack}: {type(hf_model).__name__} is no "
+                                    "encoder-decoder (one stack of layers, no @stack to "
+                                    "choose)")
     types = _layer_types(cfg, n_layers)
     if len(types) != n_layers:
         raise UnreadableSchemeError(f"config.layer_types has {len(types)} entries for "
@@ -192,6 +203,29 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
     return tuple(out)
 
 
+def stack_layers(hf_model: nn.Module, family: Family, stack: str | None, pe: str,
+                 n_heads: int) -> tuple[LayerScheme, ...]:
+    """The self-attention layers of an encoder-decoder's ``stack`` (None: its family's
+    first), each with the bridge's hook prefix of its attention (``site``), the stack's
+    mask and what its softmax adds; a stack its family does not measure is refused in one
+    line (its reason)."""
+    chosen = family.stack(stack)
+    reason = family.refusal(hf_model, chosen)
+    if reason:
+        raise UnreadableSchemeError(reason)
+    out = []
+    for i, attn in enumerate(family.attention(hf_model, chosen)):
+        try:
+            terms = read_terms(hf_model.config, attn, "full_attention", n_heads, None,
+                               hf_model)
+        except ValueError as err:
+            raise UnreadableSchemeError(f"{chosen.name} layer {i}: {err}") from None
+        out.append(LayerScheme(pe=pe, mask="causal" if chosen.causal else "bidirectional",
+                               qk_norm=_qk_norm(attn), terms=terms,
+                               site=chosen.site.format(i=i)))
+    return tuple(out)
+
+
 def _layer_scheme(cfg, block: int, layer_type: str, pe: str, freq: torch.Tensor | None,
                   attn: nn.Module | None, *, causal: bool, layout: str | None, d_head: int,
                   offset: int, slopes, n_heads: int, hybrid: bool, model: nn.Module
@@ -225,4 +259,4 @@ def read_terms(cfg, attn, layer_type: str, n_heads: int,
 
 
 __all__ = ["NO_ATTENTION_TYPES", "NoAttentionError", "attention_modules", "original",
-           "read_layers", "read_terms"]
+           "read_layers", "read_terms", "stack_layers"]

@@ -1,0 +1,1 @@
+"""One module per model family: what is particular to it (:mod:`.family`)."""

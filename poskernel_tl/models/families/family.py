@@ -1,0 +1,67 @@
+"""What is particular to one model family, in one file: how its checkpoint loads, which
+stacks of self-attention layers it has and where the bridge hooks them, what the generic
+reading of its config gets wrong, and what of it is not measured (said in one line). The generic loading and scheme reading (:mod:`~poskernel_tl.models.loading`,
+:mod:`~poskernel_tl.models.scheme_reader`) read a model's :class:`Family` where one
+claims its ``config.model_type``; every other model takes the generic path.
+"""
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from poskernel_tl.models.scheme import UnreadableSchemeError
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One stack of self-attention layers: its name (the suffix ``@name`` of a model name
+    chooses it), whether its mask is causal, and ``site``, the bridge's hook prefix of
+    layer i's self-attention (a format string of ``i``)."""
+
+    name: str
+    causal: bool
+    site: str
+
+
+class Family:
+    """A model family (module docstring); subclasses set the class attributes and, where
+    they differ from the defaults, the methods."""
+
+    NAME: ClassVar[str]
+    MODEL_TYPES: ClassVar[frozenset[str]]
+    # the transformers class the checkpoint loads as: "causal" (AutoModelForCausalLM),
+    # "masked" (AutoModelForMaskedLM) or "seq2seq" (AutoModelForSeq2SeqLM)
+    LOADS_AS: ClassVar[str] = "causal"
+    STACKS: ClassVar[tuple[Stack, ...]] = ()  # an encoder-decoder's; the first the default
+    NORM: ClassVar[str | None] = None  # "rmsnorm" | "layernorm" where the names do not say
+
+    def stack(self, name: str | None) -> Stack:
+        """The stack ``name`` (None: the first); refused in one line naming the stacks
+        there are."""
+        if name is None:
+            return self.STACKS[0]
+        found = next((s for s in self.STACKS if s.name == name), None)
+        if found is None:
+            raise UnreadableSchemeError(f"{self.NAME} has no stack {name!r}; its stacks: "
+                             + ", ".join(s.name for s in self.STACKS))
+        return found
+
+    def attention(self, hf_model: Any, stack: Stack) -> list:
+        """The Hugging Face self-attention module of every layer of ``stack``, in order."""
+        raise NotImplementedError
+
+    def geometry(self, cfg: Any, stack: Stack) -> dict:
+        """What the generic reading of the config gets wrong for this family (a
+        :class:`~poskernel_tl.models.registry.ModelSpec`'s fields)."""
+        return {}
+
+    def refusal(self, hf_model: Any, stack: Stack) -> str | None:
+        """Why ``stack`` is not measured, in one line, or None."""
+        return None
+
+    def note(self, hf_model: Any) -> str:
+        """One line on what is measured of a model of this family (``poskernel models``,
+        the report)."""
+        return ""
+
+
+__all__ = ["Family", "Stack"]
