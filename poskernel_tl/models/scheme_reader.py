@@ -187,7 +187,10 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
     attns = attns if len(attns) == len(blocks) else [None] * len(blocks)
     no_rope = _no_rope(cfg, n_layers)
     rotary, buffers = _rotary_tables(_inner(hf_model)) if pe == "rope" else (None, {})
-    shared = dict(causal=getattr(cfg, "model_type", None) not in ENCODER_TYPES,
+    causal = getattr(cfg, "model_type", None) not in ENCODER_TYPES
+    if family is not None:  # a family of one stack may say (MPNet: an encoder)
+        causal = family.geometry(cfg, None).get("causal", causal)
+    shared = dict(causal=causal,
                   layout=_layout(hf_model) if pe == "rope" else None, d_head=d_head,
                   offset=getattr(cfg, "qk_nope_head_dim", None) or 0, slopes=slopes,
                   n_heads=n_heads, hybrid=len(blocks) < n_layers, model=hf_model)

@@ -100,8 +100,10 @@ def _read(results_dir: Path, out: Path, decoders, progress: bool
         written.add(write_data(out, item, write_long_views(out, item)).name)
         top = figures.top_early_heads(item.result, 1)
         ramps = softmax_reads.alibi_frame(item.result)  # before its g(Δ) are dropped
+        known = softmax_reads.known_frame(item.result)
         conds.append(slim(item, top[0] if top else None))
         conds[-1].kept[softmax_reads.KEPT] = ramps
+        conds[-1].kept[softmax_reads.KNOWN] = known
         release_freed_memory()
     for old in (out / DATA_DIR).glob("*"):  # conditions no longer in the results
         if old.is_dir() and f"{old.name}.js" not in written:
@@ -293,6 +295,10 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
     ramps = softmax_reads.alibi_table(conds)
     if len(ramps):
         tables.write_table(ramps, out / "alibi_ramp", title="ALiBi heads against their ramp")
+    known = softmax_reads.known_table(conds)
+    if len(known):
+        tables.write_table(known, out / "known_kernels",
+                           title="Heads against their learned offset table")
     further = softmax_reads.softmax_html(conds) + further
     write_assets(out)
     body = _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, figs,

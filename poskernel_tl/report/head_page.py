@@ -115,19 +115,26 @@ def kernel_panels(kernels: list[dict]) -> list[dict]:
     return out
 
 
-def known_panels(terms, length: int, head: int) -> list[dict]:
-    """Each term's known kernel of the offset (ALiBi's ramp −m_h·Δ:
+def known_panels(terms, length: int, head: int, both: bool = False) -> list[dict]:
+    """Each term's known kernel of the offset (ALiBi's ramp −m_h·Δ, a learned table b_h(Δ):
     :meth:`~poskernel_tl.models.terms.term.Term.known_kernel`) for query head ``head``, a
-    dashed trace drawn with Track A's g(Δ) (joined to its plot by :func:`arrange`)."""
+    dashed trace drawn with Track A's g(Δ) (joined to its plot by :func:`arrange`); ``both``
+    (an encoder): also its keys-after side b_h(−Δ), dash-dotted."""
     out = []
     for term in terms.terms:
         known = term.known_kernel(range(1, length))
-        if known is not None:
-            trace = series(np.asarray(known[head], np.float32),
-                           name=f"known kernel: {term.label()}", dash="dash")
-            out.append(curve(KERNEL_SECTION, [trace], title="Track A g(Δ)",
-                             x_label="lag Δ = t − s", y_label="g(Δ)", log_x=True,
-                             note=KERNEL_NOTE))
+        if known is None:
+            continue
+        side = ", keys before the query" if both else ""
+        traces = [series(np.asarray(known[head], np.float32),
+                         name=f"known kernel: {term.label()}{side}", dash="dash")]
+        if both:
+            back = term.known_kernel(range(-1, -length, -1))[head]
+            traces.append(series(np.asarray(back, np.float32), dash="dashdot",
+                                 name=f"known kernel: {term.label()}, keys after the query"))
+        out.append(curve(KERNEL_SECTION, traces, title="Track A g(Δ)",
+                         x_label="|Δ| = |t − s|" if both else "lag Δ = t − s",
+                         y_label="g(Δ)", log_x=True, note=KERNEL_NOTE))
     return out
 
 

@@ -127,7 +127,7 @@ class _Condition:
         numbers, declared = HP.declared(r.parts, layer, head)
         terms = r.spec.layers[layer].terms if r.spec.layers else NONE
         kernel = HP.arrange([p for p in declared if p["section"] == KERNEL_SECTION] +
-                            HP.known_panels(terms, r.length, head))
+                            HP.known_panels(terms, r.length, head, both=not r.spec.causal))
         rest = [p for p in declared if p["section"] != KERNEL_SECTION]
         analyses = [p for panels in self.analyses for p in panels(layer, head)]
         long_files = None if not self.long else {

@@ -1,8 +1,10 @@
 """What is particular to one model family, in one file: how its checkpoint loads, which
 stacks of self-attention layers it has and where the bridge hooks them, what the generic
-reading of its config gets wrong, and what of it is not measured (said in one line). The generic loading and scheme reading (:mod:`~poskernel_tl.models.loading`,
-:mod:`~poskernel_tl.models.scheme_reader`) read a model's :class:`Family` where one
-claims its ``config.model_type``; every other model takes the generic path.
+reading of its config gets wrong, what must be done before TransformerLens boots it (an
+adapter of the project's), and what of it is not measured (said in one line). The generic
+loading and scheme reading (:mod:`~poskernel_tl.models.loading`,
+:mod:`~poskernel_tl.models.scheme_reader`) read a model's :class:`Family` where one claims
+its ``config.model_type``; every other model takes the generic path.
 """
 
 from dataclasses import dataclass
@@ -45,13 +47,18 @@ class Family:
                              + ", ".join(s.name for s in self.STACKS))
         return found
 
+    def prepare(self, hf_model: Any) -> None:
+        """What must be done before a bridge is booted around ``hf_model`` (register an
+        adapter TransformerLens lacks); nothing by default."""
+
     def attention(self, hf_model: Any, stack: Stack) -> list:
         """The Hugging Face self-attention module of every layer of ``stack``, in order."""
         raise NotImplementedError
 
-    def geometry(self, cfg: Any, stack: Stack) -> dict:
+    def geometry(self, cfg: Any, stack: Stack | None) -> dict:
         """What the generic reading of the config gets wrong for this family (a
-        :class:`~poskernel_tl.models.registry.ModelSpec`'s fields)."""
+        :class:`~poskernel_tl.models.registry.ModelSpec`'s fields; ``causal`` is read by
+        every layer's scheme too); ``stack`` None for a model of one stack."""
         return {}
 
     def refusal(self, hf_model: Any, stack: Stack) -> str | None:
