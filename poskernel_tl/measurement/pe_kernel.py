@@ -69,8 +69,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from poskernel_tl.errors import UserError
+from poskernel_tl.models.families.registry import family_of
 from poskernel_tl.models.loading import position_table
-from poskernel_tl.models.scheme import ENCODER_TYPES
 from poskernel_tl.plan.batching import batched
 from poskernel_tl.reducers.lag_sums import lag_sums
 from poskernel_tl.schema import Part, stored
@@ -146,10 +146,11 @@ def is_post_ln(hf_model) -> bool:
 
 
 def is_bidirectional(hf_model) -> bool:
-    """An encoder (``model_type`` in ENCODER_TYPES, not configured as a decoder): its
-    queries read keys on both sides, so S_PE has both signs of Δ."""
+    """An encoder (its family's, not configured as a decoder): its queries read keys on
+    both sides, so S_PE has both signs of Δ."""
     cfg = hf_model.config
-    return getattr(cfg, "model_type", None) in ENCODER_TYPES and not getattr(
+    family = family_of(cfg)
+    return family is not None and not family.CAUSAL and not getattr(
         cfg, "is_decoder", False)
 
 

@@ -21,11 +21,10 @@ from poskernel_tl.errors import ModelUnavailableError, UserError
 from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
 from poskernel_tl.hooks.names import capture_blocker, site_of
 from poskernel_tl.models import embedded
-from poskernel_tl.models.alibi import uses_alibi
 from poskernel_tl.models.families.registry import family_of
 from poskernel_tl.models.nope import NoRotaryEmbedding, apply_nope
 from poskernel_tl.models.registry import ModelSpec, placeholder_spec, resolve
-from poskernel_tl.models.scheme import ENCODER_TYPES, UnreadableSchemeError
+from poskernel_tl.models.scheme import UnreadableSchemeError
 from poskernel_tl.models.scheme_reader import (
     NoAttentionError,
     attention_modules,
@@ -34,8 +33,6 @@ from poskernel_tl.models.scheme_reader import (
 )
 from poskernel_tl.models.tl_patches import (
     adapter_architecture,
-    prepare_codegen,
-    prepare_falcon,
     related_architectures,
 )
 
@@ -136,10 +133,9 @@ def offline_hint(hub_id: str) -> str:
 
 
 def _from_hub(hub_id: str, dtype: torch.dtype | str):
-    """A hub id or checkpoint folder: an encoder (``model_type`` in :data:`ENCODER_TYPES`,
-    read from its config first, or whose family says so: MPNet) as a masked LM, an
-    encoder-decoder whose family says so (T5) as a sequence-to-sequence LM, anything else
-    as a causal LM."""
+    """A hub id or checkpoint folder, as its family says (read from its config first;
+    :mod:`poskernel_tl.models.families`): an encoder (BERT, MPNet) as a masked LM, an
+    encoder-decoder (T5) as a sequence-to-sequence LM, anything else as a causal LM."""
     from transformers import (
         AutoConfig,
         AutoModelForCausalLM,
@@ -151,8 +147,7 @@ def _from_hub(hub_id: str, dtype: torch.dtype | str):
         config = AutoConfig.from_pretrained(hub_id)
         tokenizer = AutoTokenizer.from_pretrained(hub_id)
         family = family_of(config)
-        if getattr(config, "model_type", None) in ENCODER_TYPES or \
-                (family is not None and family.LOADS_AS == "masked"):
+        if family is not None and family.LOADS_AS == "masked":
             return _masked_lm(hub_id, dtype), tokenizer
         seq2seq = family is not None and family.LOADS_AS == "seq2seq"
         model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
@@ -224,8 +219,6 @@ def boot_bridge(hf_model: nn.Module, tokenizer, device=None, dtype=torch.float32
 
     arch = adapter_architecture(hf_model)
     hf_model.config.architectures = [arch]
-    prepare_falcon(hf_model)
-    prepare_codegen(hf_model)
     family = family_of(hf_model.config)
     if family is not None:
         family.prepare(hf_model)
@@ -313,7 +306,7 @@ def _placeholder_geometry(hf_model: nn.Module, stack: str | None = None) -> dict
     rotary = original(getattr(getattr(hf_model, "model", None), "rotary_emb", None))
     norms = {type(m).__name__.lower() for m in hf_model.modules()}
     pe = ("none" if isinstance(rotary, NoRotaryEmbedding) else
-          "alibi" if uses_alibi(cfg) else
+          "alibi" if family is not None and family.uses_alibi(cfg) else
           "rope" if _has_rotary(hf_model) else
           "learned-absolute" if position_table(hf_model) is not None else "none")
     mla = getattr(cfg, "qk_nope_head_dim", None)  # DeepSeek: plain + rotary dims per head
@@ -324,7 +317,7 @@ def _placeholder_geometry(hf_model: nn.Module, stack: str | None = None) -> dict
         n_heads=n_heads, n_kv_heads=kv_heads(hf_model, n_heads), d_head=d_head,
         n_ctx=context_length(cfg), pe=pe,
         norm="rmsnorm" if any("rmsnorm" in n for n in norms) else "layernorm",
-        causal=getattr(cfg, "model_type", None) not in ENCODER_TYPES,
+        causal=family is None or family.CAUSAL,
     )
     if family is None:
         return out

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from poskernel_tl.errors import UserError
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 
-ENCODER_TYPES = frozenset({"bert"})
-
 
 class UnreadableSchemeError(UserError):
     """A layer's positional scheme or mask cannot be read from the model (or is one the
@@ -141,4 +139,4 @@ def _ranges(ix: list[int]) -> str:
     return ", ".join(runs)
 
 
-__all__ = ["ENCODER_TYPES", "LayerScheme", "UnreadableSchemeError", "summary", "terms_summary"]
+__all__ = ["LayerScheme", "UnreadableSchemeError", "summary", "terms_summary"]

@@ -8,10 +8,9 @@ import sys
 import torch
 from torch import nn
 
-from poskernel_tl.models.alibi import alibi_slopes
 from poskernel_tl.models.families.family import Family
 from poskernel_tl.models.families.registry import family_of
-from poskernel_tl.models.scheme import ENCODER_TYPES, LayerScheme, UnreadableSchemeError
+from poskernel_tl.models.scheme import LayerScheme, UnreadableSchemeError
 from poskernel_tl.models.softmax_terms import SoftmaxTerms
 from poskernel_tl.models.terms.term import LayerContext
 
@@ -160,6 +159,10 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
     encoder-decoder's layers are those of its ``stack`` (:func:`stack_layers`)."""
     cfg = hf_model.config
     family = family_of(cfg)
+    reason = None if family is None else family.refusal(
+        hf_model, family.stack(stack) if family.STACKS else None)
+    if reason:
+        raise UnreadableSchemeError(reason)
     if family is not None and family.STACKS:
         return stack_layers(hf_model, family, stack, pe, n_heads or cfg.num_attention_heads)
     if stack is not None:
@@ -177,20 +180,14 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
                                "measure")
     n_heads = n_heads or getattr(cfg, "num_attention_heads", None) or cfg.n_head
     try:
-        slopes = alibi_slopes(hf_model, n_heads) if pe == "alibi" else None
+        slopes = alibi_slopes(hf_model, family, n_heads) if pe == "alibi" else None
     except ValueError as err:
         raise UnreadableSchemeError(str(err)) from None
-    if getattr(getattr(cfg, "attn_config", None), "clip_qkv", None):
-        raise UnreadableSchemeError("MPT's clip_qkv clamps q and k after TransformerLens's "
-                                    "hook_q/hook_k fire: not supported")
     attns = attention_modules(hf_model)
     attns = attns if len(attns) == len(blocks) else [None] * len(blocks)
     no_rope = _no_rope(cfg, n_layers)
     rotary, buffers = _rotary_tables(_inner(hf_model)) if pe == "rope" else (None, {})
-    causal = getattr(cfg, "model_type", None) not in ENCODER_TYPES
-    if family is not None:  # a family of one stack may say (MPNet: an encoder)
-        causal = family.geometry(cfg, None).get("causal", causal)
-    shared = dict(causal=causal,
+    shared = dict(causal=family is None or family.CAUSAL,
                   layout=_layout(hf_model) if pe == "rope" else None, d_head=d_head,
                   offset=getattr(cfg, "qk_nope_head_dim", None) or 0, slopes=slopes,
                   n_heads=n_heads, hybrid=len(blocks) < n_layers, model=hf_model)
@@ -210,12 +207,8 @@ def stack_layers(hf_model: nn.Module, family: Family, stack: str | None, pe: str
                  n_heads: int) -> tuple[LayerScheme, ...]:
     """The self-attention layers of an encoder-decoder's ``stack`` (None: its family's
     first), each with the bridge's hook prefix of its attention (``site``), the stack's
-    mask and what its softmax adds; a stack its family does not measure is refused in one
-    line (its reason)."""
+    mask and what its softmax adds."""
     chosen = family.stack(stack)
-    reason = family.refusal(hf_model, chosen)
-    if reason:
-        raise UnreadableSchemeError(reason)
     out = []
     for i, attn in enumerate(family.attention(hf_model, chosen)):
         try:
@@ -227,6 +220,17 @@ def stack_layers(hf_model: nn.Module, family: Family, stack: str | None, pe: str
                                qk_norm=_qk_norm(attn), terms=terms,
                                site=chosen.site.format(i=i)))
     return tuple(out)
+
+
+def alibi_slopes(hf_model: nn.Module, family: Family | None,
+                 n_heads: int) -> tuple[float, ...]:
+    """m_h per query head on the softmax's scale, read by the model's family file; a
+    ValueError where no family reads them."""
+    if family is None or not family.uses_alibi(hf_model.config):
+        kind = getattr(hf_model.config, "model_type", None)
+        raise ValueError(f"ALiBi of model type {kind!r}: slopes unknown (BLOOM, MPT and "
+                         "Falcon are read)")
+    return family.alibi_slopes(hf_model, n_heads)
 
 
 def _layer_scheme(cfg, block: int, layer_type: str, pe: str, freq: torch.Tensor | None,

@@ -33,6 +33,7 @@ class Family:
     # the transformers class the checkpoint loads as: "causal" (AutoModelForCausalLM),
     # "masked" (AutoModelForMaskedLM) or "seq2seq" (AutoModelForSeq2SeqLM)
     LOADS_AS: ClassVar[str] = "causal"
+    CAUSAL: ClassVar[bool] = True  # a model of one stack: False for an encoder
     STACKS: ClassVar[tuple[Stack, ...]] = ()  # an encoder-decoder's; the first the default
     NORM: ClassVar[str | None] = None  # "rmsnorm" | "layernorm" where the names do not say
 
@@ -47,6 +48,16 @@ class Family:
                              + ", ".join(s.name for s in self.STACKS))
         return found
 
+    def uses_alibi(self, cfg: Any) -> bool:
+        """Whether the config's attention adds an ALiBi bias."""
+        return False
+
+    def alibi_slopes(self, hf_model: Any, n_heads: int) -> tuple[float, ...]:
+        """m_h per query head on the scale of the softmax's input, read by calling the
+        model's own builder (:func:`~poskernel_tl.models.alibi.ramp_step`); only asked
+        where :meth:`uses_alibi`."""
+        raise ValueError(f"{self.NAME}: no ALiBi slopes")
+
     def prepare(self, hf_model: Any) -> None:
         """What must be done before a bridge is booted around ``hf_model`` (register an
         adapter TransformerLens lacks); nothing by default."""
@@ -57,12 +68,13 @@ class Family:
 
     def geometry(self, cfg: Any, stack: Stack | None) -> dict:
         """What the generic reading of the config gets wrong for this family (a
-        :class:`~poskernel_tl.models.registry.ModelSpec`'s fields; ``causal`` is read by
-        every layer's scheme too); ``stack`` None for a model of one stack."""
+        :class:`~poskernel_tl.models.registry.ModelSpec`'s fields); ``stack`` None for a
+        model of one stack."""
         return {}
 
-    def refusal(self, hf_model: Any, stack: Stack) -> str | None:
-        """Why ``stack`` is not measured, in one line, or None."""
+    def refusal(self, hf_model: Any, stack: Stack | None) -> str | None:
+        """Why ``stack`` (None: the model of one stack) is not measured, in one line, or
+        None."""
         return None
 
     def note(self, hf_model: Any) -> str:

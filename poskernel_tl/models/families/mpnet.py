@@ -73,6 +73,7 @@ class MPNet(Family):
     NAME = "MPNet"
     MODEL_TYPES = frozenset({"mpnet"})
     LOADS_AS = "masked"
+    CAUSAL = False
 
     def prepare(self, hf_model) -> None:
         """Register :class:`MPNetAdapter` (TransformerLens 4.3's boot checks its list of
@@ -81,7 +82,7 @@ class MPNet(Family):
         SUPPORTED_ARCHITECTURES.setdefault(ARCHITECTURE, MPNetAdapter)
 
     def geometry(self, cfg, stack) -> dict:
-        return dict(causal=False, pe="relative-bias")
+        return dict(pe="relative-bias")
 
     def note(self, hf_model) -> str:
         return ("bidirectional encoder; a learned absolute position table beside the "
