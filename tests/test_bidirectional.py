@@ -162,13 +162,58 @@ def test_permutation_null_fits_both_triangles(rng):
                 assert abs(res.r2_null[p, 0, h] - want) < tol, (source, p, h)
 
 
-def test_grouped_query_attention_is_refused_bidirectional(rng):
-    q, k = draw(rng, n=2, length=8, heads=4)
-    with pytest.raises(UserError, match="grouped-query"):
-        GramReducer(1, 4, 2, 8, D, SCALE, causal=False)
-    red = TrackAReducer(2, 1, 4, 8, causal=False)
-    with pytest.raises(UserError, match="grouped-query"):
-        red.update(LayerBatch(0, q, k[:, :, :2], torch.arange(2), SCALE, rows=(0, 1)))
+def results_of(make, q, k, means=None):
+    red = make()
+    feed(red, q, k)
+    return red.result() if means is None else red.result(means)
+
+
+def same_fields(a, b, tol):
+    """Every array field of two results equal within ``tol`` (NaNs where the other has)."""
+    for name, x in vars(a).items():
+        if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+            y = getattr(b, name)
+            assert np.array_equal(np.isnan(x), np.isnan(y)), name
+            assert np.nanmax(np.abs(x - y), initial=0.0) <= tol * max(1.0, np.nanmax(
+                np.abs(y), initial=0.0)), name
+
+
+@pytest.mark.parametrize("what", ["lags", "scores", "null lags", "null scores", "full",
+                                  "rows", "factors"])
+def test_grouped_keys_fit_as_their_query_heads(rng, what):
+    """Grouped-query attention, bidirectional: 4 query heads over 2 key heads (kv(h) =
+    h // 2) give every statistic of Track A, the null and Track B that the same keys
+    repeated to each query head give (one key head per query head, the path checked
+    against the naive fits above)."""
+    n, length, heads = 4, 40, 4
+    q, k = draw(rng, n, length, heads)
+    k = k[:, :, ::2].contiguous()
+    wide = k.repeat_interleave(2, dim=2)
+    if what in ("lags", "scores"):
+        make = lambda kv: lambda: TrackAReducer(n, 1, heads, length, seed=3, source=what,
+                                                causal=False)
+        got, want = results_of(make(2), q, k), results_of(make(4), q, wide)
+        tol = EXACT if what == "lags" else F32
+    elif what.startswith("null"):
+        make = lambda kv: lambda: PermNullReducer(1, heads, length, n_perm=3, max_seqs=n,
+                                                  seed=2, causal=False, dtype=torch.float64,
+                                                  source=what.split()[1])
+        got, want = results_of(make(2), q, k), results_of(make(4), q, wide)
+        tol = EXACT if what == "null lags" else F32
+    else:
+        mom = MomentsReducer(n, 1, heads, 2, length, D, half_seed=5)
+        feed(mom, q.float(), k.float())
+        means = mom.result()
+        mom_wide = MomentsReducer(n, 1, heads, 4, length, D, half_seed=5)
+        feed(mom_wide, q.float(), wide.float())
+        means_wide = mom_wide.result()
+        make = lambda kv, ref: lambda: GramReducer(
+            1, heads, kv, length, D, SCALE, reference=ref, causal=False, full=what == "full",
+            factors=what == "factors")
+        got = results_of(make(2, means), q.float(), k.float(), means)
+        want = results_of(make(4, means_wide), q.float(), wide.float(), means_wide)
+        tol = F32
+    same_fields(got, want, tol)
 
 
 # ----------------------------------------------------------------------------- Track B
@@ -338,9 +383,6 @@ def test_hook_scores_refused_for_the_encoder(bert):
     ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
     with pytest.raises(UserError, match="--scores"):
         pk.measure(bert, ids, progress=False, scores="hook")
-    gqa = dataclasses.replace(bert, spec=dataclasses.replace(bert.spec, n_kv_heads=2))
-    with pytest.raises(UserError, match="grouped-query"):
-        pk.measure(gqa, ids, progress=False)
 
 
 def test_saved_fields_come_back(measured, tmp_path):

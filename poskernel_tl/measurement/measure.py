@@ -82,15 +82,10 @@ def choose_scores_path(model: LoadedModel, scores: ScoresPath) -> bool:
 
 
 def check_mask(model: LoadedModel) -> str:
-    """``"causal"``, or ``"none"`` for a bidirectional model (which must have one key
-    head per query head: its upper-triangle fits swap q and k)."""
-    s = model.spec
-    if s.causal:
-        return "causal"
-    if s.n_kv_heads != s.n_heads:
-        raise UserError(f"{s.name}: bidirectional with grouped-query attention ({s.n_heads} "
-                        f"query, {s.n_kv_heads} key/value heads) is not supported")
-    return "none"
+    """``"causal"``, or ``"none"`` for a bidirectional model (its upper-triangle fits swap
+    q and k, grouped keys repeated to their query heads:
+    :func:`~poskernel_tl.reducers.two_sided.per_query_head`)."""
+    return "causal" if model.spec.causal else "none"
 
 
 def forward_pass(model: LoadedModel, ids: torch.Tensor,

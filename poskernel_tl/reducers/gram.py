@@ -64,7 +64,6 @@ from poskernel_tl.reducers.gram_fit import (
 )
 from poskernel_tl.reducers.gram_result import GramResult
 from poskernel_tl.reducers.moments import Moments, means_in_place
-from poskernel_tl.reducers.two_sided import check_two_sided
 
 Means = tuple[Float[Tensor, "head_index pos d_head"] | None,
               Float[Tensor, "kv_head_index pos d_head"] | None]
@@ -106,8 +105,6 @@ class GramReducer:
                  causal: bool = True,
                  max_lags: Sequence[int] | None = None,
                  chunks: Sequence[int | None] | None = None):
-        if not causal:
-            check_two_sided(n_heads, n_kv_heads)
         self.scale, self.group, self.T = scale, n_heads // n_kv_heads, length
         self.causal = causal
         # per layer, the last offset its mask keeps (a sliding window); None: T − 1

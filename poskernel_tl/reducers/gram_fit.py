@@ -63,6 +63,7 @@ from poskernel_tl.reducers.lag_sums import (
     lower_sum_squares,
     windowed,
 )
+from poskernel_tl.reducers.two_sided import per_query_head
 
 ACC = torch.float64
 FIT_DTYPE = torch.float32
@@ -304,10 +305,10 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
                   x: Float[Tensor, "kv_head_index pos rank"], upper: bool = False,
                   max_lag: int | None = None, chunk: int | None = None) -> Pieces:
     """B = mean_x q̃_x·k̃_xᵀ from the factors (``q`` already carries the scale). ``upper``:
-    the upper triangle's pieces too (Bᵀ's lower ones, one key head per query head).
-    ``max_lag``: the pieces of the offsets t − s ≤ max_lag only (a sliding window). Above
-    a rank n·d_head of :data:`FACTOR_RANK_MAX`, from the blocks (:func:`factor_blocks`).
-    ``chunk``: a chunked mask's entries only (the factors spread by chunk,
+    the upper triangle's pieces too (Bᵀ's lower ones, grouped keys repeated to their
+    query heads). ``max_lag``: the pieces of the offsets t − s ≤ max_lag only (a sliding
+    window). Above a rank n·d_head of :data:`FACTOR_RANK_MAX`, from the blocks
+    (:func:`factor_blocks`). ``chunk``: a chunked mask's entries only (the factors spread by chunk,
     :func:`~poskernel_tl.models.softmax_ops.chunk_qk`: 0 across chunks)."""
     if upper and max_lag is not None:
         raise ValueError("factor_pieces: a window on a two-sided fit is not supported")
@@ -330,12 +331,14 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
     xs = x.transpose(0, 1)
     out = Pieces(s1, lower_sum_squares(qs, ks, 1.0, max_lag=max_lag, dtype=FIT_DTYPE)[0],
                  lower_apply(qs[0], ks[0], xs, max_lag=max_lag, dtype=FIT_DTYPE))
-    if upper:
-        out.s1_up = lag_sums(k, q, 1.0).sum(0)
-        out.sq_up = lower_sum_squares(ks, qs, 1.0)[0]
+    if upper:  # Bᵀ's lower triangle: keys as queries, one per query head
+        kh = per_query_head(k, H)
+        khs = side(kh)
+        out.s1_up = lag_sums(kh, q, 1.0).sum(0)
+        out.sq_up = lower_sum_squares(khs, qs, 1.0)[0]
         # Y_up[t] = Σ_{s>t} B[t, s]·x_s: the lower product with positions reversed
         out.y_up = lower_apply(qs[0].flip(0), ks[0].flip(0), xs.flip(0)).flip(1)
-        out.diag = (qs[0].double() * ks[0].double()).sum(-1).transpose(0, 1)
+        out.diag = (qs[0].double() * khs[0].double()).sum(-1).transpose(0, 1)
     return out.divided(n)
 
 
@@ -354,6 +357,8 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
     a chunked mask's entries (the pieces must be its; U·Vᵀ spread by chunk)."""
     s1, sq = pieces.s1, pieces.sq
     s1_up, sq_up, diag = pieces.s1_up, pieces.sq_up, pieces.diag
+    if v is not None and s1_up is not None:  # Gᵀ's queries are V's: one per query head
+        v = v.repeat_interleave(u.shape[0] // v.shape[0], dim=0)
     if u is not None and kernels.active(u) and chunk is None:
         s1, sq, s1_up, sq_up, diag = _tile_corrected(pieces, u, v, w, w_up, scale, max_lag)
     elif u is not None:

@@ -20,7 +20,7 @@ from poskernel_tl.reducers.band_sums import band_part_sums
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import LowerStats, key_strip, skew_keys
 from poskernel_tl.reducers.track_a_result import STRIP
-from poskernel_tl.reducers.two_sided import UpperStats, check_two_sided, diagonal_sum
+from poskernel_tl.reducers.two_sided import UpperStats, diagonal_sum, per_query_head
 
 Triple = tuple[Float[Tensor, "out head_index lag"], Float[Tensor, "out head_index"],
                Float[Tensor, "out head_index part"]]
@@ -43,7 +43,7 @@ def strip(batch: LayerBatch, swap: bool = False
     skewed to [key, lag] (``swap``: of its transpose, the upper triangle's rows)."""
     q, k = batch.logit_qk
     if swap:
-        q, k = k, q
+        q, k = per_query_head(k, q.shape[2]), q
     return skew_keys(cap_scores(key_strip(q, k, batch.scale, min(STRIP, q.shape[1])),
                                 batch.terms))
 
@@ -58,10 +58,9 @@ def track_a_tile_stats(batch: LayerBatch, max_lag: int | None) -> LowerStats:
 
 
 def upper_tile_stats(batch: LayerBatch) -> UpperStats:
-    """:func:`~poskernel_tl.reducers.two_sided.upper_stats` of ``batch`` (one key head per
-    query head): the lower triangle of scale·k·qᵀ."""
-    q, k = batch.q, batch.k
-    check_two_sided(q.shape[2], k.shape[2])
+    """:func:`~poskernel_tl.reducers.two_sided.upper_stats` of ``batch``: the lower
+    triangle of scale·k·qᵀ (grouped keys repeated to their query heads)."""
+    q, k = batch.q, per_query_head(batch.k, batch.q.shape[2])
     T = q.shape[1]
     sums = kernels.lag_tile_sums(k, q, batch.scale, batch.terms, transposed=True)
     s1, sq, bands = kept_sums(sums, T, None)
@@ -80,7 +79,8 @@ def null_tile_stats(batch: LayerBatch, q: Tensor, k: Tensor, perms: Tensor,
     lower = kept_sums(kernels.lag_tile_sums(q, k, batch.scale, batch.terms, max_lag, perms,
                                     pooled=True), T, max_lag)
     upper = None if causal else kept_sums(
-        kernels.lag_tile_sums(k, q, batch.scale, batch.terms, None, perms, pooled=True,
+        kernels.lag_tile_sums(per_query_head(k, q.shape[2]), q, batch.scale, batch.terms,
+                              None, perms, pooled=True,
                       transposed=True), T, None)
     return lower, upper
 

@@ -65,7 +65,6 @@ from poskernel_tl.reducers.track_a_result import (
 from poskernel_tl.reducers.two_sided import (
     UpperStats,
     UpperSums,
-    check_two_sided,
     sides,
     upper_stats,
     upper_stats_from_scores,
@@ -200,7 +199,6 @@ class TrackAReducer:
             (s1, self.sq_whole[idx, L]), _ = lower_lag_stats(A, shift, [], work)
         upper = None
         if self.upper is not None:
-            check_two_sided(q.shape[2], k.shape[2])
             upper = upper_stats_from_scores(A, q, k, batch.scale, work)
         skewed = skew_keys(A[..., :min(STRIP, self.T)].double())
         self._store(L, idx, (s1, sq), bands, skewed, upper)

@@ -14,10 +14,11 @@ from the strip; rows ≥ 50 and the interior A[50:, 50:] (whose upper part is th
 ≥ 50, s > t ≥ 50) as the whole less the strip's rows below 50.
 
 The diagonal A[t, t] (Δ = 0) is kept apart as its sum, never fitted. Swapping q and k
-needs one key head per query head: grouped-query attention with a bidirectional model is
-refused (:func:`check_two_sided`). ``source="scores"`` reads the same sums from the
-materialised logits (the reference path): the upper triangle is the lower one of the
-transposed view, swept by :func:`poskernel_tl.fit.toeplitz.lower_lag_stats`.
+needs one key head per query head: with grouped-query attention (T5Gemma's encoder) the
+keys are first repeated to every query head of their group (:func:`per_query_head`).
+``source="scores"`` reads the same sums from the materialised logits (the reference
+path): the upper triangle is the lower one of the transposed view, swept by
+:func:`poskernel_tl.fit.toeplitz.lower_lag_stats`.
 """
 
 from dataclasses import dataclass
@@ -26,7 +27,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.errors import UserError
 from poskernel_tl.fit.counts import upper_lag_counts
 from poskernel_tl.fit.toeplitz import Sums, lower_lag_stats, lower_mean_from_qk
 from poskernel_tl.models.loading import LoadedModel
@@ -62,11 +62,15 @@ def sides(model: LoadedModel) -> int:
     return 1 if getattr(model.spec, "causal", True) else 2
 
 
-def check_two_sided(n_heads: int, n_kv_heads: int) -> None:
-    """A bidirectional fit swaps q and k, which needs one key head per query head."""
-    if n_heads != n_kv_heads:
-        raise UserError(f"a bidirectional model with grouped-query attention ({n_heads} "
-                        f"query, {n_kv_heads} key/value heads) is not supported")
+def per_query_head(k: Float[Tensor, "batch pos kv_head_index d"], n_heads: int
+                   ) -> Float[Tensor, "batch pos head_index d"]:
+    """``k`` with one key head per query head (each repeated over its group: kv(h) =
+    h // group), what a fit that swaps q and k reads; ``k`` itself where it already has
+    one."""
+    kv = k.shape[2]
+    if n_heads % kv:
+        raise ValueError(f"{n_heads} query heads do not split into {kv} key/value groups")
+    return k if kv == n_heads else k.repeat_interleave(n_heads // kv, dim=2)
 
 
 def diagonal_sum(q: Float[Tensor, "batch pos head_index d_head"],
@@ -82,7 +86,7 @@ def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
     """Every upper-triangle sum Track A keeps, from q/k (see the module docstring); one
     key head per query head (else a UserError)."""
     b, T, H, _ = q.shape
-    check_two_sided(H, k.shape[2])
+    k = per_query_head(k, H)
     sq, _, bands = band_sum_squares(k, q, scale, chunk)
     whole = (lag_sums(k, q, scale), sq)
     # strip of Aᵀ: entry (s, t) = A[t, s] for query rows t < K; skewed: (t, j) = A[t, t+j+1]
@@ -96,9 +100,9 @@ def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos ke
                             work: Tensor | None = None) -> UpperStats:
     """:func:`upper_stats` from the materialised logits (every entry valid): rows of A are
     keys of Aᵀ, so rows < hi are the key block (hi, 0) of the transposed view."""
-    check_two_sided(q.shape[2], k.shape[2])
     T = scores.shape[-1]
-    shift = lower_mean_from_qk(k, q, scale)  # the mean of the upper triangle
+    # the mean of the upper triangle
+    shift = lower_mean_from_qk(per_query_head(k, q.shape[2]), q, scale)
     (*whole, bands), _ = lower_lag_stats(scores.transpose(-1, -2), shift, [], work,
                                          bands=True)
     sk = skew_keys(scores.transpose(-1, -2)[..., :min(STRIP, T)].double())
@@ -139,5 +143,5 @@ class UpperSums:
         return per_seq, per_seq.mean(0)
 
 
-__all__ = ["UpperStats", "UpperSums", "check_two_sided", "diagonal_sum", "sides", "upper_stats",
+__all__ = ["UpperStats", "UpperSums", "diagonal_sum", "per_query_head", "sides", "upper_stats",
            "upper_stats_from_scores"]

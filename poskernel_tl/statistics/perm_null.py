@@ -53,7 +53,7 @@ from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
 from poskernel_tl.reducers.tile_sums import null_tile_stats
-from poskernel_tl.reducers.two_sided import check_two_sided, sides
+from poskernel_tl.reducers.two_sided import per_query_head, sides
 from poskernel_tl.schema import Part, stored
 from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec
 
@@ -182,8 +182,6 @@ class PermNullReducer:
         if not keep:
             return
         L = batch.layer
-        if not self.causal:
-            check_two_sided(batch.q.shape[2], batch.k.shape[2])
         if self.source == "lags" and batch.on_kernels:  # every draw in one launch
             # (q and k as the model gave them: the kernels apply the softmax's terms)
             lower, upper = null_tile_stats(batch, *self._select(batch.q, batch.k, keep),
@@ -197,8 +195,9 @@ class PermNullReducer:
                 qp, kp = self._permuted(q, k, pi, L)
                 self._add(p, L, lower_stats(qp, kp, batch.scale, self.chunk,
                                             self.max_lags[L], self.dtype),
-                          None if self.causal else lower_stats(kp, qp, batch.scale, self.chunk,
-                                                               dtype=self.dtype))
+                          None if self.causal else lower_stats(
+                              per_query_head(kp, qp.shape[2]), qp, batch.scale, self.chunk,
+                              dtype=self.dtype))
         else:
             q, k = self._select(*batch.logit_qk, keep)
             self._update_from_scores(q.float(), k.float(), batch)
@@ -237,7 +236,8 @@ class PermNullReducer:
             upper = None
             if not self.causal:  # the lower triangle of A'ᵀ
                 upper, _ = lower_lag_stats(A.transpose(-1, -2),
-                                           lower_mean_from_qk(kp, qp, batch.scale), [], work,
+                                           lower_mean_from_qk(per_query_head(kp, h), qp,
+                                                              batch.scale), [], work,
                                            bands=True)
             self._add(p, L, lower, upper)
 
