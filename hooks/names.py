@@ -177,10 +177,11 @@ def kv_head_map(n_heads: int, n_kv_heads: int) -> list[int]:
 SCALE_ATTRIBUTES = ("scaling", "softmax_scale", "inv_norm_factor")
 
 
-def logit_scale(hf_model, d_head: int) -> float:
+def logit_scale(hf_model, d_head: int, attention=None) -> float:
     """The factor multiplying q·k in the model's attention (1/√d_head unless the HF
-    attention module records its own: :data:`SCALE_ATTRIBUTES`)."""
-    for module in hf_model.modules():
+    attention module records its own: :data:`SCALE_ATTRIBUTES`), read from the first
+    module of ``attention`` (an encoder-decoder's stack's; None: the model's)."""
+    for module in hf_model.modules() if attention is None else attention:
         if not type(module).__name__.endswith("Attention"):
             continue
         for name in SCALE_ATTRIBUTES:

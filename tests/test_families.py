@@ -19,10 +19,10 @@ def test_each_family_claims_its_model_types():
     got = {kind: f.NAME for kind, f in registry.FAMILIES.items()}
     assert got == {"bert": "BERT", "bloom": "BLOOM", "codegen": "CodeGen", "falcon": "Falcon",
                    "mpt": "MPT", "mpnet": "MPNet", "t5": "T5", "mt5": "T5",
-                   "switch_transformers": "T5", "longt5": "T5"}
+                   "switch_transformers": "T5", "longt5": "T5", "t5gemma": "T5Gemma"}
     encoders = {f.NAME for f in registry.FAMILIES.values() if not f.CAUSAL}
     assert encoders == {"BERT", "MPNet"}
-    assert {f.NAME for f in registry.FAMILIES.values() if f.STACKS} == {"T5"}
+    assert {f.NAME for f in registry.FAMILIES.values() if f.STACKS} == {"T5", "T5Gemma"}
     assert registry.family_of(SimpleNamespace(model_type="llama")) is None
 
 

@@ -327,8 +327,8 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     check_head(spec.name, spec.n_layers, spec.n_heads, layer, head)
     layer, head = int(layer), int(head)
     ids = token_ids(model, text_or_tokens, max_tokens)
+    geometry = Geometry.checked(spec, len(ids), what="a sequence of")
     t = head_tensors(model, ids, layer, head)
-    geometry = Geometry.of(spec, len(ids))  # the length is checked by token_ids
     max_lag, chunk = geometry.window(layer), geometry.chunk(layer)
     fit = fit_one(t["scores"], spec.causal, max_lag, chunk)
     r2_nosink = variant_r2(t["scores"], NO_SINK, spec.causal, max_lag, chunk)

@@ -106,7 +106,12 @@ class LoadedModel:
 
     @cached_property
     def logit_scale(self) -> float:
-        return logit_scale(self.hf_model, self.spec.d_head)
+        """Read from the attention modules of the stack measured (an encoder-decoder's
+        stacks may scale differently: T5Gemma's ``query_pre_attn_scalar`` per stack)."""
+        family = family_of(self.hf_model.config)
+        stack = None if family is None or not family.STACKS else \
+            family.attention(self.hf_model, family.stack(self.spec.stack))
+        return logit_scale(self.hf_model, self.spec.d_head, stack)
 
     @cached_property
     def kv_heads(self) -> np.ndarray:
@@ -295,8 +300,9 @@ def _placeholder_geometry(hf_model: nn.Module, stack: str | None = None) -> dict
     """Geometry, PE scheme and norm read from the config and modules (``hf:`` ids); a
     model family's own file (:mod:`poskernel_tl.models.families`) corrects what the
     generic reading gets wrong for it, for its ``stack``."""
-    cfg = hf_model.config
-    family = family_of(cfg)
+    family = family_of(hf_model.config)
+    chosen = family.stack(stack) if family is not None and family.STACKS else None
+    cfg = hf_model.config if chosen is None else family.stack_config(hf_model.config, chosen)
     n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
     if not n_heads or not attention_modules(hf_model):
         raise NoAttentionError(f"{type(hf_model).__name__} has no softmax-attention layer"
@@ -322,7 +328,7 @@ def _placeholder_geometry(hf_model: nn.Module, stack: str | None = None) -> dict
     if family is None:
         return out
     return {**out, **({"norm": family.NORM} if family.NORM else {}),
-            **family.geometry(cfg, family.stack(stack) if family.STACKS else None)}
+            **family.geometry(hf_model.config, chosen)}
 
 
 def kv_heads(hf_model: nn.Module, n_heads: int) -> int:

@@ -12,7 +12,8 @@ enters its logits:
   added to the residual stream), ``"alibi"`` or ``"relative-bias"`` (a learned table of
   biases over bucketed offsets added to the logits, T5's: its ``relative_bias`` term);
 - ``mask``: ``"causal"``, ``"sliding"`` (a query t reads keys s with t − s < ``window``,
-  the rule of transformers' ``sliding_window_overlay``) or ``"bidirectional"``;
+  the rule of transformers' ``sliding_window_overlay``) or ``"bidirectional"`` (with a
+  ``window``: keys with |t − s| < window, T5Gemma's encoder's sliding layers);
 - ``qk_norm``: whether q and k are normalised per head before RoPE.
 
 Everything is read from the config and modules (``layer_types``, ``sliding_window``,
@@ -43,7 +44,8 @@ class LayerScheme:
 
     pe: str  # "rope" | "none" | "learned-absolute" | "alibi" | "relative-bias"
     mask: str = "causal"  # "causal" | "sliding" | "bidirectional"
-    window: int | None = None  # sliding: a query reads keys with t − s < window
+    # sliding: a query reads keys with t − s < window (bidirectional: |t − s| < window)
+    window: int | None = None
     inv_freq: tuple[float, ...] | None = None  # rope: θ_i per rotated pair
     rotary_dims: int | None = None  # rope: how many of d_head's dimensions rotate
     layout: str | None = None  # rope: "rotate_half" | "interleaved"
@@ -64,7 +66,8 @@ class LayerScheme:
 
     @property
     def max_lag(self) -> int | None:
-        """The largest offset Δ = t − s whose logit the mask keeps (None: no limit)."""
+        """The largest offset Δ = t − s (|Δ| for a bidirectional window) whose logit the
+        mask keeps (None: no limit)."""
         return None if self.window is None else self.window - 1
 
     @property
@@ -75,8 +78,9 @@ class LayerScheme:
                 "alibi": "alibi", "relative-bias": "relative"}[self.pe]
         if self.pe == "rope" and self.inv_freq:
             head += f" {self.base:.3g}"
-        if self.mask == "sliding":
-            head += f", window {self.window}"
+        if self.window is not None:
+            head += (f", window {self.window}" if self.mask == "sliding" else
+                     f", window ±{self.max_lag}")
         extra = [x for x in self.terms.labels() if x not in ("alibi", "relative bias")]
         return ", ".join([head, *extra])
 

@@ -3,12 +3,13 @@
 itself: its config and its modules (what :mod:`~poskernel_tl.models.scheme` describes).
 """
 
+import dataclasses
 import sys
 
 import torch
 from torch import nn
 
-from poskernel_tl.models.families.family import Family
+from poskernel_tl.models.families.family import Family, Stack
 from poskernel_tl.models.families.registry import family_of
 from poskernel_tl.models.scheme import LayerScheme, UnreadableSchemeError
 from poskernel_tl.models.softmax_terms import SoftmaxTerms
@@ -69,9 +70,14 @@ class NoAttentionError(UnreadableSchemeError):
     """The model has no softmax-attention layer (Mamba, RWKV, …): nothing to measure."""
 
 
-def _mask(cfg, layer_type: str, causal: bool) -> tuple[str, int | None]:
+def _mask(cfg, layer_type: str, causal: bool, reach: int | None = None
+          ) -> tuple[str, int | None]:
+    """(mask, window) of one layer: a bidirectional layer's sliding window (``reach``: the
+    last |t − s| it keeps, read by the model's family) is ``reach + 1`` (|t − s| < window),
+    a causal one's ``config.sliding_window`` (t − s < window)."""
     if not causal:
-        return "bidirectional", None
+        sliding = layer_type in ("sliding_attention", "hybrid_sliding")
+        return "bidirectional", reach + 1 if sliding and reach is not None else None
     if layer_type in ("full_attention", "hybrid"):  # hybrid: attention beside a state
         return "causal", None
     if layer_type == "chunked_attention":  # causal within each chunk (SoftmaxTerms.chunk)
@@ -123,10 +129,9 @@ def _inv_freq(buffers: dict, layer_type: str) -> torch.Tensor | None:
     return None
 
 
-def _layout(hf_model: nn.Module) -> str:
+def _layout(attn: nn.Module | None) -> str:
     """``"interleaved"`` where the attention's own code rotates neighbouring dimensions
     (a ``rotate_every_two`` in its module, GPT-J), else ``"rotate_half"``."""
-    attn = next(iter(attention_modules(hf_model)), None)
     code = sys.modules.get(type(attn).__module__) if attn is not None else None
     pairs_neighbours = hasattr(code, "rotate_every_two") or hasattr(code, "apply_rotary_emb")
     if code is not None and pairs_neighbours and not hasattr(code, "rotate_half"):
@@ -152,23 +157,16 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
                 ) -> tuple[LayerScheme, ...]:
     """The :class:`LayerScheme` of every attention layer of ``hf_model``'s ``n_layers``
     blocks (``pe``: the model-level scheme already read: ``"rope"``, ``"none"``,
-    ``"learned-absolute"`` or ``"alibi"``), with what each layer's softmax adds to
-    scale·q·k (:func:`~poskernel_tl.models.scheme_reader.read_terms`). A hybrid's blocks
-    without softmax attention (:data:`NO_ATTENTION_TYPES`) are left out and each scheme
-    names its block; a model with none is refused (:class:`NoAttentionError`). An
-    encoder-decoder's layers are those of its ``stack`` (:func:`stack_layers`)."""
-    cfg = hf_model.config
-    family = family_of(cfg)
-    reason = None if family is None else family.refusal(
-        hf_model, family.stack(stack) if family.STACKS else None)
-    if reason:
-        raise UnreadableSchemeError(reason)
-    if family is not None and family.STACKS:
-        return stack_layers(hf_model, family, stack, pe, n_heads or cfg.num_attention_heads)
-    if stack is not None:
-        raise UnreadableSchemeError(f"@{stack}: {type(hf_model).__name__} is no "
-                                    "encoder-decoder (one stack of layers, no @stack to "
-                                    "choose)")
+    ``"learned-absolute"``, ``"alibi"`` or ``"relative-bias"``), with what each layer's
+    softmax adds to scale·q·k (:func:`~poskernel_tl.models.scheme_reader.read_terms`). A
+    hybrid's blocks without softmax attention (:data:`NO_ATTENTION_TYPES`) are left out
+    and each scheme names its block; a model with none is refused
+    (:class:`NoAttentionError`). An encoder-decoder's layers are the self-attention layers
+    of its ``stack`` (:func:`stack_of`), read from the stack's own config, modules and
+    rotary table, each naming the bridge's hook prefix of its attention (``site``)."""
+    family = family_of(hf_model.config)
+    chosen = stack_of(hf_model, family, stack)
+    cfg = hf_model.config if chosen is None else family.stack_config(hf_model.config, chosen)
     types = _layer_types(cfg, n_layers)
     if len(types) != n_layers:
         raise UnreadableSchemeError(f"config.layer_types has {len(types)} entries for "
@@ -179,16 +177,21 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
                                f"(layer types: {', '.join(sorted(set(types)))}): nothing to "
                                "measure")
     n_heads = n_heads or getattr(cfg, "num_attention_heads", None) or cfg.n_head
+    causal = chosen.causal if chosen is not None else family is None or family.CAUSAL
     try:
         slopes = alibi_slopes(hf_model, family, n_heads) if pe == "alibi" else None
+        reach = family.window_reach(cfg) if not causal and "sliding_attention" in types \
+            else None
     except ValueError as err:
         raise UnreadableSchemeError(str(err)) from None
-    attns = attention_modules(hf_model)
-    attns = attns if len(attns) == len(blocks) else [None] * len(blocks)
+    found = attention_modules(hf_model) if chosen is None else \
+        family.attention(hf_model, chosen)
+    attns = found if len(found) == len(blocks) else [None] * len(blocks)
+    inner = _inner(hf_model) if chosen is None else family.stack_module(hf_model, chosen)
+    rotary, buffers = _rotary_tables(inner) if pe == "rope" else (None, {})
     no_rope = _no_rope(cfg, n_layers)
-    rotary, buffers = _rotary_tables(_inner(hf_model)) if pe == "rope" else (None, {})
-    shared = dict(causal=family is None or family.CAUSAL,
-                  layout=_layout(hf_model) if pe == "rope" else None, d_head=d_head,
+    shared = dict(causal=causal, reach=reach, d_head=d_head,
+                  layout=_layout(next(iter(found), None)) if pe == "rope" else None,
                   offset=getattr(cfg, "qk_nope_head_dim", None) or 0, slopes=slopes,
                   n_heads=n_heads, hybrid=len(blocks) < n_layers, model=hf_model)
     out = []
@@ -199,27 +202,30 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
             raise UnreadableSchemeError(
                 f"layer {block}: no rotary frequencies on {type(rotary).__name__} "
                 f"(looked for {types[block]}_inv_freq, inv_freq, embed_positions)")
-        out.append(_layer_scheme(cfg, block, types[block], layer_pe, freq, attn, **shared))
+        scheme = _layer_scheme(cfg, block, types[block], layer_pe, freq, attn, **shared)
+        out.append(scheme if chosen is None else
+                   dataclasses.replace(scheme, site=chosen.site.format(i=block)))
     return tuple(out)
 
 
-def stack_layers(hf_model: nn.Module, family: Family, stack: str | None, pe: str,
-                 n_heads: int) -> tuple[LayerScheme, ...]:
-    """The self-attention layers of an encoder-decoder's ``stack`` (None: its family's
-    first), each with the bridge's hook prefix of its attention (``site``), the stack's
-    mask and what its softmax adds."""
-    chosen = family.stack(stack)
-    out = []
-    for i, attn in enumerate(family.attention(hf_model, chosen)):
-        try:
-            terms = read_terms(hf_model.config, attn, "full_attention", n_heads, None,
-                               hf_model)
-        except ValueError as err:
-            raise UnreadableSchemeError(f"{chosen.name} layer {i}: {err}") from None
-        out.append(LayerScheme(pe=pe, mask="causal" if chosen.causal else "bidirectional",
-                               qk_norm=_qk_norm(attn), terms=terms,
-                               site=chosen.site.format(i=i)))
-    return tuple(out)
+def stack_of(hf_model: nn.Module, family: Family | None, stack: str | None
+             ) -> Stack | None:
+    """The stack of an encoder-decoder that ``stack`` names (None: its family's first),
+    or None for a model of one stack; refused in one line where the family does not
+    measure it, or where a one-stack model is asked for a stack."""
+    if family is None or not family.STACKS:
+        if stack is not None:
+            raise UnreadableSchemeError(f"@{stack}: {type(hf_model).__name__} is no "
+                                        "encoder-decoder (one stack of layers, no @stack to "
+                                        "choose)")
+        reason = None if family is None else family.refusal(hf_model, None)
+        chosen = None
+    else:
+        chosen = family.stack(stack)
+        reason = family.refusal(hf_model, chosen)
+    if reason:
+        raise UnreadableSchemeError(reason)
+    return chosen
 
 
 def alibi_slopes(hf_model: nn.Module, family: Family | None,
@@ -234,10 +240,10 @@ def alibi_slopes(hf_model: nn.Module, family: Family | None,
 
 
 def _layer_scheme(cfg, block: int, layer_type: str, pe: str, freq: torch.Tensor | None,
-                  attn: nn.Module | None, *, causal: bool, layout: str | None, d_head: int,
-                  offset: int, slopes, n_heads: int, hybrid: bool, model: nn.Module
-                  ) -> LayerScheme:
-    mask, window = _mask(cfg, layer_type, causal)
+                  attn: nn.Module | None, *, causal: bool, reach: int | None,
+                  layout: str | None, d_head: int, offset: int, slopes, n_heads: int,
+                  hybrid: bool, model: nn.Module) -> LayerScheme:
+    mask, window = _mask(cfg, layer_type, causal, reach)
     try:
         terms = read_terms(cfg, attn, layer_type, n_heads, slopes, model)
     except ValueError as err:
@@ -266,4 +272,4 @@ def read_terms(cfg, attn, layer_type: str, n_heads: int,
 
 
 __all__ = ["NO_ATTENTION_TYPES", "NoAttentionError", "attention_modules", "original",
-           "read_layers", "read_terms", "stack_layers"]
+           "read_layers", "read_terms", "stack_of"]

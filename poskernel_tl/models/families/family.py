@@ -66,6 +66,20 @@ class Family:
         """The Hugging Face self-attention module of every layer of ``stack``, in order."""
         raise NotImplementedError
 
+    def stack_module(self, hf_model: Any, stack: Stack) -> Any:
+        """The Hugging Face module of ``stack`` (where its own rotary table is kept)."""
+        raise NotImplementedError
+
+    def stack_config(self, cfg: Any, stack: Stack) -> Any:
+        """The config ``stack``'s layers read (layer types, window, soft-cap): the model's
+        own by default, a sub-config where the stacks keep their own."""
+        return cfg
+
+    def window_reach(self, cfg: Any) -> int:
+        """The last offset |t − s| a two-sided sliding window of ``cfg`` keeps (asked only
+        of a bidirectional stack whose layer types include sliding ones)."""
+        raise ValueError(f"{self.NAME}: a two-sided sliding window whose rule is not read")
+
     def geometry(self, cfg: Any, stack: Stack | None) -> dict:
         """What the generic reading of the config gets wrong for this family (a
         :class:`~poskernel_tl.models.registry.ModelSpec`'s fields); ``stack`` None for a

@@ -24,8 +24,11 @@ class T5(Family):
     NORM = "rmsnorm"  # T5LayerNorm: no mean subtracted, no bias
 
     def attention(self, hf_model, stack: Stack) -> list:
-        blocks = getattr(hf_model, stack.name).block
+        blocks = self.stack_module(hf_model, stack).block
         return [_self_attention(block.layer[0]) for block in blocks]
+
+    def stack_module(self, hf_model, stack: Stack):
+        return getattr(hf_model, stack.name)
 
     def geometry(self, cfg, stack: Stack) -> dict:
         n_layers = cfg.num_layers if stack.name == "encoder" else \

@@ -1,0 +1,105 @@
+"""T5Gemma through ``hf:``: an encoder-decoder of Gemma 2 layers whose stacks keep their own
+config (layer types, windows, soft-cap, ``query_pre_attn_scalar``) and rotary table. Each
+stack of a tiny checkpoint, loaded from its folder as a user would, measured exactly
+against what Hugging Face's eager softmax reads: the encoder two-sided, with grouped-query
+attention and a sliding window at the longest length it does not bind; the decoder causal,
+its sliding layers' window binding. A length at which the encoder's two-sided window binds
+is refused in one line."""
+
+import numpy as np
+import pytest
+import torch
+from softmax_spy import naive_r2, naive_within_r2, softmax_inputs
+from test_offset_terms import naive_signed_r2
+from transformers import T5GemmaConfig, T5GemmaForConditionalGeneration
+
+import poskernel_tl as pk
+from poskernel_tl.errors import UserError
+from poskernel_tl.models.families.t5gemma import FAMILY
+
+ENCODER_WINDOW, DECODER_WINDOW, T = 39, 20, 40  # the encoder's window keeps |Δ| ≤ 39
+STACK = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+             num_attention_heads=4, head_dim=16, attn_logit_softcapping=20.0,
+             rope_theta=1000.0, max_position_embeddings=512,
+             layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+
+
+def build():
+    torch.manual_seed(0)
+    cfg = T5GemmaConfig(
+        encoder=dict(STACK, num_key_value_heads=2, sliding_window=ENCODER_WINDOW,
+                     query_pre_attn_scalar=24),
+        decoder=dict(STACK, num_key_value_heads=4, sliding_window=DECODER_WINDOW,
+                     query_pre_attn_scalar=32),
+        vocab_size=300, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        decoder_start_token_id=2)
+    cfg._attn_implementation = "eager"  # the softmax the spy reads
+    return T5GemmaForConditionalGeneration(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from conftest import make_tiny_tokenizer
+    out = tmp_path_factory.mktemp("t5gemma")
+    make_tiny_tokenizer(out)
+    build().save_pretrained(out)
+    return out
+
+
+def load(folder, stack, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return pk.load_model(f"hf:{folder}" + ("" if stack == "encoder" else "@decoder"),
+                         device="cpu", progress=False)
+
+
+@pytest.mark.parametrize("stack", ["encoder", "decoder"])
+def test_each_stack_equals_the_naive_fit_of_the_softmax_input(folder, stack, monkeypatch):
+    model = load(folder, stack, monkeypatch)
+    layers = model.spec.layers
+    assert [s.pe for s in layers] == ["rope"] * 3 and model.spec.causal == (stack == "decoder")
+    assert all(s.terms.softcap == 20.0 for s in layers)
+    assert model.logit_scale == pytest.approx((24 if stack == "encoder" else 32) ** -0.5)
+    if stack == "encoder":  # grouped keys, a two-sided window that keeps |Δ| ≤ 39
+        assert model.spec.n_kv_heads == 2
+        assert [s.max_lag for s in layers] == [ENCODER_WINDOW, None, ENCODER_WINDOW]
+    else:
+        assert [s.window for s in layers] == [DECODER_WINDOW, None, DECODER_WINDOW]
+    ids = torch.randint(3, 290, (3, T), generator=torch.Generator().manual_seed(2))
+    res = pk.measure(model, ids, progress=False, null_perms=2)
+    # softmaxes in order: the encoder's layers, then per decoder layer its self- and
+    # cross-attention
+    seen = softmax_inputs(build(), ids, decoder_input_ids=ids)
+    mine = seen[:3] if stack == "encoder" else seen[3::2]
+    fit = naive_signed_r2 if stack == "encoder" else naive_r2
+    for layer, (A, keep, _) in enumerate(mine):
+        # the encoder keeps every entry at T = window + 1; the decoder's window binds
+        assert keep.all() == (stack == "encoder")
+        assert (keep[0, 0, T - 1, 0] == (stack == "encoder" or layer == 1))
+        assert np.abs(res.r2_pooled[layer] - fit(A, keep)).max() <= 1e-6
+        assert np.abs(res.r2_per_seq[1, layer] - fit(A[1:2], keep[1:2])).max() <= 1e-6
+        assert np.abs(res.r2_within_pooled[layer] - naive_within_r2(A, keep)).max() <= 1e-6
+    assert np.isfinite(res.r2_perm_null).all() and np.isfinite(res.r2_gram_raw).all()
+
+
+def test_the_encoders_window_rule_is_read_and_a_binding_length_refused(folder, monkeypatch):
+    model = load(folder, "encoder", monkeypatch)
+    assert FAMILY.window_reach(model.hf_model.config.encoder) == ENCODER_WINDOW
+    ids = torch.randint(3, 290, (2, T + 1), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(UserError, match=r"keeps \|t − s\| ≤ 39 \(a two-sided sliding "
+                                        r"window\), which binds past 40 tokens"):
+        pk.measure(model, ids, progress=False)
+    with pytest.raises(UserError, match="two-sided sliding window"):
+        pk.inspect_head(model, ids[0], 0, 0)
+
+
+def test_the_command_line_names_each_stacks_layers(folder, monkeypatch, capsys):
+    from poskernel_tl.apps.cli import main
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["models", f"hf:{folder}"]) == 0
+    out = capsys.readouterr().out
+    assert "4 query / 2 key-value heads" in out and "T5Gemma encoder stack" in out
+    assert "layer   0: rope 1e+03, window ±39, soft-cap 20" in out
+    assert "mask bidirectional; the softmax adds to scale·q·k: soft-cap 20·tanh(x / 20)" in out
+    assert main(["models", f"hf:{folder}@decoder"]) == 0
+    out = capsys.readouterr().out
+    assert "logit scale 0.1768" in out and "layer   0: rope 1e+03, window 20" in out
