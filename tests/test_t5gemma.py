@@ -14,6 +14,7 @@ from test_offset_terms import naive_signed_r2
 from transformers import T5GemmaConfig, T5GemmaForConditionalGeneration
 
 import poskernel_tl as pk
+from poskernel_tl import kernels
 from poskernel_tl.errors import UserError
 from poskernel_tl.models.families.t5gemma import FAMILY
 
@@ -79,6 +80,27 @@ def test_each_stack_equals_the_naive_fit_of_the_softmax_input(folder, stack, mon
         assert np.abs(res.r2_per_seq[1, layer] - fit(A[1:2], keep[1:2])).max() <= 1e-6
         assert np.abs(res.r2_within_pooled[layer] - naive_within_r2(A, keep)).max() <= 1e-6
     assert np.isfinite(res.r2_perm_null).all() and np.isfinite(res.r2_gram_raw).all()
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="forces the kernels' path on CPU "
+                    "tensors (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("stack", ["encoder", "decoder"])
+def test_the_kernels_path_equals_the_cpu_path(folder, stack, monkeypatch):
+    """The tiled kernels (a GPU's path, here under Triton's interpreter) on grouped keys
+    fitted on both sides and soft-capped logits: every array of the result equals the
+    CPU path's (the diagonal g_self soft-capped and read per query head)."""
+    from test_kernels import compare_results
+    model = load(folder, stack, monkeypatch)
+    ids = torch.randint(3, 290, (8, T), generator=torch.Generator().manual_seed(0))
+    run = dict(progress=False, null_perms=2, null_seqs=3, batch_size=2)
+    ref = pk.measure(model, ids[4:], ids[:4], **run)
+    with kernels.forced():
+        got = pk.measure(model, ids[4:], ids[:4], **run)
+    diffs = compare_results(ref, got)
+    assert {"track_a.r2_pooled", "track_b.r2_gram", "perm_null.r2_null"} <= set(diffs)
+    assert ("track_a.g_pooled_self" in diffs) == (stack == "encoder")
+    for field, (diff, scale) in diffs.items():
+        assert diff <= (1e-6 if ".r2" in field else 1e-6 * scale), (field, diff)
 
 
 def test_the_encoders_window_rule_is_read_and_a_binding_length_refused(folder, monkeypatch):

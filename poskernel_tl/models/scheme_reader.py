@@ -66,6 +66,10 @@ def _layer_types(cfg, n_layers: int) -> list[str]:
 NO_ATTENTION_TYPES = frozenset({"linear_attention", "conv", "moe", "mlp", "mamba"})
 
 
+# layer types of a sliding window (a hybrid's attention layer beside a state too)
+SLIDING_TYPES = frozenset({"sliding_attention", "hybrid_sliding"})
+
+
 class NoAttentionError(UnreadableSchemeError):
     """The model has no softmax-attention layer (Mamba, RWKV, …): nothing to measure."""
 
@@ -76,13 +80,12 @@ def _mask(cfg, layer_type: str, causal: bool, reach: int | None = None
     last |t − s| it keeps, read by the model's family) is ``reach + 1`` (|t − s| < window),
     a causal one's ``config.sliding_window`` (t − s < window)."""
     if not causal:
-        sliding = layer_type in ("sliding_attention", "hybrid_sliding")
-        return "bidirectional", reach + 1 if sliding and reach is not None else None
+        return "bidirectional", reach + 1 if layer_type in SLIDING_TYPES else None
     if layer_type in ("full_attention", "hybrid"):  # hybrid: attention beside a state
         return "causal", None
     if layer_type == "chunked_attention":  # causal within each chunk (SoftmaxTerms.chunk)
         return "causal", None
-    if layer_type in ("sliding_attention", "hybrid_sliding"):
+    if layer_type in SLIDING_TYPES:
         window = getattr(cfg, "sliding_window", None)
         if window is None and getattr(cfg, "attention_layers", None):
             window = getattr(cfg, "window_size", None)  # GPT-Neo's local layers
@@ -180,7 +183,7 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
     causal = chosen.causal if chosen is not None else family is None or family.CAUSAL
     try:
         slopes = alibi_slopes(hf_model, family, n_heads) if pe == "alibi" else None
-        reach = family.window_reach(cfg) if not causal and "sliding_attention" in types \
+        reach = family.window_reach(cfg) if not causal and SLIDING_TYPES & set(types) \
             else None
     except ValueError as err:
         raise UnreadableSchemeError(str(err)) from None

@@ -65,8 +65,8 @@ def upper_tile_stats(batch: LayerBatch) -> UpperStats:
     sums = kernels.lag_tile_sums(k, q, batch.scale, batch.terms, transposed=True)
     s1, sq, bands = kept_sums(sums, T, None)
     fq, fk = batch.logit_qk
-    return UpperStats((s1, sq), strip(batch, swap=True), diagonal_sum(fq, fk, batch.scale),
-                      bands)
+    return UpperStats((s1, sq), strip(batch, swap=True),
+                      diagonal_sum(fq, fk, batch.scale, batch.terms), bands)
 
 
 def null_tile_stats(batch: LayerBatch, q: Tensor, k: Tensor, perms: Tensor,

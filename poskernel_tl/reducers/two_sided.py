@@ -30,6 +30,8 @@ from torch import Tensor
 from poskernel_tl.fit.counts import upper_lag_counts
 from poskernel_tl.fit.toeplitz import Sums, lower_lag_stats, lower_mean_from_qk
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.models.softmax_ops import cap_scores
+from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
@@ -74,10 +76,14 @@ def per_query_head(k: Float[Tensor, "batch pos kv_head_index d"], n_heads: int
 
 
 def diagonal_sum(q: Float[Tensor, "batch pos head_index d_head"],
-                 k: Float[Tensor, "batch pos head_index d_head"], scale: float
-                 ) -> Float[Tensor, "batch head_index"]:
-    """Σ_t scale·q_t·k_t in float64 (the diagonal of A, Δ = 0)."""
-    return (q.double() * k.double()).sum(dim=(1, 3)) * scale
+                 k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+                 terms: SoftmaxTerms = NONE) -> Float[Tensor, "batch head_index"]:
+    """Σ_t A[t, t] in float64 (the diagonal, Δ = 0): scale·q_t·k_t, grouped keys repeated
+    to their query heads, soft-capped entry by entry where the layer caps (``terms``)."""
+    products = q.double() * per_query_head(k, q.shape[2]).double()
+    if terms.softcap is None:
+        return products.sum(dim=(1, 3)) * scale
+    return cap_scores(products.sum(-1) * scale, terms).sum(1)
 
 
 def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
