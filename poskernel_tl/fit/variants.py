@@ -146,22 +146,6 @@ def region_sums(skewed: Float[Tensor, "batch head_index pos lag"], variant: Vari
     return (s1, sq) if variant.inside() else (whole[0] - s1, whole[1] - sq)
 
 
-def regions_sums(skewed: Float[Tensor, "batch head_index pos lag"],
-                 masks: Float[Tensor, "region pos lag"], complement: Float[Tensor, " region"],
-                 whole: Block) -> tuple[Float[Tensor, "region batch head_index lag"],
-                                        Float[Tensor, "region batch head_index"]]:
-    """:func:`region_sums` of several regions at once, in a fixed number of operations
-    (the tiled kernels' path, :mod:`poskernel_tl.reducers.tile_sums`): ``masks`` their
-    :func:`region_mask` as float64, ``complement`` 1.0 where a region is the whole less
-    its mask's entries, else 0.0. Equal to :func:`region_sums` up to the order of the
-    float64 sums."""
-    s1 = torch.einsum("bhkl,rkl->rbhl", skewed, masks)
-    sq = torch.einsum("bhkl,rkl->rbh", skewed * skewed, masks)
-    sign = (1 - 2 * complement).view(-1, 1, 1, 1)
-    c = complement.view(-1, 1, 1, 1)
-    return c * whole[0] + sign * s1, c[..., 0] * whole[1] + sign[..., 0] * sq
-
-
 def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: bool = True,
                max_lag: int | None = None, chunk: int | None = None) -> float:
     """R² of the shift-invariant fit over ``variant``'s region of one materialised matrix
@@ -189,5 +173,5 @@ def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: 
     return float(r2)
 
 
-__all__ = ["Variant", "fitted", "region_mask", "region_sums", "regions_sums", "strip_bytes",
+__all__ = ["Variant", "fitted", "region_mask", "region_sums", "strip_bytes",
            "strip_of", "variant_r2", "variants_of"]

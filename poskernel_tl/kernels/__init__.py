@@ -9,6 +9,8 @@ read the same sums from a few tiled kernels per layer and batch —
 - :mod:`~poskernel_tl.kernels.lag_tiles`: per head and lag Σ logit and Σ logit² over the
   strictly lower triangle (a window, a permutation of the positions, every draw of the
   null in one launch), for Track A and the permutation null;
+- :mod:`~poskernel_tl.kernels.strip_regions`: the sums of Track A's regions (the
+  variants) over the strip of the first keys, every region in one launch;
 - :mod:`~poskernel_tl.kernels.row_lse`: each query row's log-sum-exp of what the softmax
   reads under the layer's mask, for the pattern statistics;
 - :mod:`~poskernel_tl.kernels.gram_tiles`: Track B's accumulator of Σ_x q̃ k̃ᵀ, every row
@@ -33,7 +35,9 @@ from poskernel_tl.kernels.dispatch import active, forced, interpreting
 # the kernels' entry points, importable as ``kernels.NAME`` without importing Triton
 # until one is first used (PEP 562)
 _ENTRY = {"lag_tile_sums": "lag_tiles", "row_lse_tiles": "row_lse",
+          "strip_region_sums": "strip_regions",
           "gram_tile_update": "gram_tiles", "gram_layout": "gram_tiles",
+          "layer_views": "gram_tiles",
           "block_table": "gram_fit_tiles", "stored_lag_sums": "gram_fit_tiles",
           "stored_apply": "gram_fit_tiles"}
 
@@ -46,4 +50,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["active", "block_table", "forced", "gram_layout", "gram_tile_update",
-           "interpreting", "lag_tile_sums", "row_lse_tiles", "stored_apply", "stored_lag_sums"]
+           "interpreting", "lag_tile_sums", "layer_views", "row_lse_tiles", "stored_apply",
+           "stored_lag_sums", "strip_region_sums"]

@@ -24,7 +24,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl.kernels.dispatch import launch
-from poskernel_tl.kernels.lag_tiles import TILE, Diagonals, split_for
+from poskernel_tl.kernels.lag_tiles import TILE, Diagonals, diagonal_at, split_for
 
 COLUMNS = 64  # columns of X per program
 
@@ -69,7 +69,7 @@ def _stored_lag_tiles(ACC, BLOCKS, OUT, T, R, P, span, n_split, out_split, out_s
         v = v.to(tl.float64)
         acc1 += v
         acc2 += v * v
-    at = OUT + part * out_split + h * B * span + r[:, None] * span + (P - diag * B) + r[None, :]
+    at = diagonal_at(OUT + part * out_split + h * B * span, diag, span, r, B)
     tl.store(at, acc1)
     tl.store(at + out_stat, acc2)
 

@@ -63,27 +63,37 @@ def qk_tile(Q, K, q_off, k_off, rok, kok, BM: tl.constexpr, BN: tl.constexpr,
 
 @triton.jit
 @no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
-def logits_tile(s, row_pos, key_pos, h, scale, cap, TAU, SLOPES, HAS_TAU: tl.constexpr,
-                HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """What the softmax reads at (row_pos[i], key_pos[j]) of head ``h``, float32, from the
-    tile's q·kᵀ ``s`` (:func:`qk_tile`). ``TRANSPOSED``: the operands were (k, q), the
-    tile is of Aᵀ (rows are key positions: the temperature goes with the columns, the
-    ALiBi offset changes sign)."""
+def logits_at(s, rp, kp, h, scale, cap, TAU, SLOPES, HAS_TAU: tl.constexpr,
+              HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """What the softmax reads of head ``h`` at query positions ``rp`` and key positions
+    ``kp`` (integer tensors broadcastable to ``s``), float32, from the q·k products ``s``.
+    ``TRANSPOSED``: the operands were (k, q), ``s`` is of Aᵀ (``rp`` are key positions:
+    the temperature goes with ``kp``, the ALiBi offset changes sign)."""
     s = s * scale
     if HAS_TAU:
         if TRANSPOSED:
-            s = s * tl.load(TAU + key_pos)[None, :]
+            s = s * tl.load(TAU + kp)
         else:
-            s = s * tl.load(TAU + row_pos)[:, None]
+            s = s * tl.load(TAU + rp)
     if HAS_ALIBI:
         slope = tl.load(SLOPES + h)
         if TRANSPOSED:
-            s = s - slope * (key_pos[None, :] - row_pos[:, None]).to(tl.float32)
+            s = s - slope * (kp - rp).to(tl.float32)
         else:
-            s = s - slope * (row_pos[:, None] - key_pos[None, :]).to(tl.float32)
+            s = s - slope * (rp - kp).to(tl.float32)
     if HAS_CAP:
         s = cap * tanh(s / cap)
     return s
+
+
+@triton.jit
+@no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
+def logits_tile(s, row_pos, key_pos, h, scale, cap, TAU, SLOPES, HAS_TAU: tl.constexpr,
+                HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """:func:`logits_at` of a tile: the tile's q·kᵀ ``s`` (:func:`qk_tile`) at rows
+    ``row_pos[i]`` and keys ``key_pos[j]``."""
+    return logits_at(s, row_pos[:, None], key_pos[None, :], h, scale, cap, TAU, SLOPES,
+                     HAS_TAU, HAS_ALIBI, HAS_CAP, TRANSPOSED)
 
 
 def chunk_of(d: int) -> int:
@@ -126,4 +136,5 @@ def operand(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-__all__ = ["chunk_of", "dot_flags", "logits_tile", "operand", "qk_tile", "tanh", "term_args"]
+__all__ = ["chunk_of", "dot_flags", "logits_at", "logits_tile", "operand", "qk_tile", "tanh",
+           "term_args"]

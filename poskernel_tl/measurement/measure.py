@@ -46,6 +46,7 @@ from poskernel_tl.models.loading import LoadedModel, dtype_name
 from poskernel_tl.models.scheme import summary as scheme_summary
 from poskernel_tl.plan.batching import Plan, Workload, batched, plan_measure
 from poskernel_tl.plan.config import MeasureConfig
+from poskernel_tl.plan.groups import Groups, grouping, layer_groups
 from poskernel_tl.reducers import (
     CenteringMeans,
     GramReducer,
@@ -92,28 +93,49 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor,
                  make_reducers: Callable[[], list | dict], batch_size: int, desc: str,
                  progress: bool = True, hook_scores: bool = False,
                  after_batch: Callable[[list | dict], None] | None = None, *,
-                 layers: Sequence[int] | None = None) -> list | dict:
+                 layers: Sequence[int] | None = None, groups: Groups | None = None
+                 ) -> list | dict:
     """Run ``ids`` through the model in batches, feeding fresh reducers from
     ``make_reducers()`` (a list, or a dict by name) the q/k of ``layers`` (default: all);
-    each forward stops after the last of them; returns the reducers as made. On
-    out-of-memory the pass restarts with half the batch size."""
+    each forward stops after the last of them; returns the reducers as made. ``groups``:
+    the layers handed over together (:mod:`poskernel_tl.plan.groups`; default one at a
+    time): a reducer marked ``GROUPED`` gets each group as one batch, any other each of
+    its layers. On out-of-memory the pass restarts with half the batch size."""
+    layers = list(range(model.spec.n_layers) if layers is None else layers)
+    groups = tuple((L,) for L in layers) if groups is None else groups
+    closes = {group[-1]: group for group in groups}
     state: dict = {}
 
     def restart() -> None:
         reducers = make_reducers()
-        state.update(reducers=reducers, workspace=Workspace(),
-                     each=list(reducers.values() if isinstance(reducers, dict) else reducers))
+        state.update(reducers=reducers, workspace=Workspace(), pending={},
+                     each=list(reducers.values() if isinstance(reducers, dict) else reducers),
+                     positions=torch.arange(len(ids), device=model.device))
 
     def on_layer(c) -> None:
-        index, rows = c.context
-        batch = LayerBatch(c.layer, c.q, c.k, index, model.logit_scale, rows=rows,
-                           workspace=state["workspace"], hooked_scores=c.scores,
-                           terms=model.spec.layer_terms(c.layer))
+        pending = state["pending"]
+        pending[c.layer] = c
+        group = closes.get(c.layer)
+        if group is not None:
+            feed(group, [pending.pop(L) for L in group])
+
+    def feed(group: tuple[int, ...], parts: list) -> None:
+        rows, terms = parts[0].context, model.spec.layer_terms(group[0])
+        joined = lambda name: getattr(parts[0], name) if len(parts) == 1 else \
+            torch.cat([getattr(p, name) for p in parts], dim=2)
+        batch = LayerBatch(group, joined("q"), joined("k"),
+                           state["positions"][rows[0]:rows[-1] + 1], model.logit_scale,
+                           rows=rows, workspace=state["workspace"],
+                           hooked_scores=parts[0].scores if len(parts) == 1 else None,
+                           terms=terms.repeated(len(group)), layer_terms=terms)
+        layers = batch.split()  # one split for every reducer: they share its caches
         for r in state["each"]:
-            r.update(batch)
+            for one in [batch] if getattr(r, "GROUPED", False) else layers:
+                r.update(one)
 
     def run(rows: tuple[int, ...], tokens: torch.Tensor) -> None:
-        capture.forward(tokens, (torch.as_tensor(rows, device=model.device), rows))
+        state["pending"].clear()
+        capture.forward(tokens, rows)
         if after_batch is not None:
             after_batch(state["reducers"])
 
@@ -270,11 +292,15 @@ def evaluation_passes(model: LoadedModel, geometry: Geometry, ev_ids: Tokens,
     other reducers by name and Track B's result over every layer."""
     n = len(ev_ids)
     *others, last = plan.layer_blocks
+    grouped = grouping(model, geometry, hook_scores or opts.scores != "auto")
+    groups = lambda layers: layer_groups(model, geometry, layers, grouped, plan.group_layers,
+                                         [b[0] for b in plan.layer_blocks])
     reds = forward_pass(model, ev_ids,
                         lambda: eval_reducers(model, geometry, n, centering, wanted, opts,
                                               range(*last), keep_gram, plan.factors),
                         plan.batch_size, "evaluation pass", progress, hook_scores,
-                        after_batch=lambda reds: reds["track_a"].check_finite())
+                        groups=groups(range(geometry.n_layers)))
+    reds["track_a"].check_finite()  # once, after the pass: no host read per batch
     fits = {last: reds.pop("track_b").result(centering, keep_matrices=keep_gram)}
     for block in others:
         (gram,) = forward_pass(
@@ -282,7 +308,7 @@ def evaluation_passes(model: LoadedModel, geometry: Geometry, ev_ids: Tokens,
                                                              range(*block), keep_gram,
                                                              plan.factors)],
             plan.batch_size, f"Track B, layers {block[0]}-{block[1] - 1}", progress,
-            layers=range(*block))
+            layers=range(*block), groups=groups(range(*block)))
         fits[block] = gram.result(centering, keep_matrices=keep_gram)
         del gram
     return reds, concat_layers([fits[b] for b in plan.layer_blocks])

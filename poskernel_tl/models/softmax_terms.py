@@ -87,6 +87,11 @@ class SoftmaxTerms:
         inner = ", ".join(f"{t.NAME}={t.value!r}" for t in self._terms)
         return f"SoftmaxTerms({inner})"
 
+    def repeated(self, n: int) -> "SoftmaxTerms":
+        """The terms of ``n`` layers of one kind side by side along the head axis (every
+        per-head value repeated ``n`` times; :meth:`Term.repeated`)."""
+        return self if n == 1 else SoftmaxTerms.of(t.repeated(n) for t in self._terms)
+
     def kinds(self) -> set[str]:
         return {t.KIND for t in self._terms}
 

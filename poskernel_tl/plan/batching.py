@@ -176,6 +176,7 @@ class Plan:
     factors: Path = ()  # per layer, Track B kept as the evaluation sequences' q̃, k̃
     why: str = ""  # why Track B takes this path (the provenance's "track_b")
     forward: str = ""  # what the forward's attention computes per kind of layer
+    group_layers: int | None = None  # layers handed to the reducers together, at most
 
     @property
     def blocked(self) -> bool:
@@ -318,13 +319,14 @@ def batched(ids: torch.Tensor, batch_size: int, device: torch.device | str, desc
     On out-of-memory, with ``restart`` (which resets whatever ``run`` accumulated), the
     pass starts again with half the batch size; without it the error is raised. Returns
     the batch size that went through."""
+    ids = ids.to(device)  # once, before the first batch: no upload per batch
     while True:
         try:
             with torch.no_grad():
                 for start in tqdm(range(0, len(ids), batch_size), desc=desc, unit="batch",
                                   disable=not progress):
                     rows = tuple(range(start, min(len(ids), start + batch_size)))
-                    run(rows, ids[start:start + len(rows)].to(device))
+                    run(rows, ids[start:start + len(rows)])
             return batch_size
         except (RuntimeError, torch.OutOfMemoryError) as err:
             if restart is None or not is_out_of_memory(err) or batch_size == 1:

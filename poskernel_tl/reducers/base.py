@@ -26,6 +26,7 @@ class Workspace:
     A buffer's contents are valid until the next layer asks for it."""
 
     buffers: dict[str, Tensor] = field(default_factory=dict)
+    constants: dict = field(default_factory=dict)  # made once per pass (index tensors)
 
     def get(self, name: str, shape: tuple, like: Tensor, zero: bool = False) -> Tensor:
         buf = self.buffers.get(name)
@@ -54,9 +55,18 @@ class LayerBatch:
     at each entry's offset and soft-capped where the layer caps, so
     every fit of the logits (Track A, the null, the saved logits, the pattern scores)
     reads what the softmax reads; where a chunked mask binds (:attr:`chunk`) they are 0
-    across chunks (:attr:`kept_qk`)."""
+    across chunks (:attr:`kept_qk`).
 
-    layer: int
+    A batch may hold a *group* of layers of one kind (:mod:`poskernel_tl.plan.groups`):
+    ``layers`` names them, q and k hold their heads one layer after the other along the
+    head axis (query head h of the group's j-th layer at j·H + h, its key/value head at
+    j·H_kv + h // group), and everything that works per head works on them unchanged;
+    state kept per layer is read and written through :meth:`put` and :meth:`add`. A
+    reducer that handles groups says so (``GROUPED = True``); any other receives each
+    layer of a group in turn (:meth:`split`). :attr:`layer` is the one layer of a batch
+    that holds one."""
+
+    layers: int | tuple[int, ...]
     q: Float[Tensor, "batch pos head_index d_head"]
     k: Float[Tensor, "batch pos kv_head_index d_head"]
     index: Int[Tensor, " batch"]
@@ -64,10 +74,100 @@ class LayerBatch:
     rows: tuple[int, ...] = ()  # ``index`` on the host, for the few reducers that need it
     workspace: Workspace = field(default_factory=Workspace)
     hooked_scores: Float[Tensor, "batch head_index query_pos key_pos"] | None = None
-    terms: SoftmaxTerms = NONE
+    terms: SoftmaxTerms = NONE  # of the batch's heads (a group's: SoftmaxTerms.repeated)
+    layer_terms: SoftmaxTerms | None = None  # of one layer of a group (None: ``terms``)
     # values several reducers read, formed once per layer and batch by whichever asks
     # first (:mod:`poskernel_tl.reducers.pattern`'s row normalisers)
     shared: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layers, int):
+            self.layers = (self.layers,)
+
+    @property
+    def layer(self) -> int:
+        """The batch's one layer (a TypeError for a group: read :attr:`layers`)."""
+        if len(self.layers) != 1:
+            raise TypeError(f"a batch of layers {self.layers}: read .layers, or split()")
+        return self.layers[0]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def heads(self) -> int:
+        """Query heads per layer."""
+        return self.q.shape[2] // len(self.layers)
+
+    @property
+    def layer_sel(self) -> slice | Int[Tensor, " layer"]:
+        """The batch's layers as an index of a per-layer axis: a slice where they are
+        consecutive, else a long tensor on the batch's device, made once per group (kept
+        in the workspace: no upload per batch)."""
+        first, last = self.layers[0], self.layers[-1]
+        if self.layers == tuple(range(first, last + 1)):
+            return slice(first, last + 1)
+        key = ("layers", self.layers)
+        if key not in self.workspace.constants:
+            self.workspace.constants[key] = torch.tensor(self.layers, device=self.q.device)
+        return self.workspace.constants[key]
+
+    @property
+    def seq_sel(self) -> slice | Int[Tensor, " batch"]:
+        """The batch's sequences as an index of a per-sequence axis: a slice where their
+        positions in the pass are consecutive (always, for the passes of ``pk.measure``),
+        else :attr:`index`."""
+        r = self.rows
+        if r and r == tuple(range(r[0], r[-1] + 1)):
+            return slice(r[0], r[-1] + 1)
+        return self.index
+
+    def by_layer(self, x: Tensor, dim: int) -> Tensor:
+        """``x`` with its axis ``dim`` of the group's heads (layer-major) split into
+        [layer, head] (a view)."""
+        dim = dim % x.ndim
+        return x.unflatten(dim, (len(self.layers), x.shape[dim] // len(self.layers)))
+
+    def put(self, state: Tensor, value: Tensor, seqs: bool = True) -> None:
+        """``state[sequences, layers] = value``: per-sequence state [n_seqs, layer, ...]
+        from ``value`` [batch, G·H, ...]; ``seqs`` false: per-layer state [layer, ...]
+        from [G·H, ...]. One operation, no upload."""
+        value = self.by_layer(value, 1 if seqs else 0)
+        sel = self.layer_sel
+        if not seqs:
+            target, dim = state, 0
+        elif isinstance(self.seq_sel, slice):
+            target, dim = state[self.seq_sel], 1
+        else:  # sequences by index: both axes indexed at once
+            layers = sel if isinstance(sel, Tensor) else torch.arange(
+                sel.start, sel.stop, device=state.device)
+            state[self.seq_sel[:, None], layers[None, :]] = value
+            return
+        if isinstance(sel, slice):
+            target[(slice(None),) * dim + (sel,)] = value
+        else:
+            target.index_copy_(dim, sel, value)
+
+    def add(self, state: Tensor, value: Tensor, lead: int = 0) -> None:
+        """``state[..., layers, ...] += value``: per-layer state with ``lead`` axes before
+        the layer axis, from ``value`` with the group's heads at axis ``lead``."""
+        value = self.by_layer(value, lead)
+        sel = self.layer_sel
+        if isinstance(sel, slice):  # (in place on the view: one operation)
+            state[(slice(None),) * lead + (sel,)].add_(value)
+        else:
+            state.index_add_(lead, sel, value)
+
+    def split(self) -> list["LayerBatch"]:
+        """One batch per layer of the group (views of q and k; itself for one layer)."""
+        if len(self.layers) == 1:
+            return [self]
+        H, kv = self.heads, self.k.shape[2] // len(self.layers)
+        return [LayerBatch(L, self.q[:, :, j * H:(j + 1) * H], self.k[:, :, j * kv:(j + 1) * kv],
+                           self.index, self.scale, self.rows, self.workspace, None,
+                           self.terms if self.layer_terms is None else self.layer_terms)
+                for j, L in enumerate(self.layers)]
 
     @cached_property
     def logit_qk(self) -> tuple[Float[Tensor, "batch pos head_index d_logit"],

@@ -125,17 +125,19 @@ class GramReducer:
                                        self.max_lags[L]) for L in self.layers]
         f64 = dict(dtype=torch.float64, device=device)
         # on the tiled kernels' device each layer's blocks are views of one flat buffer,
-        # updated by one launch (:mod:`poskernel_tl.kernels.gram_tiles`)
+        # the layers with the same blocks one after the other in one buffer, so that one
+        # launch updates a group of them (:mod:`poskernel_tl.kernels.gram_tiles`)
         self.tiled = kernels.active(torch.empty(0, device=device))
         self.flat: list[tuple[Tensor, Tensor] | None] = [None] * len(self.layers)
-        self.acc = [[] if f else self._blocks(i, n_heads, device)
-                    for i, f in enumerate(self.factors)]
+        self.shared: list[tuple[Tensor, int, int] | None] = [None] * len(self.layers)
+        self.acc = self._accumulators(n_heads, device)
         self.kept: list[list[tuple[Tensor, Tensor]]] = [[] for _ in self.layers]
         nl = len(self.layers)
         self.q_sum = torch.zeros(nl, n_heads, length, d_head, **f64)  # evaluation sums
         self.k_sum = torch.zeros(nl, n_kv_heads, length, d_head, **f64)
         self.count = [0] * nl
         self.means: Moments | None = None  # eval_moments, once taken (no update after it)
+        self.joined: dict = {}  # a group's references side by side (made once)
         # the reference, float32 [pos, head, d] (views of the centering means)
         self.ref_q: list[Tensor | None] = [None] * nl
         self.ref_k: list[Tensor | None] = [None] * nl
@@ -144,22 +146,81 @@ class GramReducer:
                 self.ref_q[i] = reference.mean_q[L].transpose(0, 1)
                 self.ref_k[i] = reference.mean_k[L].transpose(0, 1)
 
-    def _blocks(self, i: int, n_heads: int, device) -> list[Tensor]:
-        """Layer slot ``i``'s zeroed row blocks [head, rows, keys] (on the kernels'
-        device, views of one flat buffer, kept with its tile table in ``self.flat``)."""
-        if not self.tiled or self.chunks[self.layers[i]] is not None:
-            return [torch.zeros(n_heads, r1 - r0, k1 - k0, dtype=torch.float32, device=device)
-                    for r0, r1, k0, k1 in self.blocks[i]]
-        flat, views, table = kernels.gram_layout(self.blocks[i], n_heads, device)
-        self.flat[i] = (flat, table)
-        return views
+    def _accumulators(self, n_heads: int, device) -> list[list[Tensor]]:
+        """Each layer slot's zeroed row blocks [head, rows, keys]: none for the factors'
+        path; on the kernels' device views of one flat buffer per set of slots with the
+        same blocks (kept in ``self.flat``: the slot's part and its tile table, and in
+        ``self.shared``: the buffer, the slot's index in it and a part's size)."""
+        acc: list[list[Tensor]] = [[] for _ in self.layers]
+        tiled = [i for i, f in enumerate(self.factors) if not f and self.tiled
+                 and self.chunks[self.layers[i]] is None]
+        for i, f in enumerate(self.factors):
+            if not f and i not in tiled:
+                acc[i] = [torch.zeros(n_heads, r1 - r0, k1 - k0, dtype=torch.float32,
+                                      device=device) for r0, r1, k0, k1 in self.blocks[i]]
+        for blocks in dict.fromkeys(tuple(self.blocks[i]) for i in tiled):
+            slots = [i for i in tiled if tuple(self.blocks[i]) == blocks]
+            buffer, _, table = kernels.gram_layout(blocks, n_heads, device, len(slots))
+            for j, i in enumerate(slots):
+                part, acc[i] = kernels.layer_views(buffer, blocks, n_heads, j)
+                self.flat[i] = (part, table)
+                self.shared[i] = (buffer, j, part.numel())
+        return acc
+
+    GROUPED = True  # the kernels' path takes a group of layers as one batch
 
     def update(self, batch: LayerBatch) -> None:
-        i = self.slot.get(batch.layer)
-        if i is None:  # a layer another reducer's block covers
+        slots = [self.slot.get(L) for L in batch.layers]
+        if all(i is None for i in slots):  # layers another reducer's block covers
             return
         if self.means is not None:
             raise RuntimeError(f"{type(self).__name__}: update after the means were taken")
+        if None not in slots and all(self.shared[i] is not None for i in slots):
+            buffer, first, size = self.shared[slots[0]]
+            if [self.shared[i][1] for i in slots] == list(range(first, first + len(slots))):
+                return self._update_tiles(batch, slots, buffer[first * size:], size)
+        if batch.n_layers > 1:
+            for one in batch.split():
+                self.update(one)
+            return
+        self._update_layer(slots[0], batch)
+
+    def _update_tiles(self, batch: LayerBatch, slots: list[int], acc: Tensor,
+                      size: int) -> None:
+        """A group of layers (or one) whose accumulators lie one after the other in
+        ``acc``: the evaluation sums and one launch that centers and adds every block."""
+        for state, x in ((self.q_sum, batch.q), (self.k_sum, batch.k)):
+            sums = batch.by_layer(x.sum(0, dtype=torch.float64).transpose(0, 1), 0)
+            if slots == list(range(slots[0], slots[0] + len(slots))):
+                state[slots[0]:slots[0] + len(slots)].add_(sums)
+            else:
+                state.index_add_(0, torch.as_tensor(slots, device=state.device), sums)
+        for i in slots:
+            self.count[i] += batch.q.shape[0]
+        ref = self._group_reference(slots, batch)
+        kernels.gram_tile_update(acc, self.flat[slots[0]][1], GRAM_ROWS, batch.q, batch.k,
+                                 ref, self.scale, batch.heads, size)
+
+    def _group_reference(self, slots: list[int], batch: LayerBatch) -> tuple[Tensor, Tensor]:
+        """The float32 reference (m_q, m_k) of a group's slots side by side along the head
+        axis, joined once per group (no centering set: the first batch's means)."""
+        key = ("reference", tuple(slots))
+        if key not in self.joined:
+            if self.ref_q[slots[0]] is None:
+                m_q = batch.q.double().mean(0).float()
+                m_k = batch.k.double().mean(0).float()
+                for j, i in enumerate(slots):
+                    self.ref_q[i] = batch.by_layer(m_q, 1)[:, j]
+                    self.ref_k[i] = batch.by_layer(m_k, 1)[:, j]
+                self.joined[key] = (m_q, m_k)
+            else:
+                self.joined[key] = tuple(torch.cat([r[i] for i in slots], 1).contiguous()
+                                         for r in (self.ref_q, self.ref_k))
+        return self.joined[key]
+
+    def _update_layer(self, i: int, batch: LayerBatch) -> None:
+        """One layer, centered in float64 here: the CPU path (one row block at a time) and
+        the factors' path (the centered q and k kept)."""
         qd, kd = batch.q.double(), batch.k.double()
         self.q_sum[i] += qd.sum(0).transpose(0, 1)
         self.k_sum[i] += kd.sum(0).transpose(0, 1)
@@ -172,9 +233,6 @@ class GramReducer:
         k = (kd - self.ref_k[i]).float()
         if self.factors[i]:
             self.kept[i].append((q, k))
-            return
-        if self.flat[i] is not None:  # every row block in one launch
-            kernels.gram_tile_update(*self.flat[i], GRAM_ROWS, q, k)
             return
         b, T, H, d = q.shape
         kv, g = k.shape[2], self.group

@@ -1,13 +1,14 @@
 """Track A's and the null's sums from the tiled kernels (:mod:`poskernel_tl.kernels`):
 what :mod:`poskernel_tl.reducers.lag_sums` and :mod:`poskernel_tl.reducers.two_sided`
-give on a CPU, in the same structures, for a batch whose
-:attr:`~poskernel_tl.reducers.base.LayerBatch.on_kernels` is set.
+give on a CPU, for a batch whose :attr:`~poskernel_tl.reducers.base.LayerBatch.on_kernels`
+is set, in a fixed number of operations whatever the number of layers of a group.
 
 The kernels read q and k as the model gave them and form what the softmax reads on each
 tile (the temperature, ALiBi and the soft-cap included), so soft-capped layers stream here
-too. From the per-lag sums S1(Δ), S2(Δ) of the whole triangle follow Σ A² of the whole
-triangle, of a window's offsets and of each band of offsets; the strip of the first keys
-(the variants' regions) is one product, as on the CPU.
+too. From the per-lag sums S1(Δ), S2(Δ) of the whole triangle follow, by one product with
+a fixed matrix of weights (:func:`lag_weights`), Σ A² of what the mask keeps, of each band
+of offsets within it and of the whole triangle; the regions of the variants are summed by
+one more kernel (:mod:`~poskernel_tl.kernels.strip_regions`).
 """
 
 import torch
@@ -15,74 +16,85 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl import kernels
-from poskernel_tl.models.softmax_ops import cap_scores
-from poskernel_tl.reducers.band_sums import band_part_sums
+from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.lag_sums import LowerStats, key_strip, skew_keys
 from poskernel_tl.reducers.track_a_result import STRIP
 from poskernel_tl.reducers.two_sided import UpperStats, diagonal_sum, per_query_head
 
-Triple = tuple[Float[Tensor, "out head_index lag"], Float[Tensor, "out head_index"],
-               Float[Tensor, "out head_index part"]]
+_WEIGHTS: dict = {}
 
 
-def kept_sums(sums: Float[Tensor, "stat out head_index window"], length: int,
-              max_lag: int | None) -> Triple:
-    """(S1 of every lag, zero past ``max_lag``; Σ A² over Δ ≤ max_lag; Σ A² by band) from
-    the per-lag (S1, S2) of :func:`~poskernel_tl.kernels.lag_tiles.lag_tile_sums` over
-    Δ = 1..W (W ≤ T − 1; lags past W are zero)."""
-    W = sums.shape[-1] if max_lag is None else min(max_lag, sums.shape[-1])
-    s1 = torch.nn.functional.pad(sums[0, ..., :W], (0, length - 1 - W))
-    s2 = sums[1, ..., :W]
-    return s1, s2.sum(-1), band_part_sums(s2, length)
+def lag_weights(length: int, max_lag: int | None, device) -> Float[Tensor, "lag stat"]:
+    """float64 [T − 1, 2 + bands]: S2 @ it gives, per (sequence, head), Σ A² over the lags
+    Δ ≤ ``max_lag`` (column 0), over each band of offsets within them
+    (:func:`~poskernel_tl.protocol.band_ends`), and over every lag (the last column): the
+    layout of Track A's per-sequence state after S1. Made once per (T, max_lag, device)."""
+    key = (length, max_lag, str(device))
+    if key not in _WEIGHTS:
+        lag = torch.arange(1, length, dtype=torch.float64)
+        kept = (lag <= (length - 1 if max_lag is None else max_lag)).double()
+        lo = 0
+        cols = [kept]
+        for hi in band_ends(length):
+            cols.append(kept * ((lag > lo) & (lag <= hi)).double())
+            lo = hi
+        cols.append(torch.ones_like(lag))
+        _WEIGHTS[key] = torch.stack(cols, -1).to(device)
+    return _WEIGHTS[key]
 
 
-def strip(batch: LayerBatch, swap: bool = False
-          ) -> Float[Tensor, "batch head_index key_pos lag"]:
-    """The first :data:`~poskernel_tl.reducers.track_a_result.STRIP` keys of what the softmax reads,
-    skewed to [key, lag] (``swap``: of its transpose, the upper triangle's rows)."""
-    q, k = batch.logit_qk
-    if swap:
-        q, k = per_query_head(k, q.shape[2]), q
-    return skew_keys(cap_scores(key_strip(q, k, batch.scale, min(STRIP, q.shape[1])),
-                                batch.terms))
+def lag_rows(sums: Float[Tensor, "stat batch head_index lag"], length: int,
+             max_lag: int | None) -> Float[Tensor, "batch head_index row"]:
+    """Per (sequence, head): S1 of every lag, Σ A² kept, by band, of the whole triangle (the
+    row of Track A's per-sequence state) from the lag sums (S1, S2) of Δ = 1..T−1."""
+    return torch.cat([sums[0], sums[1] @ lag_weights(length, max_lag, sums.device)], -1)
 
 
-def track_a_tile_stats(batch: LayerBatch, max_lag: int | None) -> LowerStats:
-    """:func:`~poskernel_tl.reducers.lag_sums.track_a_stats` of ``batch`` from one launch:
-    every lag of every sequence and head."""
+def track_a_tile_rows(batch: LayerBatch, max_lag: int | None, regions
+                      ) -> tuple[Float[Tensor, "batch head_index row"],
+                                 Float[Tensor, "region batch head_index sums"]]:
+    """(Track A's per-sequence rows of ``batch`` (:func:`lag_rows`), the sums of each of
+    ``regions`` (S1 of every lag, then Σ A²)): two launches and a few operations for all
+    the batch's layers."""
     T = batch.q.shape[1]
-    sums = kernels.lag_tile_sums(batch.q, batch.k, batch.scale, batch.terms)
-    s1, kept, bands = kept_sums(sums, T, max_lag)
-    return LowerStats(sums[0], kept, sums[1].sum(-1), bands, strip(batch))
+    rows = lag_rows(kernels.lag_tile_sums(batch.q, batch.k, batch.scale, batch.terms), T,
+                    max_lag)
+    return rows, kernels.strip_region_sums(batch.q, batch.k, batch.scale, batch.terms,
+                                           regions, STRIP, rows, max_lag)
 
 
-def upper_tile_stats(batch: LayerBatch) -> UpperStats:
-    """:func:`~poskernel_tl.reducers.two_sided.upper_stats` of ``batch``: the lower
-    triangle of scale·k·qᵀ (grouped keys repeated to their query heads)."""
+def upper_tile_stats(batch: LayerBatch, regions) -> tuple[UpperStats, Tensor]:
+    """The upper triangle's sums of ``batch`` (the lower triangle of scale·k·qᵀ, grouped
+    keys repeated to their query heads) and its regions' sums (as
+    :func:`track_a_tile_rows`'s)."""
     q, k = batch.q, per_query_head(batch.k, batch.q.shape[2])
     T = q.shape[1]
     sums = kernels.lag_tile_sums(k, q, batch.scale, batch.terms, transposed=True)
-    s1, sq, bands = kept_sums(sums, T, None)
+    rows = lag_rows(sums, T, None)
     fq, fk = batch.logit_qk
-    return UpperStats((s1, sq), strip(batch, swap=True),
-                      diagonal_sum(fq, fk, batch.scale, batch.terms), bands)
+    n_bands = rows.shape[-1] - T - 1
+    stats = UpperStats((sums[0], rows[..., T - 1]), None,
+                       diagonal_sum(fq, fk, batch.scale, batch.terms),
+                       rows[..., T:T + n_bands])
+    return stats, kernels.strip_region_sums(batch.q, batch.k, batch.scale, batch.terms,
+                                            regions, STRIP, rows, None, upper=True)
 
 
-def null_tile_stats(batch: LayerBatch, q: Tensor, k: Tensor, perms: Tensor,
-                    max_lag: int | None, causal: bool) -> tuple[Triple, Triple | None]:
+def null_tile_sums(batch: LayerBatch, q: Tensor, k: Tensor, perms: Tensor,
+                   max_lag: int | None, causal: bool
+                   ) -> tuple[Float[Tensor, "stat draw head_index lag"],
+                              Float[Tensor, "stat draw head_index lag"] | None]:
     """Per draw of ``perms`` [draw, T], summed over the sequences of ``q``/``k`` (the
-    null's, as the model gave them): the lower triangle's (S1, Σ A², Σ A² by band) of the
-    permuted product over Δ ≤ ``max_lag``, and (``causal`` false) its upper triangle's;
+    null's, as the model gave them): the lower triangle's (S1, S2) per lag of the permuted
+    product over Δ ≤ ``max_lag`` (0 past it), and (``causal`` false) its upper triangle's;
     each one launch for every draw."""
-    T = q.shape[1]
-    lower = kept_sums(kernels.lag_tile_sums(q, k, batch.scale, batch.terms, max_lag, perms,
-                                    pooled=True), T, max_lag)
-    upper = None if causal else kept_sums(
-        kernels.lag_tile_sums(per_query_head(k, q.shape[2]), q, batch.scale, batch.terms,
-                              None, perms, pooled=True,
-                      transposed=True), T, None)
+    lower = kernels.lag_tile_sums(q, k, batch.scale, batch.terms, max_lag, perms,
+                                  pooled=True, full=True)
+    upper = None if causal else kernels.lag_tile_sums(
+        per_query_head(k, q.shape[2]), q, batch.scale, batch.terms, None, perms, pooled=True,
+        transposed=True)
     return lower, upper
 
 
-__all__ = ["kept_sums", "null_tile_stats", "strip", "track_a_tile_stats", "upper_tile_stats"]
+__all__ = ["lag_rows", "lag_weights", "null_tile_sums", "track_a_tile_rows",
+           "upper_tile_stats"]

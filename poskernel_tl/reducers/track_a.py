@@ -38,9 +38,7 @@ from poskernel_tl.fit.counts import lag_counts, layer_lag_counts, upper_lag_coun
 from poskernel_tl.fit.toeplitz import lag_means, lower_lag_stats, lower_mean_from_qk, r2_two_sided
 from poskernel_tl.fit.variants import (
     Variant,
-    region_mask,
     region_sums,
-    regions_sums,
     strip_bytes,
 )
 from poskernel_tl.models.geometry import Geometry
@@ -53,7 +51,7 @@ from poskernel_tl.protocol import (
 )
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, skew_keys, track_a_stats
-from poskernel_tl.reducers.tile_sums import track_a_tile_stats, upper_tile_stats
+from poskernel_tl.reducers.tile_sums import track_a_tile_rows, upper_tile_stats
 from poskernel_tl.reducers.track_a_result import (
     PER_SEQ,
     REGIONS,
@@ -122,72 +120,96 @@ class TrackAReducer:
         self.source, self.chunk = source, chunk
         f64 = dict(dtype=torch.float64, device=device)
         self.T, self.n_layers, self.n_heads, self.seed = T, n_layers, n_heads, seed
-        # per sequence: the lag sums of every lag (subsets: splits, the null's sequences),
-        # Σ A² over what each layer's mask keeps (and over the whole triangle, where a
-        # window removes some), Σ A² per band of offsets, the whole fit's R²
-        self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
-        self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
-        self.bands = torch.zeros(n_seqs, n_layers, n_heads, len(band_ends(T)), **f64)
+        # per sequence, one row per (layer, head) (:func:`~poskernel_tl.reducers.tile_sums.
+        # lag_rows`' layout, written by one operation on the kernels' path): the lag sums
+        # of every lag (subsets: splits, the null's sequences), Σ A² over what the layer's
+        # mask keeps, Σ A² per band of offsets, and Σ A² over the whole triangle (read
+        # where a window removes some); each a view of it
+        n_bands = len(band_ends(T))
+        self.rows = torch.zeros(n_seqs, n_layers, n_heads, T + n_bands + 1, **f64)
+        self.s1, self.sq = self.rows[..., :T - 1], self.rows[..., T - 1]
+        self.bands = self.rows[..., T:T + n_bands]
         self.sq_whole = None if max_lags is None or min(max_lags) >= T - 1 else \
-            torch.zeros(n_seqs, n_layers, n_heads, **f64)
-        self.r2_seq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+            self.rows[..., T + n_bands]
         # every region a variant (or g_sink) reads: its sums pooled over the sequences
-        # (lower side, and upper for a bidirectional model), its n(Δ) per layer
+        # (lower side, and upper for a bidirectional model), its n(Δ) per layer; one
+        # tensor [region, side, layer, head, S1 of every lag then Σ A²]
         self.regions = list(REGIONS)
-        # (one tensor per statistic; each region's sums a view of it)
-        self.region_stack = (torch.zeros(len(self.regions), 2, n_layers, n_heads, T - 1, **f64),
-                             torch.zeros(len(self.regions), 2, n_layers, n_heads, **f64))
-        self.region_s1 = dict(zip(self.regions, self.region_stack[0]))
-        self.region_sq = dict(zip(self.regions, self.region_stack[1]))
-        self.masks: dict = {}  # the regions' masks of the batched path, per layer and side
+        self.region_stack = torch.zeros(len(self.regions), 2, n_layers, n_heads, T, **f64)
+        self.region_s1 = {v: self.region_stack[r, ..., :T - 1]
+                          for r, v in enumerate(self.regions)}
+        self.region_sq = {v: self.region_stack[r, ..., T - 1]
+                          for r, v in enumerate(self.regions)}
         self.region_counts = {v: torch.stack([v.counts(T, m, device=device, chunk=c)
                                               for m, c in zip(self.max_lags, self.chunks)]
                                              )[:, None]
                               for v in self.regions}
         self.upper_counts = {v: v.counts(T, upper=True, device=device) for v in self.regions}
-        self.r2_variant = {f: torch.zeros(n_seqs, n_layers, n_heads, **f64) for f in PER_SEQ}
-        self.nonfinite = torch.zeros(n_seqs, n_layers, n_heads, dtype=torch.int64,
-                                     device=device)
-        self.seen = torch.zeros(n_seqs, dtype=torch.bool, device=device)
+        # the regions of the per-sequence variants: their sums per sequence and side
+        # (S1 of every lag, Σ A²), fitted after the pass
+        self.seq_regions = list(dict.fromkeys(VARIANTS[f] for f in PER_SEQ))
+        self.seq_region_rows = {(v, side): torch.zeros(n_seqs, n_layers, n_heads, T, **f64)
+                                for v in self.seq_regions for side in range(1 if causal else 2)}
+        self.seq_region_sums = {key: (x[..., :T - 1], x[..., T - 1])
+                                for key, x in self.seq_region_rows.items()}
+        self._seen = np.zeros(n_seqs, dtype=bool)  # on the host: no device work per batch
         # bidirectional: the upper triangle's sums too
         self.upper = None if causal else UpperSums(n_seqs, n_layers, n_heads, T, device)
 
+    GROUPED = True  # the tiles' path takes a group of layers as one batch
+
     def update(self, batch: LayerBatch) -> None:
-        L, idx = batch.layer, batch.index
-        bad_k = (~torch.isfinite(batch.k)).sum(dim=(1, 3))  # [batch, kv_head_index]
-        bad = (~torch.isfinite(batch.q)).sum(dim=(1, 3)) + \
-            bad_k.repeat_interleave(batch.group, dim=1)
-        self.nonfinite[idx, L] += bad
-        if self.source == "lags" and batch.on_kernels:
+        tiles = self.source == "lags" and batch.on_kernels
+        if batch.n_layers > 1 and not tiles:
+            for one in batch.split():
+                self.update(one)
+            return
+        if tiles:
             self._update_from_tiles(batch)
         elif self.source == "lags" and batch.streams:
             self._update_from_lags(batch)
         else:  # the reference path, and logits that are no bilinear form of q and k
             self._update_from_scores(batch)
-        self.seen[idx] = True
+        self._seen[list(batch.rows)] = True
+
+    @property
+    def seen(self) -> Tensor:
+        """Which sequences of the pass were fed (bool, on the state's device)."""
+        return torch.as_tensor(self._seen, device=self.s1.device)
 
     def _update_from_lags(self, batch: LayerBatch) -> None:
         """The sums from q/k directly (:func:`~poskernel_tl.reducers.lag_sums.track_a_stats`)."""
         q, k = batch.kept_qk
         st = track_a_stats(q, k, batch.scale, self.chunk, self.max_lags[batch.layer])
         upper = None if self.upper is None else upper_stats(q, k, batch.scale, self.chunk)
-        if self.sq_whole is not None:
-            self.sq_whole[batch.index, batch.layer] = st.sq_whole
-        self._store(batch.layer, batch.index, (st.s1, st.sq), st.bands, st.skewed, upper)
+        self._store(batch, (st.s1, st.sq), st.bands, st.skewed, upper, st.sq_whole)
 
     def _update_from_tiles(self, batch: LayerBatch) -> None:
         """The same sums from the tiled kernels (:mod:`~poskernel_tl.reducers.tile_sums`;
-        soft-capped layers too: the cap is applied on the tiles)."""
-        st = track_a_tile_stats(batch, self.max_lags[batch.layer])
-        upper = None if self.upper is None else upper_tile_stats(batch)
-        if self.sq_whole is not None:
-            self.sq_whole[batch.index, batch.layer] = st.sq_whole
-        self._store(batch.layer, batch.index, (st.s1, st.sq), st.bands, st.skewed, upper,
-                    batched=True)
+        soft-capped layers too: the cap is applied on the tiles), every layer of a group
+        at once, in a fixed number of operations: the rows of the per-sequence state and
+        the regions' sums, each stored by one operation."""
+        lag = self.max_lags[batch.layers[0]]  # (a group's layers share their mask)
+        rows, regions = track_a_tile_rows(batch, None if lag >= self.T - 1 else lag,
+                                          self.regions)
+        batch.put(self.rows, rows)
+        self._store_regions(batch, 0, regions)
+        if self.upper is not None:
+            upper, regions = upper_tile_stats(batch, self.regions)
+            self.upper.store(batch, upper)
+            self._store_regions(batch, 1, regions)
+
+    def _store_regions(self, batch: LayerBatch, side: int,
+                       regions: Float[Tensor, "region batch head_index sums"]) -> None:
+        """Every region's sums of one side (S1 of every lag, then Σ A²): summed over the
+        batch into the pooled state, and per sequence for a per-sequence variant's."""
+        batch.add(self.region_stack[:, side], regions.sum(1), lead=1)
+        for v in self.seq_regions:
+            batch.put(self.seq_region_rows[v, side], regions[self.regions.index(v)])
 
     def _update_from_scores(self, batch: LayerBatch) -> None:
         """The sums from the materialised logits ``batch.scores`` (the reference path)."""
-        L, idx = batch.layer, batch.index
+        L = batch.layer
         q, k = batch.kept_qk
         shift = lower_mean_from_qk(q, k, batch.scale)  # any shift is exact; near the mean
         A = batch.scores
@@ -195,94 +217,82 @@ class TrackAReducer:
                                    A, zero=True)  # lower half stays zero
         (s1, sq, bands), _ = lower_lag_stats(A, shift, [], work, max_lag=self.max_lags[L],
                                              bands=True)
+        sq_whole = None
         if self.sq_whole is not None:  # every lag's sums, and Σ A² of the whole triangle
-            (s1, self.sq_whole[idx, L]), _ = lower_lag_stats(A, shift, [], work)
+            (s1, sq_whole), _ = lower_lag_stats(A, shift, [], work)
         upper = None
         if self.upper is not None:
             upper = upper_stats_from_scores(A, q, k, batch.scale, work)
         skewed = skew_keys(A[..., :min(STRIP, self.T)].double())
-        self._store(L, idx, (s1, sq), bands, skewed, upper)
+        self._store(batch, (s1, sq), bands, skewed, upper, sq_whole)
 
-    def _store(self, L: int, idx: Tensor, whole: tuple[Tensor, Tensor], bands: Tensor,
-               skewed: Tensor, upper: UpperStats | None, batched: bool = False) -> None:
-        """Keep one batch's sums: per sequence the whole triangle (``s1`` of every lag,
-        ``sq`` of what the mask keeps), its bands and its R²; per region, its sums from the
-        skewed strip, summed over the batch (and the per-sequence variants' R²);
-        ``batched``: every region at once (:meth:`_store_regions`)."""
+    def _store(self, batch: LayerBatch, whole: tuple[Tensor, Tensor], bands: Tensor,
+               skewed: Tensor, upper: UpperStats | None, sq_whole: Tensor | None) -> None:
+        """Keep one batch's sums (one layer: the CPU's and the reference paths): per
+        sequence the whole triangle (``s1`` of every lag, ``sq`` of what the mask keeps,
+        ``sq_whole`` of the whole triangle where a window removes some), its bands, and the
+        sums of the per-sequence variants' regions; per region, its sums from the skewed
+        strip summed over the batch. Every fit is made after the pass (:meth:`result`)."""
+        L = batch.layer
         s1, sq = whole
-        self.s1[idx, L], self.sq[idx, L], self.bands[idx, L] = s1, sq, bands
-        if self.chunks[L] is not None:  # its q·k across chunks is never read
-            self.sq_whole[idx, L] = float("nan")
-        s1 = s1 * self.kept[L, 0]  # the lags the window keeps
+        batch.put(self.s1, s1)
+        batch.put(self.sq, sq)
+        batch.put(self.bands, bands)
+        if self.sq_whole is not None:  # a chunk's q·k across chunks is never read
+            batch.put(self.sq_whole, torch.full_like(sq, float("nan"))
+                      if self.chunks[L] is not None else sq_whole)
         if upper is not None:
-            self.upper.store(L, idx, upper)
-        back = None if upper is None else (*upper.whole, upper_lag_counts(self.T,
-                                                                         device=s1.device))
-        self.r2_seq[idx, L] = r2_two_sided((s1, sq, self.counts[L, 0]), back, warn=False)[0]
-        if batched:
-            self._store_regions(L, idx, skewed, (s1, sq), upper)
-            return
-        for v in self.regions:
-            front = region_sums(skewed, v, (s1, sq), self.max_lags[L])
-            up = None if upper is None else region_sums(upper.skewed, v, upper.whole,
-                                                        upper=True)
-            for side, sums in enumerate((front, up)):
-                if sums is not None:
-                    self.region_s1[v][side, L] += sums[0].sum(0)
-                    self.region_sq[v][side, L] += sums[1].sum(0)
-            for field in (f for f in PER_SEQ if VARIANTS[f] == v):
-                self.r2_variant[field][idx, L] = r2_two_sided(
-                    (*front, self.region_counts[v][L, 0]),
-                    None if up is None else (*up, self.upper_counts[v]), warn=False)[0]
-
-    def _store_regions(self, L: int, idx: Tensor, skewed: Tensor, whole: tuple[Tensor, Tensor],
-                       upper: UpperStats | None) -> None:
-        """The regions' part of :meth:`_store` in a fixed number of operations, whatever
-        the number of regions (:func:`~poskernel_tl.fit.variants.regions_sums`: the tiled
-        kernels' path)."""
-        sides = [(skewed, whole, False)] + ([] if upper is None else
-                                             [(upper.skewed, upper.whole, True)])
-        per_side = []
+            self.upper.store(batch, upper)
+        s1 = s1 * self.kept[L, 0]  # the lags the window keeps
+        sides = [(skewed, (s1, sq), False)] + ([] if upper is None else
+                                               [(upper.skewed, upper.whole, True)])
         for side, (strip, sums, up) in enumerate(sides):
-            masks, complement = self._region_masks(L, strip.shape[-2], strip.shape[-1], up,
-                                                   strip.device)
-            s1, sq = regions_sums(strip, masks, complement, sums)
-            self.region_stack[0][:, side, L] += s1.sum(1)
-            self.region_stack[1][:, side, L] += sq.sum(1)
-            per_side.append((s1, sq))
-        for field in PER_SEQ:
-            r = self.regions.index(VARIANTS[field])
-            v = self.regions[r]
-            (s1, sq), back = per_side[0], per_side[1] if len(per_side) > 1 else None
-            self.r2_variant[field][idx, L] = r2_two_sided(
-                (s1[r], sq[r], self.region_counts[v][L, 0]),
-                None if back is None else (back[0][r], back[1][r], self.upper_counts[v]),
-                warn=False)[0]
-
-    def _region_masks(self, L: int, K: int, n_lag: int, upper: bool, device
-                      ) -> tuple[Tensor, Tensor]:
-        """Every region's :func:`~poskernel_tl.fit.variants.region_mask` on layer ``L``'s
-        side (float64 [region, K, lag]) and which are complements, made once."""
-        key = (L, K, n_lag, upper)
-        if key not in self.masks:
-            max_lag = None if upper else self.max_lags[L]
-            self.masks[key] = (
-                torch.stack([region_mask(v, K, n_lag, max_lag, upper, device)
-                             for v in self.regions]).double(),
-                torch.tensor([0.0 if v.inside() else 1.0 for v in self.regions],
-                             dtype=torch.float64, device=device))
-        return self.masks[key]
+            for v in self.regions:
+                r_s1, r_sq = region_sums(strip, v, sums, None if up else self.max_lags[L],
+                                         upper=up)
+                batch.add(self.region_s1[v][side], r_s1.sum(0))
+                batch.add(self.region_sq[v][side], r_sq.sum(0))
+                if v in self.seq_regions:
+                    for state, value in zip(self.seq_region_sums[v, side], (r_s1, r_sq)):
+                        batch.put(state, value)
 
     def check_finite(self) -> None:
-        """Raise :class:`NonFiniteError` naming the first bad (sequence, layer, head).
-        One host sync; the runner calls it once per batch."""
-        if int(self.nonfinite.sum()) == 0:
+        """Raise :class:`NonFiniteError` naming the first (sequence, layer, head) whose sums
+        are not finite: a non-finite q or k entered the logits the fits read. Reads the
+        state once (a host sync): the measurement calls it after the pass, not per batch."""
+        bad = ~torch.isfinite(self.sq)
+        if self.upper is not None:
+            bad |= ~torch.isfinite(self.upper.sq)
+        if not bool(bad.any()):
             return
-        seq, layer, head = (int(i) for i in torch.nonzero(self.nonfinite)[0])
+        seq, layer, head = (int(i) for i in torch.nonzero(bad)[0])
         raise NonFiniteError(
             f"non-finite q/k at layer {layer}, head {head}, eval sequence {seq}: "
             "run in float32 (--dtype float32) instead of half precision"
         )
+
+    def per_seq_r2(self, seen: Tensor | slice) -> tuple[Tensor, dict[str, Tensor]]:
+        """Each sequence's R² of the whole fit and of every per-sequence variant, from the
+        kept sums, one layer at a time (float64 [n, layer, head_index])."""
+        up, T = self.upper, self.T
+        n = self.s1[seen].shape[0] if isinstance(seen, slice) else int(seen.sum())
+        shape = (n, self.n_layers, self.n_heads)
+        whole = torch.empty(shape, dtype=torch.float64)
+        variants = {f: torch.empty(shape, dtype=torch.float64) for f in PER_SEQ}
+        back_counts = upper_lag_counts(T, device=self.s1.device)
+        for L in range(self.n_layers):
+            back = None if up is None else (up.s1[seen, L], up.sq[seen, L], back_counts)
+            whole[:, L] = r2_two_sided((self.s1[seen, L] * self.kept[L, 0], self.sq[seen, L],
+                                        self.counts[L, 0]), back, warn=False)[0].cpu()
+            for field in PER_SEQ:
+                v = VARIANTS[field]
+                front = self.seq_region_sums[v, 0]
+                back = None if up is None else (*(x[seen, L] for x in self.seq_region_sums[v, 1]),
+                                                self.upper_counts[v])
+                variants[field][:, L] = r2_two_sided(
+                    (front[0][seen, L], front[1][seen, L], self.region_counts[v][L, 0]), back,
+                    warn=False)[0].cpu()
+        return whole, variants
 
     # ----------------------------------------------------------------- results
 
@@ -339,9 +349,10 @@ class TrackAReducer:
         dev, n_seen = self.s1.device, int(self.seen.sum())
         cpu = lambda t: None if t is None else t.detach().cpu().numpy()
         r2_pool, g_pool, g_pool_back = self.pooled_fit()
-        variants = {f: cpu(self.r2_variant[f][seen]) if f in PER_SEQ else
+        r2_seq, per_seq = self.per_seq_r2(seen)
+        variants = {f: cpu(per_seq[f]) if f in PER_SEQ else
                     cpu(self.region_r2(v, n_seen)) for f, v in VARIANTS.items()}
-        seen_idx = torch.nonzero(self.seen).flatten().cpu().numpy()
+        seen_idx = np.flatnonzero(self._seen)
         whole = None
         if self.sq_whole is not None:  # every lag, over every entry of the causal triangle
             whole = r2_two_sided((self.s1[seen].sum(0), self.sq_whole[seen].sum(0),
@@ -362,7 +373,7 @@ class TrackAReducer:
         return TrackAResult(
             band_lo=np.array(lo), band_hi=np.array(hi), r2_band_pooled=cpu(band_pooled),
             r2_band_per_seq=cpu(band_per_seq), g_sink=cpu(g_sink), seq_index=seen_idx,
-            r2_per_seq=cpu(self.r2_seq[seen]), g_per_seq=self._per_seq_g(
+            r2_per_seq=cpu(r2_seq), g_per_seq=self._per_seq_g(
                 self.s1, seen, self.counts), r2_pooled=cpu(r2_pool), g_pooled=cpu(g_pool),
             r2_split=cpu(self._splits(seen_idx)), r2_pooled_whole=cpu(whole), **variants,
             **sides)

@@ -54,7 +54,7 @@ class UpperStats:
     band of offsets (:func:`~poskernel_tl.protocol.band_ends`)."""
 
     whole: Block
-    skewed: Float[Tensor, "batch head_index query_pos lag"]
+    skewed: Float[Tensor, "batch head_index query_pos lag"] | None  # None: kernels' path
     diag: Float[Tensor, "batch head_index"]
     bands: Float[Tensor, "batch head_index part"]  # Σ A² of each band of offsets −Δ
 
@@ -129,10 +129,11 @@ class UpperSums:
         self.diag = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.bands = torch.zeros(n_seqs, n_layers, n_heads, len(band_ends(T)), **f64)
 
-    def store(self, L: int, idx: Tensor, st: UpperStats) -> None:
-        self.s1[idx, L], self.sq[idx, L] = st.whole
-        self.diag[idx, L] = st.diag
-        self.bands[idx, L] = st.bands
+    def store(self, batch, st: UpperStats) -> None:
+        """Keep one :class:`~poskernel_tl.reducers.base.LayerBatch`'s sums."""
+        for state, value in ((self.s1, st.whole[0]), (self.sq, st.whole[1]),
+                             (self.diag, st.diag), (self.bands, st.bands)):
+            batch.put(state, value)
 
     def per_seq_sums(self, sel: Tensor | slice | tuple[Tensor, int]) -> Sums:
         """Per sequence (``sel``: sequences, or (sequences, layer))."""

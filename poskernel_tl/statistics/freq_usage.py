@@ -56,11 +56,27 @@ class FreqUsage(Part):
         return share
 
 
+def pair_split(first: torch.Tensor, second: torch.Tensor) -> tuple[int, int, int] | None:
+    """(start, pairs, axis) where the pairs lie in a regular layout of d_head — dims
+    start..start + 2·pairs as [2, pairs] (rotate-half: axis −2 holds the two members) or
+    [pairs, 2] (interleaved: axis −1) — else None."""
+    n, start = len(first), int(first[0])
+    idx = torch.arange(n)
+    if torch.equal(first, start + idx) and torch.equal(second, start + n + idx):
+        return start, n, -2
+    if torch.equal(first, start + 2 * idx) and torch.equal(second, start + 2 * idx + 1):
+        return start, n, -1
+    return None
+
+
 class FreqUsageReducer:
+    GROUPED = True  # a group of layers is one batch: its heads side by side
+
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int,
                  first: torch.Tensor, second: torch.Tensor, device="cpu"):
         f64 = dict(dtype=torch.float64, device=device)
         self.first, self.second = first.to(device), second.to(device)
+        self.split = pair_split(first, second)
         n_pairs = len(first)
         self.q_norm = torch.zeros(n_layers, n_heads, n_pairs, **f64)
         self.k_norm = torch.zeros(n_layers, n_kv_heads, n_pairs, **f64)
@@ -68,16 +84,27 @@ class FreqUsageReducer:
 
     def _pair_norm(self, x: torch.Tensor) -> torch.Tensor:
         """Σ over batch and positions of each pair's norm, per head: the norms in at least
-        float32 (half precision promoted), summed in float64."""
-        dt = torch.promote_types(x.dtype, torch.float32)
-        a, b = x[..., self.first].to(dt), x[..., self.second].to(dt)
-        return torch.hypot(a, b).sum(dim=(0, 1), dtype=torch.float64)  # [head, pair]
+        float32 (half precision promoted), summed in float64. The pairs are read as views
+        where they lie in a regular layout (rotate-half or interleaved): three operations
+        whatever the precision."""
+        if self.split is not None:
+            start, half, axis = self.split
+            pairs = x[..., start:start + 2 * half].unflatten(-1, (2, half) if axis == -2
+                                                             else (half, 2))
+            if x.dtype in (torch.float16, torch.bfloat16):
+                norm = torch.linalg.vector_norm(pairs, dim=axis, dtype=torch.float32)
+            else:
+                norm = torch.hypot(pairs.select(axis, 0), pairs.select(axis, 1))
+        else:
+            dt = torch.promote_types(x.dtype, torch.float32)
+            norm = torch.hypot(x[..., self.first].to(dt), x[..., self.second].to(dt))
+        return norm.sum(dim=(0, 1), dtype=torch.float64)  # [head, pair]
 
     def update(self, batch: LayerBatch) -> None:
-        L = batch.layer
-        self.q_norm[L] += self._pair_norm(batch.q)
-        self.k_norm[L] += self._pair_norm(batch.k)
-        self.count[L] += batch.q.shape[0] * batch.q.shape[1]
+        batch.add(self.q_norm, self._pair_norm(batch.q))
+        batch.add(self.k_norm, self._pair_norm(batch.k))
+        for L in batch.layers:
+            self.count[L] += batch.q.shape[0] * batch.q.shape[1]
 
     def result(self) -> FreqUsage:
         n = torch.tensor(self.count, dtype=torch.float64, device=self.q_norm.device)[:, None,

@@ -52,7 +52,7 @@ from poskernel_tl.models.softmax_ops import chunk_qk, entry_offsets, finish_scor
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch, qk_scores
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
-from poskernel_tl.reducers.tile_sums import null_tile_stats
+from poskernel_tl.reducers.tile_sums import lag_weights, null_tile_sums
 from poskernel_tl.reducers.two_sided import per_query_head, sides
 from poskernel_tl.schema import Part, stored
 from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec
@@ -165,29 +165,47 @@ class PermNullReducer:
         self.include_identity = include_identity
         ident = torch.arange(T)[None] if include_identity else torch.zeros(0, T, dtype=torch.long)
         self.perms = torch.cat([ident, self.perms_cpu]).to(device)
+        self.perms32 = self.perms.to(torch.int32)  # the kernels' positions
         f64 = dict(dtype=torch.float64, device=device)
         n_draws = len(self.perms)
-        self.s1 = torch.zeros(n_draws, n_layers, n_heads, T - 1, **f64)
+        # per draw, layer and head: S1 and S2 of every lag (S2 from the kernels' path,
+        # whose sums of squares are read from it after the pass), Σ A², Σ A² by band
+        self.lag_sums = torch.zeros(2, n_draws, n_layers, n_heads, T - 1, **f64)
+        self.s1, self.s2 = self.lag_sums
         self.sq = torch.zeros(n_draws, n_layers, n_heads, **f64)
         self.bands = torch.zeros(n_draws, n_layers, n_heads, len(band_ends(T)), **f64)
         # bidirectional: the upper triangle of each permuted product too
         self.causal = causal
-        self.s1_back = None if causal else torch.zeros_like(self.s1)
+        self.lag_sums_back = None if causal else torch.zeros_like(self.lag_sums)
+        self.s1_back = None if causal else self.lag_sums_back[0]
         self.sq_back = None if causal else torch.zeros_like(self.sq)
         self.bands_back = None if causal else torch.zeros_like(self.bands)
         self.n_seen = [0] * n_layers  # host counts: no device sync
+
+    GROUPED = True  # the kernels' path takes a group of layers as one batch
 
     def update(self, batch: LayerBatch) -> None:
         keep = [i for i, row in enumerate(batch.rows) if row < self.max_seqs]
         if not keep:
             return
-        L = batch.layer
-        if self.source == "lags" and batch.on_kernels:  # every draw in one launch
+        tiles = self.source == "lags" and batch.on_kernels
+        if batch.n_layers > 1 and not tiles:
+            for one in batch.split():
+                self.update(one)
+            return
+        if tiles:  # every draw and layer in one launch, added by one operation
             # (q and k as the model gave them: the kernels apply the softmax's terms)
-            lower, upper = null_tile_stats(batch, *self._select(batch.q, batch.k, keep),
-                                           self.perms, self.max_lags[L], self.causal)
-            self._add(slice(None), L, lower, upper)
-        elif self.source == "lags" and batch.streams:
+            lower, upper = null_tile_sums(batch, *self._select(batch.q, batch.k, keep),
+                                          self.perms32, self.max_lags[batch.layers[0]],
+                                          self.causal)
+            batch.add(self.lag_sums, lower, lead=2)
+            if upper is not None:
+                batch.add(self.lag_sums_back, upper, lead=2)
+            for L in batch.layers:
+                self.n_seen[L] += len(keep)
+            return
+        L = batch.layer
+        if self.source == "lags" and batch.streams:
             # what the softmax reads (an ALiBi ramp permuted with q, k)
             q, k = self._select(*batch.logit_qk, keep)
             for p in range(len(self.perms)):
@@ -241,18 +259,29 @@ class PermNullReducer:
                                            bands=True)
             self._add(p, L, lower, upper)
 
-    def _add(self, p: int | slice, L: int, lower: tuple[Tensor, Tensor, Tensor],
+    def _add(self, p: int, L: int, lower: tuple[Tensor, Tensor, Tensor],
              upper: tuple[Tensor, Tensor, Tensor] | None) -> None:
         """Add one batch's (S1, Σ A², Σ A² by band) of draw ``p``, summed over its
-        sequences (and of its upper triangle); ``p`` a slice: every draw's sums, already
-        summed over the sequences, one row per draw."""
-        pool = (lambda x: x.sum(0)) if isinstance(p, int) else (lambda x: x)
+        sequences (and of its upper triangle)."""
         for state, sums in ((self.s1, lower[0]), (self.sq, lower[1]), (self.bands, lower[2])):
-            state[p, L] += pool(sums)
+            state[p, L] += sums.sum(0)
         if upper is not None:
             for state, sums in ((self.s1_back, upper[0]), (self.sq_back, upper[1]),
                                 (self.bands_back, upper[2])):
-                state[p, L] += pool(sums)
+                state[p, L] += sums.sum(0)
+
+    def _sums_of_squares(self) -> None:
+        """Move what the kernels' path kept as S2 per lag into Σ A² and its bands."""
+        weights = lag_weights(self.T, None, self.s1.device)
+        n_bands = self.bands.shape[-1]
+        for s2, sq, bands in ((self.s2, self.sq, self.bands),
+                              (None if self.causal else self.lag_sums_back[1], self.sq_back,
+                               self.bands_back)):
+            if s2 is not None:
+                rows = s2 @ weights
+                sq += rows[..., 0]
+                bands += rows[..., 1:1 + n_bands]
+                s2.zero_()
 
     def result(self) -> PermNull:
         n = self.n_seen
@@ -260,6 +289,7 @@ class PermNullReducer:
             raise RuntimeError(f"layers saw different numbers of sequences: {n}")
         if n[0] == 0:
             raise RuntimeError("no sequences were fed to the permutation null")
+        self._sums_of_squares()
         counts = layer_lag_counts(self.T, self.max_lags, self.n_layers,
                                   device=self.s1.device, chunks=self.chunks) * n[0]
         back = None if self.causal else (self.s1_back, self.sq_back, counts)

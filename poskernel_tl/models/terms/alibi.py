@@ -18,6 +18,7 @@ class Alibi(Term):
     NAME = "slopes"
     KIND = "offset"
     ORDER = 0
+    PER_HEAD = True
     FOLDS = True
 
     @classmethod

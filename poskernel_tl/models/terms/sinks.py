@@ -13,6 +13,7 @@ class Sinks(Term):
     NAME = "sinks"
     KIND = "normaliser"
     ORDER = 3
+    PER_HEAD = True
 
     @classmethod
     def read(cls, ctx: LayerContext) -> "Sinks | None":

@@ -54,6 +54,7 @@ class Term:
     KIND: ClassVar[str]  # one of KINDS
     ORDER: ClassVar[int]  # where it is listed among a layer's terms
     FOLDS: ClassVar[bool] = False  # folded into q and k (softmax_ops.fold_qk)
+    PER_HEAD: ClassVar[bool] = False  # ``value`` holds one entry per query head
 
     value: Any
 
@@ -74,6 +75,13 @@ class Term:
 
     def label(self) -> str:
         return self.NAME
+
+    def repeated(self, n: int) -> "Term":
+        """The term of ``n`` layers' heads side by side (a group of layers of one kind,
+        :mod:`poskernel_tl.plan.groups`): a per-head value repeated ``n`` times."""
+        if not self.PER_HEAD or n == 1:
+            return self
+        return type(self)(tuple(self.value) * n)
 
     def describe(self, values: bool = True) -> str:
         """One clause of what the softmax adds; ``values=False`` leaves out what differs
