@@ -22,7 +22,7 @@ from poskernel_tl import kernels  # noqa: E402
 from poskernel_tl.kernels.gram_tiles import gram_layout, gram_tile_update  # noqa: E402
 from poskernel_tl.kernels.lag_tiles import TILE, lag_tile_sums  # noqa: E402
 from poskernel_tl.kernels.launch_count import LaunchCount  # noqa: E402
-from poskernel_tl.kernels.row_lse import row_lse_tiles  # noqa: E402
+from poskernel_tl.kernels.pattern_pass import pattern_sums  # noqa: E402
 from poskernel_tl.measurement import measure as measure_module  # noqa: E402
 from poskernel_tl.models.softmax_ops import temperatures  # noqa: E402
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms  # noqa: E402
@@ -93,10 +93,9 @@ def test_lag_tiles_wide_heads(device):
     q, k = qk(T=40, H=2, kv=1, d=150, device=device)
     got = lag_tile_sums(q, k, 0.1, TERMS["softcap"])
     assert rel(got, per_lag(naive_logits(q, k, 0.1, TERMS["softcap"]), 39)) < 1e-6
-    lse = row_lse_tiles(q, k, 0.1, 39, NONE)
-    A = naive_logits(q, k, 0.1, NONE)
-    A = A.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), float("-inf"))
-    assert float((lse.cpu() - torch.logsumexp(A, -1)).abs().max()) < 1e-5
+    dist, sums = pattern_sums(q, k, 0.1, 39, NONE, 5)
+    want_dist, want_sums = naive_pattern(naive_logits(q, k, 0.1, NONE), 39, 5)
+    assert rel(dist, want_dist) < 1e-5 and rel(sums, want_sums) < 1e-5
 
 
 @pytest.mark.parametrize("terms", ["plain", "alibi", "temperature"])
@@ -145,17 +144,40 @@ def test_lag_tiles_planted_toeplitz_head(device):
     assert torch.allclose(got[1, 0, 0], n * torch.cos(theta * lag) ** 2, atol=1e-5)
 
 
+def naive_pattern(A, last, n_alpha, sinks=None):
+    """The pattern's sums of :func:`pattern_sums` from the logits ``A`` [b, H, T, T]
+    (float64): each row's distance Σ_s p(t, s)·|t − s|; per (sequence, head) α_k (over the
+    rows reading k), Σ_t p(t, t − 1), Σ_{t ≥ 1} p(t, 0), Σ_t the row's share on tokens."""
+    T = A.shape[-1]
+    lag = torch.arange(T)[:, None] - torch.arange(T)
+    if last is not None:
+        A = A.masked_fill((lag < 0) | (lag > last), float("-inf"))
+    lse = torch.logsumexp(A, -1)
+    if sinks is not None:
+        lse = torch.logaddexp(lse, sinks.double()[None, :, None])
+    p = (A - lse[..., None]).exp()
+    share = p.sum(-1)
+    readers = (T - torch.arange(n_alpha)).double() if last is not None else torch.full(
+        (n_alpha,), float(T), dtype=torch.float64)
+    alpha = p[..., :n_alpha].sum(-2) / readers
+    prev = p.diagonal(-1, -2, -1).sum(-1)
+    first = p[..., 1:, 0].sum(-1)
+    dist = (p * lag.abs().double()).sum(-1)
+    return dist, torch.cat([alpha, torch.stack([prev, first, share.sum(-1)], -1)], -1)
+
+
 @pytest.mark.parametrize("terms", TERMS)
 @pytest.mark.parametrize("last", [None, 74, 20])
-def test_row_lse_equals_naive(terms, last, device):
-    """Each row's log-sum-exp over the keys its mask keeps (every key; causal; a window)."""
+def test_pattern_pass_equals_naive(terms, last, device):
+    """Every sum the pattern statistics read, from one pass (every key; causal; a window),
+    with and without learned sinks."""
     q, k = qk(device=device)
     A = naive_logits(q, k, 0.3, TERMS[terms])
-    if last is not None:
-        lag = torch.arange(75)[:, None] - torch.arange(75)
-        A = A.masked_fill((lag < 0) | (lag > last), float("-inf"))
-    got = row_lse_tiles(q, k, 0.3, last, TERMS[terms])
-    assert float((got.cpu() - torch.logsumexp(A, -1)).abs().max()) < 1e-5
+    for sinks in (None, torch.tensor([0.5, -1.0, 2.0, 0.0])):
+        got = pattern_sums(q, k, 0.3, last, TERMS[terms], 5,
+                           None if sinks is None else sinks.to(device))
+        want = naive_pattern(A, last, 5, sinks)
+        assert rel(got[0], want[0]) < 1e-5 and rel(got[1], want[1]) < 1e-5, (terms, last)
 
 
 @pytest.mark.parametrize("full,max_lag", [(False, None), (False, 40), (True, None)])

@@ -4,17 +4,18 @@ when the reducers take them.
 On a CPU the reducers stream running moments in chunks, so that no T × T block is ever
 held (:mod:`poskernel_tl.reducers.lag_sums`). On a GPU that design turns into tens of
 thousands of tiny launches, while a T × T tile of logits is cheap: there the reducers
-read the same sums from a few tiled kernels per layer and batch —
+read the same sums from a few tiled kernels per batch, each launched once for every layer
+of a group (:mod:`poskernel_tl.plan.groups`) —
 
 - :mod:`~poskernel_tl.kernels.lag_tiles`: per head and lag Σ logit and Σ logit² over the
   strictly lower triangle (a window, a permutation of the positions, every draw of the
   null in one launch), for Track A and the permutation null;
 - :mod:`~poskernel_tl.kernels.strip_regions`: the sums of Track A's regions (the
   variants) over the strip of the first keys, every region in one launch;
-- :mod:`~poskernel_tl.kernels.row_lse`: each query row's log-sum-exp of what the softmax
-  reads under the layer's mask, for the pattern statistics;
+- :mod:`~poskernel_tl.kernels.pattern_pass`: each query row's normaliser under the layer's
+  mask and, from it, every sum the pattern statistics read, in one pass;
 - :mod:`~poskernel_tl.kernels.gram_tiles`: Track B's accumulator of Σ_x q̃ k̃ᵀ, every row
-  block of a layer in one launch, and :mod:`~poskernel_tl.kernels.gram_fit_tiles` its
+  block of every layer of a group in one launch, and :mod:`~poskernel_tl.kernels.gram_fit_tiles` its
   fit's pieces read from it by tiles;
 
 each forming its logits as the layer's softmax reads them
@@ -34,7 +35,7 @@ from poskernel_tl.kernels.dispatch import active, forced, interpreting
 
 # the kernels' entry points, importable as ``kernels.NAME`` without importing Triton
 # until one is first used (PEP 562)
-_ENTRY = {"lag_tile_sums": "lag_tiles", "row_lse_tiles": "row_lse",
+_ENTRY = {"lag_tile_sums": "lag_tiles", "pattern_sums": "pattern_pass",
           "strip_region_sums": "strip_regions",
           "gram_tile_update": "gram_tiles", "gram_layout": "gram_tiles",
           "layer_views": "gram_tiles",
@@ -50,5 +51,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["active", "block_table", "forced", "gram_layout", "gram_tile_update",
-           "interpreting", "lag_tile_sums", "layer_views", "row_lse_tiles", "stored_apply",
+           "interpreting", "lag_tile_sums", "layer_views", "pattern_sums", "stored_apply",
            "stored_lag_sums", "strip_region_sums"]

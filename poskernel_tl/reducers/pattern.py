@@ -1,6 +1,6 @@
-"""Each query row's softmax normaliser, formed once per layer and batch for every
-statistic that reads the attention pattern (TransformerLens's previous-token score, the
-attention-sink mass).
+"""What the statistics on the attention pattern read (TransformerLens's previous-token
+score, the attention-sink mass and Sink₁, the attention distance), formed once per batch
+for all of them.
 
 The pattern of row t is p[t, s] = exp(A[t, s] − lse_t), with A = scale·q·kᵀ plus what
 the layer's softmax adds (an ALiBi ramp or a temperature folded into q and k, an offset
@@ -9,9 +9,11 @@ table added, a soft-cap;
 layer's mask keeps (causal, a sliding window, or every key for a bidirectional model)
 and, where the model has them (gpt-oss), its learned sink logits. A statistic that needs
 a few entries of the pattern forms those entries from q and k and reads lse from here: no
-pattern is kept. The log-sum-exp is formed in blocks of :data:`ROWS` rows over the keys
-they read (a causal block reads the keys up to its last row only); on a GPU by one tiled
-kernel per layer and batch (:mod:`poskernel_tl.kernels.row_lse`).
+pattern is kept. On a CPU the log-sum-exp is formed in blocks of :data:`ROWS` rows over
+the keys they read (a causal block reads the keys up to its last row only:
+:class:`PatternRows`, per layer); on the kernels' path one tiled kernel forms, for every
+layer of a group, each row's normaliser and from it the sums every pattern statistic
+reads (:class:`PatternSums`, :mod:`poskernel_tl.kernels.pattern_pass`).
 
 Taken on the first ``max_seqs`` sequences of the pass and, for a causal model, the first
 :data:`MAX_POS` positions: a causal row sees no later token, so this is exactly the
@@ -47,8 +49,7 @@ class PatternRows:
     normaliser (its keys and any sink logits); ``token_mass``: the share of each row on
     tokens (1 less what the learned sinks take; None without sinks); ``last``: the last
     offset a row reads (None: every key, bidirectional); ``offset_mean``: each row's
-    Σ_s p(t, s)·|t − s|, formed in the same pass as its normaliser on the CPU path (None
-    on the kernels' path: who reads it forms it from q and k)."""
+    Σ_s p(t, s)·|t − s|, formed in the same pass as its normaliser."""
 
     keep: list[int]
     q: Float[Tensor, "seq pos head_index d_logit"]
@@ -128,6 +129,55 @@ class PatternReader:
         lag = None if self.max_lags is None else self.max_lags[batch.layer]
         return pattern_rows(batch, self.max_seqs, self.causal, lag, self.max_pos)
 
+    def sums(self, batch: LayerBatch) -> "PatternSums | None":
+        """:func:`pattern_sums` of ``batch``, a group of layers on the kernels' path (None:
+        none of its sequences is read)."""
+        lag = None if self.max_lags is None else self.max_lags[batch.layers[0]]
+        return pattern_sums(batch, self.max_seqs, self.causal, lag, self.max_pos)
+
+
+@dataclass(frozen=True)
+class PatternSums:
+    """What the pattern statistics read of the batch's sequences at positions below
+    ``max_pos`` on the kernels' path, formed in one pass over their logits
+    (:mod:`poskernel_tl.kernels.pattern_pass`): ``keep`` their rows in the batch,
+    ``positions`` the rows read; ``distance`` each row's Σ_s p(t, s)·|t − s|; per
+    (sequence, head) ``alpha`` (Σ_t p(t, k) over the rows reading key k, k <
+    :data:`ALPHA_KEYS`), ``prev`` (Σ_t p(t, t − 1)), ``first`` (Σ_{t ≥ 1} p(t, 0)) and
+    ``share`` (Σ_t the row's share on tokens: the rows, less what learned sinks take)."""
+
+    keep: list[int]
+    positions: int
+    distance: Float[Tensor, "seq head_index pos"]
+    alpha: Float[Tensor, "seq head_index key"]
+    prev: Float[Tensor, "seq head_index"]
+    first: Float[Tensor, "seq head_index"]
+    share: Float[Tensor, "seq head_index"]
+
+
+ALPHA_KEYS = 5  # the first keys whose α_k the pass sums (Sink₁ reads α_0..α_4)
+
+
+def pattern_sums(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int | None,
+                 max_pos: int = MAX_POS) -> PatternSums | None:
+    """The :class:`PatternSums` of ``batch`` (None when none of its sequences is among the
+    first ``max_seqs``), formed on first use and shared through ``batch.shared``."""
+    key = ("pattern_sums", max_seqs, max_pos)
+    if key not in batch.shared:
+        keep = [i for i, row in enumerate(batch.rows) if row < max_seqs]
+        batch.shared[key] = None
+        if keep:
+            T = min(batch.q.shape[1], max_pos) if causal else batch.q.shape[1]
+            last = None if not causal else T - 1 if max_lag is None else min(max_lag, T - 1)
+            sel = slice(keep[0], keep[-1] + 1)  # (the first rows of a pass: consecutive)
+            dist, sums = kernels.pattern_sums(
+                batch.q[sel, :T], batch.k[sel, :T], batch.scale, last, batch.terms,
+                min(ALPHA_KEYS, T), sink_logits(batch.terms, batch.q.device))
+            n = min(ALPHA_KEYS, T)
+            batch.shared[key] = PatternSums(keep, T, dist, sums[..., :n], sums[..., n],
+                                            sums[..., n + 1], sums[..., n + 2])
+    return batch.shared[key]
+
 
 def pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int | None,
                  max_pos: int = MAX_POS) -> PatternRows | None:
@@ -152,13 +202,8 @@ def _pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int |
         else torch.as_tensor(keep, device=bq.device)
     q, k = bq[sel, :T].to(dtype), bk[sel, :T].to(dtype)
     chunk = batch.chunk if batch.chunk is not None and batch.chunk < T else None
-    offsets = None
-    if batch.on_kernels:  # one launch; the kernel applies the softmax's terms itself
-        tokens = kernels.row_lse_tiles(batch.q[sel, :T], batch.k[sel, :T], batch.scale, last,
-                               batch.terms)
-    else:
-        tokens, offsets = row_logsumexp(q, k, batch.scale, last, batch.terms, offsets=True,
-                                        chunk=chunk)
+    tokens, offsets = row_logsumexp(q, k, batch.scale, last, batch.terms, offsets=True,
+                                    chunk=chunk)
     sinks = sink_logits(batch.terms, q.device)
     lse = logsumexp_with_sinks(tokens, None if sinks is None else sinks.expand(len(keep), -1))
     mass = None if sinks is None else (tokens - lse).exp()
@@ -232,5 +277,5 @@ def row_logsumexp(q: Float[Tensor, "seq pos head_index d_logit"],
     return (lse, mean.reshape(b, H, T)) if offsets else lse
 
 
-__all__ = ["MAX_POS", "ROWS", "PatternRows", "block_offsets", "kept_block", "pattern_rows",
-           "row_logsumexp", "score_blocks"]
+__all__ = ["ALPHA_KEYS", "MAX_POS", "ROWS", "PatternRows", "PatternSums", "block_offsets",
+           "kept_block", "pattern_rows", "pattern_sums", "row_logsumexp", "score_blocks"]

@@ -5,11 +5,9 @@ curve d(t) in the head view.
 
 Read on the attention pattern of the measured forward, as the sink mass is, on the first
 ``null_seqs`` sequences and (causal models) the first 2048 positions (rows past them are
-NaN): on the CPU each row's d(t) comes with its normaliser from
-:mod:`poskernel_tl.reducers.pattern` (one pass over the rows' logits for both); on the
-kernels' path (the normalisers from one Triton launch) it is formed here from the rows'
-logits in blocks of 256 query rows over the keys the mask keeps. Learned sinks take their
-share of a row and add no distance.
+NaN): each row's d(t) comes with its normaliser from :mod:`poskernel_tl.reducers.pattern`
+(one pass over the rows' logits for both; on the kernels' path one launch for every layer
+of a group). Learned sinks take their share of a row and add no distance.
 """
 
 from dataclasses import dataclass
@@ -17,16 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from jaxtyping import Float
-from torch import Tensor
 
 from poskernel_tl.panels import Panel
 from poskernel_tl.reducers.base import LayerBatch
-from poskernel_tl.reducers.pattern import (
-    PatternReader,
-    PatternRows,
-    block_offsets,
-    score_blocks,
-)
+from poskernel_tl.reducers.pattern import PatternReader
 from poskernel_tl.schema import Part, column, stored
 from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec, mean_of
 
@@ -44,19 +36,6 @@ class AttnDistance(Part):
         "attn_distance.npz", "rows")
 
 
-def row_distance(rows: PatternRows, scale: float, terms) -> Float[Tensor, "seq head_index pos"]:
-    """d(t) = Σ_s p(t, s)·|t − s| of every row of ``rows``."""
-    b, T, H, _ = rows.q.shape
-    kv = rows.k.shape[2]
-    lse = rows.lse.reshape(b, kv, H // kv, T)
-    out = lse.new_empty(b, kv, H // kv, T)
-    for r0, r1, lo, A in score_blocks(rows.q, rows.k, scale, rows.last, terms,
-                                      chunk=rows.chunk):
-        offset = block_offsets(r0, r1, lo, lo + A.shape[-1], A.device).abs().to(A)
-        out[..., r0:r1] = ((A - lse[..., r0:r1, None]).exp_() * offset).sum(-1)
-    return out.reshape(b, H, T)
-
-
 class AttnDistanceReducer:
     def __init__(self, run: StatisticContext):
         s = run.spec
@@ -66,15 +45,24 @@ class AttnDistanceReducer:
         self.n_seen = np.zeros(s.n_layers, dtype=int)
         self.positions = run.length
 
+    GROUPED = True  # the kernels' path takes a group of layers as one batch
+
     def update(self, batch: LayerBatch) -> None:
-        rows = self.reader.rows(batch)
-        if rows is None:
+        if batch.on_kernels:  # one pass for every pattern statistic and layer of a group
+            sums = self.reader.sums(batch)
+            if sums is not None:
+                self.positions = sums.positions
+                batch.add(self.total[..., :sums.positions], sums.distance.sum(0))
+                for L in batch.layers:
+                    self.n_seen[L] += len(sums.keep)
             return
-        self.positions = rows.positions
-        d = rows.offset_mean if rows.offset_mean is not None else \
-            row_distance(rows, batch.scale, batch.terms)  # the kernels' path
-        self.total[batch.layer, :, :rows.positions] += d.sum(0).to(self.total)
-        self.n_seen[batch.layer] += len(rows.keep)
+        for one in batch.split():
+            rows = self.reader.rows(one)
+            if rows is None:
+                continue
+            self.positions = rows.positions
+            self.total[one.layer, :, :rows.positions] += rows.offset_mean.sum(0).to(self.total)
+            self.n_seen[one.layer] += len(rows.keep)
 
     def result(self) -> AttnDistance:
         per_row = self.total.cpu().numpy() / np.maximum(self.n_seen, 1)[:, None, None]

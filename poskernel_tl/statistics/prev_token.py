@@ -40,7 +40,20 @@ class PrevTokenReducer:
         self.total = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=device)
         self.n_seen = np.zeros(n_layers, dtype=int)
 
+    GROUPED = True  # the kernels' path takes a group of layers as one batch
+
     def update(self, batch: LayerBatch) -> None:
+        if batch.on_kernels:  # one pass for every pattern statistic and layer of a group
+            sums = self.reader.sums(batch)
+            if sums is not None:
+                batch.add(self.total, (sums.prev / sums.share).sum(0))
+                for L in batch.layers:
+                    self.n_seen[L] += len(sums.keep)
+            return
+        for one in batch.split():
+            self._update_layer(one)
+
+    def _update_layer(self, batch: LayerBatch) -> None:
         L = batch.layer
         rows = self.reader.rows(batch)
         if rows is None:
