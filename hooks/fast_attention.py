@@ -25,6 +25,9 @@ The fast path returns ``(attn_output, None)`` where TransformerLens returns the 
 as the second element: Hugging Face's own sdpa attention returns None there too, and the
 decoder layers discard it.
 
+Each call records the path it took (:func:`attention_paths`: ``"sdpa"``, or the reason it
+ran TransformerLens's code), a string assignment per call.
+
 The classes depend on TransformerLens internals, so :func:`install_fast_attention`
 switches a bridge only on the TransformerLens versions in :data:`VERIFIED_TL_VERSIONS`;
 on any other it warns once and leaves the bridge on TransformerLens's own path.
@@ -53,6 +56,8 @@ from poskernel_tl.hooks.masks import causal_window
 # TransformerLens versions whose attention forwards these subclasses were checked against
 VERIFIED_TL_VERSIONS: tuple[str, ...] = ("4.3.0",)
 ATTENTION_CHOICES: tuple[str, ...] = ("sdpa", "eager")
+FAST_PATH = "sdpa"  # what a call on the fast path records (:func:`attention_paths`)
+NOT_INSTALLED = "TransformerLens's attention (fast path not installed)"
 
 # config switches under which TransformerLens's forward takes a branch we do not reproduce
 _ROTARY_CONFIG_FLAGS = ("use_split_qkv_input", "use_attn_in", "use_attn_result", "gated_q_proj",
@@ -186,10 +191,15 @@ def _materialized(kwargs: dict) -> dict:
 class FastPositionEmbeddingsAttentionBridge(PositionEmbeddingsAttentionBridge):
     """TransformerLens's rotary attention bridge with an sdpa fast path (same hooks)."""
 
+    _last_path: str | None = None  # the path of the last call (:func:`attention_paths`)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         hidden_states = _only_hidden_states(args, kwargs)
-        if (self.original_component is None or hidden_states is None
-                or self.fast_path_blocker(hidden_states, kwargs) is not None):
+        reason = ("no Hugging Face attention module" if self.original_component is None
+                  else "positional inputs besides the hidden states" if hidden_states is None
+                  else self.fast_path_blocker(hidden_states, kwargs))
+        self._last_path = reason or FAST_PATH
+        if reason is not None:
             return super().forward(*args, **_materialized(kwargs))
         return self._fast_forward(hidden_states, kwargs)
 
@@ -270,6 +280,8 @@ class FastPositionEmbeddingsAttentionBridge(PositionEmbeddingsAttentionBridge):
 class FastJointQKVAttentionBridge(JointQKVAttentionBridge):
     """TransformerLens's fused-QKV attention bridge (GPT-2) with an sdpa fast path."""
 
+    _last_path: str | None = None  # the path of the last call (:func:`attention_paths`)
+
     def fast_path_blocker(self, q: Tensor, k: Tensor, v: Tensor, kwargs: dict) -> str | None:
         """Why attention on these projections runs TransformerLens's code (None: sdpa)."""
         if q.ndim != 3:
@@ -285,7 +297,9 @@ class FastJointQKVAttentionBridge(JointQKVAttentionBridge):
         return None
 
     def _reconstruct_attention(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> tuple:
-        if self.fast_path_blocker(q, k, v, kwargs) is not None:
+        reason = self.fast_path_blocker(q, k, v, kwargs)
+        self._last_path = reason or FAST_PATH
+        if reason is not None:
             return super()._reconstruct_attention(q, k, v, **_materialized(kwargs))
         n_heads = self.config.n_heads
         n_kv_heads = getattr(self.config, "n_key_value_heads", None) or n_heads
@@ -337,6 +351,25 @@ def install_fast_attention(bridge) -> int:
     if modules and rotary == len(modules) and config is not None:
         install_lazy_masks(config)  # every layer can read a described mask
     return switched
+
+
+def attention_paths(bridge) -> list[str | None]:
+    """Per block, what its attention's last call ran: :data:`FAST_PATH` (``"sdpa"``) or
+    the reason for TransformerLens's own code (e.g. ``"a hook on hook_attn_scores or
+    hook_pattern"``); None where it was not called since :func:`clear_attention_paths`
+    (e.g. the layers after ``capture_qk(stop=True)`` ended the forward);
+    :data:`NOT_INSTALLED` for a block not on a fast class. A call records its path as it
+    decides: the rotary class as its forward begins (so the layer where a capture stops
+    records it), the fused-QKV class (GPT-2) after its q/k/v hooks."""
+    return [attn._last_path if type(attn) in _ORIGINAL_CLASSES else NOT_INSTALLED
+            for attn in _attention_modules(bridge)]
+
+
+def clear_attention_paths(bridge) -> None:
+    """Forget every block's recorded path (None until its attention runs again)."""
+    for attn in _attention_modules(bridge):
+        if type(attn) in _ORIGINAL_CLASSES:
+            attn._last_path = None
 
 
 def uninstall_fast_attention(bridge) -> int:
