@@ -21,9 +21,7 @@ import poskernel_tl as pk  # noqa: E402
 from poskernel_tl import kernels  # noqa: E402
 from poskernel_tl.kernels.gram_tiles import gram_layout, gram_tile_update  # noqa: E402
 from poskernel_tl.kernels.lag_tiles import TILE, lag_tile_sums  # noqa: E402
-from poskernel_tl.kernels.launch_count import LaunchCount  # noqa: E402
 from poskernel_tl.kernels.pattern_pass import pattern_sums  # noqa: E402
-from poskernel_tl.measurement import measure as measure_module  # noqa: E402
 from poskernel_tl.models.softmax_ops import temperatures  # noqa: E402
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms  # noqa: E402
 from poskernel_tl.reducers.base import LayerBatch  # noqa: E402
@@ -223,7 +221,7 @@ def test_cpu_install_needs_no_triton():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-ARCHS = ["llama", "bert", "gpt_oss", "bloom", "gemma2", "llama4", "qwen2"]
+ARCHS = ["llama", "bert", "gpt_oss", "bloom", "gemma2", "gemma3", "llama4", "qwen2"]
 
 
 def compare_results(ref, got) -> dict[str, tuple[float, float]]:
@@ -249,7 +247,8 @@ def test_kernel_path_equals_cpu_path(arch, tiny_tokenizer):
     """``pk.measure`` on the kernels' path equals the CPU path on every array of the
     result, on models whose softmax adds nothing (llama, GQA), is bidirectional (bert),
     has sinks and alternating windows (gpt-oss), ALiBi (BLOOM), a soft-cap and a window
-    (Gemma 2), a temperature (Llama 4) or windows on some layers (Qwen2): R² to float32's
+    (Gemma 2), windowed and global layers grouped by kind (Gemma 3: a group's layers not
+    consecutive), a temperature (Llama 4) or windows on some layers (Qwen2): R² to float32's
     rounding (≤ 1e-6), g and the Gram within 1e-6 of their scale."""
     model = tiny_loaded(arch, tiny_tokenizer) if arch in ("llama", "bert") \
         else arch_loaded(arch, tiny_tokenizer)
@@ -264,62 +263,6 @@ def test_kernel_path_equals_cpu_path(arch, tiny_tokenizer):
     for field, (diff, scale) in diffs.items():
         bound = 1e-6 if ".r2" in field else 1e-6 * scale
         assert diff <= bound, (arch, field, diff)
-
-
-# the kernels' path: PyTorch operators and Triton launches per layer and batch of the
-# evaluation pass, every default statistic together (README, "On a GPU")
-LAUNCH_BOUND = 365  # 13 the within-row sums, 31 the attention distance (T ≤ 256)
-
-
-def launches_per_update(model, T: int, forced: bool, monkeypatch) -> dict[str, list[int]]:
-    """Kernels launched by each reducer's ``update``, per call, over one measurement."""
-    counts: dict[str, list[int]] = {}
-
-    def counter(update, name: str):
-        def counted(batch):
-            with LaunchCount() as c:
-                update(batch)
-            counts.setdefault(name, []).append(c.total)
-        return counted
-
-    monkeypatch.undo()  # the real forward pass, not a spy of an earlier call
-    real = measure_module.forward_pass
-
-    def spied(model, ids, make_reducers, *args, **kwargs):
-        def made():
-            reds = make_reducers()
-            for red in reds.values() if isinstance(reds, dict) else reds:
-                red.update = counter(red.update, type(red).__name__)
-            return reds
-        return real(model, ids, made, *args, **kwargs)
-
-    monkeypatch.setattr(measure_module, "forward_pass", spied)
-    ids = torch.randint(3, 290, (8, T), generator=torch.Generator().manual_seed(0))
-    with kernels.forced() if forced else contextlib.nullcontext():
-        pk.measure(model, ids[4:], ids[:4], progress=False, null_perms=4, null_seqs=4,
-                   batch_size=2)
-    return counts
-
-
-@interpreted
-def test_launches_per_layer_are_bounded(tiny_tokenizer, monkeypatch):
-    """On the kernels' path every reducer launches the same number of kernels per layer
-    and batch whatever T (the CPU path's chunked loops grow with it), and all of the
-    evaluation pass's together at most :data:`LAUNCH_BOUND`."""
-    model = tiny_loaded("llama", tiny_tokenizer)
-    short, long = (launches_per_update(model, T, True, monkeypatch) for T in (40, 120))
-    # the second of the two batches (the first also fills per-process caches: a layer's
-    # softmax terms, the band ends, Track A's region masks)
-    second = lambda counts: {name: v[len(v) // 2:] for name, v in counts.items()}
-    assert second(short) == second(long)
-    updates = len(long["TrackAReducer"])
-    per_update = [sum(v[i] for name, v in long.items() if name != "MomentsReducer")
-                  for i in range(updates)]
-    assert max(per_update) <= LAUNCH_BOUND, long
-    assert long["PermNullReducer"][-1] < 30  # 4 draws: one launch, not 4 passes
-    cpu = [launches_per_update(model, T, False, monkeypatch)["PermNullReducer"][-1]
-           for T in (40, 120)]
-    assert cpu[1] > cpu[0] > long["PermNullReducer"][-1]  # the counter sees the loops
 
 
 def gram_run(tiled: bool, factors: bool, causal: bool, max_lags, T: int = 270):
@@ -362,3 +305,34 @@ def test_track_b_tiles_equal_cpu(factors, causal, max_lags):
         a, b = getattr(ref, name), getattr(got, name)
         assert (np.isfinite(a) == np.isfinite(b)).all(), name
         assert np.nanmax(np.abs(a - b)) < 1e-6 * max(1.0, np.nanmax(np.abs(a))), name
+
+
+@pytest.mark.parametrize("terms", TERMS)
+@pytest.mark.parametrize("T,last,upper", [(75, None, False), (75, 30, False), (40, None, True),
+                                          (130, None, False)])
+def test_strip_regions_equal_region_sums(terms, T, last, upper, device):
+    """Every region of Track A from one launch equals :func:`region_sums` of the skewed
+    float64 strip (the regions inside the strip, and the complements: the whole side's
+    sums less the strip's part), under a window and on the upper side."""
+    from poskernel_tl.fit.variants import region_sums
+    from poskernel_tl.kernels.strip_regions import strip_region_sums
+    from poskernel_tl.models.softmax_ops import cap_scores, fold_qk
+    from poskernel_tl.reducers.lag_sums import key_strip, skew_keys
+    from poskernel_tl.reducers.track_a_result import REGIONS, STRIP
+    from poskernel_tl.reducers.two_sided import per_query_head
+
+    q, k = qk(T=T, device=device)
+    fq, fk = fold_qk(q.cpu(), k.cpu(), TERMS[terms], 0.3)
+    rows, keys = (per_query_head(fk, 4), fq) if upper else (fq, fk)
+    strip = skew_keys(cap_scores(key_strip(rows, keys, 0.3, min(STRIP, T)), TERMS[terms]))
+    g = torch.Generator().manual_seed(1)
+    s1 = torch.randn(2, 4, T - 1, generator=g, dtype=torch.float64)
+    s1 = s1 * (torch.arange(1, T) <= (T if last is None else last))
+    sq = torch.rand(2, 4, generator=g, dtype=torch.float64) * 100
+    got = strip_region_sums(q, k, 0.3, TERMS[terms], REGIONS, STRIP,
+                            torch.cat([s1, sq[..., None]], -1).to(device), last, upper).cpu()
+    for r, v in enumerate(REGIONS):
+        want_s1, want_sq = region_sums(strip, v, (s1, sq), None if upper else last, upper=upper)
+        assert float((got[r, ..., :T - 1] - want_s1).abs().max()) < 3e-5, (v, terms)
+        assert float((got[r, ..., T - 1] - want_sq).abs().max()) < 1e-6 * float(
+            want_sq.abs().max()) + 1e-5, (v, terms)

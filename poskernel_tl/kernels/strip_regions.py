@@ -3,8 +3,9 @@ squares of each region of the logits (:class:`~poskernel_tl.fit.variants.Variant
 rows [r0, r1) and keys [k0, k1)) over the strip of the first K keys (the upper side: the
 first K query rows), which is where every region Track A fits differs from the whole side.
 
-One program per (sequence, head) runs over the lags in blocks of BL and, for each key p
-of the strip, forms the BL entries A[p + Δ, p] (upper side: A[p, p + Δ]) as the layer's
+One program per (sequence, head) runs over the lags in blocks of BL and, for BP keys p
+of the strip at a time, forms the BP × BL entries A[p + Δ, p] (upper side: A[p, p + Δ]),
+each an elementwise product of q and k summed over d_head, as the layer's
 softmax reads them (:mod:`~poskernel_tl.kernels.tile_logits`: the scale, a temperature,
 ALiBi, the soft-cap) in float32, and adds each, in float64, to the regions that hold it.
 A region given as a *complement* (one open to the end of the rows and keys, whose part
@@ -25,10 +26,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.kernels.dispatch import launch
-from poskernel_tl.kernels.tile_logits import chunk_of, dot_flags, logits_at, operand, term_args
+from poskernel_tl.kernels.tile_logits import chunk_of, logits_at, operand, term_args
 from poskernel_tl.models.softmax_terms import SoftmaxTerms
 
 LAGS = 64  # BL: lags per block
+KEYS = 8  # BP: keys of the strip per step
 
 
 @triton.jit
@@ -36,52 +38,52 @@ LAGS = 64  # BL: lags per block
 def _strip_regions(Q, K, TAU, SLOPES, REG, WHOLE, OUT, T, H, G, W, last, n_reg, n_out,
                    whole_row, K_STRIP, sqb, sqt, sqh, skb, skt, skh, scale, cap,
                    UPPER: tl.constexpr, D_HEAD: tl.constexpr, BK: tl.constexpr,
-                   BL: tl.constexpr, RP: tl.constexpr, HAS_TAU: tl.constexpr,
-                   HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST: tl.constexpr):
+                   BL: tl.constexpr, BP: tl.constexpr, RP: tl.constexpr,
+                   HAS_TAU: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr):
     z = tl.program_id(0).to(tl.int64)  # sequence · H + head
     h = z % H
     seq = z // H
     kvh = h // G
     rr = tl.arange(0, RP)
     rok = rr < n_reg
-    r0 = tl.load(REG + rr * 5, mask=rok, other=0)[:, None]
-    r1 = tl.load(REG + rr * 5 + 1, mask=rok, other=0)[:, None]
-    k0 = tl.load(REG + rr * 5 + 2, mask=rok, other=0)[:, None]
-    k1 = tl.load(REG + rr * 5 + 3, mask=rok, other=0)[:, None]
+    r0 = tl.load(REG + rr * 5, mask=rok, other=0)[:, None, None]
+    r1 = tl.load(REG + rr * 5 + 1, mask=rok, other=0)[:, None, None]
+    k0 = tl.load(REG + rr * 5 + 2, mask=rok, other=0)[:, None, None]
+    k1 = tl.load(REG + rr * 5 + 3, mask=rok, other=0)[:, None, None]
     comp = tl.load(REG + rr * 5 + 4, mask=rok, other=0) != 0
     acc2 = tl.zeros([RP, BL], dtype=tl.float64)
     for l0 in range(0, W, BL):
         lag = l0 + 1 + tl.arange(0, BL)
         lok = lag <= W
         acc1 = tl.zeros([RP, BL], dtype=tl.float64)
-        for p in range(0, K_STRIP):
+        for p0 in range(0, K_STRIP, BP):  # BP keys of the strip (rows, upper side) at once
+            p = p0 + tl.arange(0, BP)
             if UPPER:
-                t = tl.zeros([BL], dtype=tl.int64) + p
-                s = p + lag
+                t = p[:, None] + 0 * lag[None, :]
+                s = p[:, None] + lag[None, :]
             else:
-                t = p + lag
-                s = tl.zeros([BL], dtype=tl.int64) + p
-            ok = lok & (t < T) & (s < T)
+                t = p[:, None] + lag[None, :]
+                s = p[:, None] + 0 * lag[None, :]
+            ok = (p < K_STRIP)[:, None] & lok[None, :] & (t < T) & (s < T)
             tt = tl.where(ok, t, 0)
             ss = tl.where(ok, s, 0)
-            val = tl.zeros([BL], dtype=tl.float32)
+            val = tl.zeros([BP, BL], dtype=tl.float32)
             for d0 in range(0, D_HEAD, BK):
                 dd = d0 + tl.arange(0, BK)
-                dm = dd < D_HEAD
-                qv = tl.load(Q + seq * sqb + tt[:, None] * sqt + h * sqh + dd[None, :],
-                             mask=ok[:, None] & dm[None, :], other=0.0)
-                kv = tl.load(K + seq * skb + ss[:, None] * skt + kvh * skh + dd[None, :],
-                             mask=ok[:, None] & dm[None, :], other=0.0)
-                val += tl.sum(qv.to(tl.float32) * kv.to(tl.float32), 1)
-            val = tl.sum(logits_at(val[:, None], tt[:, None], ss[:, None], h, scale, cap,
-                                   TAU, SLOPES, HAS_TAU, HAS_ALIBI, HAS_CAP, False), 1)
-            hold = (tt[None, :] >= r0) & (tt[None, :] < r1) & (ss[None, :] >= k0) & \
-                (ss[None, :] < k1)
-            hold = tl.where(comp[:, None], hold == 0, hold) & (lag <= last)[None, :] & \
-                ok[None, :] & rok[:, None]
-            v = tl.where(hold, val.to(tl.float64)[None, :], 0.0)
-            acc1 += v
-            acc2 += v * v
+                keep = ok[:, :, None] & (dd < D_HEAD)[None, None, :]
+                qv = tl.load(Q + seq * sqb + tt[:, :, None] * sqt + h * sqh + dd[None, None, :],
+                             mask=keep, other=0.0)
+                kv = tl.load(K + seq * skb + ss[:, :, None] * skt + kvh * skh
+                             + dd[None, None, :], mask=keep, other=0.0)
+                val += tl.sum(qv.to(tl.float32) * kv.to(tl.float32), 2)
+            val = logits_at(val, tt, ss, h, scale, cap, TAU, SLOPES, HAS_TAU, HAS_ALIBI,
+                            HAS_CAP, False)
+            hold = (tt[None] >= r0) & (tt[None] < r1) & (ss[None] >= k0) & (ss[None] < k1)
+            hold = tl.where(comp[:, None, None], hold == 0, hold) & \
+                (lag <= last)[None, None, :] & ok[None] & rok[:, None, None]
+            v = tl.where(hold, val.to(tl.float64)[None], 0.0)
+            acc1 += tl.sum(v, 1)
+            acc2 += tl.sum(v * v, 1)
         whole = tl.load(WHOLE + z * whole_row + lag - 1, mask=lok & (lag <= last), other=0.0)
         out1 = tl.where(comp[:, None], whole[None, :] - acc1, acc1)
         tl.store(OUT + rr[:, None] * n_out + z * (W + 1) + (lag - 1)[None, :], out1,
@@ -128,8 +130,8 @@ def strip_region_sums(q: Float[Tensor, "batch pos head_index d_head"],
            H // k.shape[2], W, W if last is None else min(last, W), len(regions), b * H * T,
            whole.stride(0), min(strip, T), q.stride(0), q.stride(1), q.stride(2),
            k.stride(0), k.stride(1), k.stride(2), float(scale), cap, UPPER=upper, D_HEAD=d,
-           BK=chunk_of(d), BL=LAGS, RP=max(2, triton.next_power_of_2(len(regions))), **flags,
-           UPCAST=dot_flags(q.dtype)["UPCAST"])
+           BK=min(16, chunk_of(d)), BL=LAGS, BP=KEYS,
+           RP=max(2, triton.next_power_of_2(len(regions))), **flags)
     return out
 
 

@@ -61,7 +61,7 @@ def batch_cost(model: LoadedModel, length: int, batch_size: int = 2, short: int 
                     lambda rows, tokens: capture.forward(tokens))
 
     with path:
-        run(1)  # warm the per-process caches (compiled kernels, term tables)
+        run(short)  # warm the per-process caches (compiled kernels, term tables)
         total, syncs, by_name, sync_names = pass_counts(run, short, long)
         f_total, f_syncs, f_names, f_sync_names = pass_counts(bare, short, long)
     by_name.subtract(f_names)

@@ -7,7 +7,9 @@ evaluation pass(es) and the final fits — from the tensors each phase holds:
 - what grows with the batch (:func:`per_sequence_bytes`): the forward's activations, the
   T×T score tensors where they are formed at all (TransformerLens's eager attention, the
   ``hook``/``qk`` score paths; not the sdpa path with Track A from lag sums, which needs
-  O(T·d_head) per head), and Track A's float64 work on q/k;
+  O(T·d_head) per head), and Track A's float64 work on q/k — on the kernels' path for
+  every layer of a group at once, whose q and k are held until its last layer
+  (:func:`group_extra_bytes`; the plan takes the largest group that fits, :func:`group_size`);
 - what does not: the centering means, Track A's per-sequence lag sums, the optional
   reducers, and Track B (:mod:`poskernel_tl.reducers.gram_cost`): its accumulator, ≈ T²/2
   float32 per head and layer in blocks of query rows (on a layer with a sliding window, only
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from poskernel_tl.errors import PlanError
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.plan.forward_cost import (  # noqa: F401 (SCORE_COPIES, mask_kinds: re-exported)
     SCORE_COPIES,
@@ -44,6 +47,7 @@ from poskernel_tl.plan.forward_cost import (  # noqa: F401 (SCORE_COPIES, mask_k
     describe,
     mask_kinds,
 )
+from poskernel_tl.plan.groups import group_bytes, grouping, kind
 from poskernel_tl.progress import tqdm
 from poskernel_tl.reducers import track_a
 from poskernel_tl.reducers.gram_cost import (
@@ -123,18 +127,29 @@ class Workload:
     null_draws: int = 0
 
 
+def group_extra_bytes(model: LoadedModel, length: int, group: int) -> int:
+    """What one sequence of a batch costs more where ``group`` layers are handed to the
+    reducers together (:mod:`poskernel_tl.plan.groups`): their q and k held and joined, and
+    the statistics' transient work on every layer of the group at once."""
+    if group <= 1:
+        return 0
+    return group_bytes(model, length, group) + (group - 1) * track_a.work_bytes(model, length)
+
+
 def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int,
-                factors: Path | bool = False) -> dict[str, int]:
+                factors: Path | bool = False, group: int = 1) -> dict[str, int]:
     """Estimated bytes held in each phase of a measurement with Track B accumulated for
     at most ``block_layers`` consecutive layers at a time (the costliest such block;
-    ``factors``: per layer or for all, kept as the sequences' factors)."""
+    ``factors``: per layer or for all, kept as the sequences' factors) and the statistics
+    of ``group`` layers formed together."""
     s, T = model.spec, w.length
     # M: one set of float32 means (Track B's reference where there is no centering set);
     # cen: the centering means and the random half's (float64 sums, 2·cen, in their pass)
     M = means_bytes(model, T)
     cen = 2 * M if w.n_centering else 0
     U = track_a.state_bytes(model, T, w.n_eval)
-    per = batch * per_sequence_bytes(model, T, w.materialised)
+    per = batch * (per_sequence_bytes(model, T, w.materialised) +
+                   group_extra_bytes(model, T, group))
     extra = sum(stat.state_bytes(model, w) for stat in STATISTICS.values())
     kept = 2 * s.n_layers * s.n_heads * T * T * 4 if w.keep_gram else 0
     path = as_path(factors, s.n_layers)
@@ -150,9 +165,9 @@ def phase_bytes(model: LoadedModel, w: Workload, batch: int, block_layers: int,
 
 
 def estimate_peak(model: LoadedModel, w: Workload, batch: int, block_layers: int,
-                  factors: Path | bool = False) -> int:
+                  factors: Path | bool = False, group: int = 1) -> int:
     """The largest phase of :func:`phase_bytes`, with the margin for the allocator."""
-    phases = phase_bytes(model, w, batch, block_layers, factors)
+    phases = phase_bytes(model, w, batch, block_layers, factors, group)
     return int(max(phases.values()) * MARGIN + SLACK)
 
 
@@ -176,7 +191,7 @@ class Plan:
     factors: Path = ()  # per layer, Track B kept as the evaluation sequences' q̃, k̃
     why: str = ""  # why Track B takes this path (the provenance's "track_b")
     forward: str = ""  # what the forward's attention computes per kind of layer
-    group_layers: int | None = None  # layers handed to the reducers together, at most
+    group_layers: int = 1  # layers handed to the reducers together, at most
 
     @property
     def blocked(self) -> bool:
@@ -226,10 +241,33 @@ def plan_measure(model: LoadedModel, w: Workload, batch_size: int | str = "auto"
                 if peak <= budget:
                     why = path_reason(paths, path, n_blocks, budget,
                                       lambda p: path_name(model, w.length, p))
+                    group, peak = group_size(model, w, b, size, path, budget, peak)
                     return Plan(b, layer_blocks(L, n_blocks), budget, peak, str(max_memory),
-                                path, why, describe(model, w.length, not w.materialised))
+                                path, why, describe(model, w.length, not w.materialised),
+                                group)
     raise refusal(model, w, batches[-1] if batch_size == "auto" else batch_size, budget,
                   limit is None)
+
+
+def group_size(model: LoadedModel, w: Workload, batch: int, block_layers: int,
+               path: Path, budget: int, peak: int) -> tuple[int, int]:
+    """The most layers handed to the reducers together that fit ``budget`` beside the rest
+    (all of a kind's, halved until they fit; 1 where no layers are grouped), and the peak
+    estimated with them."""
+    geometry = Geometry.of(model.spec, w.length)
+    if not grouping(model, geometry):
+        return 1, peak
+    kinds: dict = {}
+    for L in range(model.spec.n_layers):
+        kinds.setdefault(kind(model, geometry, L), []).append(L)
+    group = max(len(v) for k, v in kinds.items() if k is not None) if \
+        any(k is not None for k in kinds) else 1
+    while group > 1:
+        grouped = estimate_peak(model, w, batch, block_layers, path, group)
+        if grouped <= budget:
+            return group, grouped
+        group = (group + 1) // 2
+    return 1, peak
 
 
 def path_name(model: LoadedModel, length: int, path: Path) -> str:

@@ -30,11 +30,11 @@ from poskernel_tl.models.loading import LoadedModel
 Groups = tuple[tuple[int, ...], ...]
 
 
-def grouping(model: LoadedModel, geometry: Geometry, materialised: bool = False) -> bool:
+def grouping(model: LoadedModel, geometry: Geometry, scores: bool = False) -> bool:
     """Whether this run groups layers: on the kernels' path, a causal model, Track A from
-    the lag sums (``materialised`` false)."""
+    the lag sums (not from materialised ``scores``: the reference paths)."""
     return kernels.active(torch.empty(0, device=model.device)) and geometry.causal \
-        and not materialised
+        and not scores
 
 
 def kind(model: LoadedModel, geometry: Geometry, layer: int) -> tuple | None:
@@ -46,13 +46,13 @@ def kind(model: LoadedModel, geometry: Geometry, layer: int) -> tuple | None:
 
 
 def layer_groups(model: LoadedModel, geometry: Geometry, layers: Sequence[int],
-                 grouped: bool, max_layers: int | None = None,
+                 grouped: bool, max_layers: int = 1,
                  cuts: Sequence[int] = ()) -> Groups:
     """``layers`` in groups, in the order their last layer is captured (``grouped``
     false: one group per layer). A group takes the layers of one :func:`kind` up to
     ``max_layers`` of them, and never spans a layer of ``cuts`` (a group ends before it:
     Track B's blocks of layers)."""
-    if not grouped:
+    if not grouped or max_layers <= 1:
         return tuple((L,) for L in layers)
     open_: dict = {}
     done: list[tuple[int, ...]] = []
@@ -66,7 +66,7 @@ def layer_groups(model: LoadedModel, geometry: Geometry, layers: Sequence[int],
             open_ = {}
         group = open_.setdefault(key, [])
         group.append(L)
-        if max_layers is not None and len(group) >= max_layers:
+        if len(group) >= max_layers:
             done.append(tuple(open_.pop(key)))
     done += [tuple(g) for g in open_.values()]
     return tuple(sorted(done, key=max))

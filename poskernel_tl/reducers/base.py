@@ -157,7 +157,7 @@ class LayerBatch:
         if isinstance(sel, slice):  # (in place on the view: one operation)
             state[(slice(None),) * lead + (sel,)].add_(value)
         else:
-            state.index_add_(lead, sel, value)
+            state.index_add_(lead, sel, value.to(state.dtype))
 
     def split(self) -> list["LayerBatch"]:
         """One batch per layer of the group (views of q and k; itself for one layer)."""
