@@ -120,17 +120,15 @@ class TrackAReducer:
         self.source, self.chunk = source, chunk
         f64 = dict(dtype=torch.float64, device=device)
         self.T, self.n_layers, self.n_heads, self.seed = T, n_layers, n_heads, seed
-        # per sequence, one row per (layer, head) (:func:`~poskernel_tl.reducers.tile_sums.
-        # lag_rows`' layout, written by one operation on the kernels' path): the lag sums
-        # of every lag (subsets: splits, the null's sequences), Σ A² over what the layer's
-        # mask keeps, Σ A² per band of offsets, and Σ A² over the whole triangle (read
-        # where a window removes some); each a view of it
-        n_bands = len(band_ends(T))
-        self.rows = torch.zeros(n_seqs, n_layers, n_heads, T + n_bands + 1, **f64)
-        self.s1, self.sq = self.rows[..., :T - 1], self.rows[..., T - 1]
-        self.bands = self.rows[..., T:T + n_bands]
+        # per sequence: the lag sums of every lag (subsets: splits, the null's sequences),
+        # Σ A² over what each layer's mask keeps (and over the whole triangle, where a
+        # window removes some), Σ A² per band of offsets (each its own tensor: the pooled
+        # sums over the sequences read them contiguous)
+        self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
+        self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
+        self.bands = torch.zeros(n_seqs, n_layers, n_heads, len(band_ends(T)), **f64)
         self.sq_whole = None if max_lags is None or min(max_lags) >= T - 1 else \
-            self.rows[..., T + n_bands]
+            torch.zeros(n_seqs, n_layers, n_heads, **f64)
         # every region a variant (or g_sink) reads: its sums pooled over the sequences
         # (lower side, and upper for a bidirectional model), its n(Δ) per layer; one
         # tensor [region, side, layer, head, S1 of every lag then Σ A²]
@@ -192,7 +190,12 @@ class TrackAReducer:
         lag = self.max_lags[batch.layers[0]]  # (a group's layers share their mask)
         rows, regions = track_a_tile_rows(batch, None if lag >= self.T - 1 else lag,
                                           self.regions)
-        batch.put(self.rows, rows)
+        T, n_bands = self.T, self.bands.shape[-1]
+        batch.put(self.s1, rows[..., :T - 1])
+        batch.put(self.sq, rows[..., T - 1])
+        batch.put(self.bands, rows[..., T:T + n_bands])
+        if self.sq_whole is not None:
+            batch.put(self.sq_whole, rows[..., T + n_bands])
         self._store_regions(batch, 0, regions)
         if self.upper is not None:
             upper, regions = upper_tile_stats(batch, self.regions)

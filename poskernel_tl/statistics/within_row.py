@@ -9,10 +9,10 @@ sides of an encoder, a sliding window's offsets — and answers the question the
 asks: is what the head attends to, within each row, a function of the offset?
 
 Per sequence and layer the reducer keeps, beside Track A's per-lag sums, the rows' kept
-sums R(t): scale·q_t·Σ_{s kept} k_s from running sums of the keys (the layer's additive
-terms folded in as for Track A), or the materialised logits' rows on the reference path
-and for soft-capped layers. After the pass they are folded onto the offsets
-(u(Δ) = Σ_{t ∋ Δ} R(t)/m_t, and Σ_t R(t)²/m_t) and the fit is solved (:func:`finish`).
+sums R(t) folded onto the offsets (u(Δ) = Σ_{t ∋ Δ} R(t)/m_t) and Σ_t R(t)²/m_t. R(t) is
+scale·q_t·Σ_{s kept} k_s from running sums of the keys (the layer's additive terms folded
+in as for Track A), or the materialised logits' rows on the reference path and for
+soft-capped layers. The fit itself is solved once, after the pass (:func:`finish`).
 """
 
 from dataclasses import dataclass
@@ -102,9 +102,10 @@ class WithinRowReducer:
         s = run.spec
         self.layouts = layouts(run)
         self.from_scores = run.source == "scores"
-        # R(t) per sequence, layer, head and row; folded onto the offsets after the pass
-        self.rows = torch.zeros(run.n_eval, s.n_layers, s.n_heads, run.length,
-                                dtype=torch.float64, device=run.device)
+        n_lags = self.layouts[0].n_lags
+        f64 = dict(dtype=torch.float64, device=run.device)
+        self.u = torch.zeros(run.n_eval, s.n_layers, s.n_heads, n_lags, **f64)
+        self.row_sq = torch.zeros(run.n_eval, s.n_layers, s.n_heads, **f64)
 
     def update(self, batch: LayerBatch) -> None:
         layout = self.layouts[batch.layers[0]]  # (a group's layers share their mask)
@@ -112,11 +113,13 @@ class WithinRowReducer:
             for one in batch.split():
                 self.update(one)
             return
-        batch.put(self.rows, row_sums(batch, layout, self.from_scores))
+        u, row_sq = layout.row_terms(row_sums(batch, layout, self.from_scores))
+        batch.put(self.u, u)
+        batch.put(self.row_sq, row_sq)
 
     def result(self) -> WithinRow:  # completed by :func:`finish` from Track A's sums
-        return WithinRow(np.zeros((0, *self.rows.shape[1:3])),
-                         np.full(self.rows.shape[1:3], np.nan))
+        return WithinRow(np.zeros((0, *self.row_sq.shape[1:])),
+                         np.full(self.row_sq.shape[1:], np.nan))
 
 
 def finish(part: WithinRow, reducers, run: StatisticContext) -> WithinRow:
@@ -126,18 +129,16 @@ def finish(part: WithinRow, reducers, run: StatisticContext) -> WithinRow:
     track_a, mine = reducers["track_a"], reducers["within_row"]
     seen = track_a.seen
     n = int(seen.sum())
-    n_lags = mine.layouts[0].n_lags
-    out = torch.full((n + 1, *mine.rows.shape[1:3]), float("nan"), dtype=torch.float64)
-    g = torch.full((*mine.rows.shape[1:3], n_lags), float("nan"), dtype=torch.float64)
-    counts = torch.ones(n + 1, 1, dtype=torch.float64, device=mine.rows.device)
+    out = torch.full((n + 1, *mine.row_sq.shape[1:]), float("nan"), dtype=torch.float64)
+    g = torch.full(mine.u.shape[1:], float("nan"), dtype=torch.float64)
+    counts = torch.ones(n + 1, 1, dtype=torch.float64, device=mine.u.device)
     counts[n] = n  # the last fit pools every sequence
     for L, layout in enumerate(mine.layouts):
-        u, row_sq = layout.row_terms(mine.rows[seen, L])
         s1, sq = track_a.s1[seen, L] * track_a.kept[L], track_a.sq[seen, L]
         if track_a.upper is not None:
             s1 = torch.cat([s1, track_a.upper.s1[seen, L]], -1)
             sq = sq + track_a.upper.sq[seen, L]
-        rhs, within = s1 - u, sq - row_sq
+        rhs, within = s1 - mine.u[seen, L], sq - mine.row_sq[seen, L]
         rhs, within = torch.cat([rhs, rhs.sum(0, keepdim=True)]), \
             torch.cat([within, within.sum(0, keepdim=True)])
         r2, fits = within_fit(rhs, within, layout, counts.expand_as(within))
@@ -154,7 +155,8 @@ STATISTIC = StatisticSpec(
     "softmax reads; a constant per row changes nothing) that one lag kernel g(Δ) explains, "
     "with a free constant per row of each sequence",
     state_bytes=lambda model, work: (work.n_eval * model.spec.n_layers * model.spec.n_heads
-                                     * work.length * 8),
+                                     * (work.length * (1 if model.spec.causal else 2) + 1)
+                                     * 8),
     head_columns={"R2_within_row_pooled": "Track A within-row R², pooled (a per-row "
                                           "constant removed: what the softmax sees)",
                   "R2_within_row_per_seq": "Track A within-row R², mean over sequences"},
