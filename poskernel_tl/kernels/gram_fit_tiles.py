@@ -47,7 +47,7 @@ def stored_tile(ACC, BLOCKS, h, t_idx, s_idx, T, R):
 
 @triton.jit
 @no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
-def _stored_lag_tiles(ACC, BLOCKS, OUT, T, R, P, span, n_split, out_split, out_stat,
+def _stored_lag_tiles(ACC, BLOCKS, OUT, T, R, span, n_split, out_split, out_stat,
                       B: tl.constexpr, UPPER: tl.constexpr):
     diag = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -127,9 +127,9 @@ def stored_lag_sums(acc: Float[Tensor, " entries"], table: Int[Tensor, "block fi
     grid = Diagonals(length, length - 1 if max_lag is None else min(max_lag, length - 1),
                      TILE)
     splits = split_for(grid.nb, grid.n_diag * n_heads)
-    out = acc.new_zeros(2, splits, n_heads, grid.B, grid.span, dtype=torch.float64)
+    out = acc.new_empty(2, splits, n_heads, grid.B, grid.span, dtype=torch.float64)
     launch(_stored_lag_tiles, (grid.n_diag, n_heads, splits), acc, table, out, length, rows,
-           grid.P, grid.span, splits, n_heads * grid.B * grid.span,
+           grid.span, splits, n_heads * grid.B * grid.span,
            splits * n_heads * grid.B * grid.span, B=grid.B, UPPER=upper)
     return grid.read(out)
 

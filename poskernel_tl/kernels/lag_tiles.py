@@ -100,7 +100,7 @@ def diagonal_at(base, diag, span, r, B: tl.constexpr):
 
 @triton.jit
 @no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
-def _lag_tiles(Q, K, PERM, TAU, SLOPES, OUT, T, H, G, n_groups, seqs, P, span, n_split,
+def _lag_tiles(Q, K, PERM, TAU, SLOPES, OUT, T, H, G, n_groups, seqs, span, n_split,
                out_split, out_stat, sqb, sqt, sqh, skb, skt, skh, scale, cap,
                D_HEAD: tl.constexpr, BK: tl.constexpr, B: tl.constexpr,
                HAS_PERM: tl.constexpr, HAS_TAU: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -164,7 +164,7 @@ def lag_tile_sums(q: Float[Tensor, "batch pos head_index d_head"],
     b, T, H, d = q.shape
     kv = k.shape[2]
     grid = Diagonals(T, T - 1 if max_lag is None else min(max_lag, T - 1), TILE)
-    W, B, P, span = grid.W, grid.B, grid.P, grid.span
+    W, B, span = grid.W, grid.B, grid.span
     draws = 1 if perms is None else perms.shape[0]
     n_groups, seqs = (1, b) if pooled else (b, 1)
     Z = draws * n_groups * H
@@ -178,10 +178,10 @@ def lag_tile_sums(q: Float[Tensor, "batch pos head_index d_head"],
         perm = _NO_PERM[str(q.device)]
     else:
         perm = perms if perms.dtype == torch.int32 else perms.to(torch.int32)
-    # every entry is written: program (D, z, part) writes columns [P − D·B, P − D·B + B)
+    # every entry is written: program (D, z, part) writes columns [D·B, D·B + B)
     out = q.new_empty(2, splits, Z, B, span, dtype=torch.float64)
     launch(_lag_tiles, (grid.n_diag, Z, splits), q, k, perm, tau, slopes, out, T, H, H // kv,
-           n_groups, seqs, P, span, splits, Z * B * span, splits * Z * B * span,
+           n_groups, seqs, span, splits, Z * B * span, splits * Z * B * span,
            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
            float(scale), cap, D_HEAD=d, BK=chunk_of(d), B=B, HAS_PERM=perms is not None,
            TRANSPOSED=transposed, **flags, **dot_flags(q.dtype))

@@ -129,25 +129,19 @@ class LayerBatch:
         dim = dim % x.ndim
         return x.unflatten(dim, (len(self.layers), x.shape[dim] // len(self.layers)))
 
-    def put(self, state: Tensor, value: Tensor, seqs: bool = True) -> None:
+    def put(self, state: Tensor, value: Tensor) -> None:
         """``state[sequences, layers] = value``: per-sequence state [n_seqs, layer, ...]
-        from ``value`` [batch, G·H, ...]; ``seqs`` false: per-layer state [layer, ...]
-        from [G·H, ...]. One operation, no upload."""
-        value = self.by_layer(value, 1 if seqs else 0)
+        from ``value`` [batch, G·H, ...]. One operation, no upload."""
+        value = self.by_layer(value, 1)
         sel = self.layer_sel
-        if not seqs:
-            target, dim = state, 0
-        elif isinstance(self.seq_sel, slice):
-            target, dim = state[self.seq_sel], 1
-        else:  # sequences by index: both axes indexed at once
+        if not isinstance(self.seq_sel, slice):  # sequences by index: both axes at once
             layers = sel if isinstance(sel, Tensor) else torch.arange(
                 sel.start, sel.stop, device=state.device)
             state[self.seq_sel[:, None], layers[None, :]] = value
-            return
-        if isinstance(sel, slice):
-            target[(slice(None),) * dim + (sel,)] = value
+        elif isinstance(sel, slice):
+            state[self.seq_sel, sel] = value
         else:
-            target.index_copy_(dim, sel, value)
+            state[self.seq_sel].index_copy_(1, sel, value.to(state.dtype))
 
     def add(self, state: Tensor, value: Tensor, lead: int = 0) -> None:
         """``state[..., layers, ...] += value``: per-layer state with ``lead`` axes before

@@ -78,9 +78,11 @@ RESULT_COPIES = 2
 
 def state_bytes(model: LoadedModel, length: int, n_seqs: int) -> int:
     """Track A's per-sequence lag sums of ``n_seqs`` sequences (float64, per side a fit
-    reads): what it holds through the pass, and its result a like array."""
+    reads), and those of each region a per-sequence variant reads: what it holds through
+    the pass, and its result a like array."""
     s = model.spec
-    return sides(model) * n_seqs * s.n_layers * s.n_heads * length * 8
+    regions = len(dict.fromkeys(VARIANTS[f] for f in PER_SEQ))
+    return (1 + regions) * sides(model) * n_seqs * s.n_layers * s.n_heads * length * 8
 
 
 def work_bytes(model: LoadedModel, length: int) -> int:

@@ -124,9 +124,10 @@ def joint_permutations(length: int, n_perm: int, seed: int = 0) -> Int[Tensor, "
 
 
 def null_bytes(model: LoadedModel, length: int, draws: int) -> int:
-    """The null's per-draw lag sums (and the unpermuted ones), float64, per side."""
+    """The null's per-draw lag sums and squares (and the unpermuted ones), float64, per
+    side."""
     s = model.spec
-    return 2 * (draws + 1) * s.n_layers * s.n_heads * length * 8 * sides(model)
+    return 3 * (draws + 1) * s.n_layers * s.n_heads * length * 8 * sides(model)
 
 
 class PermNullReducer:
