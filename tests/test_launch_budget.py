@@ -1,7 +1,7 @@
 """The launch budget of the kernels' path, counted on the CPU under Triton's interpreter
 (:mod:`poskernel_tl.measurement.launches`): per batch of the evaluation pass, every
 default statistic of every layer together costs a bounded number of kernel launches
-beyond the model's own forward — the same for 4 layers as for 30 of the same width, and
+beyond the model's own forward — the same for 4 layers as for 16 of the same width, and
 at any length — and no device→host read (a GPU's host would wait for the queue there:
 ``.item()``, a boolean index, ``.cpu()``, an upload). README, "On a GPU"."""
 
@@ -27,7 +27,7 @@ BUDGET = 60  # launches per batch for every layer of one kind together
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=2,
               max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=2)
 # one sequence per batch, 2 then 3 batches: what Triton's interpreter runs in a minute for
-# 30 layers (the counts do not depend on the batch, the kernels' work does)
+# 16 layers (the counts do not depend on the batch, the kernels' work does)
 COUNT = dict(batch_size=1, short=2, long=3)
 
 
@@ -47,21 +47,21 @@ def booted(cfg, tokenizer) -> LoadedModel:
 @pytest.fixture(scope="module")
 def llamas(tiny_tokenizer):
     return {n: booted(tf.LlamaConfig(**COMMON, num_hidden_layers=n, num_key_value_heads=1),
-                      tiny_tokenizer) for n in (4, 30)}
+                      tiny_tokenizer) for n in (4, 16)}
 
 
 @interpreted
 def test_launches_per_batch_do_not_grow_with_layers_or_length(llamas):
-    """4 layers at T = 32 and 64, 30 layers of the same width at T = 32: the same count,
+    """4 layers at T = 32 and 64, 16 layers of the same width at T = 32: the same count,
     within the budget, and no host read; the model's own forward grows with the layers
     (the counter sees it)."""
-    costs = {(n, T): batch_cost(llamas[n], T, **COUNT) for n, T in ((4, 32), (4, 64), (30, 32))}
+    costs = {(n, T): batch_cost(llamas[n], T, **COUNT) for n, T in ((4, 32), (4, 64), (16, 32))}
     counts = {key: cost.launches for key, cost in costs.items()}
     assert len(set(counts.values())) == 1, counts
     assert max(counts.values()) <= BUDGET, {k: c.by_name for k, c in costs.items()}
     assert all(cost.syncs == 0 for cost in costs.values()), \
         {k: c.syncs_by_name for k, c in costs.items()}
-    assert costs[30, 32].forward_launches > 5 * costs[4, 32].forward_launches
+    assert costs[16, 32].forward_launches > 3 * costs[4, 32].forward_launches
 
 
 @interpreted

@@ -3,8 +3,8 @@
 The accumulator of :class:`~poskernel_tl.reducers.gram.GramReducer` is a list of row
 blocks (:func:`~poskernel_tl.reducers.gram_cost.gram_row_blocks`): block (r0, r1, k0, k1)
 holds Σ_x q̃_x[r0:r1] k̃_x[k0:k1]ᵀ per query head, [head, rows, keys], each block stored
-contiguously in one flat float32 buffer per layer (:func:`gram_layout`; the layers of a
-group one after the other in one buffer). The update adds one batch of every layer of a
+contiguously in one flat float32 buffer per layer (:func:`gram_layout`; layers with the
+same blocks as parts of one buffer). The update adds one batch of every layer of a
 group: one program per (tile of a block's keys, query head of the group) forms its
 [rows, BN] tile as Σ over the batch's sequences of q̃·k̃ᵀ — q̃ = (q − m_q)·scale and
 k̃ = k − m_k centered on the fly in float64 as the model's q and k are read, then float32
@@ -43,7 +43,7 @@ def centered(X, REF, x_off, ref_off, ok, dd, dm, scale, CENTER: tl.constexpr):
 
 @triton.jit
 @no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
-def _gram_tiles(Q, K, RQ, RK, ACC, TABLE, n_seqs, HL, G, layer_size, sqb, sqt, sqh, skb,
+def _gram_tiles(Q, K, RQ, RK, ACC, TABLE, SLOTS, n_seqs, HL, G, layer_size, sqb, sqt, sqh, skb,
                 skt, skh, rqt, rqh, rkt, rkh, scale, D_HEAD: tl.constexpr, BK: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, CENTER: tl.constexpr):
     t = tl.program_id(0)
@@ -73,8 +73,8 @@ def _gram_tiles(Q, K, RQ, RK, ACC, TABLE, n_seqs, HL, G, layer_size, sqb, sqt, s
             k = centered(K, RK, x * skb + keys * skt + kvh * skh, keys * rkt + kvh * rkh, cok,
                          dd, dm, 1.0, CENTER)
             acc += tl.dot(q, tl.trans(k), input_precision="ieee")
-    at = ACC + layer * layer_size + start + h * n_rows * width + rr[:, None] * width \
-        + cc[None, :]
+    part = tl.load(SLOTS + layer) * layer_size  # the layer's part of the buffer
+    at = ACC + part + start + h * n_rows * width + rr[:, None] * width + cc[None, :]
     keep = rok[:, None] & cok[None, :]
     tl.store(at, tl.load(at, mask=keep, other=0.0) + acc, mask=keep)
 
@@ -113,20 +113,24 @@ def gram_tile_update(acc: Float[Tensor, " entries"], table: Int[Tensor, "tile si
                      rows: int, q: Float[Tensor, "batch pos head_index d_head"],
                      k: Float[Tensor, "batch pos kv_head_index d_head"],
                      reference: tuple[Tensor, Tensor] | None = None, scale: float = 1.0,
-                     heads: int | None = None, layer_size: int = 0) -> None:
+                     heads: int | None = None, layer_size: int = 0,
+                     slots: Int[Tensor, " layer"] | None = None) -> None:
     """Add Σ_x q_x k_xᵀ of the batch to every block of the accumulator ``acc``
     (:func:`gram_layout`; blocks of at most ``rows`` query rows). ``reference``: the
     float32 means (m_q [pos, head_index, d_head], m_k [pos, kv_head_index, d_head]) removed
     from q and k (any dtype) in float64 first, q times ``scale`` (else q/k float32, used as
     they are). ``heads``: query heads per layer, where q holds a group of layers side by
-    side (:mod:`poskernel_tl.plan.groups`), whose parts of ``acc`` are ``layer_size``
-    entries apart."""
+    side (:mod:`poskernel_tl.plan.groups`): the group's j-th layer adds to part
+    ``slots[j]`` of ``acc`` (parts ``layer_size`` entries long; int64 on the device;
+    None: part 0 for a single layer)."""
     b, T, H, d = q.shape
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         q, k = q.contiguous(), k.contiguous()
     rq, rk = (q.new_zeros(1), k.new_zeros(1)) if reference is None else reference
     BM = max(16, triton.next_power_of_2(rows))
-    launch(_gram_tiles, (table.shape[0], H), q, k, rq, rk, acc, table, b,
+    if slots is None:
+        slots = table.new_zeros(1)
+    launch(_gram_tiles, (table.shape[0], H), q, k, rq, rk, acc, table, slots, b,
            H if heads is None else heads, H // k.shape[2], layer_size, q.stride(0),
            q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
            rq.stride(0) if reference else 0, rq.stride(1) if reference else 0,

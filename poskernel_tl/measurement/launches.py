@@ -19,6 +19,7 @@ import torch
 from poskernel_tl import kernels
 from poskernel_tl.hooks import capture_qk
 from poskernel_tl.kernels.launch_count import pass_counts
+from poskernel_tl.measurement.measure import measure
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.plan.batching import batched
 
@@ -43,8 +44,6 @@ def batch_cost(model: LoadedModel, length: int, batch_size: int = 2, short: int 
     random tokens of ``length`` (4 centering sequences), from runs of ``short`` and
     ``long`` evaluation batches; ``forced``: on the kernels' path (needs
     ``TRITON_INTERPRET=1`` on a CPU)."""
-    from poskernel_tl.measurement.measure import measure
-
     vocab = int(getattr(model.hf_model.config, "vocab_size", 300))
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab - 1, (4 + long * batch_size, length), generator=g)

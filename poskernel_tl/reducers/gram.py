@@ -137,7 +137,7 @@ class GramReducer:
         self.k_sum = torch.zeros(nl, n_kv_heads, length, d_head, **f64)
         self.count = [0] * nl
         self.means: Moments | None = None  # eval_moments, once taken (no update after it)
-        self.joined: dict = {}  # a group's references side by side (made once)
+        self.joined: dict = {}  # a group's references side by side and parts (made once)
         # the reference, float32 [pos, head, d] (views of the centering means)
         self.ref_q: list[Tensor | None] = [None] * nl
         self.ref_k: list[Tensor | None] = [None] * nl
@@ -176,9 +176,9 @@ class GramReducer:
         if self.means is not None:
             raise RuntimeError(f"{type(self).__name__}: update after the means were taken")
         if None not in slots and all(self.shared[i] is not None for i in slots):
-            buffer, first, size = self.shared[slots[0]]
-            if [self.shared[i][1] for i in slots] == list(range(first, first + len(slots))):
-                return self._update_tiles(batch, slots, buffer[first * size:], size)
+            buffer, _, size = self.shared[slots[0]]
+            if all(self.shared[i][0] is buffer for i in slots):  # one launch for the group
+                return self._update_tiles(batch, slots, buffer, size)
         if batch.n_layers > 1:
             for one in batch.split():
                 self.update(one)
@@ -187,19 +187,25 @@ class GramReducer:
 
     def _update_tiles(self, batch: LayerBatch, slots: list[int], acc: Tensor,
                       size: int) -> None:
-        """A group of layers (or one) whose accumulators lie one after the other in
-        ``acc``: the evaluation sums and one launch that centers and adds every block."""
+        """A group of layers (or one) whose accumulators are parts of ``acc`` (``size``
+        entries each): the evaluation sums and one launch that centers and adds every
+        block."""
+        key = ("slots", tuple(slots))  # the slots and their parts of acc, uploaded once
+        if key not in self.joined:
+            self.joined[key] = torch.tensor([slots, [self.shared[i][1] for i in slots]],
+                                            device=acc.device)
+        where, parts = self.joined[key]
         for state, x in ((self.q_sum, batch.q), (self.k_sum, batch.k)):
             sums = batch.by_layer(x.sum(0, dtype=torch.float64).transpose(0, 1), 0)
             if slots == list(range(slots[0], slots[0] + len(slots))):
                 state[slots[0]:slots[0] + len(slots)].add_(sums)
             else:
-                state.index_add_(0, torch.as_tensor(slots, device=state.device), sums)
+                state.index_add_(0, where, sums)
         for i in slots:
             self.count[i] += batch.q.shape[0]
         ref = self._group_reference(slots, batch)
         kernels.gram_tile_update(acc, self.flat[slots[0]][1], GRAM_ROWS, batch.q, batch.k,
-                                 ref, self.scale, batch.heads, size)
+                                 ref, self.scale, batch.heads, size, parts)
 
     def _group_reference(self, slots: list[int], batch: LayerBatch) -> tuple[Tensor, Tensor]:
         """The float32 reference (m_q, m_k) of a group's slots side by side along the head
