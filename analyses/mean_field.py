@@ -15,11 +15,14 @@ coincide; it measures how much the two sets' means differ, seen through the othe
 mean). Per head the analysis reports the Toeplitz R² of M (``R2_meanfield``, the fit of
 :func:`poskernel_tl.shift_invariance_r2`), its g(Δ) and spectrum (|rfft| of the demeaned
 g(Δ), zero-padded to 4T; frequencies in rad/token), and the variance shares of the three
-parts in Ḡ on the strictly lower triangle (the entries every fit reads),
+parts in Ḡ on the strictly lower triangle's entries the layer's softmax keeps (those every
+fit reads: a sliding window's band, a binding chunk's blocks; its
+:class:`~poskernel_tl.models.mask.Mask`; a windowed layer's spectrum is that of its kept
+offsets, interpolated onto the grid of T),
 
     share_P = ⟨P − p̄, Ḡ − ḡ⟩_F / ‖Ḡ − ḡ‖²_F,   P ∈ {M, X, C},
 
-p̄, ḡ the means over the strict lower triangle. The three shares sum to 1 exactly; each is
+p̄, ḡ the means over those entries. The three shares sum to 1 exactly; each is
 the part's projection on the raw Gram's variation (what a regression of Ḡ on the part
 would attribute to it), so a share can be negative or exceed 1 when parts cancel.
 ``share_*_ss`` are the same without demeaning (fractions of ⟨Ḡ, Ḡ⟩_F).
@@ -52,6 +55,7 @@ from poskernel_tl.analyses.spectral.processing import spectrum as spectral_spect
 from poskernel_tl.data.inputs import as_tokens, check_tokens
 from poskernel_tl.fit.toeplitz import shift_invariance_r2
 from poskernel_tl.measurement.measure import forward_pass
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.plan.config import option
 from poskernel_tl.schema import head_index_columns
 
@@ -86,15 +90,14 @@ def decompose(
     return {"meanfield": m, "cross": x, "centered": c, "raw": m + x + c}
 
 
-def _strict_lower(x: Tensor) -> Tensor:
-    T = x.shape[-1]
-    return x[..., torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)]
-
-
-def shares(parts: dict[str, Tensor], demean: bool = True) -> dict[str, Tensor]:
-    """share_P = ⟨P − p̄, Ḡ − ḡ⟩ / ‖Ḡ − ḡ‖² over the strict lower triangle (``demean=False``:
-    without the means), per leading index; the three shares sum to 1."""
-    flat = {k: _strict_lower(v) for k, v in parts.items()}
+def shares(parts: dict[str, Tensor], demean: bool = True, mask: Mask | None = None
+           ) -> dict[str, Tensor]:
+    """share_P = ⟨P − p̄, Ḡ − ḡ⟩ / ‖Ḡ − ḡ‖² over the strict lower triangle's entries the
+    layer's ``mask`` keeps (None: all of them; ``demean=False``: without the means), per
+    leading index; the three shares sum to 1."""
+    T = parts["raw"].shape[-1]
+    keep = (mask or Mask(T)).lower(parts["raw"].device)
+    flat = {k: v[..., keep] for k, v in parts.items()}
     if demean:
         flat = {k: v - v.mean(-1, keepdim=True) for k, v in flat.items()}
     raw = flat["raw"]
@@ -102,10 +105,19 @@ def shares(parts: dict[str, Tensor], demean: bool = True) -> dict[str, Tensor]:
     return {p: (flat[p] * raw).sum(-1) / norm for p in PARTS}
 
 
-def spectrum(g: Float[np.ndarray, "*batch lag"]) -> tuple[np.ndarray, np.ndarray]:
-    """(|rfft| of g − mean(g), zero-padded to 4T with T = lag + 1; frequencies rad/token)."""
+def spectrum(g: Float[np.ndarray, "*batch lag"], reach: int | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(|rfft| of g − mean(g), zero-padded to 4T with T = lag + 1; frequencies rad/token).
+    ``reach``: only the offsets 1..reach are kept (a window or a chunk: g is NaN past it);
+    their spectrum, on its own grid, interpolated onto T's."""
     T = g.shape[-1] + 1
-    return spectral_spectrum(g, T, raw_spectrum=True, demean=True), frequency_grid(T)
+    if reach is None or reach >= T - 1:
+        return spectral_spectrum(g, T, raw_spectrum=True, demean=True), frequency_grid(T)
+    amp = spectral_spectrum(g[..., :reach], reach + 1, raw_spectrum=True, demean=True)
+    grid, own = frequency_grid(T), frequency_grid(reach + 1)
+    flat = amp.reshape(-1, amp.shape[-1])
+    out = np.stack([np.interp(grid, own, row) for row in flat]) if len(flat) else flat
+    return out.reshape(amp.shape[:-1] + grid.shape), grid
 
 
 # -------------------------------------------------------------------- reducer
@@ -176,26 +188,31 @@ class MeanFieldResult:
         return np.where(np.isnan(self.spectrum[..., 1]), np.nan, out)
 
 
-def summarise(layers: list[dict[str, Tensor]], source: str,
-              keep_matrices: bool = False) -> MeanFieldResult:
-    """R², g(Δ), shares and spectrum from each layer's parts (:func:`decompose`)."""
+def summarise(layers: list[dict[str, Tensor]], source: str, keep_matrices: bool = False,
+              masks: list[Mask] | None = None) -> MeanFieldResult:
+    """R², g(Δ), shares and spectrum from each layer's parts (:func:`decompose`), each
+    over the entries its layer's mask keeps (``masks``; None: the whole triangle)."""
     r2: dict = {p: [] for p in (*PARTS, "raw")}
     g: dict = {p: [] for p in (*PARTS, "raw")}
     sh: dict = {p: [] for p in PARTS}
     ss: dict = {p: [] for p in PARTS}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a zero part: R² NaN
-        for parts in layers:
+        for layer, parts in enumerate(layers):
+            mask = None if masks is None else masks[layer]
             for p in r2:
-                fit = shift_invariance_r2(parts[p])
+                fit = shift_invariance_r2(parts[p], *((mask.max_lag, mask.chunk) if mask
+                                                      else ()))
                 r2[p].append(fit[0].cpu().numpy())
                 g[p].append(fit[1].cpu().numpy())
             for out, demean in ((sh, True), (ss, False)):
-                for p, v in shares(parts, demean).items():
+                for p, v in shares(parts, demean, mask).items():
                     out[p].append(v.cpu().numpy())
     stack = lambda d: {k: np.stack(v) for k, v in d.items()}
     g = stack(g)
-    amp, freqs = spectrum(g["meanfield"])
+    reach = [None] * len(layers) if masks is None else [m.reach for m in masks]
+    amp = np.stack([spectrum(g["meanfield"][L], reach[L])[0] for L in range(len(layers))])
+    freqs = frequency_grid(g["meanfield"].shape[-1] + 1)
     mats = ([{k: v.cpu().numpy() for k, v in p.items()} for p in layers]
             if keep_matrices else None)
     return MeanFieldResult(stack(r2), g, stack(sh), stack(ss), amp, freqs, source,
@@ -226,6 +243,7 @@ def compute_mean_field(result, model=None, eval_tokens=None, *, source: str = "a
     if result.mean_q is None or result.mean_k is None:
         return _nan_result(L, H, T, source)
     mean_q, mean_k = torch.from_numpy(result.mean_q), torch.from_numpy(result.mean_k)
+    masks = [result.geometry.mask(layer) for layer in range(L)]
     scale = float(result.provenance.get("logit_scale", result.spec.d_head ** -0.5))
     if source == "result":
         if result.gram_raw is None or result.gram_centered is None:
@@ -239,7 +257,7 @@ def compute_mean_field(result, model=None, eval_tokens=None, *, source: str = "a
             raw = torch.from_numpy(result.gram_raw[layer]).double()
             c = torch.from_numpy(result.gram_centered[layer]).double()
             layers.append({"meanfield": m, "cross": raw - m - c, "centered": c, "raw": raw})
-        return summarise(layers, source, keep_matrices)
+        return summarise(layers, source, keep_matrices, masks)
     ids = as_tokens(model, eval_tokens)
     check_tokens(model, ids, "evaluation tokens")
     if ids.shape[1] != T:
@@ -247,7 +265,7 @@ def compute_mean_field(result, model=None, eval_tokens=None, *, source: str = "a
     (red,) = forward_pass(model, ids, lambda: [MeanFieldReducer(mean_q, mean_k, scale,
                                                                 model.device)],
                           batch_size, "mean-field pass", progress)
-    return summarise(red.result(), source, keep_matrices)
+    return summarise(red.result(), source, keep_matrices, masks)
 
 
 def mean_field_table(mf: MeanFieldResult, kv_head: np.ndarray | None = None) -> pd.DataFrame:

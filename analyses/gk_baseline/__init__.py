@@ -80,6 +80,7 @@ from poskernel_tl.data.inputs import as_tokens, check_tokens
 from poskernel_tl.fit.counts import lag_counts
 from poskernel_tl.fit.toeplitz import lag_sums, r2_from_sums
 from poskernel_tl.measurement.measure import choose_scores_path, forward_pass
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.plan.config import option
 
 
@@ -215,6 +216,7 @@ def gk_baseline(model, tokens, *, batch_size: int = 4, progress: bool = True,
     parts = block_parts(model, 0)
     ids = as_tokens(model, tokens)
     check_tokens(model, ids, "tokens")
+    Geometry.of(model.spec, ids.shape[1]).require_whole("gk-baseline")
     scale = position_scale(model, ids, ln_stats, batch_size)
     spe, spe_back = projected_pe_kernels(model, ids.shape[1], scale)
     hook = choose_scores_path(model, "auto")

@@ -54,6 +54,7 @@ from matplotlib.figure import Figure
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec
 from poskernel_tl.analyses.kernel_patching.passes import PatchingResult, run_kernel_patching
 from poskernel_tl.data.inputs import as_tokens, check_tokens
+from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.plan.config import option
 from poskernel_tl.schema import head_index_columns
 
@@ -133,6 +134,7 @@ def kernel_patching(model, eval_tokens, result=None, *, mode: str = "pooled",
     sequences."""
     ids = as_tokens(model, eval_tokens)
     check_tokens(model, ids, "evaluation tokens")
+    Geometry.of(model.spec, ids.shape[1]).require_whole("kernel patching")
     if result is not None and result.length != ids.shape[1]:
         raise ValueError(f"result measured at T={result.length}, tokens have T={ids.shape[1]}")
     res = run_kernel_patching(

@@ -17,10 +17,11 @@ SS(a1−1−c0) − SS(a0−1−c0) − SS(a1−1−c1) + SS(a0−1−c1): O(T +
 import math
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor
+
+from poskernel_tl.models.mask import Mask
 
 N_BLOCKS = 256  # the overview's grid: at most N_BLOCKS × N_BLOCKS blocks
 
@@ -32,12 +33,9 @@ def block_size(T: int, n_blocks: int = N_BLOCKS) -> tuple[int, int]:
 
 
 def read_offsets(T: int, two_sided: bool, last: int | None) -> np.ndarray:
-    """[2T − 1] booleans over the offsets t − s = −(T−1) … T−1: those the fit reads."""
-    lag = np.arange(-(T - 1), T)
-    keep = lag != 0 if two_sided else lag >= 1
-    if last is not None:
-        keep &= np.abs(lag) <= last
-    return keep
+    """[2T − 1] booleans over the offsets t − s = −(T−1) … T−1: those the fit reads
+    (:meth:`~poskernel_tl.models.mask.Mask.offsets`)."""
+    return Mask(T, not two_sided, last).offsets()
 
 
 def fit_mask(T: int, two_sided: bool = False, max_lag: int | None = None,
@@ -60,8 +58,7 @@ def read_mask(T: int, two_sided: bool, last: int | None, rows: Tensor, keys: Ten
               ) -> Bool[Tensor, "query_pos key_pos"]:
     """:func:`fit_mask` of query positions ``rows`` against key positions ``keys`` (index
     tensors on the device that holds them)."""
-    keep = torch.as_tensor(read_offsets(T, two_sided, last), device=rows.device)
-    return keep[rows[:, None] - keys[None] + T - 1]
+    return Mask(T, not two_sided, last).kept(rows, keys)
 
 
 def reduce_blocks(x: Float[Tensor, "*head row key"], b: int

@@ -18,6 +18,7 @@ logits across chunks are never read: :func:`~poskernel_tl.models.softmax_ops.chu
 from dataclasses import dataclass
 
 from poskernel_tl.errors import UserError
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.models.registry import ModelSpec
 
 
@@ -95,6 +96,23 @@ class Geometry:
         (⌈T / chunk⌉ slots of d_head: :func:`~poskernel_tl.models.softmax_ops.chunk_qk`);
         1 when none binds."""
         return max([1] + [-(-self.length // c) for c in self.bound_chunks or [] if c])
+
+    def mask(self, layer: int) -> Mask:
+        """The entries layer ``layer``'s softmax keeps (:class:`~poskernel_tl.models.mask.Mask`)."""
+        return Mask(self.length, self.causal, self.lags[layer], self.chunk(layer))
+
+    def require_whole(self, what: str) -> None:
+        """A UserError, in one line, naming ``what`` (a method defined on whole triangles
+        only) and the first layer whose softmax keeps fewer entries at this length."""
+        for L in range(self.n_layers):
+            mask = self.mask(L)
+            if not mask.whole:
+                kept = (f"offsets ≤ {mask.last} (a sliding window)" if mask.chunk is None
+                        else f"chunks of {mask.chunk} positions")
+                most = min(mask.last + 1, mask.chunk or self.length)
+                raise UserError(f"{what} reads every entry of each layer's triangle; layer "
+                                f"{L} keeps {kept} at T = {self.length}: not measured; "
+                                f"choose a length ≤ {most}")
 
     def window(self, layer: int) -> int | None:
         """The last offset layer ``layer`` keeps where a window cuts its triangle, else None."""

@@ -20,12 +20,16 @@ linear trend Δ = t − s moved between lags, rows and columns), so
 factor per T, well conditioned (cond ≈ 2T), cached, and applied to every head as a matrix
 product. Pooling n sequences sums the statistics and scales XᵀX by n.
 
+A layer whose softmax keeps fewer entries — a sliding window's band, a chunked mask's
+blocks — is fitted on those entries only (its :class:`~poskernel_tl.models.mask.Mask`, read
+from the model: the same three models, each parameter fitted over the kept entries that
+hold it, :mod:`poskernel_tl.analyses.separable.fit`).
+
 The difference R²(Toeplitz + separable) − R²(separable) is what shift-invariance adds
 beyond the causal mask's row/column structure; R²(Toeplitz + separable) − R²(Toeplitz)
 is the reverse.
 """
 
-import functools
 import warnings
 from dataclasses import dataclass
 
@@ -37,198 +41,19 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from poskernel_tl.analyses.base import AnalysisInputs, AnalysisSpec, NoOptions
-from poskernel_tl.fit.toeplitz import shifted_lower
+from poskernel_tl.analyses.separable.fit import (
+    FITS,
+    SeparableStats,
+    gram,
+    lower_stats_into,
+    separable_r2,
+    separable_r2_from_stats,
+    separable_stats,
+)
 from poskernel_tl.measurement.measure import choose_scores_path, forward_pass
+from poskernel_tl.models.geometry import Geometry
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.schema import head_index_columns
-
-FITS = ("R2_toeplitz", "R2_separable", "R2_toeplitz_separable")
-
-
-@dataclass
-class SeparableStats:
-    """Sufficient statistics of the strictly lower triangle, float64.
-
-    ``row[..., t−1]`` = Σ_{s<t} A[t, s] (t = 1..T−1); ``col[..., s]`` = Σ_{t>s} A[t, s]
-    (s = 0..T−2); ``lag[..., Δ−1]`` = Σ_t A[t, t−Δ] (Δ = 1..T−1); ``sq`` = Σ A²;
-    ``total`` = Σ A (the grand sum). All add across sequences."""
-
-    row: Float[Tensor, "*batch T_minus_1"]
-    col: Float[Tensor, "*batch T_minus_1"]
-    lag: Float[Tensor, "*batch T_minus_1"]
-    sq: Float[Tensor, "*batch"]
-    total: Float[Tensor, "*batch"]
-
-    def map(self, fn) -> "SeparableStats":
-        """``fn`` applied to each statistic."""
-        return SeparableStats(*(fn(x) for x in vars(self).values()))
-
-    def sum(self, dim: int = 0) -> "SeparableStats":
-        """Statistics summed over one batch axis (pooling sequences)."""
-        return self.map(lambda x: x.sum(dim))
-
-    def __getitem__(self, idx) -> "SeparableStats":
-        return self.map(lambda x: x[idx])
-
-
-# ------------------------------------------------------------------- statistics
-def _counts(T: int, device=None) -> tuple[Tensor, Tensor, Tensor]:
-    """Entries per lag Δ, per query row t ≥ 1 and per key column s ≤ T−2 (float64)."""
-    i = torch.arange(1, T, dtype=torch.float64, device=device)
-    return T - i, i, T - i  # lag Δ: T−Δ; row t: t; column s = i−1: T−1−s
-
-
-def _lower_stats_into(
-    scores: Float[Tensor, "batch query_pos key_pos"],
-    work: Float[Tensor, "batch double_pos key_pos"],
-) -> SeparableStats:
-    """Statistics of ``scores`` [B, T, T] using ``work`` [B, 2T, T] (lower half zero)."""
-    B, T, _ = scores.shape
-    mask = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril(-1)
-    # shift by an approximate mean so that sums of squares do not cancel in float32
-    n_lower = T * (T - 1) / 2
-    approx = torch.where(mask, scores, 0).sum((-2, -1)).double() / n_lower
-    c = approx.to(scores.dtype)  # the shift actually subtracted, exactly
-    top, diag = shifted_lower(scores[:, None], c[:, None], work[:, None])
-    top, diag = top[:, 0], diag[:, 0]
-    lag = diag.sum(-1).double()
-    row = top.sum(-1)[:, 1:].double()
-    col = top.sum(-2)[:, :-1].double()
-    sq = torch.linalg.vector_norm(top, dim=-1).double().pow(2).sum(-1)
-    total = row.sum(-1)
-    c = c.double()
-    n_lag, n_row, n_col = _counts(T, scores.device)
-    return SeparableStats(
-        row=row + c[:, None] * n_row,
-        col=col + c[:, None] * n_col,
-        lag=lag + c[:, None] * n_lag,
-        sq=sq + 2 * c * total + c * c * n_lower,
-        total=total + c * n_lower,
-    )
-
-
-def separable_stats(scores: Float[Tensor, "*batch query_pos key_pos"]) -> SeparableStats:
-    """Row, column and lag sums, sum of squares and grand sum of the strictly lower
-    triangle of ``scores`` (float64). Entries on or above the diagonal are ignored
-    whatever they hold (masked fills included)."""
-    T = scores.shape[-1]
-    if scores.shape[-2] != T or T < 3:
-        raise ValueError(f"need square score matrices with T >= 3, got {tuple(scores.shape)}")
-    batch = scores.shape[:-2]
-    flat = scores.reshape(-1, T, T)
-    work = torch.zeros(flat.shape[0], 2 * T, T, dtype=flat.dtype, device=flat.device)
-    return _lower_stats_into(flat, work).map(lambda x: x.reshape(batch + x.shape[1:]))
-
-
-# --------------------------------------------------------------- normal equations
-@dataclass(frozen=True)
-class _Basis:
-    """Per-T solve: ``explained = ‖(b − N Nᵀ b) W‖²`` with W = L⁻ᵀ, L Lᵀ = XᵀX + N Nᵀ."""
-
-    counts: Tensor  # Xᵀ1 for (lag, row, col) stacked: [3(T−1)]
-    w_sep: Tensor  # [2(T−1), 2(T−1)]
-    null_sep: Tensor  # [2(T−1), 1]
-    w_full: Tensor  # [3(T−1), 3(T−1)]
-    null_full: Tensor  # [3(T−1), 3]
-
-
-def gram(T: int) -> Float[Tensor, "n_params n_params"]:
-    """XᵀX of the Toeplitz + row + column design on one T×T strictly lower triangle,
-    parameters ordered (lag Δ = 1..T−1, row t = 1..T−1, column s = 0..T−2)."""
-    m = T - 1
-    n_lag, n_row, n_col = _counts(T)
-    d = torch.arange(1, T)[:, None]  # lag Δ
-    t = torch.arange(1, T)  # row
-    s = torch.arange(0, T - 1)  # column
-    lag_row = (d <= t[None]).double()  # row t holds lag Δ iff t − Δ ≥ 0
-    lag_col = (s[None] + d <= T - 1).double()  # column s holds lag Δ iff s + Δ ≤ T−1
-    row_col = (s[None] < t[:, None]).double()
-    g = torch.zeros(3 * m, 3 * m, dtype=torch.float64)
-    g[:m, :m] = torch.diag(n_lag)
-    g[m:2 * m, m:2 * m] = torch.diag(n_row)
-    g[2 * m:, 2 * m:] = torch.diag(n_col)
-    g[:m, m:2 * m], g[m:2 * m, :m] = lag_row, lag_row.T
-    g[:m, 2 * m:], g[2 * m:, :m] = lag_col, lag_col.T
-    g[m:2 * m, 2 * m:], g[2 * m:, m:2 * m] = row_col, row_col.T
-    return g
-
-
-def _whitener(g: Tensor, null: Tensor) -> Tensor:
-    chol = torch.linalg.cholesky(g + null @ null.T)
-    eye = torch.eye(len(g), dtype=g.dtype)
-    return torch.linalg.solve_triangular(chol, eye, upper=False).T.contiguous()
-
-
-@functools.lru_cache(maxsize=4)
-def _basis_cpu(T: int) -> _Basis:
-    m = T - 1
-    g = gram(T)
-    one, zero = torch.ones(m, dtype=torch.float64), torch.zeros(m, dtype=torch.float64)
-    idx = torch.arange(1, T, dtype=torch.float64)
-    null_sep = torch.cat([one, -one])[:, None] / np.sqrt(2 * m)
-    # X v = 0 for: constant lag ↔ row, constant lag ↔ column, Δ·lag = t·row − s·column
-    raw = torch.stack([torch.cat([one, -one, zero]), torch.cat([one, zero, -one]),
-                       torch.cat([idx, -idx, idx - 1])], dim=1)
-    null_full = torch.linalg.qr(raw).Q
-    counts = torch.cat(_counts(T))
-    return _Basis(counts, _whitener(g[m:, m:], null_sep), null_sep,
-                  _whitener(g, null_full), null_full)
-
-
-_DEVICE_CACHE: dict = {}
-
-
-def _basis(T: int, device) -> _Basis:
-    key = (T, str(device))
-    if key not in _DEVICE_CACHE:
-        if len(_DEVICE_CACHE) >= 4:
-            _DEVICE_CACHE.pop(next(iter(_DEVICE_CACHE)))
-        b = _basis_cpu(T)
-        _DEVICE_CACHE[key] = _Basis(*(x.to(device) for x in vars(b).values()))
-    return _DEVICE_CACHE[key]
-
-
-def _explained(b: Tensor, w: Tensor, null: Tensor, chunk: int = 4096) -> Tensor:
-    """‖(b − N Nᵀ b) W‖² over the last axis, in row chunks to bound memory."""
-    flat = b.reshape(-1, b.shape[-1])
-    out = torch.empty(flat.shape[0], dtype=torch.float64, device=b.device)
-    for i in range(0, flat.shape[0], chunk):
-        x = flat[i:i + chunk]
-        x = x - (x @ null) @ null.T
-        out[i:i + chunk] = (x @ w).pow(2).sum(-1)
-    return out.reshape(b.shape[:-1])
-
-
-def separable_r2_from_stats(stats: SeparableStats, T: int, n: int = 1) -> dict[str, Tensor]:
-    """R² of the three fits from statistics summed over ``n`` sequences of length ``T``.
-
-    Returns ``{"R2_toeplitz", "R2_separable", "R2_toeplitz_separable"}``, each shaped like
-    ``stats.sq``. A constant input (zero variance) gives NaN, with a warning."""
-    dev = stats.sq.device
-    basis = _basis(T, dev)
-    m = T - 1
-    n_lower = n * T * (T - 1) / 2
-    mean = stats.total / n_lower
-    ss_tot = stats.sq - stats.total * mean
-    b = torch.cat([stats.lag, stats.row, stats.col], dim=-1)
-    b = b - mean[..., None] * (n * basis.counts)  # Xᵀ(y − ȳ)
-    exp_toep = (b[..., :m].pow(2) / (n * basis.counts[:m])).sum(-1)
-    exp_sep = _explained(b[..., m:], basis.w_sep, basis.null_sep) / n
-    exp_full = _explained(b, basis.w_full, basis.null_full) / n
-    degenerate = ss_tot <= 1e-12 * torch.clamp(stats.sq, min=torch.finfo(torch.float64).tiny)
-    if bool(degenerate.any()):
-        warnings.warn("separable_r2: constant input (zero variance); R² is NaN",
-                      RuntimeWarning, stacklevel=2)
-    safe = torch.where(degenerate, torch.ones_like(ss_tot), ss_tot)
-    nan = torch.full_like(ss_tot, float("nan"))
-    return {name: torch.where(degenerate, nan, e / safe)
-            for name, e in zip(FITS, (exp_toep, exp_sep, exp_full))}
-
-
-def separable_r2(scores: Float[Tensor, "*batch query_pos key_pos"]) -> dict[str, Tensor]:
-    """Per-matrix R² of the Toeplitz, separable and Toeplitz + separable fits on the
-    strictly lower triangle: ``{"R2_toeplitz", "R2_separable", "R2_toeplitz_separable"}``,
-    each ``Float[Tensor, "*batch"]``."""
-    return separable_r2_from_stats(separable_stats(scores), scores.shape[-1])
 
 
 # --------------------------------------------------------------------- reducer
@@ -259,8 +84,9 @@ class SeparableReducer:
     name = "separable"
 
     def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", masks: list[Mask] | None = None):
         T = length
+        self.masks = masks or [Mask(T)] * n_layers  # the entries each layer keeps
         f64 = dict(dtype=torch.float64, device=device)
         self.T, self.n_layers, self.n_heads = T, n_layers, n_heads
         zeros = lambda *lag: torch.zeros(n_seqs, n_layers, n_heads, *lag, **f64)
@@ -278,7 +104,7 @@ class SeparableReducer:
         shape = (b * h, 2 * T, T)
         if self._work is None or self._work.shape != shape or self._work.dtype != A.dtype:
             self._work = torch.zeros(shape, dtype=A.dtype, device=A.device)
-        st = _lower_stats_into(A.reshape(b * h, T, T), self._work)
+        st = lower_stats_into(A.reshape(b * h, T, T), self._work, self.masks[batch.layer])
         idx, L = batch.index, batch.layer
         for kept, new in zip(vars(self.acc).values(), vars(st).values()):
             kept[idx, L] = new.reshape(b, h, *new.shape[1:])
@@ -291,8 +117,16 @@ class SeparableReducer:
     def result(self) -> SeparableResult:
         st = self.stats()
         n = int(self.seen.sum())
-        per_seq = separable_r2_from_stats(st, self.T)
-        pooled = separable_r2_from_stats(st.sum(0), self.T, n=n)
+        pooled, per_seq = {}, {}
+        for mask in dict.fromkeys(self.masks):  # the layers of each mask together
+            layers = [L for L, m in enumerate(self.masks) if m == mask]
+            sel = slice(None) if len(layers) == self.n_layers else layers
+            for out, x, k in ((per_seq, st[:, sel], 1), (pooled, st.sum(0)[sel], n)):
+                for name, r2 in separable_r2_from_stats(x, self.T, k, mask).items():
+                    out.setdefault(name, torch.full(x.sq.shape[:-2] + (self.n_layers,
+                                                                     self.n_heads), torch.nan,
+                                                    dtype=r2.dtype, device=r2.device))
+                    out[name][..., layers, :] = r2
         cpu = lambda t: t.detach().cpu().numpy()
         return SeparableResult(
             seq_index=cpu(torch.nonzero(self.seen).flatten()), length=self.T,
@@ -354,10 +188,11 @@ def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
     model, eval_tokens = inputs.model, inputs.eval_tokens
     batch_size, progress = inputs.batch_size, inputs.progress
     spec, T = model.spec, eval_tokens.shape[1]
+    geometry = Geometry.checked(spec, T)
     (red,) = forward_pass(
         model, eval_tokens,
         lambda: [SeparableReducer(len(eval_tokens), spec.n_layers, spec.n_heads, T,
-                                  model.device)],
+                                  model.device, [geometry.mask(L) for L in range(spec.n_layers)])],
         batch_size, "separable fits", progress, choose_scores_path(model, "auto"))
     table = separable_table(red.result(), spec.name, "", T)
     return table.drop(columns=["model", "dataset", "length"])
@@ -374,3 +209,7 @@ SPEC = AnalysisSpec(
     guide="Toeplitz g(t − s) against the row + column structure r(t) + c(s) that a causal "
           "mask alone can produce: R²(Toeplitz + separable) − R²(separable) is what shift "
           "invariance adds beyond the mask.")
+
+__all__ = ["FITS", "SPEC", "SeparableReducer", "SeparableResult", "SeparableStats", "analyze",
+           "gram", "plot_separable", "separable_r2", "separable_r2_from_stats",
+           "separable_stats", "separable_table"]
