@@ -1,4 +1,6 @@
-"""What a Hugging Face model's attention softmax reads, recorded during its eager forward.
+"""What a Hugging Face model's attention softmax reads, recorded during its eager forward
+(:func:`poskernel_tl.models.self_check.softmax_inputs`, the load's self-check's own
+recording), and the naive float64 fits the tests hold the measurement to.
 
 The input of every attention softmax (``torch.softmax``, ``Tensor.softmax``,
 ``torch.nn.functional.softmax`` over the last axis of a [batch, head, T, ≥ T] or BART-style
@@ -10,47 +12,10 @@ model's own extra normaliser terms, returned apart.
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
 
-SOFTMAXES = {torch.softmax, torch.Tensor.softmax, torch.nn.functional.softmax,
-             torch._C._nn.softmax if hasattr(torch._C._nn, "softmax") else torch.softmax}
+from poskernel_tl.models.self_check import softmax_inputs
 
-
-class _Spy(TorchFunctionMode):
-    def __init__(self, length: int, heads: int):
-        super().__init__()
-        self.length, self.heads, self.seen = length, heads, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in SOFTMAXES:
-            x = args[0]
-            dim = kwargs.get("dim", args[1] if len(args) > 1 else -1)
-            T = self.length
-            if dim in (-1, x.ndim - 1) and x.ndim in (3, 4) and x.shape[-2] == T \
-                    and x.shape[-1] >= T:
-                self.seen.append(x.detach().double().clone())
-        return func(*args, **kwargs)
-
-
-def softmax_inputs(hf_model, ids: torch.Tensor, **inputs
-                   ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-    """Per attention layer, in order: (A [batch, head, T, T] float64, the bool [batch, head,
-    T, T] of entries the mask keeps, the extra columns past T or None). ``inputs``: more
-    arguments of the forward (an encoder-decoder's ``decoder_input_ids``)."""
-    b, T = ids.shape
-    spy = _Spy(T, None)
-    with torch.no_grad(), spy:
-        hf_model(ids, **inputs)
-    out = []
-    for x in spy.seen:
-        if x.ndim == 3:
-            x = x.view(b, -1, *x.shape[1:])
-        extra = x[..., T:] if x.shape[-1] > T else None
-        A = x[..., :T]
-        keep = torch.isfinite(A) & (A > torch.finfo(torch.float32).min / 2)
-        out.append((torch.where(keep, A, torch.zeros((), dtype=A.dtype)), keep, extra))
-    return out
+__all__ = ["naive_r2", "naive_within_fit", "naive_within_r2", "softmax_inputs"]
 
 
 def naive_r2(A: torch.Tensor, keep: torch.Tensor) -> np.ndarray:

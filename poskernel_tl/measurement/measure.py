@@ -201,7 +201,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
                   "bos_first": bos_first(model.tokenizer, ev_ids),
                   "device": str(dev), "dtype": dtype_name(model.dtype),
                   "attention": getattr(model, "attention", "eager"),
-                  "track_b": plan.why,
+                  "self_check": model.self_check, "track_b": plan.why,
                   "seconds": round(time.time() - t0, 1), "notes": notes,
                   "versions": versions()}
     return ConditionResult(

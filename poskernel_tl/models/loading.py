@@ -31,6 +31,7 @@ from poskernel_tl.models.scheme_reader import (
     original,
     read_layers,
 )
+from poskernel_tl.models.self_check import record_probe, verify_probe
 from poskernel_tl.models.tl_patches import (
     adapter_architecture,
     related_architectures,
@@ -54,6 +55,8 @@ class LoadedModel:
     spec: ModelSpec
     hf_model: nn.Module
     attention: str = "eager"
+    # what the load's self-check found (:func:`~poskernel_tl.models.self_check.verify_probe`)
+    self_check: dict = dataclasses.field(default_factory=lambda: dict(NOT_RUN))
 
     def __post_init__(self) -> None:
         """Refuse a model whose attention layers' q and k the capture cannot read as the
@@ -109,9 +112,11 @@ class LoadedModel:
         """Read from the attention modules of the stack measured (an encoder-decoder's
         stacks may scale differently: T5Gemma's ``query_pre_attn_scalar`` per stack)."""
         family = family_of(self.hf_model.config)
+        fixed = None if family is None else family.logit_scale(self.hf_model)
         stack = None if family is None or not family.STACKS else \
             family.attention(self.hf_model, family.stack(self.spec.stack))
-        return logit_scale(self.hf_model, self.spec.d_head, stack)
+        return fixed if fixed is not None else logit_scale(self.hf_model, self.spec.d_head,
+                                                           stack)
 
     @cached_property
     def kv_heads(self) -> np.ndarray:
@@ -384,12 +389,16 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 # how a run configuration says to load its model: load_model(cfg) reads these, whole
-LOAD_FIELDS = ("device", "dtype", "compatibility_mode", "progress", "attention")
+LOAD_FIELDS = ("device", "dtype", "compatibility_mode", "progress", "attention", "self_check")
+NOT_RUN = {"checked": False, "note": "not run: the model was not loaded by pk.load_model"}
+SKIPPED = {"checked": False, "note": "skipped (self_check=False): the logits the measurement "
+           "reads were not compared with the model's softmax"}
 
 
 def load_model(name, device: str | torch.device | None = None,
                dtype: torch.dtype | str = "auto", compatibility_mode: bool = False,
-               progress: bool = True, attention: str = "sdpa") -> LoadedModel:
+               progress: bool = True, attention: str = "sdpa",
+               self_check: bool = True) -> LoadedModel:
     """Load registry model ``name`` (or ``hf:<repo id>``) as a TransformerBridge. ``name``
     may instead be a run configuration (a ``RunConfig``, or anything with ``model`` and
     the fields :data:`LOAD_FIELDS`): its model, loaded as it says.
@@ -404,6 +413,9 @@ def load_model(name, device: str | torch.device | None = None,
     ``attention``: ``"sdpa"`` (scaled-dot-product attention with the same hooks, falling
     back to TransformerLens's code while ``hook_attn_scores``/``hook_pattern`` is hooked)
     or ``"eager"`` (TransformerLens's own attention); see :class:`LoadedModel`.
+    ``self_check``: compare what the measurement reads with what the model's softmax
+    reads on a short probe (:mod:`poskernel_tl.models.self_check`); False skips it, said in
+    the model's ``self_check`` and every result's provenance.
     """
     from poskernel_tl.hooks.fast_attention import check_attention, set_attention
 
@@ -428,7 +440,12 @@ def load_model(name, device: str | torch.device | None = None,
     hf_model.to(dev)
     dtype = next(hf_model.parameters()).dtype  # what "auto" resolved to
     spec = describe(hf_model, spec)
+    vocab = hf_model.get_input_embeddings().num_embeddings
+    probe = record_probe(hf_model, spec, vocab) if self_check else None  # before booting
     bridge = boot_bridge(hf_model, tokenizer, device=dev, dtype=dtype,
                          compatibility_mode=compatibility_mode)
-    return LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf_model,
-                       attention=set_attention(bridge, attention))
+    model = LoadedModel(bridge=bridge, tokenizer=tokenizer, spec=spec, hf_model=hf_model,
+                        attention=set_attention(bridge, attention))
+    model.self_check = SKIPPED if probe is None else \
+        verify_probe(bridge, spec, model.logit_scale, probe, dtype)
+    return model

@@ -12,11 +12,10 @@ against any keys.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import torch
 from jaxtyping import Bool
-from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -59,10 +58,12 @@ class Mask:
         keep = (lag >= 1) if self.causal else (lag != 0)
         return keep & (np.abs(lag) <= self.last)
 
-    def kept(self, rows: Tensor | None = None, keys: Tensor | None = None,
-             device=None) -> Bool[Tensor, "query_pos key_pos"]:
-        """Whether each query position of ``rows`` keeps each key position of ``keys``
-        (index tensors; None: every position, on ``device``)."""
+    def kept(self, rows: Any = None, keys: Any = None, device=None) -> Any:
+        """Whether each query position of ``rows`` keeps each key position of ``keys``:
+        a bool tensor [query_pos, key_pos] (``rows``, ``keys``: index tensors; None: every
+        position, on ``device``)."""
+        import torch  # (here, not above: the command line answers before torch loads)
+
         T = self.length
         if rows is None:
             rows = torch.arange(T, device=device if keys is None else keys.device)
@@ -74,8 +75,9 @@ class Mask:
             keep &= (rows[:, None] // self.chunk) == (keys[None] // self.chunk)
         return keep
 
-    def lower(self, device=None) -> Bool[Tensor, "query_pos key_pos"]:
-        """The kept entries of the strict lower triangle (s < t)."""
+    def lower(self, device=None) -> Any:
+        """The kept entries of the strict lower triangle (s < t): a bool tensor
+        [query_pos, key_pos]."""
         return self.kept(device=device).tril(-1)
 
 

@@ -185,6 +185,9 @@ class RunConfig(MeasureConfig):
         "sdpa", "sdpa: attention through torch's scaled_dot_product_attention with the same "
         "hook points (TransformerLens's own code whenever attn_scores/pattern are hooked); "
         "eager: always TransformerLens's own")
+    self_check: bool = option(True, "skip the check at load that the logits measured are "
+                                    "those the model's softmax reads (said in provenance)",
+                              flag="--no-self-check")
     overwrite: bool = option(False, "rebuild a sequence file that does not match this run")
     progress: bool = option(True, "no progress bars", flag="--quiet")
 

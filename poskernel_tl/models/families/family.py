@@ -58,6 +58,11 @@ class Family:
         where :meth:`uses_alibi`."""
         raise ValueError(f"{self.NAME}: no ALiBi slopes")
 
+    def logit_scale(self, hf_model: Any) -> float | None:
+        """The factor on q·k where the attention modules keep none to read and it is not
+        1/√d_head (None: read from the modules)."""
+        return None
+
     def prepare(self, hf_model: Any) -> None:
         """What must be done before a bridge is booted around ``hf_model`` (register an
         adapter TransformerLens lacks); nothing by default."""
