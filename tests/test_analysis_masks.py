@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from softmax_spy import naive_r2, softmax_inputs
+from test_separable import dense_r2, design
 from tiny_models import arch_hf_model, arch_loaded
 
 import poskernel_tl as pk
@@ -20,26 +21,6 @@ from poskernel_tl.models.mask import Mask
 
 T = 40
 MODELS = {"mistral": {}, "gemma3": {}, "llama4": {"attention_chunk_size": 16}}
-
-
-def lower_design(keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    """Indicator columns (lag Δ, row t, column s) of the kept strictly lower entries."""
-    n = keep.shape[-1]
-    t, s = np.nonzero(np.tril(keep, -1))
-    m = n - 1
-    X = np.zeros((len(t), 3 * m))
-    X[np.arange(len(t)), t - s - 1] = 1
-    X[np.arange(len(t)), m + t - 1] = 1
-    X[np.arange(len(t)), 2 * m + s] = 1
-    blocks = {"R2_toeplitz": slice(0, m), "R2_separable": slice(m, 3 * m),
-              "R2_toeplitz_separable": slice(0, 3 * m)}
-    return X, t, s, blocks
-
-
-def dense_r2(X: np.ndarray, y: np.ndarray) -> float:
-    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
-    resid = y - X @ beta
-    return 1 - resid @ resid / np.sum((y - y.mean()) ** 2)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +52,7 @@ def test_separable_fits_the_kept_entries_only(arch, spied):
     table = sep.analyze(AnalysisInputs(model, None, ids, batch_size=3, progress=False),
                         NoOptions())
     for L, (A, keep, _) in enumerate(ref):
-        X, t, s, blocks = lower_design(keep[0, 0].numpy())
+        X, blocks, t, s = design(T, keep[0, 0].numpy())
         for h in range(A.shape[1]):
             y = np.concatenate([A[i, h].numpy()[t, s] for i in range(len(A))])
             row = table[(table["layer"] == L) & (table["head"] == h)].iloc[0]
@@ -89,7 +70,7 @@ def test_separable_on_a_window_and_chunks_of_planted_matrices():
         torch.arange(n, dtype=torch.float64)[:, None] * 0.2
     for mask in (Mask(n, last=4), Mask(n, chunk=5), Mask(n, last=3, chunk=5)):
         got = sep.separable_r2(scores, mask)
-        X, t, s, blocks = lower_design(mask.lower().numpy())
+        X, blocks, t, s = design(n, mask.lower().numpy())
         for i in range(2):
             for name, cols in blocks.items():
                 want = dense_r2(X[:, cols], scores[i].numpy()[t, s])

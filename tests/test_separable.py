@@ -23,10 +23,12 @@ from poskernel_tl.fit.toeplitz import shift_invariance_r2
 TOL = 1e-9
 
 
-def design(T: int) -> tuple[np.ndarray, dict[str, slice], np.ndarray, np.ndarray]:
-    """Explicit indicator design on the strictly lower triangle: columns (lag, row, col)."""
+def design(T: int, keep: np.ndarray | None = None
+           ) -> tuple[np.ndarray, dict[str, slice], np.ndarray, np.ndarray]:
+    """Explicit indicator design on the strictly lower triangle (its entries ``keep``
+    holds, [T, T] bool, where given): columns (lag, row, col)."""
     m = T - 1
-    t, s = np.tril_indices(T, -1)
+    t, s = np.tril_indices(T, -1) if keep is None else np.nonzero(np.tril(keep, -1))
     X = np.zeros((len(t), 3 * m))
     X[np.arange(len(t)), t - s - 1] = 1
     X[np.arange(len(t)), m + t - 1] = 1
