@@ -71,6 +71,8 @@ def test_each_stack_equals_the_naive_fit_of_the_softmax_input(folders, kind, sta
     model = pk.load_model(name, device="cpu", progress=False)
     assert model.logit_scale == 1.0 and model.spec.causal == (stack == "decoder")
     assert all(s.terms.relative_bias is not None for s in model.spec.layers)
+    # the load's self-check paired this stack's own softmax calls and found them equal
+    assert model.self_check["checked"] and model.self_check["max_deviation"] <= 1e-4
     T = 40
     ids = torch.randint(3, 290, (3, T), generator=torch.Generator().manual_seed(2))
     res = pk.measure(model, ids, progress=False, null_perms=2)

@@ -19,9 +19,10 @@ per layer and head (:func:`verify_probe`):
   the largest centred logit.
 
 A layer that differs refuses the model in one line naming the layer, the head and the
-deviation (:class:`SelfCheckError`); a model whose softmax calls cannot be paired with its
-layers one to one (an encoder-decoder's three kinds of attention) is not checked, and the
-provenance says so. The probe is one sequence, long enough to cross every window and chunk
+deviation (:class:`SelfCheckError`). An encoder-decoder's stack is paired with its own
+calls (:func:`paired`: the encoder's self-attentions come first, then each decoder layer's
+self- and cross-attention); a model whose calls do not fit its layers is not checked, and
+the provenance says so. The probe is one sequence, long enough to cross every window and chunk
 (up to 1,024 tokens): on the embedded SmolLM2-135M (32 tokens) the check costs about two
 forwards of it at load.
 """
@@ -101,6 +102,7 @@ class Probe:
 
     ids: Tensor
     read: list[tuple[Tensor, Tensor, Tensor | None]] = field(default_factory=list)
+    encoder_decoder: bool = False  # (the calls of both stacks, in the order they ran)
 
 
 def probe_length(spec: ModelSpec) -> int:
@@ -121,7 +123,7 @@ def record_probe(hf_model, spec: ModelSpec, vocab: int, seed: int = 0) -> Probe:
     ids = ids.to(next(hf_model.parameters()).device)
     both = getattr(hf_model.config, "is_encoder_decoder", False)  # (the decoder reads them too)
     return Probe(ids, softmax_inputs(hf_model, ids, torch.float32,
-                                     **({"decoder_input_ids": ids} if both else {})))
+                                     **({"decoder_input_ids": ids} if both else {})), both)
 
 
 def rebuilt(q: Tensor, k: Tensor, spec: ModelSpec, layer: int, scale: float) -> Tensor:
@@ -146,6 +148,20 @@ def deviation(A: Tensor, B: Tensor, keep: Tensor) -> Tensor:
     return (a - b).abs().amax((0, 2, 3)) / top
 
 
+def paired(probe: Probe, spec: ModelSpec) -> list | None:
+    """The softmax calls of the measured layers, in order: every call of a model of one
+    stack; of an encoder-decoder's forward (its encoder's self-attentions, then each decoder
+    layer's self- and cross-attention) the measured stack's own. None where the count does
+    not fit that order."""
+    read, n, L = probe.read, len(probe.read), spec.n_layers
+    if not probe.encoder_decoder:
+        return read if n == L else None
+    if spec.stack in (None, "encoder"):  # (the encoder: an encoder-decoder's default)
+        return read[:L] if n > L and (n - L) % 2 == 0 else None
+    first = n - 2 * L  # the encoder's calls
+    return read[first::2] if first >= 0 else None
+
+
 def verify_probe(bridge, spec: ModelSpec, scale: float, probe: Probe, dtype: torch.dtype) -> dict:
     """Compare the probe's softmax inputs with the captured q/k rebuilt (module
     docstring); raises :class:`SelfCheckError` on a difference. Returns the provenance:
@@ -154,7 +170,8 @@ def verify_probe(bridge, spec: ModelSpec, scale: float, probe: Probe, dtype: tor
     geometry = Geometry.of(spec, T)
     tol = TOLERANCE.get(dtype, 3e-2)
     base = {"probe": list(probe.ids.shape), "tolerance": tol}
-    if len(probe.read) != spec.n_layers or spec.stack is not None:
+    read = paired(probe, spec)
+    if read is None:
         return {**base, "checked": False, "max_deviation": None,
                 "note": f"not checked: the model's softmax ran {len(probe.read)} times for "
                         f"{spec.n_layers} measured layers (not paired one to one)"}
@@ -163,7 +180,7 @@ def verify_probe(bridge, spec: ModelSpec, scale: float, probe: Probe, dtype: tor
     with torch.no_grad(), capture_qk(bridge, lambda c: captured.update({c.layer: (c.q, c.k)}),
                                      schemes=spec.layers) as capture:
         capture.forward(probe.ids)
-    for L, (A, keep, _) in enumerate(probe.read):
+    for L, (A, keep, _) in enumerate(read):
         off = ~torch.eye(T, dtype=torch.bool, device=keep.device)
         ours = geometry.mask(L).kept(device=keep.device)
         wrong = (keep[0, 0] & off) ^ ours
@@ -186,4 +203,4 @@ def verify_probe(bridge, spec: ModelSpec, scale: float, probe: Probe, dtype: tor
 
 
 __all__ = ["MAX_PROBE", "TOLERANCE", "Probe", "SelfCheckError", "deviation", "probe_length",
-           "rebuilt", "record_probe", "softmax_inputs", "verify_probe"]
+           "paired", "rebuilt", "record_probe", "softmax_inputs", "verify_probe"]
