@@ -60,7 +60,7 @@ def test_each_stack_equals_the_naive_fit_of_the_softmax_input(folder, stack, mon
     assert [s.pe for s in layers] == ["rope"] * 3 and model.spec.causal == (stack == "decoder")
     assert all(s.terms.softcap == 20.0 for s in layers)
     assert model.logit_scale == pytest.approx((24 if stack == "encoder" else 32) ** -0.5)
-    # the load's self-check: this stack's calls paired, the probe (55 tokens) past the
+    # the load's self-check: this stack's calls paired, the probe (56 tokens) past the
     # encoder's two-sided window, whose rule it holds to the model's own mask
     assert model.self_check["checked"] and model.self_check["max_deviation"] <= 1e-4
     if stack == "encoder":  # grouped keys, a two-sided window that keeps |Δ| ≤ 39
