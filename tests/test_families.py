@@ -18,7 +18,7 @@ from poskernel_tl.models.scheme_reader import alibi_slopes, read_layers
 def test_each_family_claims_its_model_types():
     got = {kind: f.NAME for kind, f in registry.FAMILIES.items()}
     assert got == {"bert": "BERT", "bloom": "BLOOM", "codegen": "CodeGen", "falcon": "Falcon",
-                   "mpt": "MPT", "mpnet": "MPNet", "t5": "T5", "mt5": "T5",
+                   "gpt_neo": "GPT-Neo", "mpt": "MPT", "mpnet": "MPNet", "t5": "T5", "mt5": "T5",
                    "switch_transformers": "T5", "longt5": "T5", "t5gemma": "T5Gemma"}
     encoders = {f.NAME for f in registry.FAMILIES.values() if not f.CAUSAL}
     assert encoders == {"BERT", "MPNet"}

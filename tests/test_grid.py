@@ -197,7 +197,8 @@ def test_unknown_analysis_fails_before_any_condition(tmp_path, tiny_tokenizer):
 
 def test_the_grid_loads_models_with_every_model_option(tmp_path, monkeypatch):
     """What `poskernel grid` accepts for loading (device, dtype, attention, compatibility
-    mode, progress) reaches load_model: each field of the configuration has a consumer."""
+    mode, progress, the self-check) reaches load_model: each field of the configuration has
+    a consumer."""
     seen = []
 
     def fake_load(config):
@@ -206,10 +207,10 @@ def test_the_grid_loads_models_with_every_model_option(tmp_path, monkeypatch):
 
     monkeypatch.setattr(grid, "load_model", fake_load)
     cfg = GridConfig(out=str(tmp_path), compatibility_mode=True, attention="eager",
-                     dtype="float32", device="cpu", progress=False)
+                     dtype="float32", device="cpu", progress=False, self_check=False)
     with pytest.raises(UserError, match="stop here"):
         grid.run_grid(CONDS[:1], cfg)
     assert [c.model for c in seen] == [CONDS[0].model]
     assert {f: getattr(seen[0], f) for f in LOAD_FIELDS} == {
         "device": "cpu", "dtype": "float32", "progress": False, "attention": "eager",
-        "compatibility_mode": True}
+        "compatibility_mode": True, "self_check": False}
