@@ -13,7 +13,8 @@ from poskernel_tl.reducers.band_sums import (
     band_lag_sums,
     band_part_sums,
 )
-from poskernel_tl.reducers.gram_fit import Pieces, variant_fit
+from poskernel_tl.reducers.gram_fit import Pieces
+from poskernel_tl.reducers.gram_variant import variant_fit
 from poskernel_tl.reducers.lag_sums import lower_stats, track_a_stats, windowed
 
 SCALE = 0.41

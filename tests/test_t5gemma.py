@@ -3,8 +3,8 @@ config (layer types, windows, soft-cap, ``query_pre_attn_scalar``) and rotary ta
 stack of a tiny checkpoint, loaded from its folder as a user would, measured exactly
 against what Hugging Face's eager softmax reads: the encoder two-sided, with grouped-query
 attention and a sliding window at the longest length it does not bind; the decoder causal,
-its sliding layers' window binding. A length at which the encoder's two-sided window binds
-is refused in one line."""
+its sliding layers' window binding; the encoder past its window too, on the entries it
+keeps."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,6 @@ from transformers import T5GemmaConfig, T5GemmaForConditionalGeneration
 
 import poskernel_tl as pk
 from poskernel_tl import kernels
-from poskernel_tl.errors import UserError
 from poskernel_tl.models.families.t5gemma import FAMILY
 
 ENCODER_WINDOW, DECODER_WINDOW, T = 39, 20, 40  # the encoder's window keeps |Δ| ≤ 39
@@ -87,14 +86,17 @@ def test_each_stack_equals_the_naive_fit_of_the_softmax_input(folder, stack, mon
 
 @pytest.mark.skipif(not kernels.interpreting(), reason="forces the kernels' path on CPU "
                     "tensors (TRITON_INTERPRET=1)")
-@pytest.mark.parametrize("stack", ["encoder", "decoder"])
-def test_the_kernels_path_equals_the_cpu_path(folder, stack, monkeypatch):
+@pytest.mark.parametrize("stack,length", [("encoder", T), ("decoder", T), ("encoder", 56)])
+def test_the_kernels_path_equals_the_cpu_path(folder, stack, length, monkeypatch):
     """The tiled kernels (a GPU's path, here under Triton's interpreter) on grouped keys
     fitted on both sides and soft-capped logits: every array of the result equals the
-    CPU path's (the diagonal g_self soft-capped and read per query head)."""
+    CPU path's (the diagonal g_self soft-capped and read per query head); past the
+    encoder's window, Track B's stored Gram read on both sides of the window by the
+    kernels (the layers' other sums on the CPU's path: the kernels take no two-sided
+    window)."""
     from test_kernels import compare_results
     model = load(folder, stack, monkeypatch)
-    ids = torch.randint(3, 290, (8, T), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, 290, (8, length), generator=torch.Generator().manual_seed(0))
     run = dict(progress=False, null_perms=2, null_seqs=3, batch_size=2)
     ref = pk.measure(model, ids[4:], ids[:4], **run)
     with kernels.forced():
@@ -106,15 +108,39 @@ def test_the_kernels_path_equals_the_cpu_path(folder, stack, monkeypatch):
         assert diff <= (1e-6 if ".r2" in field else 1e-6 * scale), (field, diff)
 
 
-def test_the_encoders_window_rule_is_read_and_a_binding_length_refused(folder, monkeypatch):
+LONG = 56  # the encoder's two-sided window keeps |Δ| ≤ 39 of 55: it binds
+
+
+def test_the_encoders_binding_window_is_measured_on_the_entries_it_keeps(folder, monkeypatch):
+    """Past T = window + 1 the encoder's sliding layers keep |t − s| ≤ 39 on both sides:
+    Track A (pooled, per sequence), the within-row fit and the pattern statistics equal the
+    naive fits of HF's softmax input on the kept entries; g past the window is NaN."""
     model = load(folder, "encoder", monkeypatch)
     assert FAMILY.window_reach(model.hf_model.config.encoder) == ENCODER_WINDOW
-    ids = torch.randint(3, 290, (2, T + 1), generator=torch.Generator().manual_seed(2))
-    with pytest.raises(UserError, match=r"keeps \|t − s\| ≤ 39 \(a two-sided sliding "
-                                        r"window\), which binds past 40 tokens"):
-        pk.measure(model, ids, progress=False)
-    with pytest.raises(UserError, match="two-sided sliding window"):
-        pk.inspect_head(model, ids[0], 0, 0)
+    ids = torch.randint(3, 290, (3, LONG), generator=torch.Generator().manual_seed(2))
+    res = pk.measure(model, ids, progress=False, null_perms=2)
+    seen = softmax_inputs(build(), ids, decoder_input_ids=ids)[:3]
+    t, s = torch.arange(LONG)[:, None], torch.arange(LONG)[None]
+    for layer, (A, keep, _) in enumerate(seen):
+        assert keep.all() == (layer == 1)  # the full layer keeps every entry
+        assert np.abs(res.r2_pooled[layer] - naive_signed_r2(A, keep)).max() <= 1e-6
+        one = naive_signed_r2(A[1:2], keep[1:2])
+        assert np.abs(res.r2_per_seq[1, layer] - one).max() <= 1e-6, layer
+        assert np.abs(res.r2_within_pooled[layer] - naive_within_r2(A, keep)).max() <= 1e-6
+        p = torch.where(keep, A, -np.inf).softmax(-1)  # the pattern, on the kept keys
+        distance = (p * (t - s).abs()).sum(-1).mean(0)
+        assert np.abs(res.attn_distance_rows[layer] - distance.numpy()).max() <= 1e-4
+        first = p[:, :, 1:, 0].mean(-1).mean(0)  # each head's mean weight on key 0, t ≥ 1
+        assert np.abs(res.sink_mass[layer] - first.numpy()).max() <= 1e-5
+    past = np.arange(ENCODER_WINDOW, LONG - 1)  # Δ = 40..55 on each side
+    assert np.isnan(res.g_pooled[0][:, past]).all() and np.isfinite(res.g_pooled[1]).all()
+    assert np.isfinite(res.r2_perm_null).all() and np.isfinite(res.r2_gram_raw).all()
+    view = pk.inspect_head(model, ids[0], 0, 0)  # one sequence, one head, on its own
+    A, keep, _ = seen[0]
+    assert abs(view.r2 - naive_signed_r2(A[:1, :1], keep[:1, :1])[0]) <= 1e-6
+    assert np.isnan(view.g[ENCODER_WINDOW:]).all() and np.isnan(view.g_back[ENCODER_WINDOW:]).all()
+    p = torch.where(keep[0, 0], A[0, 0], -np.inf).softmax(-1)
+    assert np.abs(view.pattern - p.numpy()).max() <= 1e-5
 
 
 def test_the_command_line_names_each_stacks_layers(folder, monkeypatch, capsys):

@@ -233,12 +233,12 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
         A, scores_from = model.logit_scale * (q @ k.T), "q·kᵀ × logit scale (hook q/k)"
     T = A.shape[-1]
     causal = model.spec.causal
-    upper = torch.ones(T, T, dtype=torch.bool, device=A.device).triu(1) & causal
+    removed = ~Geometry.of(model.spec, T).mask(layer).kept(device=A.device, diagonal=True)
     if "pattern" in got:
         pattern, pattern_from = got["pattern"], "hook_pattern"
     else:
         sinks = sink_logits(terms, A.device)  # the model's own normaliser (gpt-oss)
-        pattern = attention_pattern(A.double().masked_fill(upper, float("-inf")),
+        pattern = attention_pattern(A.double().masked_fill(removed, float("-inf")),
                                     None if sinks is None else sinks[head])
         pattern_from = "softmax of the causal logits" if causal else "softmax of the logits"
     return {"scores": A, "pattern": pattern, "q": q, "k": k, "scores_from": scores_from,
@@ -257,7 +257,7 @@ def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
         (r2, g), g_back, g_self = shift_invariance_r2(A, max_lag, chunk), None, None
         full = g
     else:
-        r2, g, g_back, g_self = shift_invariance_r2_two_sided(A)
+        r2, g, g_back, g_self = shift_invariance_r2_two_sided(A, max_lag)
         full = torch.from_numpy(two_sided(g.cpu().numpy(), g_back.cpu().numpy(),
                                           float(g_self)))
     lag = (torch.arange(T)[:, None] - torch.arange(T)[None]).to(A.device)
@@ -282,7 +282,7 @@ def position_permutation_null(A: Float[Tensor, "query_pos key_pos"], causal: boo
     for pi in joint_permutations(A.shape[-1], n_perm).to(A.device):
         Ap = A[pi][:, pi]
         out.append(shift_invariance_r2(Ap, max_lag, chunk)[0] if causal else
-                   shift_invariance_r2_two_sided(Ap)[0])
+                   shift_invariance_r2_two_sided(Ap, max_lag)[0])
     return torch.stack(out).double().cpu().numpy()
 
 
@@ -336,8 +336,8 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     usage = _usage(model, t["q"], t["k"]) if thetas is not None else None
     if usage is not None and len(usage) != len(thetas):
         usage = None
-    g_spec = fit["g"][:max_lag] if spec.causal else two_sided_for_spectrum(fit["g"],
-                                                                              fit["g_back"])
+    g_spec = fit["g"][:max_lag] if spec.causal else two_sided_for_spectrum(
+        fit["g"][:max_lag], fit["g_back"][:max_lag])  # the offsets the window keeps
     omega, power, alignment, note = kernel_spectrum(g_spec, thetas, usage=usage,
                                                     two_sided=not spec.causal)
     notes = [sentence(model.weights_note)] if spec.loader == "gguf" else []

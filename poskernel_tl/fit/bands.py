@@ -51,12 +51,13 @@ def band_fits(s1: Float[Tensor, "n_seqs layer head_index lag"],
                          Float[Tensor, "band layer head_index"]]:
     """The pooled R² of each band over the sequences and its per-sequence mean, a layer at
     a time (no copy of the whole [n, layer, head, lag] state); ``back``: the upper
-    triangle's (S1, n(Δ), Σ A² by band) of a bidirectional model."""
+    triangle's (S1, n(Δ) per layer [layer, 1, lag], Σ A² by band) of a bidirectional
+    model."""
     pooled, per_seq = [], []
     n = s1.shape[0]
     for L in range(s1.shape[1]):
         front = (s1[:, L], counts[L, 0], bands[:, L])
-        side = None if back is None else (back[0][:, L], back[1], back[2][:, L])
+        side = None if back is None else (back[0][:, L], back[1][L, 0], back[2][:, L])
         per_seq.append(band_r2(front, length, side).nanmean(0))
         pool = lambda x: None if x is None else (x[0].sum(0), x[1] * n, x[2].sum(0))
         pooled.append(band_r2(pool(front), length, pool(side)))

@@ -54,13 +54,6 @@ def fit_mask(T: int, two_sided: bool = False, max_lag: int | None = None,
     return keep
 
 
-def read_mask(T: int, two_sided: bool, last: int | None, rows: Tensor, keys: Tensor
-              ) -> Bool[Tensor, "query_pos key_pos"]:
-    """:func:`fit_mask` of query positions ``rows`` against key positions ``keys`` (index
-    tensors on the device that holds them)."""
-    return Mask(T, not two_sided, last).kept(rows, keys)
-
-
 def reduce_blocks(x: Float[Tensor, "*head row key"], b: int
                   ) -> Float[Tensor, "*head row_block key_block"]:
     """Sums over b × b blocks of the last two axes (zero-padded at their ends): the
@@ -110,4 +103,4 @@ def fit_blocks(g, g_back, T: int, b: int, two_sided: bool, last: int | None
 
 
 __all__ = ["N_BLOCKS", "block_size", "block_sums", "fit_blocks", "fit_mask", "offset_function",
-           "read_mask", "read_offsets", "reduce_blocks"]
+           "read_offsets", "reduce_blocks"]

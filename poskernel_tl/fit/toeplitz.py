@@ -167,19 +167,20 @@ def r2_two_sided(front: Sums, back: Sums | None, warn: bool = True
 
 
 def shift_invariance_r2_two_sided(
-    scores: Float[Tensor, "*batch query_pos key_pos"],
+    scores: Float[Tensor, "*batch query_pos key_pos"], max_lag: int | None = None,
 ) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"], Float[Tensor, "*batch lag"],
            Float[Tensor, "*batch"]]:
     """:func:`shift_invariance_r2` over every off-diagonal entry (bidirectional models):
     ``(r2, g, g_back, g_self)`` with ``g[..., Δ−1]`` the mean of sub-diagonal Δ,
     ``g_back[..., Δ−1]`` that of super-diagonal Δ (lag −Δ), ``g_self`` the diagonal's mean
-    (Δ = 0, not fitted)."""
+    (Δ = 0, not fitted). ``max_lag``: the entries with |t − s| ≤ max_lag only (a two-sided
+    window: the lower triangle's rule on each side; g, g_back NaN past it)."""
     T = scores.shape[-1]
     if scores.shape[-2] != T or T < 3:
         raise UserError(f"need square score matrices with T >= 3, got {tuple(scores.shape)}")
-    counts = lag_counts(T, device=scores.device)
-    r2, g, g_back = r2_two_sided((*lag_sums(scores), counts),
-                                 (*lag_sums(scores.transpose(-1, -2)), counts))
+    counts = lag_counts(T, device=scores.device, max_lag=max_lag)
+    side = lambda x: (*lag_sums(x, max_lag=max_lag), counts)
+    r2, g, g_back = r2_two_sided(side(scores), side(scores.transpose(-1, -2)))
     return r2, g, g_back, scores.diagonal(0, -2, -1).double().mean(-1)
 
 

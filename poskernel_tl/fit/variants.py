@@ -159,7 +159,7 @@ def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: 
     def side(M: Tensor, upper: bool) -> tuple[Tensor, Tensor, Tensor]:
         rows, keys = (s, t) if upper else (t, s)  # M's (i, j) is A's (rows, keys)
         keep = (t > s) & variant.holds(rows, keys)
-        if max_lag is not None and not upper:
+        if max_lag is not None:  # (the upper side: the same rule, mirrored)
             keep &= (t - s) <= max_lag
         if chunk is not None and not upper:
             keep &= t // chunk == s // chunk

@@ -35,8 +35,10 @@ chunked mask of C positions: min(t mod C, W)), so K[i, j] = n_i·δ_ij − τ(ma
 
 solved from g_1 = 0 in one sweep over the offsets for every head and sequence at once
 (O(W) per right-hand side; against a dense solve: 1e-14 relative at T = 4096). A
-bidirectional layer's rows keep both sides (m_t = T − 1); its K is formed over the 2(T − 1)
-signed offsets and solved by Cholesky with the null vector pinned (O(T³) once per length).
+bidirectional layer's rows keep both sides (m_t = T − 1; under a two-sided window of W,
+min(t, W) + min(T − 1 − t, W)); its K is formed over the kept signed offsets (2(T − 1)
+without a window) and solved by Cholesky with the null vector pinned (O(T³) once per
+length).
 """
 
 from dataclasses import dataclass, field
@@ -44,17 +46,19 @@ from functools import cached_property
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.fit.counts import lag_counts, upper_lag_counts
+from poskernel_tl.fit.counts import lag_counts
+from poskernel_tl.models.mask import Mask
 
 
 @dataclass(frozen=True)
 class RowLayout:
     """The row/offset incidence of one layer's kept entries at length ``T``: ``max_lag``
-    the last offset a causal layer keeps (its window; T − 1 without one); ``two_sided``
-    for a bidirectional layer (both triangles, no window); ``chunk`` a chunked mask's
+    the last offset the layer keeps on each side it keeps (its window; T − 1 without one);
+    ``two_sided`` for a bidirectional layer (both triangles); ``chunk`` a chunked mask's
     where it binds (row t keeps offsets up to t mod chunk). Lag axes follow Track A's:
     Δ = 1..T−1 (zero past ``max_lag``), then, two-sided, Δ = −1..−(T−1)."""
 
@@ -64,6 +68,19 @@ class RowLayout:
     chunk: int | None = None
     _weights: dict = field(default_factory=dict, compare=False, repr=False)
 
+    @classmethod
+    def of(cls, mask: Mask) -> "RowLayout":
+        """The layout of the entries ``mask`` keeps."""
+        return cls(mask.length, mask.last, two_sided=not mask.causal, chunk=mask.chunk)
+
+    @property
+    def mask(self) -> Mask:
+        return Mask(self.T, not self.two_sided, self.max_lag, self.chunk)
+
+    @property
+    def windowed(self) -> bool:
+        return self.max_lag < self.T - 1
+
     @property
     def n_lags(self) -> int:
         return (2 if self.two_sided else 1) * (self.T - 1)
@@ -71,15 +88,15 @@ class RowLayout:
     def row_counts(self, device=None) -> Float[Tensor, " query_pos"]:
         """m_t: how many entries row t keeps (0 for a causal layer's row 0)."""
         t = torch.arange(self.T, dtype=torch.float64, device=device)
-        if self.two_sided:
-            return torch.full_like(t, self.T - 1.0)
+        if self.two_sided:  # min(t, W) keys before, min(T − 1 − t, W) after
+            W = self.max_lag
+            return torch.clamp(t, max=W) + torch.clamp(self.T - 1 - t, max=W)
         return torch.clamp(t if self.chunk is None else t % self.chunk, max=self.max_lag)
 
     def lag_counts(self, device=None) -> Float[Tensor, " lag"]:
         """n(Δ) of one sequence on the lag axis (Track A's counts of each side)."""
         n = lag_counts(self.T, device=device, max_lag=self.max_lag, chunk=self.chunk)
-        return torch.cat([n, upper_lag_counts(self.T, device=device)]) if self.two_sided \
-            else n
+        return torch.cat([n, n]) if self.two_sided else n  # (a two-sided mask: symmetric)
 
     def weights(self, device) -> tuple[Tensor, Tensor | None]:
         """1/m_t (0 where a row keeps nothing) and, for a window, the kept lags as 0/1;
@@ -88,8 +105,10 @@ class RowLayout:
         if key not in self._weights:
             m = self.row_counts(device)
             inv = torch.where(m > 0, 1.0 / torch.clamp(m, min=1.0), 0.0)
-            kept = None if self.two_sided or self.max_lag >= self.T - 1 else \
+            kept = None if not self.windowed else \
                 (torch.arange(1, self.T, device=device) <= self.max_lag).double()
+            if kept is not None and self.two_sided:
+                kept = torch.cat([kept, kept])
             self._weights[key] = inv, kept
         return self._weights[key]
 
@@ -108,31 +127,44 @@ class RowLayout:
         inclusive = torch.cumsum(per_row, -1)
         # Σ_{t ≥ Δ} = total − Σ_{t < Δ}, for Δ = 1..T−1
         lower = inclusive[..., -1:] - inclusive[..., :-1]
-        if kept is not None:
-            lower = lower * kept
         u = torch.cat([lower, inclusive[..., :-1].flip(-1)], -1) if self.two_sided else lower
+        if kept is not None:
+            u = u * kept
         return u, torch.linalg.vecdot(per_row, rows)
 
     @cached_property
-    def _dense(self) -> Tensor:
-        """Cholesky factor of K + 11ᵀ/L (two-sided layers; K's null vector pinned)."""
-        T, L = self.T, self.n_lags
+    def _dense(self) -> tuple[Tensor, Tensor]:
+        """The kept signed offsets and the Cholesky factor of K + 11ᵀ/L over them
+        (two-sided layers; K's null vector pinned): K[a, b] = n_a·δ_ab − Σ 1/m_t over
+        the rows t keeping both a and b — the rows max(0, a, b) ≤ t ≤ T − 1 + min(0, a, b)
+        (a window keeps a pair in every such row, or none), summed as a difference of the
+        running Σ 1/m_t (every m_t is T − 1 without a window: that count over T − 1)."""
+        T = self.T
         d = torch.arange(1, T, dtype=torch.float64)
-        signed = torch.cat([d, -d])
+        kept = torch.cat([d, d]) <= self.max_lag
+        signed = torch.cat([d, -d])[kept]
         hi, lo = torch.maximum(signed[:, None], signed[None]), \
             torch.minimum(signed[:, None], signed[None])
-        rows = torch.clamp(torch.clamp(T - 1 + lo, max=T - 1) - torch.clamp(hi, min=0) + 1,
-                           min=0)  # rows t keeping both offsets
-        K = torch.diag(self.lag_counts()) - rows / (T - 1) + 1.0 / L
-        return torch.linalg.cholesky(K)
+        first, last = torch.clamp(hi, min=0), torch.clamp(T - 1 + lo, max=T - 1)
+        if self.windowed:
+            running = F.pad(torch.cumsum(1.0 / self.row_counts(), 0), (1, 0))
+            shared = torch.where(last >= first, running[(last + 1).long()] -
+                                 running[first.long()], 0.0)
+        else:  # rows t keeping both offsets, each 1/(T − 1)
+            shared = torch.clamp(last - first + 1, min=0) / (T - 1)
+        K = torch.diag(self.lag_counts()[kept]) - shared + 1.0 / len(signed)
+        return torch.nonzero(kept)[:, 0], torch.linalg.cholesky(K)
 
     def solve(self, rhs: Float[Tensor, "*batch lag"]) -> Float[Tensor, "*batch lag"]:
-        """One solution g of K g = ``rhs`` (``rhs`` orthogonal to K's null vector)."""
-        if self.two_sided:
-            chol = self._dense.to(rhs.device)
-            flat = rhs.reshape(-1, rhs.shape[-1]).T
-            return torch.cholesky_solve(flat, chol).T.reshape(rhs.shape)
-        return self._recursion(rhs)
+        """One solution g of K g = ``rhs`` (``rhs`` orthogonal to K's null vector), zero
+        at the offsets no row keeps."""
+        if not self.two_sided:
+            return self._recursion(rhs)
+        index, chol = (x.to(rhs.device) for x in self._dense)
+        flat = rhs[..., index].reshape(-1, len(index)).T
+        out = torch.zeros_like(rhs)
+        out[..., index] = torch.cholesky_solve(flat, chol).T.reshape(*rhs.shape[:-1], -1)
+        return out
 
     def _recursion(self, rhs: Float[Tensor, "*batch lag"]) -> Float[Tensor, "*batch lag"]:
         """The causal sweep of the module docstring (zero past the window)."""

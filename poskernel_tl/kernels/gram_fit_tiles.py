@@ -87,9 +87,9 @@ def _stored_apply(ACC, BLOCKS, X, Y, T, R, G, m, last, sxk, sxt, syh, syt,
     cols = cb * BX + tl.arange(0, BX)
     cok = cols < m
     acc = tl.zeros([BM, BX], dtype=tl.float32)
-    if UPPER:
+    if UPPER:  # the lower triangle's rule mirrored: 0 < s − t ≤ last
         lo = rt * BM
-        hi = T
+        hi = tl.minimum(T, rt * BM + BM + last)
     else:
         lo = tl.maximum(0, rt * BM - last) // BN * BN
         hi = tl.minimum(T, rt * BM + BM)
@@ -98,7 +98,7 @@ def _stored_apply(ACC, BLOCKS, X, Y, T, R, G, m, last, sxk, sxt, syh, syt,
         kok = keys < T
         b = stored_tile(ACC, BLOCKS, h, rows[:, None], keys[None, :], T, R)
         if UPPER:
-            side = keys[None, :] > rows[:, None]
+            side = (keys[None, :] > rows[:, None]) & (keys[None, :] - rows[:, None] <= last)
         else:
             side = (keys[None, :] < rows[:, None]) & (rows[:, None] - keys[None, :] <= last)
         b = tl.where(side & rok[:, None] & kok[None, :], b, 0.0)

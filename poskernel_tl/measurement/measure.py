@@ -104,6 +104,7 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor,
     layers = list(range(model.spec.n_layers) if layers is None else layers)
     groups = tuple((L,) for L in layers) if groups is None else groups
     closes = {group[-1]: group for group in groups}
+    geometry = Geometry.of(model.spec, ids.shape[-1])
     state: dict = {}
 
     def restart() -> None:
@@ -127,7 +128,8 @@ def forward_pass(model: LoadedModel, ids: torch.Tensor,
                            state["positions"][rows[0]:rows[-1] + 1], model.logit_scale,
                            rows=rows, workspace=state["workspace"],
                            hooked_scores=parts[0].scores if len(parts) == 1 else None,
-                           terms=terms.repeated(len(group)), layer_terms=terms)
+                           terms=terms.repeated(len(group)), layer_terms=terms,
+                           mask=geometry.mask(group[0]))
         layers = batch.split()  # one split for every reducer: they share its caches
         for r in state["each"]:
             for one in [batch] if getattr(r, "GROUPED", False) else layers:

@@ -6,8 +6,8 @@ view that needs it (:class:`~poskernel_tl.statistics.statistic.StatisticContext`
 
 A layer keeps the offsets Δ = t − s = 1..``lags[layer]`` below the diagonal (T − 1: the
 whole triangle; a sliding window of W positions: W − 1), and an encoder the same above it
-(a two-sided sliding window, T5Gemma's encoder's, is measured only where it keeps every
-offset: :meth:`Geometry.checked` refuses a length at which it binds).
+(a two-sided sliding window, T5Gemma's encoder's: every fit reads the upper triangle as
+the lower one of the mirrored mask, Aᵀ under the same rule).
 A chunked mask of C positions (Llama 4) keeps query t's keys s ≤ t of its own chunk
 (⌊s / C⌋ = ⌊t / C⌋): every causal entry up to T = C; past it the offsets Δ ≤ C − 1 (its
 ``lags``), each counted where it lies inside a chunk (:meth:`Geometry.chunk` says where one
@@ -51,15 +51,7 @@ class Geometry:
         if spec.n_ctx and length > spec.n_ctx:
             raise UserError(f"{what} {length} exceeds {spec.name}'s context of "
                             f"{spec.n_ctx} tokens")
-        geometry = cls.of(spec, length)
-        binding = [L for L in range(geometry.n_layers) if geometry.window(L) is not None]
-        if not spec.causal and binding:
-            reach = geometry.lags[binding[0]]
-            raise UserError(f"{what} {length}: {spec.name}'s layer {binding[0]} keeps "
-                            f"|t − s| ≤ {reach} (a two-sided sliding window), which binds "
-                            f"past {reach + 1} tokens and is not measured; choose {what} "
-                            f"≤ {reach + 1}")
-        return geometry
+        return cls.of(spec, length)
 
     @property
     def n_layers(self) -> int:

@@ -5,10 +5,12 @@ below the diagonal (``last`` = T − 1: the whole triangle; a sliding window of 
 W − 1); a bidirectional layer keeps the same offsets on both sides (|t − s| ≤ ``last``); a
 chunked mask of C positions (Llama 4) keeps only the entries whose query and key lie in
 one chunk (⌊t / C⌋ = ⌊s / C⌋), ``chunk`` set where it binds (T > C). The diagonal
-(Δ = 0) is never fitted. Every fit, analysis and view that reads "the entries the softmax
-keeps" asks the layer's mask (:meth:`poskernel_tl.models.geometry.Geometry.mask`):
-:meth:`Mask.offsets` is the offset test, :meth:`Mask.kept` the entry test of any rows
-against any keys.
+(Δ = 0) is never fitted (the softmax reads it: ``diagonal=True``). Every fit, analysis,
+pattern and view that reads "the entries the softmax keeps" asks the layer's mask
+(:meth:`poskernel_tl.models.geometry.Geometry.mask`): :meth:`Mask.offsets` is the offset
+test, :meth:`Mask.keeps` the entry test (:meth:`Mask.kept` of any rows against any keys),
+:meth:`Mask.keys` the keys a block of rows reads, :attr:`Mask.kernels` whether the tiled
+kernels take the layer.
 """
 
 from dataclasses import dataclass
@@ -52,16 +54,50 @@ class Mask:
         """Whether the layer keeps every entry of its triangle(s)."""
         return self.max_lag is None and self.chunk is None
 
+    @property
+    def every_key(self) -> bool:
+        """Whether every row reads every key (a bidirectional layer whose mask keeps all)."""
+        return not self.causal and self.whole
+
+    @property
+    def kernels(self) -> bool:
+        """Whether the tiled kernels take the layer: no chunk binds, and a two-sided layer
+        keeps every entry (their other masks are the causal triangle and its window)."""
+        return self.chunk is None and (self.causal or self.whole)
+
+    def cut(self, length: int) -> "Mask":
+        """The same rule at ``length`` (the first positions of a longer sequence)."""
+        return Mask(length, self.causal, self.last, self.chunk)
+
+    def keys(self, r0: int, r1: int, align: int = 1) -> tuple[int, int]:
+        """The keys [lo, hi) that query rows [r0, r1) read (lo a multiple of ``align``)."""
+        if self.every_key:
+            return 0, self.length
+        lo = max(0, r0 - self.last) // align * align
+        return lo, r1 if self.causal else min(self.length, r1 + self.last)
+
     def offsets(self) -> Bool[np.ndarray, " offset"]:
         """[2T − 1] booleans over the offsets t − s = −(T − 1) … T − 1: those kept."""
         lag = np.arange(-(self.length - 1), self.length)
         keep = (lag >= 1) if self.causal else (lag != 0)
         return keep & (np.abs(lag) <= self.last)
 
-    def kept(self, rows: Any = None, keys: Any = None, device=None) -> Any:
-        """Whether each query position of ``rows`` keeps each key position of ``keys``:
-        a bool tensor [query_pos, key_pos] (``rows``, ``keys``: index tensors; None: every
-        position, on ``device``)."""
+    def keeps(self, t: Any, s: Any, diagonal: bool = False) -> Any:
+        """Whether query position ``t`` keeps key position ``s`` (tensors or numpy arrays,
+        broadcast): the entry test. ``diagonal``: the softmax's test, which keeps s = t (the fits
+        never read it)."""
+        lag = t - s
+        side = lag >= (0 if diagonal else 1) if self.causal else (lag != 0) | diagonal
+        keep = side & (abs(lag) <= self.last)
+        if self.chunk is not None:
+            keep &= (t // self.chunk) == (s // self.chunk)
+        return keep
+
+    def kept(self, rows: Any = None, keys: Any = None, device=None,
+             diagonal: bool = False) -> Any:
+        """:meth:`keeps` of each query position of ``rows`` against each key position of
+        ``keys``: a bool tensor [query_pos, key_pos] (``rows``, ``keys``: index tensors;
+        None: every position, on ``device``)."""
         import torch  # (here, not above: the command line answers before torch loads)
 
         T = self.length
@@ -69,11 +105,7 @@ class Mask:
             rows = torch.arange(T, device=device if keys is None else keys.device)
         if keys is None:
             keys = torch.arange(T, device=rows.device)
-        keep = torch.as_tensor(self.offsets(), device=rows.device)
-        keep = keep[rows[:, None] - keys[None] + T - 1]
-        if self.chunk is not None:
-            keep &= (rows[:, None] // self.chunk) == (keys[None] // self.chunk)
-        return keep
+        return self.keeps(rows[:, None], keys[None], diagonal)
 
     def lower(self, device=None) -> Any:
         """The kept entries of the strict lower triangle (s < t): a bool tensor

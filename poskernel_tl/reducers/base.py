@@ -15,6 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl import kernels
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.models.softmax_ops import chunk_qk, entry_offsets, finish_scores, fold_qk
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 
@@ -76,6 +77,7 @@ class LayerBatch:
     hooked_scores: Float[Tensor, "batch head_index query_pos key_pos"] | None = None
     terms: SoftmaxTerms = NONE  # of the batch's heads (a group's: SoftmaxTerms.repeated)
     layer_terms: SoftmaxTerms | None = None  # of one layer of a group (None: ``terms``)
+    mask: Mask | None = None  # the entries its layers' softmax keeps (None: not known)
     # values several reducers read, formed once per layer and batch by whichever asks
     # first (:mod:`poskernel_tl.reducers.pattern`'s row normalisers)
     shared: dict = field(default_factory=dict)
@@ -160,7 +162,8 @@ class LayerBatch:
         H, kv = self.heads, self.k.shape[2] // len(self.layers)
         return [LayerBatch(L, self.q[:, :, j * H:(j + 1) * H], self.k[:, :, j * kv:(j + 1) * kv],
                            self.index, self.scale, self.rows, self.workspace, None,
-                           self.terms if self.layer_terms is None else self.layer_terms)
+                           self.terms if self.layer_terms is None else self.layer_terms,
+                           mask=self.mask)
                 for j, L in enumerate(self.layers)]
 
     @cached_property
@@ -197,8 +200,10 @@ class LayerBatch:
         """Whether this batch's statistics are read from the tiled kernels (on a GPU:
         :func:`poskernel_tl.kernels.active`, the one rule) rather than the chunked
         sums designed for a CPU; a chunk that binds, or an offset table that does not
-        fold, takes those sums on every device)."""
-        return kernels.active(self.q) and self.chunk is None and not self.terms.offsets
+        fold, takes those sums on every device, as does a layer whose mask the kernels do
+        not take: :attr:`~poskernel_tl.models.mask.Mask.kernels`)."""
+        return kernels.active(self.q) and self.chunk is None and not self.terms.offsets \
+            and (self.mask is None or self.mask.kernels)
 
     @property
     def group(self) -> int:

@@ -55,14 +55,9 @@ from poskernel_tl import kernels
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram_cost import GRAM_ROWS, as_path, gram_row_blocks
-from poskernel_tl.reducers.gram_fit import (
-    Pieces,
-    dense_pieces,
-    factor_pieces,
-    tile_pieces,
-    variant_fit,
-)
+from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, tile_pieces
 from poskernel_tl.reducers.gram_result import GramResult
+from poskernel_tl.reducers.gram_variant import variant_fit
 from poskernel_tl.reducers.moments import Moments, means_in_place
 
 Means = tuple[Float[Tensor, "head_index pos d_head"] | None,

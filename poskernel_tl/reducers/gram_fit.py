@@ -47,19 +47,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl import kernels
-from poskernel_tl.fit.counts import lag_counts
 from poskernel_tl.fit.diagonals import diagonal_lines
-from poskernel_tl.fit.toeplitz import r2_two_sided
 from poskernel_tl.models.softmax_ops import chunk_qk
-from poskernel_tl.models.softmax_terms import NONE
-from poskernel_tl.reducers.band_sums import band_is_cheaper
 from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX, GRAM_ROWS, gram_row_blocks
 from poskernel_tl.reducers.lag_sums import (
     DEFAULT_CHUNK,
     before,
     cast_permuted,
     lag_sums,
-    lower_stats,
     lower_sum_squares,
     windowed,
 )
@@ -163,8 +158,6 @@ def dense_pieces(blocks: Iterable[Block], n: int,
     ``max_lag``: B_low keeps only the offsets t − s ≤ max_lag (a sliding window): the
     keys before the window are never read (a block may start at the window's first).
     ``chunk``: B_low keeps only the entries within one chunk (a chunked mask)."""
-    if upper and max_lag is not None:
-        raise ValueError("dense_pieces: a window on a two-sided fit is not supported")
     T, dev, out, flat = x.shape[1], str(x.device), None, None
     x32 = x.float()
     for (r0, r1, k0, k1), a in blocks:
@@ -198,6 +191,8 @@ def dense_pieces(blocks: Iterable[Block], n: int,
             buf[:, :, T - r0:].zero_()
             G = buf[:, :, :T - r0]
             G.copy_(a[:, :, r0:]).masked_fill_(_band_mask(rows, T - r0, 0, False, dev), 0.0)
+            if max_lag is not None and T - 1 - r0 > max_lag:  # s − t > max_lag zeroed
+                G.masked_fill_(_band_mask(rows, T - r0, max_lag + 1, True, dev), 0.0)
             _add(out, True, r0, G, x32[:, r0:], upper_block_sums(buf, T))
     return out.divided(n)
 
@@ -275,8 +270,6 @@ def tile_pieces(acc: Float[Tensor, " entries"], blocks: list[tuple[int, int, int
     buffer of ``blocks`` (:mod:`poskernel_tl.kernels.gram_tiles`), read by tiles
     (:mod:`poskernel_tl.kernels.gram_fit_tiles`: the per-lag sums and squares, Y = B_low·X,
     each one launch per layer and side). ``views``: the blocks, for ``keep``."""
-    if upper and max_lag is not None:
-        raise ValueError("tile_pieces: a window on a two-sided fit is not supported")
     T = x.shape[1]
     table = kernels.block_table(blocks, n_heads, acc.device)
     read = dict(n_heads=n_heads, length=T, rows=GRAM_ROWS)
@@ -288,7 +281,7 @@ def tile_pieces(acc: Float[Tensor, " entries"], blocks: list[tuple[int, int, int
 
     out = Pieces(*side(False, max_lag))
     if upper:  # every key of every row is held: B's diagonal from its rows' offsets
-        out.s1_up, out.sq_up, out.y_up = side(True, None)
+        out.s1_up, out.sq_up, out.y_up = side(True, max_lag)
         t = torch.arange(T, device=acc.device)
         at = table[t // GRAM_ROWS]  # (r0, rows, k0, keys, offset) of each row's block
         h = torch.arange(n_heads, device=acc.device)[:, None]
@@ -310,8 +303,6 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
     window). Above a rank n·d_head of :data:`FACTOR_RANK_MAX`, from the blocks
     (:func:`factor_blocks`). ``chunk``: a chunked mask's entries only (the factors spread by chunk,
     :func:`~poskernel_tl.models.softmax_ops.chunk_qk`: 0 across chunks)."""
-    if upper and max_lag is not None:
-        raise ValueError("factor_pieces: a window on a two-sided fit is not supported")
     if chunk is not None:
         q, k = chunk_qk(q, k, chunk)
     n, T, H, d = q.shape
@@ -334,73 +325,14 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
     if upper:  # Bᵀ's lower triangle: keys as queries, one per query head
         kh = per_query_head(k, H)
         khs = side(kh)
-        out.s1_up = lag_sums(kh, q, 1.0).sum(0)
-        out.sq_up = lower_sum_squares(khs, qs, 1.0)[0]
+        out.s1_up = windowed(lag_sums(kh, q, 1.0).sum(0), max_lag)
+        out.sq_up = lower_sum_squares(khs, qs, 1.0, max_lag=max_lag)[0]
         # Y_up[t] = Σ_{s>t} B[t, s]·x_s: the lower product with positions reversed
-        out.y_up = lower_apply(qs[0].flip(0), ks[0].flip(0), xs.flip(0)).flip(1)
+        out.y_up = lower_apply(qs[0].flip(0), ks[0].flip(0), xs.flip(0),
+                               max_lag=max_lag).flip(1)
         out.diag = (qs[0].double() * khs[0].double()).sum(-1).transpose(0, 1)
     return out.divided(n)
 
 
-def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
-                v: Float[Tensor, "kv_head_index pos rank"] | None,
-                w: Float[Tensor, "head_index pos rank"] | None, scale: float,
-                w_up: Float[Tensor, "head_index pos rank"] | None = None,
-                max_lag: int | None = None, chunk: int | None = None
-                ) -> tuple[Float[Tensor, " head_index"], Float[Tensor, "head_index lag"],
-                           Float[Tensor, "head_index lag"] | None,
-                           Float[Tensor, " head_index"] | None]:
-    """R², g, and for two-sided pieces g_back and the diagonal's mean g_self (else None),
-    of G = B + scale·U·Vᵀ, given W = B_low·V and W_up = B_up·V (from ``pieces.y``,
-    ``pieces.y_up``); U, V, W None: G = B. ``max_lag``: the fit over the offsets
-    t − s ≤ max_lag (a sliding window; the pieces must be the window's), and ``chunk``:
-    a chunked mask's entries (the pieces must be its; U·Vᵀ spread by chunk)."""
-    s1, sq = pieces.s1, pieces.sq
-    s1_up, sq_up, diag = pieces.s1_up, pieces.sq_up, pieces.diag
-    if v is not None and s1_up is not None:  # Gᵀ's queries are V's: one per query head
-        v = v.repeat_interleave(u.shape[0] // v.shape[0], dim=0)
-    if u is not None and kernels.active(u) and chunk is None:
-        s1, sq, s1_up, sq_up, diag = _tile_corrected(pieces, u, v, w, w_up, scale, max_lag)
-    elif u is not None:
-        ut, vt = u.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, T, heads, rank]
-        if chunk is not None:  # U·Vᵀ's entries across chunks are 0
-            ut, vt = chunk_qk(ut, vt, chunk)
-        if band_is_cheaper(ut.shape[1], max_lag, ut.shape[-1]):  # float64, on the band
-            s1_uv, sq_uv, _ = lower_stats(ut, vt, 1.0, max_lag=max_lag)
-        else:
-            s1_uv = windowed(lag_sums(ut, vt, 1.0), max_lag)
-            sq_uv = lower_sum_squares(ut, vt, 1.0, max_lag=max_lag, dtype=FIT_DTYPE)
-        s1 = s1 + scale * s1_uv[0]
-        sq = sq + 2 * scale * (u * w).sum(dim=(1, 2)) + scale * scale * sq_uv[0]
-        if s1_up is not None:  # Gᵀ = Bᵀ + scale·V·Uᵀ
-            s1_up = s1_up + scale * lag_sums(vt, ut, 1.0)[0]
-            sq_up = sq_up + 2 * scale * (u * w_up).sum(dim=(1, 2)) + \
-                scale * scale * lower_sum_squares(vt, ut, 1.0)[0]
-            diag = diag + scale * (u * v).sum(-1)
-    T = s1.shape[-1] + 1
-    counts = lag_counts(T, device=s1.device, max_lag=max_lag, chunk=chunk)
-    back = None if s1_up is None else (s1_up, sq_up, counts)
-    r2, g, g_back = r2_two_sided((s1, sq, counts), back)
-    return r2, g, g_back, None if diag is None else diag.mean(-1)
-
-
-def _tile_corrected(pieces: Pieces, u: Tensor, v: Tensor, w: Tensor, w_up: Tensor | None,
-                    scale: float, max_lag: int | None) -> tuple:
-    """:func:`variant_fit`'s sums of G = B + scale·U·Vᵀ with the U·Vᵀ terms from the tiled
-    kernels (:func:`~poskernel_tl.kernels.lag_tiles.lag_tile_sums`, the rank as d_head):
-    (S1, Σ², S1_up, Σ²_up, diag)."""
-    ut, vt = u.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, T, heads, rank]
-    T = ut.shape[1]
-    uv = kernels.lag_tile_sums(ut, vt, 1.0, NONE, max_lag)[:, 0]
-    s1 = pieces.s1 + scale * F.pad(uv[0], (0, T - 1 - uv.shape[-1]))
-    sq = pieces.sq + 2 * scale * (u * w).sum(dim=(1, 2)) + scale * scale * uv[1].sum(-1)
-    if pieces.s1_up is None:
-        return s1, sq, None, None, None
-    vu = kernels.lag_tile_sums(vt, ut, 1.0, NONE, transposed=True)[:, 0]
-    return (s1, sq, pieces.s1_up + scale * vu[0],
-            pieces.sq_up + 2 * scale * (u * w_up).sum(dim=(1, 2)) + scale * scale * vu[1].sum(-1),
-            pieces.diag + scale * (u * v).sum(-1))
-
-
 __all__ = ["Pieces", "dense_pieces", "factor_blocks", "factor_pieces", "lower_apply",
-           "lower_block_sums", "tile_pieces", "upper_block_sums", "variant_fit"]
+           "lower_block_sums", "tile_pieces", "upper_block_sums"]

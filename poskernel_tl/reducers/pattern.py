@@ -28,6 +28,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl import kernels
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.models.softmax_ops import (
     entry_offsets,
     finish_scores,
@@ -47,18 +48,18 @@ class PatternRows:
     ``keep``: their rows in the batch; ``q``/``k``: their logit q/k over ``positions``
     (float32, or float64 where an ALiBi ramp is folded in); ``lse``: log of each row's
     normaliser (its keys and any sink logits); ``token_mass``: the share of each row on
-    tokens (1 less what the learned sinks take; None without sinks); ``last``: the last
-    offset a row reads (None: every key, bidirectional); ``offset_mean``: each row's
-    Σ_s p(t, s)·|t − s|, formed in the same pass as its normaliser."""
+    tokens (1 less what the learned sinks take; None without sinks); ``mask``: the keys a
+    row reads (:class:`~poskernel_tl.models.mask.Mask` over ``positions``);
+    ``offset_mean``: each row's Σ_s p(t, s)·|t − s|, formed in the same pass as its
+    normaliser."""
 
     keep: list[int]
     q: Float[Tensor, "seq pos head_index d_logit"]
     k: Float[Tensor, "seq pos kv_head_index d_logit"]
     lse: Float[Tensor, "seq head_index pos"]
     token_mass: Float[Tensor, "seq head_index pos"] | None
-    last: int | None
+    mask: Mask
     offset_mean: Float[Tensor, "seq head_index pos"] | None = None
-    chunk: int | None = None  # a chunked mask's chunk where it binds
 
     @property
     def positions(self) -> int:
@@ -86,32 +87,28 @@ class PatternRows:
         delta = lambda: entry_offsets(torch.arange(T, device=a.device),
                                       torch.arange(n, device=a.device))
         p = (finish_scores(a, terms, delta, T) - self.lse[..., None]).exp_()
-        if self.last is not None:
-            p = p * kept_block(0, self.positions, 0, k.shape[1], self.last, self.chunk,
-                               p.device)
+        if not self.mask.every_key:
+            p = p * self.mask.kept(torch.arange(T, device=p.device),
+                                   torch.arange(n, device=p.device), diagonal=True)
         return p
 
     def weight(self, scale: float, terms, rows: slice, keys: Tensor
                ) -> Float[Tensor, "seq head_index pos"]:
         """The pattern p[t, keys[t]] of rows ``rows`` (0 where the mask removes the key)."""
         p = (self.entries(scale, terms, rows, keys) - self.lse[..., rows]).exp_()
-        if self.last is not None:
+        if not self.mask.every_key:
             t = torch.arange(self.positions, device=p.device)[rows]
-            s = keys.to(t.device)
-            kept = (t - s) <= self.last
-            if self.chunk is not None:
-                kept &= t // self.chunk == s // self.chunk
-            p = p * kept
+            p = p * self.mask.keeps(t, keys.to(t.device), diagonal=True)
         return p
 
 
 @dataclass(frozen=True)
 class PatternReader:
     """What a statistic on the pattern reads of every batch: the rows of the first
-    ``max_seqs`` sequences, under the mask of a causal model (each layer's last kept offset
-    in ``max_lags``; None: the whole triangle; a chunked mask the batch's
-    :attr:`~poskernel_tl.reducers.base.LayerBatch.chunk`) or of an encoder, on the first
-    ``max_pos`` positions of a causal one. :meth:`of` a statistic's run: its ``null_seqs``
+    ``max_seqs`` sequences, under each layer's mask (causal or two-sided, the last offset
+    kept in ``max_lags``, None: every offset; a chunked mask the batch's
+    :attr:`~poskernel_tl.reducers.base.LayerBatch.chunk`), on the first ``max_pos``
+    positions of a causal model. :meth:`of` a statistic's run: its ``null_seqs``
     sequences."""
 
     max_seqs: int
@@ -124,16 +121,20 @@ class PatternReader:
         """The reader of a :class:`~poskernel_tl.statistics.statistic.StatisticContext`."""
         return cls(run.options.null_seqs, run.geometry.causal, run.max_lags)
 
+    def mask(self, batch: LayerBatch) -> Mask:
+        """The keys each row of ``batch``'s first layer reads, over the positions read."""
+        T = batch.q.shape[1]
+        lag = None if self.max_lags is None else self.max_lags[batch.layers[0]]
+        return Mask(min(T, self.max_pos) if self.causal else T, self.causal, lag, batch.chunk)
+
     def rows(self, batch: LayerBatch) -> PatternRows | None:
         """:func:`pattern_rows` of ``batch`` (None: none of its sequences is read)."""
-        lag = None if self.max_lags is None else self.max_lags[batch.layer]
-        return pattern_rows(batch, self.max_seqs, self.causal, lag, self.max_pos)
+        return pattern_rows(batch, self.max_seqs, self.mask(batch))
 
     def sums(self, batch: LayerBatch) -> "PatternSums | None":
         """:func:`pattern_sums` of ``batch``, a group of layers on the kernels' path (None:
         none of its sequences is read)."""
-        lag = None if self.max_lags is None else self.max_lags[batch.layers[0]]
-        return pattern_sums(batch, self.max_seqs, self.causal, lag, self.max_pos)
+        return pattern_sums(batch, self.max_seqs, self.mask(batch))
 
 
 @dataclass(frozen=True)
@@ -158,17 +159,18 @@ class PatternSums:
 ALPHA_KEYS = 5  # the first keys whose α_k the pass sums (Sink₁ reads α_0..α_4)
 
 
-def pattern_sums(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int | None,
-                 max_pos: int = MAX_POS) -> PatternSums | None:
+def pattern_sums(batch: LayerBatch, max_seqs: int, mask: Mask) -> PatternSums | None:
     """The :class:`PatternSums` of ``batch`` (None when none of its sequences is among the
-    first ``max_seqs``), formed on first use and shared through ``batch.shared``."""
-    key = ("pattern_sums", max_seqs, max_pos)
+    first ``max_seqs``) over ``mask``'s positions, formed on first use and shared through
+    ``batch.shared``."""
+    key = ("pattern_sums", max_seqs, mask.length)
     if key not in batch.shared:
         keep = [i for i, row in enumerate(batch.rows) if row < max_seqs]
         batch.shared[key] = None
         if keep:
-            T = min(batch.q.shape[1], max_pos) if causal else batch.q.shape[1]
-            last = None if not causal else T - 1 if max_lag is None else min(max_lag, T - 1)
+            if not mask.kernels:
+                raise ValueError(f"pattern_sums: the kernels do not take {mask}")
+            T, last = mask.length, None if mask.every_key else mask.last
             sel = slice(keep[0], keep[-1] + 1)  # (the first rows of a pass: consecutive)
             dist, sums = kernels.pattern_sums(
                 batch.q[sel, :T], batch.k[sel, :T], batch.scale, last, batch.terms,
@@ -179,37 +181,33 @@ def pattern_sums(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int | 
     return batch.shared[key]
 
 
-def pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int | None,
-                 max_pos: int = MAX_POS) -> PatternRows | None:
+def pattern_rows(batch: LayerBatch, max_seqs: int, mask: Mask) -> PatternRows | None:
     """The :class:`PatternRows` of ``batch`` (None when none of its sequences is among the
-    first ``max_seqs``), formed on first use and shared through ``batch.shared``."""
-    key = ("pattern_rows", max_seqs, max_pos)
+    first ``max_seqs``) over ``mask``'s positions, formed on first use and shared through
+    ``batch.shared``."""
+    key = ("pattern_rows", max_seqs, mask.length)
     if key not in batch.shared:
-        batch.shared[key] = _pattern_rows(batch, max_seqs, causal, max_lag, max_pos)
+        batch.shared[key] = _pattern_rows(batch, max_seqs, mask)
     return batch.shared[key]
 
 
-def _pattern_rows(batch: LayerBatch, max_seqs: int, causal: bool, max_lag: int | None,
-                  max_pos: int) -> PatternRows | None:
+def _pattern_rows(batch: LayerBatch, max_seqs: int, mask: Mask) -> PatternRows | None:
     keep = [i for i, row in enumerate(batch.rows) if row < max_seqs]
     if not keep:
         return None
     bq, bk = batch.logit_qk
-    T = min(bq.shape[1], max_pos) if causal else bq.shape[1]
-    last = None if not causal else T - 1 if max_lag is None else min(max_lag, T - 1)
+    T = mask.length
     dtype = torch.float64 if bq.dtype == torch.float64 else torch.float32
     sel = slice(keep[0], keep[-1] + 1) if keep == list(range(keep[0], keep[-1] + 1)) \
         else torch.as_tensor(keep, device=bq.device)
     q, k = bq[sel, :T].to(dtype), bk[sel, :T].to(dtype)
-    chunk = batch.chunk if batch.chunk is not None and batch.chunk < T else None
-    tokens, offsets = row_logsumexp(q, k, batch.scale, last, batch.terms, offsets=True,
-                                    chunk=chunk)
+    tokens, offsets = row_logsumexp(q, k, batch.scale, mask, batch.terms, offsets=True)
     sinks = sink_logits(batch.terms, q.device)
     lse = logsumexp_with_sinks(tokens, None if sinks is None else sinks.expand(len(keep), -1))
     mass = None if sinks is None else (tokens - lse).exp()
     if offsets is not None and mass is not None:  # the sinks' share adds no offset
         offsets = offsets * mass
-    return PatternRows(keep, q, k, lse, mass, last, offsets, chunk)
+    return PatternRows(keep, q, k, lse, mass, mask, offsets)
 
 
 def block_offsets(r0: int, r1: int, lo: int, hi: int, device=None
@@ -218,52 +216,41 @@ def block_offsets(r0: int, r1: int, lo: int, hi: int, device=None
     return entry_offsets(torch.arange(r0, r1, device=device), torch.arange(lo, hi, device=device))
 
 
-def kept_block(r0: int, r1: int, lo: int, hi: int, last: int, chunk: int | None,
-               device=None) -> Tensor:
-    """Bool [r1 − r0, hi − lo]: the entries of query rows [r0, r1) and keys [lo, hi) a
-    causal mask keeps — 0 ≤ t − s ≤ ``last``, and t, s in one chunk where ``chunk``."""
-    lag = block_offsets(r0, r1, lo, hi, device)
-    kept = (lag >= 0) & (lag <= last)
-    if chunk is not None:
-        kept &= (torch.arange(r0, r1, device=device)[:, None] // chunk ==
-                 torch.arange(lo, hi, device=device)[None] // chunk)
-    return kept
-
-
 def score_blocks(q: Float[Tensor, "seq pos head_index d_logit"],
                  k: Float[Tensor, "seq pos kv_head_index d_logit"], scale: float,
-                 last: int | None, terms, rows: int = ROWS, align: int = 1,
-                 chunk: int | None = None):
+                 mask: Mask, terms, rows: int = ROWS, align: int = 1):
     """Yield (r0, r1, lo, A) per block of ``rows`` query rows: A [seq, kv, group, r1 − r0,
-    hi − lo] what the softmax reads of keys [lo, hi) — every key (``last`` None), else the
-    block's keys up to its last row from ``align``·⌊(r0 − last) / align⌋ on, −inf where
-    the mask removes them (s > t, t − s > last, or across a ``chunk``)."""
+    hi − lo] what the softmax reads of the keys [lo, hi) the block's rows read
+    (:meth:`~poskernel_tl.models.mask.Mask.keys`, lo a multiple of ``align``), −inf where
+    ``mask`` removes them."""
     b, T, H, d = q.shape
     kv = k.shape[2]
     qg = q.permute(0, 2, 1, 3).reshape(b, kv, H // kv, T, d)
     kt = k.permute(0, 2, 3, 1).unsqueeze(2)  # [b, kv, 1, d, T]
     for r0 in range(0, T, rows):
         r1 = min(T, r0 + rows)
-        lo, hi = (0, T) if last is None else (max(0, r0 - last) // align * align, r1)
+        lo, hi = mask.keys(r0, r1, align)
         A = torch.matmul(qg[..., r0:r1, :], kt[..., lo:hi]).mul_(scale)
         finish_scores(A.view(b, H, r1 - r0, hi - lo), terms,
                       partial(block_offsets, r0, r1, lo, hi, q.device), T)
-        if last is not None:  # the block's own mask: keys t − last ≤ s ≤ t
-            A.masked_fill_(~kept_block(r0, r1, lo, hi, last, chunk, q.device), float("-inf"))
+        if not mask.every_key:  # the block's own mask
+            kept = mask.kept(torch.arange(r0, r1, device=q.device),
+                             torch.arange(lo, hi, device=q.device), diagonal=True)
+            A.masked_fill_(~kept, float("-inf"))
         yield r0, r1, lo, A
 
 
 def row_logsumexp(q: Float[Tensor, "seq pos head_index d_logit"],
                   k: Float[Tensor, "seq pos kv_head_index d_logit"], scale: float,
-                  last: int | None, terms, offsets: bool = False, chunk: int | None = None):
-    """logsumexp_s A[t, s] over the keys row t reads (``last`` None: all of them), in
-    blocks of :data:`ROWS` rows over those keys only, a key/value head's query heads
-    together; ``offsets``: also each row's Σ_s p(t, s)·|t − s| under the tokens' own
-    normaliser, from the same block (returns both); ``chunk``: a chunked mask's."""
+                  mask: Mask, terms, offsets: bool = False):
+    """logsumexp_s A[t, s] over the keys row t reads (``mask``), in blocks of
+    :data:`ROWS` rows over those keys only, a key/value head's query heads together;
+    ``offsets``: also each row's Σ_s p(t, s)·|t − s| under the tokens' own normaliser, from
+    the same block (returns both)."""
     b, T, H, _ = q.shape
     out = q.new_empty(b, k.shape[2], H // k.shape[2], T)
     mean = out.new_empty(out.shape) if offsets else None
-    for r0, r1, lo, A in score_blocks(q, k, scale, last, terms, chunk=chunk):
+    for r0, r1, lo, A in score_blocks(q, k, scale, mask, terms):
         if not offsets:
             out[..., r0:r1] = torch.logsumexp(A, -1)
             continue
@@ -277,5 +264,5 @@ def row_logsumexp(q: Float[Tensor, "seq pos head_index d_logit"],
     return (lse, mean.reshape(b, H, T)) if offsets else lse
 
 
-__all__ = ["ALPHA_KEYS", "MAX_POS", "ROWS", "PatternRows", "PatternSums", "block_offsets",
-           "kept_block", "pattern_rows", "pattern_sums", "row_logsumexp", "score_blocks"]
+__all__ = ["ALPHA_KEYS", "MAX_POS", "ROWS", "PatternReader", "PatternRows", "PatternSums",
+           "block_offsets", "pattern_rows", "pattern_sums", "row_logsumexp", "score_blocks"]

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from poskernel_tl.errors import NonFiniteError
 from poskernel_tl.fit.bands import band_fits
-from poskernel_tl.fit.counts import lag_counts, layer_lag_counts, upper_lag_counts
+from poskernel_tl.fit.counts import lag_counts, layer_lag_counts
 from poskernel_tl.fit.toeplitz import lag_means, lower_lag_stats, lower_mean_from_qk, r2_two_sided
 from poskernel_tl.fit.variants import (
     Variant,
@@ -111,8 +111,6 @@ class TrackAReducer:
         is NaN (the logits across chunks are not read)."""
         if source not in ("lags", "scores"):
             raise ValueError(f"source={source!r}: choose 'lags' or 'scores'")
-        if max_lags is not None and not causal:
-            raise ValueError("a sliding window on a bidirectional model is not supported")
         T = length
         self.max_lags = [T - 1] * n_layers if max_lags is None else list(max_lags)
         self.chunks = [None] * n_layers if chunks is None else list(chunks)
@@ -144,7 +142,9 @@ class TrackAReducer:
                                               for m, c in zip(self.max_lags, self.chunks)]
                                              )[:, None]
                               for v in self.regions}
-        self.upper_counts = {v: v.counts(T, upper=True, device=device) for v in self.regions}
+        self.upper_counts = {v: torch.stack([v.counts(T, m, upper=True, device=device)
+                                             for m in self.max_lags])[:, None]
+                             for v in self.regions}
         # the regions of the per-sequence variants: their sums per sequence and side
         # (S1 of every lag, Σ A²), fitted after the pass
         self.seq_regions = list(dict.fromkeys(VARIANTS[f] for f in PER_SEQ))
@@ -154,7 +154,8 @@ class TrackAReducer:
                                 for key, x in self.seq_region_rows.items()}
         self._seen = np.zeros(n_seqs, dtype=bool)  # on the host: no device work per batch
         # bidirectional: the upper triangle's sums too
-        self.upper = None if causal else UpperSums(n_seqs, n_layers, n_heads, T, device)
+        self.upper = None if causal else UpperSums(n_seqs, n_layers, n_heads, T, device,
+                                                   self.counts)
 
     GROUPED = True  # the tiles' path takes a group of layers as one batch
 
@@ -181,7 +182,8 @@ class TrackAReducer:
         """The sums from q/k directly (:func:`~poskernel_tl.reducers.lag_sums.track_a_stats`)."""
         q, k = batch.kept_qk
         st = track_a_stats(q, k, batch.scale, self.chunk, self.max_lags[batch.layer])
-        upper = None if self.upper is None else upper_stats(q, k, batch.scale, self.chunk)
+        upper = None if self.upper is None else upper_stats(q, k, batch.scale, self.chunk,
+                                                            self.max_lags[batch.layer])
         self._store(batch, (st.s1, st.sq), st.bands, st.skewed, upper, st.sq_whole)
 
     def _update_from_tiles(self, batch: LayerBatch) -> None:
@@ -227,7 +229,7 @@ class TrackAReducer:
             (s1, sq_whole), _ = lower_lag_stats(A, shift, [], work)
         upper = None
         if self.upper is not None:
-            upper = upper_stats_from_scores(A, q, k, batch.scale, work)
+            upper = upper_stats_from_scores(A, q, k, batch.scale, work, self.max_lags[L])
         skewed = skew_keys(A[..., :min(STRIP, self.T)].double())
         self._store(batch, (s1, sq), bands, skewed, upper, sq_whole)
 
@@ -248,13 +250,12 @@ class TrackAReducer:
                       if self.chunks[L] is not None else sq_whole)
         if upper is not None:
             self.upper.store(batch, upper)
-        s1 = s1 * self.kept[L, 0]  # the lags the window keeps
-        sides = [(skewed, (s1, sq), False)] + ([] if upper is None else
-                                               [(upper.skewed, upper.whole, True)])
+        kept = self.kept[L, 0]  # the lags the window keeps (on each side it keeps)
+        sides = [(skewed, (s1 * kept, sq), False)] + ([] if upper is None else [
+            (upper.skewed, (upper.whole[0] * kept, upper.whole[1]), True)])
         for side, (strip, sums, up) in enumerate(sides):
             for v in self.regions:
-                r_s1, r_sq = region_sums(strip, v, sums, None if up else self.max_lags[L],
-                                         upper=up)
+                r_s1, r_sq = region_sums(strip, v, sums, self.max_lags[L], upper=up)
                 batch.add(self.region_s1[v][side], r_s1.sum(0))
                 batch.add(self.region_sq[v][side], r_sq.sum(0))
                 if v in self.seq_regions:
@@ -279,21 +280,20 @@ class TrackAReducer:
     def per_seq_r2(self, seen: Tensor | slice) -> tuple[Tensor, dict[str, Tensor]]:
         """Each sequence's R² of the whole fit and of every per-sequence variant, from the
         kept sums, one layer at a time (float64 [n, layer, head_index])."""
-        up, T = self.upper, self.T
+        up = self.upper
         n = self.s1[seen].shape[0] if isinstance(seen, slice) else int(seen.sum())
         shape = (n, self.n_layers, self.n_heads)
         whole = torch.empty(shape, dtype=torch.float64)
         variants = {f: torch.empty(shape, dtype=torch.float64) for f in PER_SEQ}
-        back_counts = upper_lag_counts(T, device=self.s1.device)
         for L in range(self.n_layers):
-            back = None if up is None else (up.s1[seen, L], up.sq[seen, L], back_counts)
+            back = None if up is None else up.per_seq_sums(seen, L)
             whole[:, L] = r2_two_sided((self.s1[seen, L] * self.kept[L, 0], self.sq[seen, L],
                                         self.counts[L, 0]), back, warn=False)[0].cpu()
             for field in PER_SEQ:
                 v = VARIANTS[field]
                 front = self.seq_region_sums[v, 0]
                 back = None if up is None else (*(x[seen, L] for x in self.seq_region_sums[v, 1]),
-                                                self.upper_counts[v])
+                                                self.upper_counts[v][L, 0])
                 variants[field][:, L] = r2_two_sided(
                     (front[0][seen, L], front[1][seen, L], self.region_counts[v][L, 0]), back,
                     warn=False)[0].cpu()
@@ -365,11 +365,10 @@ class TrackAReducer:
         sides = {}
         if up is not None:
             g_self, g_pool_self = up.self_means(seen)
-            g_back = self._per_seq_g(up.s1, seen, upper_lag_counts(T, device=dev).expand(
-                self.n_layers, 1, -1))
+            g_back = self._per_seq_g(up.s1, seen, up.counts)
             sides = dict(g_per_seq_back=g_back, g_pooled_back=cpu(g_pool_back),
                          g_per_seq_self=cpu(g_self), g_pooled_self=cpu(g_pool_self))
-        back = None if up is None else (up.s1[seen], up.per_seq_sums(seen)[2], up.bands[seen])
+        back = None if up is None else (up.s1[seen], up.counts, up.bands[seen])
         band_pooled, band_per_seq = band_fits(self.s1[seen], self.bands[seen], self.counts,
                                               T, back)
         g_sink = torch.where(self.counts > 0, self.region_s1[SINK_COLUMN][0] / max(n_seen, 1),

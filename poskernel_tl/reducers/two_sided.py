@@ -27,19 +27,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.fit.counts import upper_lag_counts
 from poskernel_tl.fit.toeplitz import Sums, lower_lag_stats, lower_mean_from_qk
 from poskernel_tl.models.loading import LoadedModel
 from poskernel_tl.models.softmax_ops import cap_scores
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 from poskernel_tl.protocol import band_ends
-from poskernel_tl.reducers.lag_sums import (
-    DEFAULT_CHUNK,
-    band_sum_squares,
-    key_strip,
-    lag_sums,
-    skew_keys,
-)
+from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, skew_keys, track_a_stats
 from poskernel_tl.reducers.track_a_result import STRIP
 
 Block = tuple[Float[Tensor, "batch head_index lag"], Float[Tensor, "batch head_index"]]
@@ -88,29 +81,29 @@ def diagonal_sum(q: Float[Tensor, "batch pos head_index d_head"],
 
 def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
                 k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                chunk: int = DEFAULT_CHUNK) -> UpperStats:
-    """Every upper-triangle sum Track A keeps, from q/k (see the module docstring); one
-    key head per query head (else a UserError)."""
-    b, T, H, _ = q.shape
-    k = per_query_head(k, H)
-    sq, _, bands = band_sum_squares(k, q, scale, chunk)
-    whole = (lag_sums(k, q, scale), sq)
-    # strip of Aᵀ: entry (s, t) = A[t, s] for query rows t < K; skewed: (t, j) = A[t, t+j+1]
-    sk = skew_keys(key_strip(k, q, scale, min(STRIP, T)))
-    return UpperStats(whole, sk, diagonal_sum(q, k, scale), bands)
+                chunk: int = DEFAULT_CHUNK, max_lag: int | None = None) -> UpperStats:
+    """Every upper-triangle sum Track A keeps, from q/k (see the module docstring): the
+    lower triangle's sums of Aᵀ (:func:`~poskernel_tl.reducers.lag_sums.track_a_stats`
+    with q and k swapped, one key head per query head), within ``max_lag`` (a two-sided
+    window: the same rule mirrored). The strip of Aᵀ holds entry (s, t) = A[t, s] for
+    query rows t < K; skewed: (t, j) = A[t, t+j+1]."""
+    kh = per_query_head(k, q.shape[2])
+    st = track_a_stats(kh, q, scale, chunk, max_lag)
+    return UpperStats((st.s1, st.sq), st.skewed, diagonal_sum(q, kh, scale), st.bands)
 
 
 def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos key_pos"],
                             q: Float[Tensor, "batch pos head_index d_head"],
                             k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                            work: Tensor | None = None) -> UpperStats:
+                            work: Tensor | None = None, max_lag: int | None = None
+                            ) -> UpperStats:
     """:func:`upper_stats` from the materialised logits (every entry valid): rows of A are
     keys of Aᵀ, so rows < hi are the key block (hi, 0) of the transposed view."""
     T = scores.shape[-1]
     # the mean of the upper triangle
     shift = lower_mean_from_qk(per_query_head(k, q.shape[2]), q, scale)
     (*whole, bands), _ = lower_lag_stats(scores.transpose(-1, -2), shift, [], work,
-                                         bands=True)
+                                         max_lag=max_lag, bands=True)
     sk = skew_keys(scores.transpose(-1, -2)[..., :min(STRIP, T)].double())
     diag = scores.diagonal(0, -2, -1).double().sum(-1)
     return UpperStats(tuple(whole), sk, diag, bands)
@@ -121,9 +114,13 @@ class UpperSums:
     sequence the whole triangle, its bands and the diagonal sum. Each ``*_sums`` method
     returns ``(S1, Σ A², n(Δ))`` for :func:`poskernel_tl.fit.toeplitz.r2_two_sided`."""
 
-    def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int, device):
+    def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int, device,
+                 counts: Float[Tensor, "layer 1 lag"]):
+        """``counts``: per layer, n(Δ) of its lower side: a two-sided mask is symmetric,
+        so the upper side's n(−Δ) are the same (0 past a window)."""
         f64 = dict(dtype=torch.float64, device=device)
         T = self.T = length
+        self.counts = counts
         self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
         self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.diag = torch.zeros(n_seqs, n_layers, n_heads, **f64)
@@ -135,13 +132,16 @@ class UpperSums:
                              (self.diag, st.diag), (self.bands, st.bands)):
             batch.put(state, value)
 
-    def per_seq_sums(self, sel: Tensor | slice | tuple[Tensor, int]) -> Sums:
-        """Per sequence (``sel``: sequences, or (sequences, layer))."""
-        return self.s1[sel], self.sq[sel], upper_lag_counts(self.T, device=self.s1.device)
+    def per_seq_sums(self, sel: Tensor | slice, layer: int | None = None) -> Sums:
+        """Per sequence (``sel``: sequences; ``layer``: that layer's only), the lags past a
+        window zeroed."""
+        if layer is None:
+            return self.s1[sel] * (self.counts > 0), self.sq[sel], self.counts
+        counts = self.counts[layer, 0]
+        return self.s1[sel, layer] * (counts > 0), self.sq[sel, layer], counts
 
     def pooled_sums(self, sel: Tensor | slice, n: float) -> Sums:
-        counts = upper_lag_counts(self.T, device=self.s1.device) * n
-        return self.s1[sel].sum(0), self.sq[sel].sum(0), counts
+        return self.s1[sel].sum(0) * (self.counts > 0), self.sq[sel].sum(0), self.counts * n
 
     def self_means(self, sel: Tensor | slice) -> tuple[Float[Tensor, "n_seqs layer head_index"],
                                                 Float[Tensor, "layer head_index"]]:

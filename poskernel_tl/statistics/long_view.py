@@ -27,7 +27,8 @@ import torch
 from jaxtyping import Float, Int
 
 from poskernel_tl.constants import VIEW_TOKENS, VIS_DIR
-from poskernel_tl.fit.blocks import block_size, read_mask, reduce_blocks
+from poskernel_tl.fit.blocks import block_size, reduce_blocks
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.models.softmax_ops import logsumexp_with_sinks, sink_logits
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import ROWS, score_blocks
@@ -66,11 +67,6 @@ class LongViewReducer:
         self.layers: dict[int, dict] = {}
         self.scale = float(run.model.logit_scale)
 
-    def _last(self, layer: int) -> int | None:
-        if not self.causal:
-            return None
-        return self.geometry.max_lag(layer)
-
     def update(self, batch: LayerBatch) -> None:
         if self.pos not in batch.rows:
             return
@@ -78,17 +74,16 @@ class LongViewReducer:
         bq, bk = batch.logit_qk
         dtype = torch.float64 if bq.dtype == torch.float64 else torch.float32
         q, k = bq[i:i + 1].to(dtype), bk[i:i + 1].to(dtype)
-        H, b, n, last = q.shape[2], self.b, self.n, self._last(batch.layer)
+        H, b, n, mask = q.shape[2], self.b, self.n, self.geometry.mask(batch.layer)
         a_sum = q.new_zeros(H, n, n, dtype=torch.float64)
         mass, lse = torch.zeros_like(a_sum), q.new_empty(H, self.T)
         sinks = sink_logits(batch.terms, q.device)
-        for r0, r1, lo, A in score_blocks(q, k, batch.scale, last, batch.terms,
+        for r0, r1, lo, A in score_blocks(q, k, batch.scale, mask, batch.terms,
                                           rows=b * max(1, ROWS // b), align=b):
             A = A.reshape(H, r1 - r0, -1)
             row_lse = logsumexp_with_sinks(torch.logsumexp(A, -1), sinks)
             lse[:, r0:r1] = row_lse
-            read = read_mask(self.T, not self.causal, last,
-                             torch.arange(r0, r1, device=A.device),
+            read = mask.kept(torch.arange(r0, r1, device=A.device),
                              torch.arange(lo, lo + A.shape[-1], device=A.device))
             rb, kb = slice(r0 // b, -(-r1 // b)), slice(lo // b, lo // b + -(-A.shape[-1] // b))
             a_sum[:, rb, kb] += reduce_blocks(torch.where(read, A, 0.0), b).double()
@@ -96,9 +91,9 @@ class LongViewReducer:
         rows_per_block = torch.clamp(self.T - torch.arange(n, device=mass.device) * b, max=b)
         self.layers[batch.layer] = {"logit_sum": a_sum,
                                     "mass": mass / rows_per_block[:, None].to(mass),
-                                    "lse": lse, **self._factors(batch, q, k, last)}
+                                    "lse": lse, **self._factors(batch, q, k, mask)}
 
-    def _factors(self, batch: LayerBatch, q, k, last) -> dict:
+    def _factors(self, batch: LayerBatch, q, k, mask: Mask) -> dict:
         """q, k as float16 and their error on sampled rows; none where the logits are not
         scale · q · kᵀ in float32."""
         if not batch.streams or q.dtype == torch.float64:
@@ -111,8 +106,7 @@ class LongViewReducer:
         exact = torch.einsum("rhd,shd->hrs", q[0, rows], kk) * batch.scale
         approx = torch.einsum("rhd,shd->hrs", q16[rows].float(),
                               k16.float().repeat_interleave(g, 1)) * batch.scale
-        read = read_mask(self.T, not self.causal, last, rows,
-                         torch.arange(self.T, device=q.device))
+        read = mask.kept(rows, torch.arange(self.T, device=q.device))
         err = torch.where(read, (approx - exact).abs(), 0.0).amax((1, 2))
         size = torch.where(read, exact.abs(), 0.0).amax((1, 2)).clamp_min(1e-30)
         return {"q": q16.transpose(0, 1), "k": k16.transpose(0, 1), "factor_err": err / size}

@@ -216,7 +216,7 @@ class PermNullReducer:
                                             self.max_lags[L], self.dtype),
                           None if self.causal else lower_stats(
                               per_query_head(kp, qp.shape[2]), qp, batch.scale, self.chunk,
-                              dtype=self.dtype))
+                              self.max_lags[L], self.dtype))
         else:
             q, k = self._select(*batch.logit_qk, keep)
             self._update_from_scores(q.float(), k.float(), batch)
@@ -257,7 +257,7 @@ class PermNullReducer:
                 upper, _ = lower_lag_stats(A.transpose(-1, -2),
                                            lower_mean_from_qk(per_query_head(kp, h), qp,
                                                               batch.scale), [], work,
-                                           bands=True)
+                                           max_lag=self.max_lags[L], bands=True)
             self._add(p, L, lower, upper)
 
     def _add(self, p: int, L: int, lower: tuple[Tensor, Tensor, Tensor],

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
@@ -65,8 +66,7 @@ ROW_BLOCK = 256  # rows of the materialised logits masked at a time (a copy of t
 def layouts(run: StatisticContext) -> list[RowLayout]:
     """Each layer's :class:`RowLayout` at the run's length."""
     g = run.geometry
-    return [RowLayout(g.length, m, two_sided=not g.causal, chunk=g.chunk(L))
-            for L, m in enumerate(g.lags)]
+    return [RowLayout.of(g.mask(L)) for L in range(g.n_layers)]
 
 
 def row_sums(batch: LayerBatch, layout: RowLayout, from_scores: bool
@@ -74,17 +74,20 @@ def row_sums(batch: LayerBatch, layout: RowLayout, from_scores: bool
     """R(t): each row's sum over the entries its mask keeps, float64."""
     T, W = layout.T, layout.max_lag
     if from_scores or not batch.streams:  # the materialised logits, in blocks of rows
-        A, t = batch.scores, torch.arange(T, device=batch.q.device)
+        A, t, mask = batch.scores, torch.arange(T, device=batch.q.device), layout.mask
         out = torch.empty(*A.shape[:2], T, dtype=torch.float64, device=A.device)
         for lo in range(0, T, ROW_BLOCK):
-            lag = t[lo:lo + ROW_BLOCK, None] - t[None]
-            keep = lag != 0 if layout.two_sided else (lag >= 1) & (lag <= W)
+            keep = mask.kept(t[lo:lo + ROW_BLOCK], t)
             out[..., lo:lo + ROW_BLOCK] = torch.where(keep, A[..., lo:lo + ROW_BLOCK, :], 0
                                                       ).sum(-1, dtype=torch.float64)
         return out
     q, k = batch.kept_qk  # (0 across a chunked mask's chunks)
     keys = torch.cumsum(k, 1, dtype=torch.float64)  # Σ_{s ≤ t} k_s
-    if layout.two_sided:
+    if layout.two_sided and layout.windowed:  # Σ_{t − W ≤ s ≤ t + W, s ≠ t} k_s
+        t = torch.arange(T, device=k.device)
+        before = F.pad(keys, (0, 0, 0, 0, 1, 0))[:, torch.clamp(t - W, min=0)]
+        keys = keys[:, torch.clamp(t + W, max=T - 1)] - before - k
+    elif layout.two_sided:
         keys = keys[:, -1:] - k  # every key but t's own
     else:
         keys -= k  # Σ_{s < t} k_s
