@@ -2,9 +2,8 @@
 
 TransformerLens 4.3 runs attention eagerly inside its own bridge classes (projection,
 RoPE, ``Q·Kᵀ``, mask, softmax, ``·V``) so that ``hook_attn_scores`` and ``hook_pattern``
-can fire; it never calls the Hugging Face attention module, and no setting makes it use
-``scaled_dot_product_attention``. That costs about 2× a plain Hugging Face forward at
-T = 1024, and the measurement only reads the post-rotary queries and keys.
+can fire, never through ``scaled_dot_product_attention``: about 2× a plain Hugging Face
+forward at T = 1024, where the measurement only reads the post-rotary queries and keys.
 
 The two subclasses here fire the same hooks, in the same order and with the same shapes,
 as TransformerLens's own forward, and compute attention with
@@ -23,10 +22,8 @@ and by the fused-QKV bridge (GPT-2): ``hook_in, q/k/v.hook_in, hook_q, hook_k, h
 (hook_attn_scores, hook_pattern), hook_z, o.hook_out, hook_hidden_states, hook_out``.
 The fast path returns ``(attn_output, None)`` where TransformerLens returns the pattern
 as the second element: Hugging Face's own sdpa attention returns None there too, and the
-decoder layers discard it.
-
-Each call records the path it took (:func:`attention_paths`: ``"sdpa"``, or the reason it
-ran TransformerLens's code), a string assignment per call.
+decoder layers discard it. Each call records the path it took (:func:`attention_paths`:
+``"sdpa"``, or the reason it ran TransformerLens's code).
 
 The classes depend on TransformerLens internals, so :func:`install_fast_attention`
 switches a bridge only on the TransformerLens versions in :data:`VERIFIED_TL_VERSIONS`;

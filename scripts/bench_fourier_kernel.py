@@ -111,7 +111,7 @@ def slope(points: list[tuple[int, float]]) -> float:
     return float(np.polyfit(x, y, 1)[0])
 
 
-def main(argv=None):
+def arguments(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", type=int, nargs="+",
                     default=[256 * 2 ** i for i in range(7)])  # 256 … 16384
@@ -128,12 +128,53 @@ def main(argv=None):
     ap.add_argument("--non-causal", action="store_true")
     ap.add_argument("--chunk-size", type=int, default=None,
                     help="linear form: prefix sums per chunk with a running state")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def one_length(args, T: int, causal: bool) -> dict:
+    """Both forms at length ``T``: wall and CPU seconds, peak bytes (``lt``, ``lc``, ``lp``;
+    ``qt``, ``qc``, ``qp``: None where the quadratic form is skipped), the linear form's
+    largest tensor, the quadratic ΔP's bytes and the largest relative difference."""
+    B, H, K, D = args.batch, args.heads, args.features, args.d_head
+    item = torch.finfo(torch.float32).bits // 8
+    x = make_inputs(args, T)
+    lin = lambda: fourier_kernel_attention_linear(*x, causal=causal,  # noqa: E731
+                                                  chunk_size=args.chunk_size)
+    rows = T if args.chunk_size is None else min(T, args.chunk_size)
+    out = {"largest": max(B * rows * H * 2 * K * D * item if causal else 0,  # prefix sums
+                          B * T * H * K * 8,  # float64 phases p̂
+                          B * T * H * max(2 * K, D) * item),  # cos/sin features, output
+           "dp": B * H * T * T * K * item, "qt": None, "qc": None, "qp": None,
+           "diff": float("nan")}
+    out["lt"], out["lc"] = timed(lin, args.repeats)
+    out["lp"] = peak_bytes(lin)
+    if out["dp"] <= args.max_quadratic_mb * MB:
+        quad = lambda: fourier_kernel_attention_quadratic(*x, causal=causal)  # noqa: E731
+        out["qt"], out["qc"] = timed(quad, args.repeats)
+        out["qp"] = peak_bytes(quad)
+        ref = quad()
+        out["diff"] = ((ref - lin()).abs().max() / ref.abs().max()).item()
+    return out
+
+
+def cells(T: int, m: dict, prev: dict) -> list[str]:
+    """One table row: each figure and its growth from the previous length."""
+    dbl = math.log2(T / prev["T"]) if prev else 0.0
+    grow = lambda key: ratio(m[key], prev.get(key), dbl)  # noqa: E731
+    return [str(T), fmt(m["lt"] * 1e3), grow("lt"), grow("lc"), fmt(m["lp"] / MB), grow("lp"),
+            fmt(m["largest"] / MB),
+            fmt(m["qt"] * 1e3) if m["qt"] is not None else "skipped", grow("qt"), grow("qc"),
+            fmt(m["qp"] / MB) if m["qp"] is not None else "-", grow("qp"), fmt(m["dp"] / MB),
+            f"{m['qt'] / m['lt']:.1f}" if m["qt"] is not None else "-",
+            f"{m['diff']:.1e}" if math.isfinite(m["diff"]) else "-"]
+
+
+def main(argv=None):
+    args = arguments(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     causal = not args.non_causal
     B, H, K, D = args.batch, args.heads, args.features, args.d_head
-    item = torch.finfo(torch.float32).bits // 8
     print(f"Fourier-kernel attention, CPU float32, {torch.get_num_threads()} threads; "
           f"batch={B} heads={H} features K={K} d_head={D} pos_dim={args.pos_dim} "
           f"{'causal' if causal else 'non-causal'}"
@@ -143,52 +184,21 @@ def main(argv=None):
             "cpu×", "quad peak MB", "×", "quad ΔP MB", "quad/lin", "max rel diff"]
     widths = [6, 8, 5, 5, 11, 5, 14, 9, 5, 5, 12, 5, 10, 8, 12]
     print(" ".join(f"{c:>{w}}" for c, w in zip(cols, widths)))
-    prev: dict[str, float | None] = {}
+    prev: dict = {}
     series: dict[str, list[tuple[int, float]]] = {k: [] for k in ("lt", "lc", "lp", "qt", "qc",
                                                                     "qp")}
-    skipped = []
-    t_start = time.perf_counter()
+    skipped, t_start = [], time.perf_counter()
     for T in sorted(args.lengths):
-        x = make_inputs(args, T)
-        lin = lambda: fourier_kernel_attention_linear(*x, causal=causal,  # noqa: B023
-                                                      chunk_size=args.chunk_size)
-        rows = T if args.chunk_size is None else min(T, args.chunk_size)
-        lin_largest = max(B * rows * H * 2 * K * D * item if causal else 0,  # prefix sums
-                          B * T * H * K * 8,  # float64 phases p̂
-                          B * T * H * max(2 * K, D) * item)  # cos/sin features, output
-        lin_t, lin_c = timed(lin, args.repeats)
-        lin_peak = peak_bytes(lin)
-        dp_bytes = B * H * T * T * K * item
-        quad_t = quad_c = quad_peak = None
-        diff = float("nan")
-        if dp_bytes <= args.max_quadratic_mb * MB:
-            quad = lambda: fourier_kernel_attention_quadratic(*x, causal=causal)  # noqa: B023
-            quad_t, quad_c = timed(quad, args.repeats)
-            quad_peak = peak_bytes(quad)
-            ref = quad()
-            diff = ((ref - lin()).abs().max() / ref.abs().max()).item()
-            del ref
-        else:
+        m = one_length(args, T, causal)
+        if m["qt"] is None:
             skipped.append(T)
-        dbl = math.log2(T / prev["T"]) if prev else 0.0
-        cells = [
-            str(T), fmt(lin_t * 1e3), ratio(lin_t, prev.get("lt"), dbl),
-            ratio(lin_c, prev.get("lc"), dbl), fmt(lin_peak / MB),
-            ratio(lin_peak, prev.get("lp"), dbl), fmt(lin_largest / MB),
-            fmt(quad_t * 1e3) if quad_t is not None else "skipped",
-            ratio(quad_t, prev.get("qt"), dbl), ratio(quad_c, prev.get("qc"), dbl),
-            fmt(quad_peak / MB) if quad_peak is not None else "-",
-            ratio(quad_peak, prev.get("qp"), dbl), fmt(dp_bytes / MB),
-            f"{quad_t / lin_t:.1f}" if quad_t is not None else "-",
-            f"{diff:.1e}" if math.isfinite(diff) else "-",
-        ]
-        print(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)), flush=True)
-        prev = {"T": T, "lt": lin_t, "lp": lin_peak, "qt": quad_t, "qp": quad_peak,
-                "lc": lin_c, "qc": quad_c}
+        print(" ".join(f"{c:>{w}}" for c, w in zip(cells(T, m, prev), widths)), flush=True)
+        prev = dict(m, T=T)
         for key in series:
             if prev[key] is not None and math.isfinite(prev[key]):
                 series[key].append((T, prev[key]))
     if skipped:
+        item = torch.finfo(torch.float32).bits // 8
         print(f"quadratic form skipped for T = {', '.join(map(str, skipped))}: ΔP would exceed "
               f"--max-quadratic-mb {args.max_quadratic_mb:g} MiB "
               f"(it needs B·H·T²·K·4 bytes, e.g. {B * H * max(skipped) ** 2 * K * item / MB:,.0f}"

@@ -58,7 +58,6 @@ import math
 import os
 import shlex
 import sys
-import time
 from importlib.metadata import version
 
 import numpy as np
@@ -66,6 +65,8 @@ import torch
 import torch.nn.functional as F
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from gpu_timing import batches, grows_like_t2, time_baseline, timed, weights_bytes  # noqa: E402
 
 import poskernel_tl as pk  # noqa: E402
 from poskernel_tl import kernels  # noqa: E402
@@ -92,8 +93,6 @@ SHAPES = {  # LlamaConfig fields of each shape
 # (T, sequences) per shape: the issue's table
 RUNS = {"smollm2-135m": [(1024, 16), (4096, 4), (8192, 2), (16384, 2)],
         "llama-3.2-1b": [(256, 32), (1024, 32)], "tiny": [(128, 4), (256, 4)]}
-QUADRATIC = 2 ** 1.5  # activation growth from T/2 to T above this: T² scores are held
-GiB = 2**30
 LAUNCHES = {"cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"}
 SYNCS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"}
 
@@ -142,65 +141,6 @@ def booted(hf: torch.nn.Module, shape: str, dtype: torch.dtype, device: str) -> 
 def build(shape: str, dtype: torch.dtype, device: str) -> LoadedModel:
     """``shape``'s measured model alone (scripts/check_gpu.py builds its model here)."""
     return booted(untouched(shape), shape, dtype, device)
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def weights_bytes(module: torch.nn.Module) -> int:
-    return sum(t.numel() * t.element_size()
-               for t in [*module.parameters(), *module.buffers()])
-
-
-def timed(fn, device: str, weights: int, repeats: int = 1) -> tuple[object, float, float, float]:
-    """(``fn()``, seconds, peak GiB, activation GiB), the fastest of ``repeats`` calls: the
-    activation is the most memory allocated above what was allocated as ``fn`` began, the
-    peak that plus ``weights`` bytes (NaN on CPU)."""
-    best = (None, math.inf, math.nan, math.nan)
-    for _ in range(repeats):
-        before = 0
-        if device == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-        sync(device)
-        t0 = time.perf_counter()
-        out = fn()
-        sync(device)
-        seconds = time.perf_counter() - t0
-        activation = (torch.cuda.max_memory_allocated() - before) / GiB \
-            if device == "cuda" else math.nan
-        if seconds < best[1]:
-            best = (out, seconds, weights / GiB + activation, activation)
-    return best
-
-
-def batches(ids: torch.Tensor, batch: int, device: str, fn) -> None:
-    for i in range(0, len(ids), batch):
-        fn(ids[i:i + batch].to(device))
-
-
-@torch.no_grad()
-def time_baseline(baseline, ids: torch.Tensor, batch: int, device: str) -> dict:
-    """Seconds per sequence (best of 3), peak and activation GiB of ``baseline.model`` on
-    ``ids`` in batches of ``batch`` after a warm-up batch; ``half``: the activation of one
-    batch at T/2."""
-    w = weights_bytes(baseline)
-    baseline.model(ids[:batch].to(device))  # warm-up
-    _, sec, mem, act = timed(lambda: batches(ids, batch, device, baseline.model), device, w, 3)
-    half = timed(lambda: baseline.model(ids[:batch, :ids.shape[1] // 2].to(device)),
-                 device, w)[3]
-    return dict(sec=sec / len(ids), peak=mem, act=act, half=half, batch=batch)
-
-
-def grows_like_t2(base: dict) -> bool | None:
-    """Whether the baseline's activation memory grew from T/2 to T by more than
-    :data:`QUADRATIC` (None: not measured)."""
-    if not (base["half"] > 0 and math.isfinite(base["act"])):
-        return None
-    return base["act"] / base["half"] > QUADRATIC
 
 
 @torch.no_grad()

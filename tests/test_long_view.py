@@ -14,6 +14,7 @@ from scipy.special import logsumexp
 
 from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.fit.one_matrix import matrix_fit
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.report import viewer_long as VL
 from poskernel_tl.report.viewer import (
     HeadPageData,
@@ -36,8 +37,8 @@ def planted(T: int, d: int = 16, seed: int = 0, two_sided: bool = False, max_lag
     if not factor:  # a ramp on top: not scale·q·kᵀ any more
         A = A - 0.5 * np.abs(np.arange(T)[:, None] - np.arange(T)[None])
     allowed = np.ones((T, T), bool) if two_sided else np.tril(np.ones((T, T), bool))
-    if max_lag is not None:
-        allowed &= np.triu(np.ones((T, T), bool), -max_lag)
+    if max_lag is not None:  # |t − s| ≤ max_lag (on each side it keeps)
+        allowed &= np.abs(np.arange(T)[:, None] - np.arange(T)[None]) <= max_lag
     a = np.where(allowed, A, -np.inf)
     P = np.exp(a - logsumexp(a, axis=1, keepdims=True))
     logits = np.where(np.tril(np.ones((T, T), bool)) | two_sided, A, np.nan).astype(np.float32)
@@ -71,13 +72,14 @@ def naive_maps(logits, pattern, keep, g, g_back, b):
 
 
 @pytest.mark.parametrize("T,n_blocks,two_sided,max_lag", [
-    (100, 16, False, None), (97, 10, False, 20), (61, 8, True, None), (40, 64, False, None)])
+    (100, 16, False, None), (97, 10, False, 20), (61, 8, True, None), (40, 64, False, None),
+    (61, 8, True, 12)])
 def test_overview_equals_a_naive_reduction(T, n_blocks, two_sided, max_lag):
     data = planted(T, two_sided=two_sided, max_lag=max_lag)
-    _, g, g_back = matrix_fit(data.logits, two_sided, max_lag)
-    keep = fit_mask(T, two_sided, max_lag)
-    b, maps = VL.overview_maps(data.logits, data.pattern, g, g_back, two_sided, max_lag,
-                               n_blocks)
+    mask = Mask(T, not two_sided, max_lag)
+    _, g, g_back = matrix_fit(data.logits, mask)
+    keep = fit_mask(mask)
+    b, maps = VL.overview_maps(data.logits, data.pattern, g, g_back, mask, n_blocks)
     assert b == max(1, -(-T // n_blocks))
     want = naive_maps(data.logits, data.pattern, keep, g, g_back, b)
     for key in want:
@@ -87,12 +89,12 @@ def test_overview_equals_a_naive_reduction(T, n_blocks, two_sided, max_lag):
 
 def test_row_normaliser_and_factor_check():
     data = planted(50, max_lag=9)
-    lse = VL.row_lse(data.logits, True, 9)
+    lse = VL.row_lse(data.logits, Mask(50, True, 9))
     t, s = np.meshgrid(np.arange(50), np.arange(50), indexing="ij")
     a = np.where((t - s >= 0) & (t - s <= 9), data.logits.astype(np.float64), -np.inf)
     np.testing.assert_allclose(lse, logsumexp(a, axis=1), rtol=1e-6)
     check = VL.factor_check(data.logits, data.pattern, data.q, data.k, data.logit_scale, lse,
-                            fit_mask(50, False, 9))
+                            fit_mask(Mask(50, True, 9)))
     assert check["rel_err"] < VL.FACTOR_TOL and check["pattern_err"] < 1e-2
 
 
@@ -194,7 +196,7 @@ def test_a_notebook_view_carries_one_window_and_zoom_draws_any_other():
     lag = np.arange(300, 556)[:, None] - np.arange(200, 456)[None]
     want = data.logits[300:556, 200:456]
     np.testing.assert_allclose(A[lag > 0], want[lag > 0], atol=0.02)
-    lse = VL.row_lse(data.logits, True)[300:556]
+    lse = VL.row_lse(data.logits, Mask(len(data.tokens)))[300:556]
     np.testing.assert_allclose(decode(Z["lse"]), lse, rtol=1e-6)
     for bad in ((300, 9999, 0, 10), (5, 1, 0, 10), (0, 600, 0, 600), (-1, 10, 0, 10)):
         with pytest.raises(ValueError):

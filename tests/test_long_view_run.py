@@ -2,7 +2,8 @@
 views): its block sums of the logits and of the pattern, its row normalisers and its
 float16 factors against the head view's own hooked logits and pattern (an independent
 path through TransformerLens's hooks) summed naively; causal, grouped-query, sliding
-windows with learned sinks, ALiBi (no factors) and a bidirectional encoder; saved and
+windows with learned sinks, ALiBi (no factors), a chunked mask that binds (Llama 4's
+chunks of 64 at T = 100) and a bidirectional encoder; saved and
 loaded; the plan counts it and full logits are not kept past VIEW_TOKENS."""
 
 import numpy as np
@@ -15,6 +16,7 @@ import poskernel_tl.statistics.logits as saved_logits
 import poskernel_tl.statistics.long_view as LV
 from poskernel_tl.fit.blocks import block_size, fit_mask
 from poskernel_tl.measurement.result import ConditionResult
+from poskernel_tl.models.mask import Mask
 
 VIEW = 24  # VIEW_TOKENS in these tests (tiny models have a context of 128)
 T = 100
@@ -30,7 +32,7 @@ def naive(view, b: int):
     """Block sums of the hooked logits on the fitted entries and of the pattern / rows."""
     A, P = np.asarray(view.logits, np.float64), np.asarray(view.pattern, np.float64)
     n = -(-T // b)
-    keep = fit_mask(T, view.two_sided, view.max_lag)
+    keep = fit_mask(view.mask)
     a_sum, mass = np.zeros((n, n)), np.zeros((n, n))
     for i in range(n):
         for j in range(n):
@@ -41,7 +43,7 @@ def naive(view, b: int):
 
 
 @pytest.mark.parametrize("arch,factors", [("llama", True), ("gpt_oss", True),
-                                          ("bloom", False), ("bert", True)])
+                                          ("bloom", False), ("bert", True), ("llama4", False)])
 def test_long_view_equals_the_hooked_head(arch, factors, tiny_tokenizer, short_view):
     model = tiny_loaded(arch, tiny_tokenizer) if arch in ("llama", "bert") else \
         arch_loaded(arch, tiny_tokenizer)
@@ -62,7 +64,7 @@ def test_long_view_equals_the_hooked_head(arch, factors, tiny_tokenizer, short_v
             if arch != "gpt_oss" else None  # sinks take a share of each row
         lse = part.lse[layer, head].astype(np.float64)
         P, A = np.asarray(view.pattern, np.float64), np.asarray(view.logits, np.float64)
-        kept = np.isfinite(A) & fit_mask(T, view.two_sided, view.max_lag)
+        kept = np.isfinite(A) & fit_mask(view.mask)
         np.testing.assert_allclose(np.exp(A - lse[:, None])[kept], P[kept], atol=1e-5)
         if factors:
             kv = int(model.kv_heads[head])
@@ -123,7 +125,7 @@ def test_report_opens_a_long_head_and_zooms(tiny_tokenizer, short_view, tmp_path
     view = pk.inspect_head(model, ids[0].tolist(), 1, 2)
     b, _ = block_size(T)
     a_sum, _ = naive(view, b)
-    count = np.array([[fit_mask(T)[i * b:(i + 1) * b, j * b:(j + 1) * b].sum()
+    count = np.array([[fit_mask(Mask(T))[i * b:(i + 1) * b, j * b:(j + 1) * b].sum()
                        for j in range(got.shape[1])] for i in range(got.shape[0])])
     want = np.where(count > 0, a_sum / np.maximum(count, 1), np.nan)
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)

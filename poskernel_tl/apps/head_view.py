@@ -38,6 +38,7 @@ from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.io import sentence
 from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.models.softmax_ops import attention_pattern, head_logits, sink_logits
 from poskernel_tl.reducers.track_a_result import NO_SINK
 from poskernel_tl.report import (
@@ -114,6 +115,11 @@ class HeadView:
     @property
     def two_sided(self) -> bool:
         return self.g_back is not None
+
+    @property
+    def mask(self) -> Mask:
+        """The entries the view's fit reads (:class:`~poskernel_tl.models.mask.Mask`)."""
+        return Mask(len(self.tokens), not self.two_sided, self.max_lag, self.chunk)
 
     @property
     def n_tokens(self) -> int:
@@ -261,7 +267,7 @@ def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
         full = torch.from_numpy(two_sided(g.cpu().numpy(), g_back.cpu().numpy(),
                                           float(g_self)))
     lag = (torch.arange(T)[:, None] - torch.arange(T)[None]).to(A.device)
-    fitted = torch.from_numpy(fit_mask(T, not causal, max_lag, chunk=chunk)).to(A.device)
+    fitted = torch.from_numpy(fit_mask(Mask(T, causal, max_lag, chunk))).to(A.device)
     index = (lag.clamp(min=1) - 1) if causal else (lag + T - 1)
     residual = torch.where(fitted, A.double() - full.to(A.device)[index],
                            torch.full_like(A, math.nan, dtype=torch.float64))

@@ -38,20 +38,15 @@ def read_offsets(T: int, two_sided: bool, last: int | None) -> np.ndarray:
     return Mask(T, not two_sided, last).offsets()
 
 
-def fit_mask(T: int, two_sided: bool = False, max_lag: int | None = None,
-             rows: slice = slice(None), chunk: int | None = None
-             ) -> Bool[np.ndarray, "query_pos key_pos"]:
-    """The entries a head's fit reads, of the rows ``rows``: every off-diagonal one
-    (``two_sided``), else the strict lower triangle, up to offset ``max_lag`` (a sliding
-    window) where given (:func:`read_offsets`: entry (t, s) is offset t − s, read from a
-    Toeplitz view of the offsets, so that no T × T index is formed), and within one
-    ``chunk`` of positions where given (a chunked mask)."""
-    back = read_offsets(T, two_sided, max_lag)[::-1]  # back[T − 1 − t + s] = (t − s read)
+def fit_mask(mask: Mask, rows: slice = slice(None)) -> Bool[np.ndarray, "query_pos key_pos"]:
+    """The entries of the rows ``rows`` a head's fit reads under ``mask``: its offset test
+    (:meth:`~poskernel_tl.models.mask.Mask.offsets`: entry (t, s) is offset t − s, read
+    from a Toeplitz view of the offsets, so that no T × T index is formed) and its chunk."""
+    T = mask.length
+    back = mask.offsets()[::-1]  # back[T − 1 − t + s] = (t − s read)
     keep = np.lib.stride_tricks.sliding_window_view(back, T)[::-1][rows].copy()
-    if chunk is not None:
-        pos = np.arange(T) // chunk
-        keep &= pos[rows, None] == pos[None]
-    return keep
+    pos = np.arange(T)
+    return keep & mask.same_chunk(pos[rows, None], pos[None])
 
 
 def reduce_blocks(x: Float[Tensor, "*head row key"], b: int
@@ -75,10 +70,11 @@ def offset_function(g: Float[np.ndarray, "*head lag"], g_back, keep: np.ndarray
     return np.where(keep, np.nan_to_num(full), 0.0)
 
 
-def block_sums(G: Float[np.ndarray, "*head offset"], T: int, b: int
+def block_sums(G: Float[np.ndarray, "*head offset"], T: int, b: int, chunk: int | None = None
                ) -> Float[np.ndarray, "*head row_block key_block"]:
     """Σ over each block of G(t − s) (G over the offsets −(T−1) … T−1), by the double
-    prefix sums of the module docstring."""
+    prefix sums of the module docstring; ``chunk``: over the block's entries whose query
+    and key lie in one chunk only (each chunk's square cut from the block: a rectangle)."""
     n = math.ceil(T / b)
     edges = np.minimum(np.arange(n + 1) * b, T)
     S = np.cumsum(G, axis=-1)
@@ -88,18 +84,24 @@ def block_sums(G: Float[np.ndarray, "*head offset"], T: int, b: int
     def at(x):  # SS(x) for an integer array x
         return SS[..., x + T + 1]
 
+    def rect(a0, a1, c0, c1):  # rows [a0, a1) × keys [c0, c1) (0 where empty)
+        return at(a1 - 1 - c0) - at(a0 - 1 - c0) - at(a1 - 1 - c1) + at(a0 - 1 - c1)
+
     a0, a1 = edges[:-1, None], edges[1:, None]
     c0, c1 = edges[None, :-1], edges[None, 1:]
-    return at(a1 - 1 - c0) - at(a0 - 1 - c0) - at(a1 - 1 - c1) + at(a0 - 1 - c1)
+    if chunk is None:
+        return rect(a0, a1, c0, c1)
+    return sum(rect(*(np.clip(x, lo, min(lo + chunk, T)) for x in (a0, a1, c0, c1)))
+               for lo in range(0, T, chunk))
 
 
-def fit_blocks(g, g_back, T: int, b: int, two_sided: bool, last: int | None
+def fit_blocks(g, g_back, b: int, mask: Mask
                ) -> tuple[Float[np.ndarray, "*head row_block key_block"],
                           Float[np.ndarray, "row_block key_block"]]:
-    """(Σ of the fit g(t − s), count) over each block's entries the fit reads."""
-    keep = read_offsets(T, two_sided, last)
-    count = block_sums(keep.astype(np.float64), T, b)
-    return block_sums(offset_function(g, g_back, keep), T, b), np.rint(count)
+    """(Σ of the fit g(t − s), count) over each block's entries the fit reads (``mask``)."""
+    T, keep = mask.length, mask.offsets()
+    count = block_sums(keep.astype(np.float64), T, b, mask.chunk)
+    return block_sums(offset_function(g, g_back, keep), T, b, mask.chunk), np.rint(count)
 
 
 __all__ = ["N_BLOCKS", "block_size", "block_sums", "fit_blocks", "fit_mask", "offset_function",

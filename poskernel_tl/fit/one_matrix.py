@@ -8,22 +8,21 @@ from jaxtyping import Float
 
 from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.fit.toeplitz import shift_invariance_r2, shift_invariance_r2_two_sided
+from poskernel_tl.models.mask import Mask
 
 
-def matrix_fit(logits: Float[np.ndarray, "query_pos key_pos"], two_sided: bool = False,
-               max_lag: int | None = None, chunk: int | None = None
+def matrix_fit(logits: Float[np.ndarray, "query_pos key_pos"], mask: Mask | None = None
                ) -> tuple[float, Float[np.ndarray, " lag"], Float[np.ndarray, " lag"] | None]:
-    """(R², g, g_back) of the shift-invariant fit of one logit matrix on its strict lower
-    triangle (``g_back`` None; up to offset ``max_lag`` where given, g NaN past it), or on
-    every off-diagonal entry (``two_sided``: ``g_back`` holds Δ = −1..−(T−1)); within one
-    ``chunk`` where a chunked mask binds."""
+    """(R², g, g_back) of the shift-invariant fit of one logit matrix on the entries
+    ``mask`` keeps (default: the strict lower triangle): ``g_back`` None for a causal
+    mask, else Δ = −1..−(T−1); g NaN past a window's last offset."""
     T = logits.shape[0]
-    keep = fit_mask(T, two_sided, max_lag, chunk=chunk)
-    clean = torch.from_numpy(np.where(keep, np.asarray(logits, np.float64), 0.0))
-    if two_sided:
-        r2, g, g_back, _ = shift_invariance_r2_two_sided(clean)
+    mask = Mask(T) if mask is None else mask
+    clean = torch.from_numpy(np.where(fit_mask(mask), np.asarray(logits, np.float64), 0.0))
+    if not mask.causal:
+        r2, g, g_back, _ = shift_invariance_r2_two_sided(clean, mask.max_lag)
         return float(r2), g.numpy(), g_back.numpy()
-    r2, g = shift_invariance_r2(clean, max_lag, chunk)
+    r2, g = shift_invariance_r2(clean, mask.max_lag, mask.chunk)
     return float(r2), g.numpy(), None
 
 

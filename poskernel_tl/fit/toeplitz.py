@@ -33,6 +33,7 @@ from torch import Tensor
 
 from poskernel_tl.errors import UserError
 from poskernel_tl.fit.counts import lag_counts
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.protocol import band_ends
 
 
@@ -137,8 +138,9 @@ def shift_invariance_r2(
     if scores.shape[-2] != T or T < 3:
         raise UserError(f"need square score matrices with T >= 3, got {tuple(scores.shape)}")
     if chunk is not None:
-        pos = torch.arange(T, device=scores.device) // chunk
-        scores = torch.where(pos[:, None] == pos[None], scores, 0.0)
+        pos = torch.arange(T, device=scores.device)
+        scores = torch.where(Mask(T, chunk=chunk).same_chunk(pos[:, None], pos[None]), scores,
+                             0.0)
     s1, sq = lag_sums(scores, max_lag=max_lag)
     return r2_from_sums(s1, sq, lag_counts(T, device=scores.device, max_lag=max_lag,
                                            chunk=chunk))

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from poskernel_tl.fit.counts import chunk_rows
 from poskernel_tl.fit.toeplitz import r2_two_sided, skew_lower
+from poskernel_tl.models.mask import Mask
 
 Block = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]
 
@@ -162,7 +163,7 @@ def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: 
         if max_lag is not None:  # (the upper side: the same rule, mirrored)
             keep &= (t - s) <= max_lag
         if chunk is not None and not upper:
-            keep &= t // chunk == s // chunk
+            keep &= Mask(T, chunk=chunk).same_chunk(t, s)
         z = skew_lower(torch.where(keep, M.double(), 0.0))
         return z.sum(-2), (z * z).sum((-2, -1)), variant.counts(T, max_lag, upper, A.device,
                                                                  chunk)

@@ -187,13 +187,11 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
     wanted = {i: int(seq_id[i]) for i in logits_for if i < len(ev_ids)}
     keep_gram = T <= C.GRAM_SAVE_MAX_T if keep_gram is None else keep_gram
     plan = plan_run(model, opts, ev_ids, cen_ids, keep_gram, len(wanted))
-    batch_size = plan.batch_size
-    centering = centering_pass(model, cen_ids, batch_size, opts, progress)
+    centering = centering_pass(model, cen_ids, plan.batch_size, opts, progress)
     reds, track_b = evaluation_passes(model, geometry, ev_ids, centering, wanted, opts, plan,
                                       keep_gram, hook_scores, progress)
     parts, notes = result_parts(model, geometry, reds, track_b, centering, ev_ids, opts)
-    notes = [plan.note()] + notes if plan.blocked else notes
-    notes = ([cut] if cut else []) + notes
+    notes = [cut] * bool(cut) + [plan.note()] * plan.blocked + notes
     provenance = {"weights": model.weights_note, "logit_scale": model.logit_scale,
                   "scores_from": {"hook": "hook_attn_scores", "qk": "q·kᵀ"}.get(
                       opts.scores, "lag sums of q and k"),
@@ -208,7 +206,7 @@ def measure(model: LoadedModel, tokens, centering_tokens=None, *, progress: bool
                   "versions": versions()}
     return ConditionResult(
         model.spec.name, dataset, T, model.spec, seq_id, parts=parts,
-        config=dict(config or {}, **dict(opts.measure_kwargs(), batch_size=batch_size)),
+        config=dict(config or {}, **dict(opts.measure_kwargs(), batch_size=plan.batch_size)),
         provenance=provenance)
 
 

@@ -89,9 +89,17 @@ class Mask:
         lag = t - s
         side = lag >= (0 if diagonal else 1) if self.causal else (lag != 0) | diagonal
         keep = side & (abs(lag) <= self.last)
-        if self.chunk is not None:
-            keep &= (t // self.chunk) == (s // self.chunk)
-        return keep
+        return keep if self.chunk is None else keep & self.same_chunk(t, s)
+
+    def same_chunk(self, t: Any, s: Any) -> Any:
+        """Whether ``t`` and ``s`` lie in one chunk (True without a binding chunk)."""
+        return True if self.chunk is None else (t // self.chunk) == (s // self.chunk)
+
+    def page(self) -> dict:
+        """What a page's script reads of the mask (``PK.keeps`` in ``viewer.js``):
+        ``twoSided``, ``last`` (the last offset kept where a window cuts, else null) and
+        ``chunk`` (null: none binds)."""
+        return {"twoSided": not self.causal, "last": self.max_lag, "chunk": self.chunk}
 
     def kept(self, rows: Any = None, keys: Any = None, device=None,
              diagonal: bool = False) -> Any:

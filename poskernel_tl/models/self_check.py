@@ -37,7 +37,7 @@ from poskernel_tl.errors import UserError
 from poskernel_tl.hooks.capture import capture_qk
 from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.registry import ModelSpec
-from poskernel_tl.models.softmax_ops import entry_offsets, finish_scores, fold_qk
+from poskernel_tl.models.softmax_ops import entry_offsets, finish_scores, fold_qk, qk_scores
 
 # largest |Δ| over the largest row-centred logit, by the dtype the forward runs in
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 3e-2,
@@ -131,8 +131,7 @@ def rebuilt(q: Tensor, k: Tensor, spec: ModelSpec, layer: int, scale: float) -> 
     the unfolded terms added and the cap applied, [batch, head, T, T] float64."""
     terms = spec.layer_terms(layer)
     q, k = fold_qk(q.double(), k.double(), terms, scale)
-    k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-    scores = torch.einsum("bthd,bshd->bhts", q, k) * scale
+    scores = qk_scores(q, k, scale)
     T = q.shape[1]
     pos = torch.arange(T, device=q.device)
     return finish_scores(scores, terms, lambda: entry_offsets(pos, pos), T)

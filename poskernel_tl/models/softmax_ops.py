@@ -82,6 +82,23 @@ def chunk_qk(q: Float[Tensor, "batch pos head_index d_head"],
     return spread(q), spread(k)
 
 
+def qk_scores(q: Float[Tensor, "batch pos head_index d_head"],
+              k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
+              buffer: Callable[[tuple, Tensor], Tensor] | None = None
+              ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """scale·q·kᵀ per sequence and query head, in float32 (float64 for float64 q/k: an
+    ALiBi ramp folded into them, whose two large terms cancel): [b, kv, group, t, d] @
+    [b, kv, 1, d, t], GQA keys broadcast, not copied; into ``buffer(shape, like)`` where
+    given (a reused output buffer)."""
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qg = q.to(dtype).permute(0, 2, 1, 3).reshape(b, kv, h // kv, t, d) * scale
+    kg = k.to(dtype).permute(0, 2, 3, 1).unsqueeze(2)
+    out = None if buffer is None else buffer((b, kv, h // kv, t, t), qg)
+    return torch.matmul(qg, kg, out=out).reshape(b, h, t, t)
+
+
 def head_logits(q: Float[Tensor, "pos d_head"], k: Float[Tensor, "pos d_head"],
                 terms: SoftmaxTerms, head: int, scale: float
                 ) -> Float[Tensor, "query_pos key_pos"]:

@@ -7,7 +7,7 @@ The protocol: a reducer takes its options in its constructor, ``update(batch)`` 
 """
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, Protocol
 
 import torch
@@ -16,7 +16,13 @@ from torch import Tensor
 
 from poskernel_tl import kernels
 from poskernel_tl.models.mask import Mask
-from poskernel_tl.models.softmax_ops import chunk_qk, entry_offsets, finish_scores, fold_qk
+from poskernel_tl.models.softmax_ops import (
+    chunk_qk,
+    entry_offsets,
+    finish_scores,
+    fold_qk,
+    qk_scores,
+)
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 
 
@@ -215,29 +221,15 @@ class LayerBatch:
         if self.hooked_scores is not None:
             A = self.hooked_scores
             if self.chunk is not None:  # 0 across chunks, as the formed scores are
-                t = torch.arange(A.shape[-1], device=A.device) // self.chunk
-                A = torch.where(t[:, None] == t[None], A, 0.0)
+                t = torch.arange(A.shape[-1], device=A.device)
+                A = torch.where(Mask(len(t), chunk=self.chunk).same_chunk(t[:, None], t[None]),
+                                A, 0.0)
             return A
         T, dev = self.q.shape[1], self.q.device
-        return finish_scores(qk_scores(*self.kept_qk, self.scale, self.workspace, "scores"),
+        return finish_scores(qk_scores(*self.kept_qk, self.scale,
+                                       partial(self.workspace.get, "scores")),
                              self.terms, lambda: entry_offsets(torch.arange(T, device=dev),
                                                                torch.arange(T, device=dev)), T)
-
-
-def qk_scores(q: Float[Tensor, "batch pos head_index d_head"],
-              k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-              workspace: Workspace, buffer: str
-              ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
-    """scale·q·kᵀ per sequence and query head, in float32 (float64 for float64 q/k: an
-    ALiBi ramp folded into them, whose two large terms cancel), into the workspace buffer
-    ``buffer``: [b, kv, group, t, d] @ [b, kv, 1, d, t], GQA keys broadcast, not copied."""
-    b, t, h, d = q.shape
-    kv = k.shape[2]
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    qg = q.to(dtype).permute(0, 2, 1, 3).reshape(b, kv, h // kv, t, d) * scale
-    kg = k.to(dtype).permute(0, 2, 3, 1).unsqueeze(2)
-    out = workspace.get(buffer, (b, kv, h // kv, t, t), qg)
-    return torch.matmul(qg, kg, out=out).reshape(b, h, t, t)
 
 
 class Reducer(Protocol):

@@ -48,6 +48,7 @@ from torch import Tensor
 
 from poskernel_tl import kernels
 from poskernel_tl.fit.diagonals import diagonal_lines
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.models.softmax_ops import chunk_qk
 from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX, GRAM_ROWS, gram_row_blocks
 from poskernel_tl.reducers.lag_sums import (
@@ -182,8 +183,9 @@ def dense_pieces(blocks: Iterable[Block], n: int,
         if max_lag is not None and r1 - 1 - lo > max_lag:  # t − s > max_lag zeroed
             G.masked_fill_(_band_mask(rows, r1 - lo, r0 - lo - max_lag - 1, False, dev), 0.0)
         if chunk is not None:  # entries across chunks zeroed
-            G.masked_fill_(torch.arange(r0, r1, device=dev)[:, None] // chunk !=
-                           torch.arange(lo, r1, device=dev)[None] // chunk, 0.0)
+            G.masked_fill_(~Mask(T, chunk=chunk).same_chunk(
+                torch.arange(r0, r1, device=dev)[:, None], torch.arange(lo, r1, device=dev)[None]),
+                0.0)
         _add(out, False, r0, G, x32[:, lo:r1], lower_block_sums(buf, r0 - lo, T))
         if upper:  # keys [r0, T) before ``rows`` zero columns, s ≤ t zeroed
             out.diag[:, r0:r1] = a.diagonal(r0, 1, 2)

@@ -229,8 +229,7 @@ def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
     if len(parts := _pieces(b, T)) > 1:
         return torch.cat([sum_squares_upto(q[p], k[p], scale, ends, chunk, dtype)
                           for p in parts])
-    kv = k.shape[2]
-    g = H // kv
+    kv, g = k.shape[2], H // k.shape[2]
     C = max(1, min(max(chunk, d // 2), T))  # at least d_head / 2: longer contractions
     nc = -(-T // C)
     if nc * C > T:
@@ -264,8 +263,7 @@ def sum_squares_upto(q: Float[Tensor, "batch pos head_index d_head"],
             lag = j * C + offset
             acc += (squares[j] * ((lag >= 1) & (lag <= W))).sum((-2, -1), dtype=ACC)
         total[W] = acc.reshape(b, H)
-    out = [total[W] for W in ends]
-    return torch.stack(out, -1) * (scale * scale)
+    return torch.stack([total[W] for W in ends], -1) * (scale * scale)
 
 
 def _window_moments(qv: Float[Tensor, "chunk batch kv_head_index group pos d_head"],

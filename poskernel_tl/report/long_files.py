@@ -22,6 +22,7 @@ import numpy as np
 
 from poskernel_tl.encode import num, typed
 from poskernel_tl.fit.blocks import block_size, fit_blocks
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.report.collect import SavedCondition
 from poskernel_tl.report.html import write_script_data
 from poskernel_tl.report.viewer_data import DATA_DIR, condition_key
@@ -39,14 +40,14 @@ def _write(folder: Path, key: str, name: str, payload: dict) -> None:
     write_script_data(folder / f"{name}.js", GLOBAL, f"{key}/{name}", payload)
 
 
-def _head(r, part, i: int, layer: int, head: int, last, count, b: int) -> dict:
-    T, two = int(r.length), not r.causal
+def _head(r, part, i: int, layer: int, head: int, mask: Mask, count, b: int) -> dict:
+    T = int(r.length)
     g = np.asarray(r.g_per_seq[i][layer, head], np.float64)
-    g_back = np.asarray(r.g_per_seq_back[i][layer, head], np.float64) if two else None
-    f_sum, _ = fit_blocks(g, g_back, T, b, two, last)
+    g_back = None if mask.causal else np.asarray(r.g_per_seq_back[i][layer, head], np.float64)
+    f_sum, _ = fit_blocks(g, g_back, b, mask)
     maps = maps_from_sums(np.asarray(part.logit_sum[layer, head], np.float64), f_sum, count,
                           part.mass[layer, head])
-    long, notes = assemble(T, [], g, g_back, two, last, maps, b, None)
+    long, notes = assemble(T, [], g, g_back, mask, maps, b, None)
     if part.q is not None:
         err = float(part.factor_err[layer, head])
         long["factorNote"] = ("Zoom: logits recomputed in the page as scale · q · k from the "
@@ -64,15 +65,15 @@ def write_long_views(report_dir: str | Path, cond: SavedCondition) -> dict | Non
     part = r.parts.get("long_view")
     if part is None:
         return None
-    T, two, key = int(r.length), not r.causal, condition_key(r.model, r.dataset, r.length)
+    T, key = int(r.length), condition_key(r.model, r.dataset, r.length)
     i = [int(s) for s in r.seq_id].index(part.seq_id)
     b, _ = block_size(T)
     scale = float(np.asarray(part.scale).ravel()[0])
     for layer in range(r.n_layers):
-        last = None if two else r.geometry.window(layer)
-        _, count = fit_blocks(np.zeros(T - 1), None, T, b, two, last)
+        mask = r.geometry.mask(layer)
+        _, count = fit_blocks(np.zeros(T - 1), None, b, mask)
         for head in range(r.n_heads):
-            _write(folder, key, f"L{layer}H{head}", _head(r, part, i, layer, head, last, count, b))
+            _write(folder, key, f"L{layer}H{head}", _head(r, part, i, layer, head, mask, count, b))
             if part.q is not None:
                 _write(folder, key, f"Q{layer}H{head}", {
                     "q": typed(part.q[layer, head], "f2"), "d": int(part.q.shape[-1]),

@@ -28,6 +28,7 @@ from poskernel_tl.encode import num, typed
 from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.fit.one_matrix import matrix_fit
 from poskernel_tl.io import atomic_write
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.panels import histogram
 from poskernel_tl.report import head_page as HP
 from poskernel_tl.report.html import (
@@ -178,7 +179,12 @@ class HeadPageData:
         if self.spectrum is not None and self.spectrum[0].shape != self.spectrum[1].shape:
             raise ValueError("spectrum omega and power differ in length")
         if self.fit is None:
-            self.fit = matrix_fit(self.logits, self.two_sided, self.max_lag, self.chunk)
+            self.fit = matrix_fit(self.logits, self.mask)
+
+    @property
+    def mask(self) -> Mask:
+        """The entries the head's fit reads, at the view's length."""
+        return Mask(len(self.tokens), not self.two_sided, self.max_lag, self.chunk)
 
 
 def _frame_table(title: str, df: pd.DataFrame) -> dict:
@@ -199,7 +205,7 @@ def head_payload(data: HeadPageData, max_tokens: int = VIEW_TOKENS, *,
     T = len(data.tokens)
     n = min(T, max_tokens)
     r2, g, g_back = data.fit
-    keep = fit_mask(T, data.two_sided, data.max_lag, slice(0, n), data.chunk)[:, :n]
+    keep = fit_mask(data.mask, slice(0, n))[:, :n]
     logits = np.where(keep, np.asarray(data.logits)[:n, :n], np.nan)
     notes, long = list(data.notes), None
     if n < T and data.q is not None:
@@ -227,7 +233,7 @@ def head_payload(data: HeadPageData, max_tokens: int = VIEW_TOKENS, *,
         "T": n, "logits": typed(logits, "f2", deflate=True), "pattern": typed(
             np.asarray(data.pattern)[:n, :n], "f2", deflate=True), "g": typed(g, "f4"),
         "r2": r2, "gBack": None if g_back is None else typed(g_back, "f4"),
-        "twoSided": data.two_sided, "tokens": [str(t) for t in data.tokens[:n]],
+        **data.mask.page(), "tokens": [str(t) for t in data.tokens[:n]],
         "step": None, "label": f"{T} tokens"}
     return HP.page(data.title, numbers=numbers + list(data.numbers),
                    panels=HP.arrange(panels + list(data.panels)), notes=notes, seq=seq, long=long,

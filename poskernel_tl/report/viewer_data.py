@@ -115,8 +115,7 @@ class _Condition:
         return {"T": int(r.length), "codes": typed(codes[at], "u1", deflate=True),
                 "lo": num(lo[at]), "step": num(step[at]), "pattern": None,
                 "g": typed(r.g_per_seq[self.seq][at], "f4"), "gBack": back,
-                "r2": num(r.r2_per_seq[self.seq][at]), "twoSided": not r.causal,
-                "last": r.geometry.window(layer), "chunk": r.geometry.chunk(layer),
+                "r2": num(r.r2_per_seq[self.seq][at]), **r.geometry.mask(layer).page(),
                 "tokens": None, "label": f"evaluation sequence {self.cond.logits_seq}" + (
                     "" if self.cond.tokens else
                     " (token strings not available: positions shown)")}

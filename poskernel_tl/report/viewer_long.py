@@ -31,6 +31,7 @@ from jaxtyping import Float
 
 from poskernel_tl.encode import num, typed
 from poskernel_tl.fit.blocks import N_BLOCKS, block_size, fit_blocks, fit_mask, reduce_blocks
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.statistics.long_view import CHECK_ROWS  # rows sampled for the factors' error
 
 ZOOM = 256  # the default zoom window: ZOOM rows × ZOOM keys
@@ -50,8 +51,7 @@ def maps_from_sums(a_sum, f_sum, count, mass
                 "mass": np.asarray(mass, np.float64)}
 
 
-def overview_maps(logits, pattern, g, g_back, two_sided: bool, max_lag: int | None,
-                  n_blocks: int = N_BLOCKS
+def overview_maps(logits, pattern, g, g_back, mask: Mask, n_blocks: int = N_BLOCKS
                   ) -> tuple[int, dict[str, Float[np.ndarray, "row_block key_block"]]]:
     """(b, the four block maps of the module docstring) of one head's matrices: the
     logits' and the pattern's block sums in one pass over the block rows, the fit's from
@@ -61,12 +61,12 @@ def overview_maps(logits, pattern, g, g_back, two_sided: bool, max_lag: int | No
     a_sum, mass = np.zeros((n, n)), np.zeros((n, n))
     for i in range(n):
         rows = slice(i * b, min((i + 1) * b, T))
-        keep = fit_mask(T, two_sided, max_lag, rows)
+        keep = fit_mask(mask, rows)
         a = torch.from_numpy(np.where(keep, np.asarray(logits[rows], np.float64), 0.0))
         p = torch.from_numpy(np.nan_to_num(np.asarray(pattern[rows], np.float64)))
         a_sum[i] = reduce_blocks(a, b)[0].numpy()
         mass[i] = reduce_blocks(p, b)[0].numpy() / len(p)
-    f_sum, count = fit_blocks(g, g_back, T, b, two_sided, max_lag)
+    f_sum, count = fit_blocks(g, g_back, b, mask)
     return b, maps_from_sums(a_sum, f_sum, count, mass)
 
 
@@ -76,17 +76,16 @@ def overview(maps: dict, b: int, T: int) -> dict:
                                              for k, v in maps.items()}}
 
 
-def row_lse(logits: Float[np.ndarray, "query_pos key_pos"], causal: bool,
-            max_lag: int | None = None) -> Float[np.ndarray, " query_pos"]:
-    """log Σ_s exp A(t, s) over the keys the softmax reads (s ≤ t when ``causal``, and
-    t − s ≤ ``max_lag`` in a sliding window)."""
+def row_lse(logits: Float[np.ndarray, "query_pos key_pos"], mask: Mask
+            ) -> Float[np.ndarray, " query_pos"]:
+    """log Σ_s exp A(t, s) over the keys the softmax reads (``mask``, the diagonal kept)."""
     T = logits.shape[0]
     out = np.empty(T)
     for start in range(0, T, 512):
         a = np.asarray(logits[start:start + 512], np.float64)
-        if causal:
-            lag = np.arange(start, start + len(a))[:, None] - np.arange(T)[None]
-            a = np.where((lag >= 0) & (lag <= (T if max_lag is None else max_lag)), a, -np.inf)
+        if not mask.every_key:
+            rows = np.arange(start, start + len(a))[:, None]
+            a = np.where(mask.keeps(rows, np.arange(T)[None], diagonal=True), a, -np.inf)
         a = np.where(np.isfinite(a) | (a == -np.inf), a, -np.inf)
         m = a.max(axis=1)
         out[start:start + len(a)] = m + np.log(np.exp(a - m[:, None]).sum(axis=1))
@@ -144,7 +143,7 @@ class Factors:
     check: dict | None = None
 
 
-def assemble(T: int, tokens, g, g_back, two_sided: bool, max_lag: int | None,
+def assemble(T: int, tokens, g, g_back, mask: Mask,
              maps: dict | None, b: int, factors: Factors | None, *, window=None,
              factor_budget: int | None = None) -> tuple[dict, list[str]]:
     """The ``long`` part of a head's payload and its notes: the overview ``maps`` (None:
@@ -157,7 +156,7 @@ def assemble(T: int, tokens, g, g_back, two_sided: bool, max_lag: int | None,
         "entries (logits, fit, residual: mean over the block's entries the fit reads; "
         "pattern: attention mass per query row); the zoom draws any window of rows and keys "
         "at full resolution."]
-    out.update(T=T, twoSided=bool(two_sided), maxLag=max_lag, g=typed(g, "f4"),
+    out.update(T=T, **mask.page(), g=typed(g, "f4"),
                gBack=None if g_back is None else typed(g_back, "f4"),
                tokens=[str(t) for t in tokens], zoom=min(ZOOM, T), zoomMax=ZOOM_MAX,
                q=None, k=None)
@@ -191,21 +190,21 @@ def long_payload(data, g, g_back, n_blocks: int = N_BLOCKS, *, window=None,
     whole matrices (``g``/``g_back`` the fit the page shows): the overview from them, the
     factors checked against them (a head whose logits are not scale · q · kᵀ gets none,
     with a note). ``overview_maps_too=False``: the zoom alone."""
-    T, two, last = len(data.tokens), bool(data.two_sided), data.max_lag
+    T, mask = len(data.tokens), data.mask
     logits = np.asarray(data.logits)
-    b, maps = overview_maps(logits, np.asarray(data.pattern), g, g_back, two, last, n_blocks) \
+    b, maps = overview_maps(logits, np.asarray(data.pattern), g, g_back, mask, n_blocks) \
         if overview_maps_too else (block_size(T, n_blocks)[0], None)
     factors, why = None, "The zoom needs the head's q and k: not available for this view."
     if data.q is not None and data.k is not None and data.logit_scale is not None:
-        lse = row_lse(logits, not two, last)
+        lse = row_lse(logits, mask)
         check = factor_check(logits, data.pattern, data.q, data.k, data.logit_scale, lse,
-                             fit_mask(T, two, last))
+                             fit_mask(mask))
         factors = Factors(data.q, data.k, data.logit_scale, lse, check)
         why = ("The zoom is off: this head's logits are not scale · q · kᵀ (what its softmax "
                f"reads adds terms; relative difference {check['rel_err']:.2g}); the overview "
                "is exact.")
         factors = factors if check["rel_err"] <= FACTOR_TOL else None
-    out, notes = assemble(T, data.tokens, g, g_back, two, last, maps, b, factors,
+    out, notes = assemble(T, data.tokens, g, g_back, mask, maps, b, factors,
                           window=window, factor_budget=factor_budget)
     return out, notes if factors is not None else notes + [why]
 

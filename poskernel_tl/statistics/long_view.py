@@ -126,11 +126,8 @@ class LongViewReducer:
 
 def build(run: StatisticContext) -> LongViewReducer | None:
     """The long view of the first wanted sequence past VIEW_TOKENS tokens (None: shorter,
-    none wanted, or a chunked mask that binds: the overview's block sums read the fit as a
-    function of the offset over every block, which a chunked mask's entries are not; its
-    head pages then draw no sequence, only the per-head panels)."""
-    if run.geometry.bound_chunks is not None:
-        return None
+    or none wanted), under each layer's mask (a chunked one's blocks summed over the
+    entries within a chunk: :func:`~poskernel_tl.fit.blocks.fit_blocks`)."""
     return LongViewReducer(run) if run.wanted and run.length > VIEW_TOKENS else None
 
 

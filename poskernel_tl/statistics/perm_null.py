@@ -48,9 +48,9 @@ from poskernel_tl.fit.bands import band_r2
 from poskernel_tl.fit.counts import layer_lag_counts
 from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, r2_two_sided
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.models.softmax_ops import chunk_qk, entry_offsets, finish_scores
+from poskernel_tl.models.softmax_ops import chunk_qk, entry_offsets, finish_scores, qk_scores
 from poskernel_tl.protocol import band_ends
-from poskernel_tl.reducers.base import LayerBatch, qk_scores
+from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
 from poskernel_tl.reducers.tile_sums import lag_weights, null_tile_sums
 from poskernel_tl.reducers.two_sided import per_query_head, sides
@@ -247,8 +247,8 @@ class PermNullReducer:
             pi = self.perms[p]
             qp, kp = self._permuted(q, k, pi, L)
             shift = lower_mean_from_qk(qp, kp, batch.scale)
-            A = finish_scores(qk_scores(qp, kp, batch.scale, batch.workspace,
-                                        "perm_null_scores"),
+            A = finish_scores(qk_scores(qp, kp, batch.scale,
+                                        partial(batch.workspace.get, "perm_null_scores")),
                               batch.terms, partial(entry_offsets, pi, pi), T)  # offsets permuted
             lower, _ = lower_lag_stats(A, shift, [], work, max_lag=self.max_lags[L],
                                        bands=True)

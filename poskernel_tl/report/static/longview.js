@@ -42,12 +42,12 @@
   }
 
   function zoomMatrices(L, w) {
-    var c = carried(L), d = c.d, A = [], F = [], R = [], P = [], both = !!L.twoSided;
+    var c = carried(L), d = c.d, A = [], F = [], R = [], P = [];
     for (var t = w.r0; t <= w.r1; t++) {
       var a = [], f = [], r = [], p = [];
       for (var s = w.c0; s <= w.c1; s++) {
         var lag = t - s, dot = 0;
-        var attends = both || (lag >= 0 && (L.maxLag === null || L.maxLag === undefined || lag <= L.maxLag));
+        var attends = PK.keeps(L, t, s, true);  // the layer's mask, the diagonal read
         var fitted = attends && lag !== 0;
         if (attends) {
           var qi = (t - c.r0) * d, ki = (s - c.c0) * d;

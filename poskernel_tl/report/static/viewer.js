@@ -133,14 +133,18 @@
     for (var t = 0; t < T; t++) for (var s = 0; s < (q.twoSided ? T : t); s++) if (s !== t) full[t * T + s] = q.lo + q.step * q.codes[k++];
     return full;
   }
-  /* whether the head's softmax reads key s of row t: off the diagonal (which is not saved),
-     s < t unless two-sided, within the layer's window (q.last) and chunk (q.chunk) */
-  function readsOf(q) {
-    return function (t, s) {
-      if (s === t || (!q.twoSided && s > t)) return false;
-      if (q.last !== null && q.last !== undefined && Math.abs(t - s) > q.last) return false;
-      return !q.chunk || Math.floor(t / q.chunk) === Math.floor(s / q.chunk);
-    };
+  /* the layer's mask as the page reads it (Mask.page in Python: twoSided, last, chunk):
+     whether row t keeps key s — s < t unless two-sided (s = t only with ``diagonal``: the
+     softmax reads it, no fit does), |t − s| ≤ last where a window cuts, t and s in one
+     chunk where one binds */
+  PK.keeps = function (m, t, s, diagonal) {
+    if (s === t) return !!diagonal;
+    if (!m.twoSided && s > t) return false;
+    if (m.last !== null && m.last !== undefined && Math.abs(t - s) > m.last) return false;
+    return !m.chunk || Math.floor(t / m.chunk) === Math.floor(s / m.chunk);
+  };
+  function readsOf(q) {  // the entries the fit reads (the diagonal is not saved)
+    return function (t, s) { return PK.keeps(q, t, s, false); };
   }
   function drawSequence(root, q) {
     if (q.codes) q.logits = fromCodes(q);
