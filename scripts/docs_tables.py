@@ -138,7 +138,7 @@ def regenerate(write: bool) -> list[str]:
     for page in sorted(DOCS.rglob("*.md")):
         text = page.read_text()
 
-        def fresh(m):
+        def fresh(m, page=page):
             name = m["name"]
             if name not in GENERATORS:
                 stale.append(f"{page.relative_to(ROOT)}: unknown generated block {name!r}")
