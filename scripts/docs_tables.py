@@ -1,6 +1,6 @@
 """The docs' generated tables, regenerated from the code: the command line (from the
-``poskernel`` parser), the registered analyses and statistics, and the pre-registered
-criteria of the verdicts. Each lives in a docs page between the markers
+``poskernel`` parser), every field of a result (from the parts' declarations), the
+registered analyses and statistics, and the pre-registered criteria of the verdicts. Each lives in a docs page between the markers
 ``<!-- generated: NAME -->`` and ``<!-- end generated -->``.
 
     python scripts/docs_tables.py           # rewrite every generated block in docs/
@@ -118,7 +118,34 @@ def criteria() -> str:
     return "\n".join(rows) + "\n"
 
 
-GENERATORS = {"cli": cli, "analyses": analyses, "statistics": statistics,
+def fields() -> str:
+    """Every field of a result's parts, from its declaration: where it is saved (an array
+    of a file, or a column of a tidy table), its axes, and its per-head column."""
+    import dataclasses
+
+    from poskernel_tl.measurement.parts import UNSHOWN, head_columns, part_classes
+    from poskernel_tl.schema import axes
+
+    per_head = {attr: col for col, (_, attr, _) in head_columns().items()}
+    rows = ["| part | `res.` field | axes | saved as | `heads.csv` column |",
+            "|---|---|---|---|---|"]
+    for cls in part_classes():
+        hints = __import__("typing").get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            if f.name in UNSHOWN or not ("file" in meta or "table" in meta):
+                continue
+            if "file" in meta:
+                where = f"`…_{meta['file']}`" + (f" [`{meta['key']}`]" if meta["key"] else "")
+            else:
+                where = f"`…_{meta['table']}.csv` column `{meta['column']}`"
+            dims = axes(hints.get(f.name))
+            rows.append(f"| `{cls.NAME}` | `{f.name}` | {' '.join(dims) if dims else ''} "
+                        f"| {where} | {'`' + per_head[f.name] + '`' if f.name in per_head else ''} |")
+    return "\n".join(rows) + "\n"
+
+
+GENERATORS = {"cli": cli, "fields": fields, "analyses": analyses, "statistics": statistics,
               "criteria": criteria}
 
 
