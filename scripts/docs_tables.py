@@ -1,7 +1,7 @@
 """The docs' generated tables, regenerated from the code: the command line (from the
 ``poskernel`` parser), every field of a result (from the parts' declarations), the
-registered analyses and statistics, and the pre-registered criteria of the verdicts. Each lives in a docs page between the markers
-``<!-- generated: NAME -->`` and ``<!-- end generated -->``.
+registered analyses and statistics, and the pre-registered criteria of the verdicts.
+Each lives in a docs page between the markers ``<!-- generated: NAME -->`` and ``<!-- end generated -->``.
 
     python scripts/docs_tables.py           # rewrite every generated block in docs/
     python scripts/docs_tables.py --check   # exit 1 naming each block that differs
@@ -140,8 +140,9 @@ def fields() -> str:
             else:
                 where = f"`…_{meta['table']}.csv` column `{meta['column']}`"
             dims = axes(hints.get(f.name))
+            head = f"`{per_head[f.name]}`" if f.name in per_head else ""
             rows.append(f"| `{cls.NAME}` | `{f.name}` | {' '.join(dims) if dims else ''} "
-                        f"| {where} | {'`' + per_head[f.name] + '`' if f.name in per_head else ''} |")
+                        f"| {where} | {head} |")
     return "\n".join(rows) + "\n"
 
 

@@ -1,8 +1,8 @@
 """The docs' sources are checked without building them (scripts/check_docs.py, fast): every
 python/bash block is marked run / tested / not run, every page opens with a summary and is
 reachable from the home page, the README's links resolve, and every generated table (the
-command line, the result's fields, the registries, the verdicts' criteria) matches the code. `make docs` builds
-the site and runs the blocks marked to run."""
+command line, the result's fields, the registries, the verdicts' criteria) matches the
+code. `make docs` builds the site and runs the blocks marked to run."""
 
 import re
 import sys
