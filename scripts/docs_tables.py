@@ -1,7 +1,8 @@
 """The docs' generated tables, regenerated from the code: the command line (from the
 ``poskernel`` parser), every field of a result (from the parts' declarations), the
 registered analyses and statistics, and the pre-registered criteria of the verdicts.
-Each lives in a docs page between the markers ``<!-- generated: NAME -->`` and ``<!-- end generated -->``.
+Each lives in a docs page between the markers ``<!-- generated: NAME -->`` and
+``<!-- end generated -->``.
 
     python scripts/docs_tables.py           # rewrite every generated block in docs/
     python scripts/docs_tables.py --check   # exit 1 naming each block that differs
