@@ -16,7 +16,7 @@ import numpy as np
 
 import poskernel_tl as pk
 
-HEADS = ((1, 2, "previous-token head"), (20, 4, "sink head"))
+HEADS = ((1, 2, "previous-token head"), (20, 4, "a late head"))
 
 
 def main() -> None:
