@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean docs
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "poskernel_tl needs Python >= 3.11")'
@@ -24,8 +24,22 @@ demo: setup
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --durations=15
 
+# The docs site: its own virtual environment (mkdocs-material, mkdocstrings), a strict build
+# into site/ (open site/index.html offline), then the checks of scripts/check_docs.py with
+# the project's environment: generated tables, marks, links, and every block marked to run.
+DOCS_VENV ?= .venv-docs
+$(DOCS_VENV)/bin/mkdocs: docs/requirements.txt
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DOCS_VENV)/bin/pip install --quiet -r docs/requirements.txt
+	touch $@
+
+docs: setup $(DOCS_VENV)/bin/mkdocs
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
+	HF_HUB_OFFLINE=1 $(BIN)/python scripts/check_docs.py --run
+
 lint: setup
 	$(BIN)/ruff check poskernel_tl hooks analyses tests scripts
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(DOCS_VENV) site build *.egg-info

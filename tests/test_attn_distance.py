@@ -103,14 +103,15 @@ def test_its_panel_shows_in_the_report_and_in_inspect_head(tiny_tokenizer, tmp_p
     assert TITLE in [p["section"] for p in panels]
 
 
-def test_the_readme_shows_the_declared_panel():
+def test_the_docs_show_the_declared_panel():
+    """docs/how-to/add-panel.md shows the panel as declared."""
     import inspect
     import re
     from pathlib import Path
 
     from poskernel_tl.statistics import attn_distance
 
-    text = (Path(__file__).parents[1] / "README.md").read_text()
+    text = (Path(__file__).parents[1] / "docs" / "how-to" / "add-panel.md").read_text()
     section = text[text.index("A statistic shows more than a number"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert code in inspect.getsource(attn_distance)

@@ -3,7 +3,8 @@
 default statistic of every layer together costs a bounded number of kernel launches
 beyond the model's own forward — the same for 4 layers as for 16 of the same width, and
 at any length — and no device→host read (a GPU's host would wait for the queue there:
-``.item()``, a boolean index, ``.cpu()``, an upload). README, "On a GPU"."""
+``.item()``, a boolean index, ``.cpu()``, an upload); docs/explanation/performance.md,
+"On a GPU"."""
 
 import pytest
 import torch

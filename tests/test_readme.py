@@ -1,5 +1,6 @@
-"""The README's "Adding an analysis" example runs as written: registered, it is a
-`poskernel analyze` subcommand with its option as a flag and writes its table."""
+"""The docs' "Add an analysis" example runs as written (docs/how-to/add-analysis.md):
+registered, it is a `poskernel analyze` subcommand with its option as a flag and writes its
+table; the README's Python example runs as written."""
 
 import re
 import shutil
@@ -17,17 +18,17 @@ GOLDEN = Path(__file__).parent / "golden" / "v0.2.0"
 
 
 def example_module() -> types.ModuleType:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Adding an analysis"):]
+    text = (ROOT / "docs" / "how-to" / "add-analysis.md").read_text()
+    section = text[text.index("# Add an analysis"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert len([line for line in code.splitlines() if line.strip()
                 and not line.startswith("#")]) <= 20
     module = types.ModuleType("g_at_lag")
-    exec(compile(code, "README.md", "exec"), module.__dict__)
+    exec(compile(code, "docs/how-to/add-analysis.md", "exec"), module.__dict__)
     return module
 
 
-def test_the_readme_analysis_runs_from_the_command_line(tmp_path, monkeypatch, capsys):
+def test_the_docs_analysis_runs_from_the_command_line(tmp_path, monkeypatch, capsys):
     spec = example_module().SPEC
     monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
     shutil.copytree(GOLDEN, tmp_path, dirs_exist_ok=True)

@@ -1,6 +1,6 @@
 """The statistic registry: every reducer keeps the protocol (no host sync in ``update``),
 a registered statistic reaches the result, its files, ``heads.csv``, the grid summary and
-the memory plan, and the README's "Adding a statistic" example runs as written."""
+the memory plan, and the docs' "Add a statistic" example runs as written."""
 
 import contextlib
 import re
@@ -124,17 +124,17 @@ def test_the_plan_counts_a_registered_statistic(tiny_tokenizer, monkeypatch):
 
 
 def example_module() -> types.ModuleType:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Adding a statistic"):]
+    text = (ROOT / "docs" / "how-to" / "add-statistic.md").read_text()
+    section = text[text.index("# Add a statistic"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert code.startswith("# poskernel_tl/statistics/self_mass.py")
     module = types.ModuleType("self_mass")
-    exec(compile(code, "README.md", "exec"), module.__dict__)
+    exec(compile(code, "docs/how-to/add-statistic.md", "exec"), module.__dict__)
     return module
 
 
-def test_the_readme_statistic_runs_end_to_end(tiny_tokenizer, tmp_path, monkeypatch):
-    """Registered, the README's statistic is measured (against the pattern
+def test_the_docs_statistic_runs_end_to_end(tiny_tokenizer, tmp_path, monkeypatch):
+    """Registered, the docs' statistic is measured (against the pattern
     TransformerLens's own eager attention gives), saved, loaded, in heads.csv and in the
     grid summary's per-condition values."""
     stat = example_module().STATISTIC

@@ -107,7 +107,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_flags(p, GridConfig, exclude=("model", "dataset", "length", "overwrite"))
     _report_parser(sub)
     _inspect_parser(sub)
-    p = sub.add_parser("demo", help="the README's main job: the demo grid and its report")
+    p = sub.add_parser("demo", help="the main job: the demo grid and its report")
     p.add_argument("--out", default="artifacts/demo", help="output folder")
     p.add_argument("--n-seqs", type=int, help="sequences per condition (default 200)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -7,7 +7,8 @@ Counted as a difference: a measurement of ``long`` evaluation batches less one o
 pays once (building the reducers, the fits at the end) cancels; the model's forward through
 the capture alone (no reducer) is counted the same way and subtracted. On the kernels' path
 (a GPU, or Triton's interpreter under :func:`poskernel_tl.kernels.forced`) this is the
-per-batch cost of the statistics that the launch budget bounds (README, "On a GPU").
+per-batch cost of the statistics that the launch budget bounds
+(docs/explanation/performance.md, "On a GPU").
 """
 
 import contextlib

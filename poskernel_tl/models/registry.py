@@ -2,7 +2,7 @@
 
 Each entry records what the analyses need to know about a model without loading it
 (PE scheme, norm type, head geometry, rotary base) and which loader builds it. Adding a
-model is one entry here plus its parity test (see README, "Adding a model").
+model is one entry here plus its parity test (see docs/how-to/add-model.md).
 """
 
 import dataclasses

@@ -4,7 +4,7 @@ parts, the per-head table, ``grid_summary.csv``, the report and the head viewer 
 over :data:`STATISTICS`.
 
 Adding a statistic: one module in this folder ending with its ``STATISTIC`` (see
-``statistic.py`` and the README, section *Adding a statistic*). Every module of the folder
+``statistic.py`` and the docs' page ``docs/how-to/add-statistic.md``). Every module of the folder
 that defines one is registered, in the order of the module names; nothing else to edit.
 """
 
