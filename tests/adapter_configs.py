@@ -27,7 +27,11 @@ def _dense() -> dict:
         # RoPE on the sliding layers only, NoPE on the full one
         "cohere2": lambda: tf.Cohere2Config(**COMMON, **KV2, sliding_window=16,
                                             layer_types=LOCAL_GLOBAL),
+        # EXAONE 3: transformers builds it as a Llama; a hub config names the remote-code
+        # class ExaoneForCausalLM
         "exaone": lambda: tf.ExaoneConfig(**COMMON, **KV2),
+        "exaone_hub": lambda: tf.ExaoneConfig(**COMMON, **KV2,
+                                              architectures=["ExaoneForCausalLM"]),
         "ernie4_5": lambda: tf.Ernie4_5Config(**COMMON, **KV2, head_dim=16),
         "jais2": lambda: tf.Jais2Config(**COMMON, **KV2),
         "deepseek_v2": lambda: tf.DeepseekV2Config(
@@ -177,45 +181,45 @@ STACKS = ("encoder", "decoder")
 
 
 # ------------------------------------------- adapters of other inputs, refused
-# model type → TransformerLens's adapter: multimodal classes (a text stack beside a vision
+# TransformerLens's adapter → its model type: multimodal classes (a text stack beside a vision
 # or audio encoder) and encoders of audio or images, each refused from its config alone
 # (``poskernel_tl/models/modality.py``), before any weights load
 OTHER_MODALITIES = {
-    "gemma3": "Gemma3ForConditionalGeneration",
-    "gemma3n": "Gemma3nForConditionalGeneration",
-    "gemma4": "Gemma4ForConditionalGeneration",
-    "llama4": "Llama4ForConditionalGeneration",
-    "llava": "LlavaForConditionalGeneration",
-    "llava_next": "LlavaNextForConditionalGeneration",
-    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
-    "mistral3": "Mistral3ForConditionalGeneration",
-    "idefics3": "Idefics3ForConditionalGeneration",
-    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-    "qwen3_vl": "Qwen3VLForConditionalGeneration",
-    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
-    "qwen3_5": "Qwen3_5ForConditionalGeneration",
-    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
-    "glm4v": "Glm4vForConditionalGeneration",
-    "florence2": "Florence2ForConditionalGeneration",
-    "emu3": "Emu3ForConditionalGeneration",
-    "muse_glimmer": "MuseGlimmerForConditionalGeneration",
-    "t5gemma2": "T5Gemma2ForConditionalGeneration",
-    "qwen2_audio": "Qwen2AudioForConditionalGeneration",
-    "glmasr": "GlmAsrForConditionalGeneration",
-    "audioflamingo3": "AudioFlamingo3ForConditionalGeneration",
-    "musicflamingo": "MusicFlamingoForConditionalGeneration",
-    "hubert": "HubertForCTC",
-    "wav2vec2": "Wav2Vec2ForCTC",
-    "audio-spectrogram-transformer": "ASTForAudioClassification",
-    "vit": "ViTForImageClassification",
-    "deit": "DeiTForImageClassification",
+    "Gemma3ForConditionalGeneration": "gemma3",
+    "Gemma3nForConditionalGeneration": "gemma3n",
+    "Gemma4ForConditionalGeneration": "gemma4",
+    "Llama4ForConditionalGeneration": "llama4",
+    "LlavaForConditionalGeneration": "llava",
+    "LlavaNextForConditionalGeneration": "llava_next",
+    "LlavaOnevisionForConditionalGeneration": "llava_onevision",
+    "Mistral3ForConditionalGeneration": "mistral3",
+    "Idefics3ForConditionalGeneration": "idefics3",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "Qwen3VLForConditionalGeneration": "qwen3_vl",
+    "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Glm4vForConditionalGeneration": "glm4v",
+    "Florence2ForConditionalGeneration": "florence2",
+    "Emu3ForConditionalGeneration": "emu3",
+    "MuseGlimmerForConditionalGeneration": "muse_glimmer",
+    "T5Gemma2ForConditionalGeneration": "t5gemma2",
+    "Qwen2AudioForConditionalGeneration": "qwen2_audio",
+    "GlmAsrForConditionalGeneration": "glmasr",
+    "AudioFlamingo3ForConditionalGeneration": "audioflamingo3",
+    "MusicFlamingoForConditionalGeneration": "musicflamingo",
+    "HubertForCTC": "hubert",
+    "Wav2Vec2ForCTC": "wav2vec2",
+    "ASTForAudioClassification": "audio-spectrogram-transformer",
+    "ViTForImageClassification": "vit",
+    "DeiTForImageClassification": "deit",
 }
 OTHER_REFUSALS = ("is a multimodal model class", "reads audio", "reads images")
 
 
 # ----------------------------------------- adapters transformers cannot build here
 REMOTE = "remote code only (not in transformers; trust_remote_code)"
-OWN_FORMAT = "TransformerLens's own checkpoint format, not a Hugging Face model"
+OWN_FORMAT = "a checkpoint TransformerLens converts itself, not a Hugging Face model class"
 NOT_BUILT = {
     "BaichuanForCausalLM": REMOTE, "BD3LM": REMOTE, "DreamModel": REMOTE,
     "GiddForDiffusionLM": REMOTE, "GPT2LMHeadCustomModel": REMOTE,
@@ -224,6 +228,9 @@ NOT_BUILT = {
     "OpenELMForCausalLM": REMOTE, "OuroForCausalLM": REMOTE, "QwenForCausalLM": REMOTE,
     "RavenForCausalLM": REMOTE,
     "RWKV7ForCausalLM": REMOTE + "; a linear recurrence, no attention over positions",
+    "ExaoneForCausalLM": "remote code only (EXAONE 3's own module names); transformers "
+                         "builds its checkpoints as LlamaForCausalLM, measured under that "
+                         "adapter (exaone, exaone_hub)",
     "MinGPTForCausalLM": OWN_FORMAT, "NanoGPTForCausalLM": OWN_FORMAT,
     "NeelSoluOldForCausalLM": OWN_FORMAT, "TransformerLensNative": OWN_FORMAT,
     "TransformerLensPretrain": OWN_FORMAT,

@@ -63,12 +63,13 @@ def test_each_decoder_is_exact_or_refused_in_one_line(arch, tiny_tokenizer):
 
 
 @pytest.mark.parametrize("arch", ["zamba2", "gemma3n", "phimoe", "afmoe", "nanochat",
-                                  "jetmoe", "recurrent_gemma"])
+                                  "exaone_hub", "jetmoe", "recurrent_gemma"])
 def test_hf_folders_of_them_run_or_are_refused_as_the_users_input(arch, tiny_tokenizer,
                                                                     tmp_path, capsys):
     """Through ``poskernel run --model hf:DIR`` (a folder transformers saved, under the
-    class name it writes; the load's self-check on): PhiMoE, AFMoE and NanoChat run; a
-    refusal is one line, exit 2, never "a bug"."""
+    class name it writes; the load's self-check on): PhiMoE, AFMoE, NanoChat and EXAONE 3
+    under the hub's class name (built as a Llama) run; a refusal is one line, exit 2, never
+    "a bug"."""
     folder = tmp_path / arch
     build(arch).save_pretrained(folder)
     tiny_tokenizer.save_pretrained(folder)

@@ -11,17 +11,18 @@ from poskernel_tl.apps.cli import main
 from poskernel_tl.models.modality import modality_refusal
 
 
-@pytest.mark.parametrize("kind,says", [
-    ("llava", "LlavaForConditionalGeneration is a multimodal model class (its vision_config "
-              "beside its text_config)"),
-    ("qwen2_audio", "(its audio_config beside its text_config)"),
-    ("t5gemma2", "(its vision_config beside its text_config)"),
-    ("wav2vec2", "Wav2Vec2ForCTC reads audio (input_values), not token ids"),
-    ("vit", "ViTForImageClassification reads images (pixel_values), not token ids"),
+@pytest.mark.parametrize("adapter,says", [
+    ("LlavaForConditionalGeneration", "LlavaForConditionalGeneration is a multimodal model "
+                                      "class (its vision_config beside its text_config)"),
+    ("Qwen2AudioForConditionalGeneration", "(its audio_config beside its text_config)"),
+    ("T5Gemma2ForConditionalGeneration", "(its vision_config beside its text_config)"),
+    ("Wav2Vec2ForCTC", "Wav2Vec2ForCTC reads audio (input_values), not token ids"),
+    ("ViTForImageClassification", "ViTForImageClassification reads images (pixel_values), "
+                                  "not token ids"),
 ])
-def test_a_folder_of_another_modality_is_refused_in_one_line(kind, says, tmp_path, capsys):
-    config = auto.CONFIG_MAPPING[kind]()
-    config.architectures = [OTHER_MODALITIES[kind]]
+def test_a_folder_of_another_modality_is_refused_in_one_line(adapter, says, tmp_path, capsys):
+    config = auto.CONFIG_MAPPING[OTHER_MODALITIES[adapter]]()
+    config.architectures = [adapter]
     config.save_pretrained(tmp_path)  # a config alone: nothing else is read
     rc = main(["run", "--model", f"hf:{tmp_path}", "--dataset", "random", "--length", "16",
                "--n-seqs", "4", "--out", str(tmp_path / "out"), "--quiet"])
