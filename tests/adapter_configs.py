@@ -148,9 +148,11 @@ REFUSED_ADAPTERS = {
     "glm_moe_dsa": "keys a learned indexer selects by content",
     "deepseek_v4": "its keys are compressed over blocks of positions",
     "jetmoe": "_JetMoeAttentionBridge hooks no queries",
-    "nemotron_h": "SSMBlockBridge wraps this block whole, with no attention component",
-    "recurrent_gemma": "RecurrentGemmaBlockBridge wraps this block whole, with no attention "
-                       "component",
+    # (the hybrid's first attention layer is block 1: the refusal names its hook prefix)
+    "nemotron_h": "layer 0 (blocks.1.attn): TransformerLens's SSMBlockBridge wraps this block "
+                  "whole, with no attention component",
+    "recurrent_gemma": "layer 0 (blocks.1.attn): TransformerLens's RecurrentGemmaBlockBridge "
+                       "wraps this block whole, with no attention component",
     "mamba2": "Mamba2ForCausalLM has no softmax-attention layer",
     "falcon_mamba": "FalconMambaForCausalLM has no softmax-attention layer",
     "rwkv": "RwkvForCausalLM has no softmax-attention layer",

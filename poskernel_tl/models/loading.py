@@ -65,7 +65,8 @@ class LoadedModel:
             reason = capture_blocker(self.bridge, self.site(i))
             if reason:
                 raise UnreadableSchemeError(
-                    f"{self.spec.name} ({type(self.hf_model).__name__}), layer {i}: {reason}")
+                    f"{self.spec.name} ({type(self.hf_model).__name__}), layer {i} "
+                    f"({self.site(i)}): {reason}")
 
     @classmethod
     def from_bridge(cls, bridge, tokenizer=None, name: str | None = None,
