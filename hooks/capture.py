@@ -99,7 +99,8 @@ def capture_qk(
     for layer in layers:
         scheme = None if schemes is None else schemes[layer]
         site = site_of(layer, scheme)
-        src = qk_source(bridge, site, rope=scheme is not None and scheme.pe == "rope")
+        src = qk_source(bridge, site, rope=scheme is not None and scheme.pe == "rope",
+                        norm_after_rotary=getattr(scheme, "norm_after_rotary", None) is not None)
         if src.rotation != "as-is" and scheme is None:
             raise ValueError(f"layer {layer}: the bridge hooks q/k before rotary; pass the "
                              "layers' schemes (schemes=model.spec.layers)")
@@ -139,6 +140,8 @@ def _finished(pending: dict, src: QKSource, scheme: LayerScheme | None
     q, k = pending.pop("q"), pending.pop("k")
     if src.heads_first:
         q, k = q.transpose(1, 2), k.transpose(1, 2)
+    if q.ndim == 3:  # a norm over the whole width (OLMo hybrid): one head per d_head dims
+        q, k = q.unflatten(-1, (-1, src.d_head)), k.unflatten(-1, (-1, src.d_head))
     if src.rotation == "as-is":
         return q, k
     if src.rotation == "hooked-angles":

@@ -65,9 +65,10 @@ class QKSource:
     rotation: str = "as-is"
     angles: tuple[str, str] | None = None
     heads_first: bool = False  # hooked as [batch, head, pos, d_head] (DeepSeek's MLA)
+    d_head: int | None = None  # hooked as [batch, pos, head·d_head] (a norm over the width)
 
 
-def qk_source(bridge, site: str, rope: bool) -> QKSource:
+def qk_source(bridge, site: str, rope: bool, norm_after_rotary: bool = False) -> QKSource:
     """The :class:`QKSource` of the attention at ``site`` (:func:`block_site`; ``rope``:
     whether the layer's scheme rotates), from the class of its attention bridge:
     TransformerLens's rotary bridge fires ``hook_rot_q``/``hook_rot_k`` (every layer,
@@ -76,7 +77,9 @@ def qk_source(bridge, site: str, rope: bool) -> QKSource:
     ``hook_q_normed``/``hook_k_normed``; the fused-QKV rotary bridge fires
     ``hook_cos``/``hook_sin`` but not the rotated q/k; the base bridge neither, and hooks q
     and k before the model's own q/k norms, read then from the norms' ``hook_out`` (Gemma
-    4, which normalises before rotary); a bridge that hooks only the projections (T5's)
+    4, which normalises before rotary; OLMo hybrid over the whole width, [batch, pos,
+    head·d_head]), or, where the norm follows rotary (``norm_after_rotary``: NanoChat),
+    already rotated, heads first; a bridge that hooks only the projections (T5's)
     gives them as ``q.hook_out``/``k.hook_out``. A site :func:`capture_blocker` names is
     refused (ValueError). (Every bridge *lists* ``hook_rot_q`` in its ``hook_dict``, fired
     or not, so the listing cannot tell.)"""
@@ -107,29 +110,51 @@ def qk_source(bridge, site: str, rope: bool) -> QKSource:
         return QKSource(q, k, heads_first=True)
     if norms:  # the base bridge hooks q/k before the model's own norms (Gemma 4)
         q, k = Q_NORM_OUT.format(site=site), K_NORM_OUT.format(site=site)
+        if norm_after_rotary:  # the norms' outputs enter Q·Kᵀ as they are (NanoChat)
+            return QKSource(q, k, heads_first=True)
+    d_head = bridge.cfg.d_head if norms else None
     if not rope:
-        return QKSource(q, k)
+        return QKSource(q, k, d_head=d_head)
     if isinstance(attn, PositionEmbeddingHooksMixin):
-        return QKSource(q, k, "hooked-angles", (COS.format(site=site), SIN.format(site=site)))
-    return QKSource(q, k, "scheme-angles")
+        return QKSource(q, k, "hooked-angles", (COS.format(site=site), SIN.format(site=site)),
+                        d_head=d_head)
+    return QKSource(q, k, "scheme-angles", d_head=d_head)
 
 
 def capture_blocker(bridge, site: str) -> str | None:
     """Why the q and k of the attention at ``site`` cannot be read as the model forms
-    them, or None: a block TransformerLens gives no attention component (Zamba2's hybrid
-    blocks call one attention block shared by several), or a layer that normalises its
-    queries but reads another layer's keys (key/value sharing)."""
+    them, or None: a block TransformerLens wraps whole, with no attention component
+    (RecurrentGemma's and Nemotron-H's layers; Zamba2's hybrid blocks, which call one
+    attention block shared by several), an attention component that hooks no queries
+    (JetMoE's mixture of attention heads forms them inside Hugging Face's module), or a
+    layer that normalises its queries but reads another layer's keys (key/value sharing)."""
     attn = attention_component(bridge, site)
     if attn is None:
-        block = attention_component(bridge, site.rpartition(".")[0])
-        return (f"TransformerLens's {type(block).__name__} of this block has no attention "
-                "component to hook (an attention block shared between layers is not "
-                "measured)")
+        parent = site.rpartition(".")[0]
+        block = attention_component(bridge, parent)
+        if block is None:
+            return (f"TransformerLens's bridge has no block {parent} (its adapter names "
+                    "its layers otherwise), so no attention component to hook")
+        shared = hasattr(getattr(block, "original_component", None), "shared_transformer")
+        return (f"TransformerLens's {type(block).__name__} wraps this block whole, with no "
+                "attention component to hook"
+                + (" (an attention block shared between layers is not measured)" if shared
+                   else ": the layer's q and k are not read"))
+    if not _hooks_queries(bridge, site):
+        return (f"TransformerLens's {type(attn).__name__} hooks no queries (Hugging Face's "
+                "module forms them inside), so the layer's q and k are not read")
     subs = getattr(attn, "submodules", {})
     if "q_norm" in subs and "k_norm" not in subs:
         return ("it normalises its queries but reads another layer's keys (key/value "
                 "sharing), which the capture does not follow")
     return None
+
+
+def _hooks_queries(bridge, site: str) -> bool:
+    """Whether the attention at ``site`` has a hook the capture can read queries from
+    (every bridge lists ``hook_rot_q``, fired or not: the projections' hooks tell)."""
+    names = (PLAIN_Q, PROJ_Q, Q_NORMED, Q_NORM_OUT)
+    return any(n.format(site=site) in bridge.hook_dict for n in names)
 
 
 def qk_hook_names(bridge, site: str) -> tuple[str, str]:

@@ -5,16 +5,8 @@ four blocks), each with the outcome the toolkit owes it: exact against the input
 Face's eager softmax (None), or refused in one line (a phrase of the refusal)."""
 
 import transformers as tf
-
-VOCAB, N_CTX = 300, 128
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-              num_attention_heads=4, max_position_embeddings=N_CTX, bos_token_id=1,
-              eos_token_id=2, pad_token_id=2)
-IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=2)
-LOCAL_GLOBAL = ["sliding_attention"] * 3 + ["full_attention"]
-MOE = dict(num_local_experts=2, num_experts_per_tok=1)
-SSM = dict(mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16,
-           mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16)
+from adapter_configs import REFUSED_ADAPTERS, adapter_decoders
+from tiny_shapes import COMMON, IDS, LOCAL_GLOBAL, MOE, N_CTX, SSM, VOCAB
 
 
 def _gemma(cls, **extra):
@@ -101,8 +93,9 @@ def _mixtures_and_hybrids() -> dict:
 
 
 def decoder_configs() -> dict:
-    """Name → a function building the config (built on demand: one per test)."""
-    return {**_dense(), **_mixtures_and_hybrids()}
+    """Name → a function building the config (built on demand: one per test): these, and
+    the decoders of the adapters tried later (``adapter_configs``)."""
+    return {**_dense(), **_mixtures_and_hybrids(), **adapter_decoders()}
 
 
 # what the toolkit owes each: None (exact, ≤ 1e-6 against the naive fit on what the
@@ -110,5 +103,6 @@ def decoder_configs() -> dict:
 REFUSED = {
     "gemma3n": "cannot boot Gemma3nForCausalLM",
     "zamba2": "no attention component to hook (an attention block shared between layers",
+    **REFUSED_ADAPTERS,
 }
 DECODERS = tuple(decoder_configs())

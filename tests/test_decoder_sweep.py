@@ -1,8 +1,8 @@
 """Every TransformerLens decoder that transformers builds offline, measured exactly or
 refused in one line: Track A pooled and per sequence against a naive float64 fit on the
 input of Hugging Face's own eager softmax (``softmax_spy``), on the entries its mask keeps
-(``decoder_configs``: 28 tiny random configs beyond those of ``test_layer_schemes`` and
-``test_softmax_terms``)."""
+(``decoder_configs`` and ``adapter_configs``: tiny random configs beyond those of
+``test_layer_schemes`` and ``test_softmax_terms``)."""
 
 import numpy as np
 import pytest
@@ -62,11 +62,14 @@ def test_each_decoder_is_exact_or_refused_in_one_line(arch, tiny_tokenizer):
     assert np.isfinite(res.r2_perm_null).all()
 
 
-@pytest.mark.parametrize("arch", ["zamba2", "gemma3n", "phimoe"])
+@pytest.mark.parametrize("arch", ["zamba2", "gemma3n", "phimoe", "afmoe", "nanochat",
+                                  "exaone_hub", "jetmoe", "recurrent_gemma"])
 def test_hf_folders_of_them_run_or_are_refused_as_the_users_input(arch, tiny_tokenizer,
                                                                     tmp_path, capsys):
     """Through ``poskernel run --model hf:DIR`` (a folder transformers saved, under the
-    class name it writes): PhiMoE runs; a refusal is one line, exit 2, never "a bug"."""
+    class name it writes; the load's self-check on): PhiMoE, AFMoE, NanoChat and EXAONE 3
+    under the hub's class name (built as a Llama) run; a refusal is one line, exit 2, never
+    "a bug"."""
     folder = tmp_path / arch
     build(arch).save_pretrained(folder)
     tiny_tokenizer.save_pretrained(folder)

@@ -17,12 +17,18 @@ from poskernel_tl.models.scheme_reader import alibi_slopes, read_layers
 
 def test_each_family_claims_its_model_types():
     got = {kind: f.NAME for kind, f in registry.FAMILIES.items()}
+    sliding = "RoPE on sliding layers only"
     assert got == {"bert": "BERT", "bloom": "BLOOM", "codegen": "CodeGen", "falcon": "Falcon",
                    "gpt_neo": "GPT-Neo", "mpt": "MPT", "mpnet": "MPNet", "t5": "T5", "mt5": "T5",
-                   "switch_transformers": "T5", "longt5": "T5", "t5gemma": "T5Gemma"}
+                   "switch_transformers": "T5", "longt5": "T5", "t5gemma": "T5Gemma",
+                   **dict.fromkeys(["bart", "mbart", "blenderbot", "marian", "pegasus",
+                                    "m2m_100"], "BART"),
+                   "afmoe": sliding, "cohere2": sliding, "exaone4": sliding,
+                   "nanochat": "NanoChat", "hrm_text": "HRM-Text"}
     encoders = {f.NAME for f in registry.FAMILIES.values() if not f.CAUSAL}
     assert encoders == {"BERT", "MPNet"}
-    assert {f.NAME for f in registry.FAMILIES.values() if f.STACKS} == {"T5", "T5Gemma"}
+    assert {f.NAME for f in registry.FAMILIES.values() if f.STACKS} == {"T5", "T5Gemma",
+                                                                         "BART"}
     assert registry.family_of(SimpleNamespace(model_type="llama")) is None
 
 
@@ -64,3 +70,19 @@ def test_a_family_refuses_a_setting_in_one_line():
                     attn_config={"alibi": True, "clip_qkv": 6.0})
     with pytest.raises(UnreadableSchemeError, match="MPT's clip_qkv clamps q and k"):
         read_layers(MptForCausalLM(cfg), "alibi", 2, 16, 4)
+
+
+@pytest.mark.parametrize("arch", ["afmoe", "cohere2", "exaone4"])
+def test_rope_is_read_on_the_layers_that_rotate(arch):
+    """AFMoE, Cohere 2 and EXAONE 4 (with a window) rotate only their sliding layers: their
+    full-attention layers are read as NoPE (no frequencies), from their own modules."""
+    from test_decoder_sweep import build
+
+    from poskernel_tl.models.loading import describe
+    from poskernel_tl.models.registry import placeholder_spec
+
+    hf = build(arch)
+    layers = describe(hf, placeholder_spec(f"tiny-{arch}", None)).layers
+    full = [t == "full_attention" for t in hf.config.layer_types]
+    assert [s.pe for s in layers] == ["none" if f else "rope" for f in full], layers
+    assert all((s.inv_freq is None) == f for s, f in zip(layers, full))

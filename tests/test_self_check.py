@@ -1,8 +1,9 @@
 """The self-check at load (:mod:`poskernel_tl.models.self_check`): every architecture the
 tests measure exactly passes it; a model the measurement would read wrongly is refused in
-one line before anything is measured — AFMoE (its global layers apply no rotary, which the
-spec read as RoPE), and each mutation of what the measurement reads (a missing soft-cap or
-ALiBi ramp, a wrong scale, a window one offset too wide, q read before its norm)."""
+one line before anything is measured — AFMoE read as it was before its family file (its
+global layers apply no rotary, read as RoPE), and each mutation of what the measurement
+reads (a missing soft-cap or ALiBi ramp, a wrong scale, a window one offset too wide, q
+read before its norm)."""
 
 import dataclasses
 
@@ -52,10 +53,15 @@ def test_every_architecture_measured_exactly_passes(kind, arch, tiny_tokenizer):
     assert got["checked"] and got["max_deviation"] <= 1e-4, got
 
 
-def test_load_model_checks_and_refuses_afmoe_in_one_line(tiny_tokenizer, tmp_path):
-    """``pk.load_model("hf:DIR")``: AFMoE refused at load, naming the layer and head; a
-    Llama passes, and the check reaches the result's provenance; ``self_check=False``
-    skips it, and says so."""
+def test_load_model_checks_afmoe_and_refuses_it_read_as_rope_in_one_line(
+        tiny_tokenizer, tmp_path, monkeypatch):
+    """``pk.load_model("hf:DIR")``: AFMoE's full-attention layers apply no rotary in
+    Hugging Face's forward; read from its modules (the sliding-RoPE family file) they are
+    NoPE layers and the check passes. Read as RoPE layers (that reading undone), it is
+    refused at load, naming the layer and head; ``self_check=False`` skips it, and says so.
+    A Llama passes, and the check reaches the result's provenance."""
+    from poskernel_tl.models.families import sliding_rope
+
     afmoe = tf.AfmoeConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
         num_hidden_layers=4, num_dense_layers=1, num_attention_heads=4, num_key_value_heads=2,
@@ -69,6 +75,10 @@ def test_load_model_checks_and_refuses_afmoe_in_one_line(tiny_tokenizer, tmp_pat
         torch.manual_seed(0)
         tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / name)
         tiny_tokenizer.save_pretrained(tmp_path / name)
+    read = pk.load_model(f"hf:{tmp_path / 'afmoe'}", progress=False)
+    assert [s.pe for s in read.spec.layers] == ["rope", "none", "rope", "none"]
+    assert read.self_check["checked"] and read.self_check["max_deviation"] <= 1e-4
+    monkeypatch.setattr(sliding_rope.SlidingRope, "rope_layers", lambda self, attns: None)
     with pytest.raises(SelfCheckError) as refused:
         pk.load_model(f"hf:{tmp_path / 'afmoe'}", progress=False)
     line = str(refused.value)

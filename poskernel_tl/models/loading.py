@@ -20,6 +20,7 @@ from poskernel_tl.hooks import kv_head_map, logit_scale, pair_indices
 from poskernel_tl.hooks.names import capture_blocker, site_of
 from poskernel_tl.models import embedded
 from poskernel_tl.models.families.registry import family_of
+from poskernel_tl.models.modality import refuse_other_modalities
 from poskernel_tl.models.nope import NoRotaryEmbedding, apply_nope
 from poskernel_tl.models.registry import ModelSpec, placeholder_spec, resolve
 from poskernel_tl.models.scheme import UnreadableSchemeError
@@ -64,7 +65,8 @@ class LoadedModel:
             reason = capture_blocker(self.bridge, self.site(i))
             if reason:
                 raise UnreadableSchemeError(
-                    f"{self.spec.name} ({type(self.hf_model).__name__}), layer {i}: {reason}")
+                    f"{self.spec.name} ({type(self.hf_model).__name__}), layer {i} "
+                    f"({self.site(i)}): {reason}")
 
     @classmethod
     def from_bridge(cls, bridge, tokenizer=None, name: str | None = None,
@@ -216,6 +218,8 @@ def _placeholder_geometry(hf_model: nn.Module, stack: str | None = None) -> dict
     model family's own file (:mod:`poskernel_tl.models.families`) corrects what the
     generic reading gets wrong for it, for its ``stack``."""
     family = family_of(hf_model.config)
+    if family is None:  # an audio, image or multimodal model
+        refuse_other_modalities(hf_model.config)
     chosen = family.stack(stack) if family is not None and family.STACKS else None
     cfg = hf_model.config if chosen is None else family.stack_config(hf_model.config, chosen)
     n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)

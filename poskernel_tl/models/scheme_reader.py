@@ -70,6 +70,18 @@ NO_ATTENTION_TYPES = frozenset({"linear_attention", "conv", "moe", "mlp", "mamba
 SLIDING_TYPES = frozenset({"sliding_attention", "hybrid_sliding"})
 
 
+# layer types whose softmax keeps, or reads, other than one key per position under a mask
+# of offsets: what each is, said in the refusal
+UNMEASURED_TYPES = {
+    "indexed_attention": "each query attends to the keys a learned indexer selects by "
+                         "content (DeepSeek sparse attention), so the entries its softmax keeps "
+                         "depend on content, not on the offset",
+    "compressed_sparse_attention": "its keys are compressed over blocks of positions, a "
+                                   "learned indexer selecting among them by content",
+    "heavily_compressed_attention": "its keys are compressed over blocks of positions",
+}
+
+
 class NoAttentionError(UnreadableSchemeError):
     """The model has no softmax-attention layer (Mamba, RWKV, …): nothing to measure."""
 
@@ -111,10 +123,14 @@ def _no_rope(cfg, n_layers: int) -> list[bool]:
 
 
 def _rotary_tables(inner: nn.Module | None) -> tuple[nn.Module | None, dict]:
+    """The model's rotary module and its buffers: ``rotary_emb``, else the first module
+    named ``…RotaryEmbedding`` (LFM2-MoE's ``pos_emb``; RecurrentGemma's, on each attention),
+    else GPT-J's per-attention table (``embed_positions``)."""
     rotary = original(getattr(inner, "rotary_emb", None))
-    if rotary is None and inner is not None:  # GPT-J keeps its table on each attention
-        rotary = next((original(m) for m in inner.modules()
-                       if hasattr(original(m), "embed_positions")), None)
+    if rotary is None and inner is not None:
+        found = [original(m) for m in inner.modules()]
+        rotary = next((m for m in found if type(m).__name__.endswith("RotaryEmbedding")),
+                      next((m for m in found if hasattr(m, "embed_positions")), None))
     return rotary, ({} if rotary is None else dict(rotary.named_buffers()))
 
 
@@ -147,12 +163,13 @@ def _qk_norm(attn: nn.Module | None) -> bool:
                                     for n in ("q_norm", "k_norm", "q_layernorm", "qk_norm"))
 
 
-def _norm_after_rotary(attn: nn.Module | None) -> float | None:
-    """ε of Llama 4's weightless L2 norm of q and k after rotary (``attn.qk_norm``)."""
+def _norm_after_rotary(attn: nn.Module | None, family: Family | None) -> float | None:
+    """ε of a weightless norm of q and k after rotary: Llama 4's L2 norm (``attn.qk_norm``),
+    or where the model's family reads one (NanoChat's ``q_norm``/``k_norm``)."""
     norm = getattr(attn, "qk_norm", None)
     if isinstance(norm, nn.Module) and type(norm).__name__.endswith("L2Norm"):
         return float(norm.eps)
-    return None
+    return None if family is None or attn is None else family.norm_after_rotary(attn)
 
 
 def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
@@ -179,6 +196,11 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
         raise NoAttentionError(f"{type(hf_model).__name__} has no softmax-attention layer "
                                f"(layer types: {', '.join(sorted(set(types)))}): nothing to "
                                "measure")
+    unmeasured = next((t for t in types if t in UNMEASURED_TYPES), None)
+    if unmeasured is not None:
+        raise UnreadableSchemeError(
+            f"layer {types.index(unmeasured)} ({unmeasured!r}): "
+            f"{UNMEASURED_TYPES[unmeasured]}; not measured")
     n_heads = n_heads or getattr(cfg, "num_attention_heads", None) or cfg.n_head
     causal = chosen.causal if chosen is not None else family is None or family.CAUSAL
     try:
@@ -193,13 +215,15 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
     inner = _inner(hf_model) if chosen is None else family.stack_module(hf_model, chosen)
     rotary, buffers = _rotary_tables(inner) if pe == "rope" else (None, {})
     no_rope = _no_rope(cfg, n_layers)
+    rotates = _rope_layers(family, attns) if pe == "rope" else None
     shared = dict(causal=causal, reach=reach, d_head=d_head,
                   layout=_layout(next(iter(found), None)) if pe == "rope" else None,
                   offset=getattr(cfg, "qk_nope_head_dim", None) or 0, slopes=slopes,
                   n_heads=n_heads, hybrid=len(blocks) < n_layers, model=hf_model)
     out = []
-    for block, attn in zip(blocks, attns):
-        layer_pe = "none" if pe == "rope" and no_rope[block] else pe
+    for i, (block, attn) in enumerate(zip(blocks, attns)):
+        unrotated = no_rope[block] or (rotates is not None and not rotates[i])
+        layer_pe = "none" if pe == "rope" and unrotated else pe
         freq = None if layer_pe != "rope" else _inv_freq(buffers, types[block])
         if layer_pe == "rope" and freq is None:
             raise UnreadableSchemeError(
@@ -209,6 +233,15 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
         out.append(scheme if chosen is None else
                    dataclasses.replace(scheme, site=chosen.site.format(i=block)))
     return tuple(out)
+
+
+def _rope_layers(family: Family | None, attns: list) -> list[bool] | None:
+    """Per attention layer, whether it rotates, where the model's family reads it from its
+    modules (:meth:`~poskernel_tl.models.families.family.Family.rope_layers`), else None."""
+    try:
+        return None if family is None else family.rope_layers(attns)
+    except ValueError as err:
+        raise UnreadableSchemeError(f"{family.NAME}: {err}") from None
 
 
 def stack_of(hf_model: nn.Module, family: Family | None, stack: str | None
@@ -259,7 +292,7 @@ def _layer_scheme(cfg, block: int, layer_type: str, pe: str, freq: torch.Tensor 
         inv_freq=None if freq is None else tuple(float(x) for x in freq),
         rotary_dims=None if freq is None else 2 * len(freq),
         layout=layout if freq is not None else None, qk_norm=_qk_norm(attn),
-        norm_after_rotary=_norm_after_rotary(attn), terms=terms,
+        norm_after_rotary=_norm_after_rotary(attn, family_of(model.config)), terms=terms,
         rotary_offset=offset if freq is not None else 0, block=block if hybrid else None)
 
 

@@ -12,6 +12,7 @@ from torch import nn
 from poskernel_tl.errors import ModelUnavailableError
 from poskernel_tl.models import embedded
 from poskernel_tl.models.families.registry import family_of
+from poskernel_tl.models.modality import refuse_other_modalities
 from poskernel_tl.models.registry import resolve
 
 
@@ -37,8 +38,13 @@ def from_hub(hub_id: str, dtype: torch.dtype | str):
 
     try:
         config = AutoConfig.from_pretrained(hub_id)
+    except (OSError, ValueError) as err:
+        raise _unavailable(hub_id, err) from err
+    family = family_of(config)
+    if family is None:  # an audio, image or multimodal model: one line, no weights loaded
+        refuse_other_modalities(config)
+    try:
         tokenizer = AutoTokenizer.from_pretrained(hub_id)
-        family = family_of(config)
         if family is not None and family.LOADS_AS == "masked":
             return masked_lm(hub_id, dtype), tokenizer
         seq2seq = family is not None and family.LOADS_AS == "seq2seq"
@@ -46,14 +52,20 @@ def from_hub(hub_id: str, dtype: torch.dtype | str):
             hub_id, dtype=dtype, attn_implementation="eager"
         )
     except (OSError, ValueError) as err:
-        if Path(hub_id).is_dir():  # a local folder: say what is wrong with it
-            reason = next((x for x in str(err).splitlines() if x.strip()), type(err).__name__)
-            raise ModelUnavailableError(f"{hub_id} is not a loadable Hugging Face model "
-                                        f"folder: {reason}") from err
-        if isinstance(err, ValueError):
-            raise
-        raise ModelUnavailableError(offline_hint(hub_id)) from err
+        raise _unavailable(hub_id, err) from err
     return model, tokenizer
+
+
+def _unavailable(hub_id: str, err: Exception) -> Exception:
+    """What to raise where ``hub_id`` did not load: a local folder's own reason, a
+    ValueError as it is, else how to get a hub model onto an offline machine."""
+    if Path(hub_id).is_dir():  # a local folder: say what is wrong with it
+        reason = next((x for x in str(err).splitlines() if x.strip()), type(err).__name__)
+        return ModelUnavailableError(f"{hub_id} is not a loadable Hugging Face model "
+                                     f"folder: {reason}")
+    if isinstance(err, ValueError):
+        return err
+    return ModelUnavailableError(offline_hint(hub_id))
 
 
 def masked_lm(source: str | Path, dtype: torch.dtype | str) -> nn.Module:

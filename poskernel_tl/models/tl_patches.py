@@ -13,8 +13,13 @@ from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_AR
 
 
 def adapter_architecture(hf_model: nn.Module) -> str:
-    """The architecture name a bridge is booted under: the config's first, or the name
-    TransformerLens registers an adapter under that differs from it in case only."""
+    """The architecture name a bridge is booted under: the class transformers built where
+    TransformerLens has an adapter for it (a hub EXAONE 3 config names the remote-code
+    ``ExaoneForCausalLM``, whose adapter reads that code's module names, while transformers
+    builds it as ``LlamaForCausalLM``), else the config's first, or the name TransformerLens
+    registers an adapter under that differs from it in case only."""
+    if type(hf_model).__name__ in SUPPORTED_ARCHITECTURES:
+        return type(hf_model).__name__
     name = (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
     if name in SUPPORTED_ARCHITECTURES:
         return name

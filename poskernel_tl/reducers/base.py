@@ -211,6 +211,16 @@ class LayerBatch:
         return kernels.active(self.q) and self.chunk is None and not self.terms.offsets \
             and (self.mask is None or self.mask.kernels)
 
+    def path(self, source: str = "lags") -> str:
+        """How a fit of the logits reads this batch, chosen here for every reducer:
+        ``"tiles"`` (the tiled kernels: :attr:`on_kernels`), ``"streamed"`` (sums streamed
+        from q and k on the CPU's path: :attr:`streams`), or ``"scores"`` (the materialised
+        logits: the reference path, ``source="scores"``, and logits that are no bilinear
+        form of q and k)."""
+        if source == "lags" and self.on_kernels:
+            return "tiles"
+        return "streamed" if source == "lags" and self.streams else "scores"
+
     @property
     def group(self) -> int:
         """Query heads per key/value head."""

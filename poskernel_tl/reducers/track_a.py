@@ -160,17 +160,13 @@ class TrackAReducer:
     GROUPED = True  # the tiles' path takes a group of layers as one batch
 
     def update(self, batch: LayerBatch) -> None:
-        tiles = self.source == "lags" and batch.on_kernels
-        if batch.n_layers > 1 and not tiles:
+        path = batch.path(self.source)
+        if batch.n_layers > 1 and path != "tiles":
             for one in batch.split():
                 self.update(one)
             return
-        if tiles:
-            self._update_from_tiles(batch)
-        elif self.source == "lags" and batch.streams:
-            self._update_from_lags(batch)
-        else:  # the reference path, and logits that are no bilinear form of q and k
-            self._update_from_scores(batch)
+        {"tiles": self._update_from_tiles, "streamed": self._update_from_lags,
+         "scores": self._update_from_scores}[path](batch)
         self._seen[list(batch.rows)] = True
 
     @property

@@ -189,12 +189,12 @@ class PermNullReducer:
         keep = [i for i, row in enumerate(batch.rows) if row < self.max_seqs]
         if not keep:
             return
-        tiles = self.source == "lags" and batch.on_kernels
-        if batch.n_layers > 1 and not tiles:
+        path = batch.path(self.source)
+        if batch.n_layers > 1 and path != "tiles":
             for one in batch.split():
                 self.update(one)
             return
-        if tiles:  # every draw and layer in one launch, added by one operation
+        if path == "tiles":  # every draw and layer in one launch, added by one operation
             # (q and k as the model gave them: the kernels apply the softmax's terms)
             lower, upper = null_tile_sums(batch, *self._select(batch.q, batch.k, keep),
                                           self.perms32, self.max_lags[batch.layers[0]],
@@ -206,7 +206,7 @@ class PermNullReducer:
                 self.n_seen[L] += len(keep)
             return
         L = batch.layer
-        if self.source == "lags" and batch.streams:
+        if path == "streamed":
             # what the softmax reads (an ALiBi ramp permuted with q, k)
             q, k = self._select(*batch.logit_qk, keep)
             for p in range(len(self.perms)):

@@ -63,6 +63,18 @@ class Family:
         1/√d_head (None: read from the modules)."""
         return None
 
+    def rope_layers(self, attention: list) -> list[bool] | None:
+        """Per attention layer (its Hugging Face module, in order), whether its forward
+        applies the model's rotary, where the config does not say (None: every layer of a
+        RoPE model rotates, but those ``no_rope_layers`` leaves out)."""
+        return None
+
+    def norm_after_rotary(self, attention: Any) -> float | None:
+        """ε of a weightless RMS norm the layer's attention module (Hugging Face's) applies
+        to q and k after rotary, where its forward does so and no module name says it
+        (None: none, or Llama 4's ``qk_norm``, read by name)."""
+        return None
+
     def prepare(self, hf_model: Any) -> None:
         """What must be done before a bridge is booted around ``hf_model`` (register an
         adapter TransformerLens lacks); nothing by default."""
