@@ -86,14 +86,14 @@ def test_each_stack_equals_the_naive_fit_of_the_softmax_input(folder, stack, mon
 
 @pytest.mark.skipif(not kernels.interpreting(), reason="forces the kernels' path on CPU "
                     "tensors (TRITON_INTERPRET=1)")
-@pytest.mark.parametrize("stack,length", [("encoder", T), ("decoder", T), ("encoder", 56)])
+@pytest.mark.parametrize("stack,length", [("encoder", T), ("decoder", T), ("encoder", 80)])
 def test_the_kernels_path_equals_the_cpu_path(folder, stack, length, monkeypatch):
     """The tiled kernels (a GPU's path, here under Triton's interpreter) on grouped keys
     fitted on both sides and soft-capped logits: every array of the result equals the
     CPU path's (the diagonal g_self soft-capped and read per query head); past the
-    encoder's window, Track B's stored Gram read on both sides of the window by the
-    kernels (the layers' other sums on the CPU's path: the kernels take no two-sided
-    window)."""
+    encoder's window (T = 80: the interior region, rows and keys ≥ 50, holds 30 × 30
+    entries), Track B's stored Gram read on both sides of the window by the kernels (the
+    windowed layers' other sums on the CPU's path: the kernels take no two-sided window)."""
     from test_kernels import compare_results
     model = load(folder, stack, monkeypatch)
     ids = torch.randint(3, 290, (8, length), generator=torch.Generator().manual_seed(0))
