@@ -130,3 +130,13 @@ def test_a_wrong_scale_and_q_before_its_norm_are_refused(tiny_tokenizer):
         m.forward = lambda x: x
     with pytest.raises(SelfCheckError, match="layer 0, head"):
         check(model, probe)
+
+
+def test_a_missing_offset_table_is_refused_at_load(tiny_tokenizer):
+    """MPNet's learned relative-position table left out of the scheme: what the fits would
+    read differs from the softmax's input by b_h(t − s), refused at load."""
+    from test_mpnet import build
+    model, probe = probed(build(), tiny_tokenizer)
+    assert check(model, probe)["checked"]
+    with pytest.raises(SelfCheckError, match="layer 0, head"):
+        check(model, probe, mutated(model.spec, terms_fn={"relative_bias": None}))
