@@ -22,10 +22,16 @@ demo: setup
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-1} $(BIN)/poskernel demo
 
 test: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --durations=15
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 --dist loadgroup --durations=15
 
 lint: setup
 	$(BIN)/ruff check poskernel_tl hooks analyses tests scripts
+
+# The slow suite (docs/contributing-tests.md): the tests marked `slow`, which CI runs after
+# `make test`.
+.PHONY: test-slow
+test-slow: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m slow --durations=15
 
 clean:
 	rm -rf $(VENV) build *.egg-info
