@@ -22,7 +22,7 @@ demo: setup
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-1} $(BIN)/poskernel demo
 
 test: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --durations=15
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 --dist loadgroup --durations=15
 
 # The docs site: its own virtual environment (mkdocs-material, mkdocstrings), a strict build
 # into site/ (open site/index.html offline), then the checks of scripts/check_docs.py with
@@ -40,6 +40,12 @@ docs: setup $(DOCS_VENV)/bin/mkdocs
 
 lint: setup
 	$(BIN)/ruff check poskernel_tl hooks analyses tests scripts
+
+# The slow suite (docs/contributing-tests.md): the tests marked `slow`, which CI runs after
+# `make test`.
+.PHONY: test-slow
+test-slow: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m slow --durations=15
 
 clean:
 	rm -rf $(VENV) $(DOCS_VENV) site build *.egg-info

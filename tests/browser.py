@@ -180,16 +180,19 @@ def _chromium(args: list[str], timeout: float) -> subprocess.CompletedProcess:
 
 
 def load_page(path: str | os.PathLike, *, budget_ms: int = 2000,
-              timeout: float = 90, fragment: str = "") -> PageRun:
+              timeout: float = 90, fragment: str = "",
+              size: tuple[int, int] | None = None) -> PageRun:
     """Open ``path`` from ``file://`` in headless Chromium with the probe and return
     the DOM, probe records and console messages after ``budget_ms`` of virtual time.
-    ``fragment``: the part after ``#`` of the address (a permalink)."""
+    ``fragment``: the part after ``#`` of the address (a permalink); ``size``: the
+    window's width and height in pixels (Chromium's default when None)."""
     path = Path(path).resolve()
     probed = path.with_name(f".probe-{path.name}")
     probed.write_text(_with_probe(path.read_text(encoding="utf-8")), encoding="utf-8")
     uri = probed.as_uri() + (f"#{fragment}" if fragment else "")
     try:
-        proc = _chromium(["--enable-logging=stderr", "--v=0",
+        window = [f"--window-size={size[0]},{size[1]}"] if size else []
+        proc = _chromium(["--enable-logging=stderr", "--v=0", *window,
                           f"--virtual-time-budget={budget_ms}", "--dump-dom", uri], timeout)
     finally:
         probed.unlink(missing_ok=True)

@@ -16,6 +16,19 @@ def pytest_addoption(parser):
     parser.addoption("--device", default="cpu", help="device for model tests (cpu, cuda)")
 
 
+# Tests that share something outside their process run on one pytest-xdist worker, one
+# after another (``make test`` runs ``-n 2 --dist loadgroup``): the Slurm cluster's daemons.
+SERIAL_MARKS = ("slurm",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for mark in SERIAL_MARKS:
+            if item.get_closest_marker(mark):
+                item.add_marker(pytest.mark.xdist_group(mark))
+
+
 @pytest.fixture(scope="session")
 def device(request) -> str:
     return request.config.getoption("--device")

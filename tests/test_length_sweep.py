@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.smollm2
-def test_length_sweep_matches_measure(tmp_path):
+@pytest.mark.slow  # a script around pk.measure, whose path on SmolLM2 default tests take
+def test_length_sweep_matches_measure(tmp_path, smollm2):
     import poskernel_tl as pk
     from poskernel_tl.data.sequences import build_sequences
 
@@ -27,7 +28,7 @@ def test_length_sweep_matches_measure(tmp_path):
                           text=True, env=env, timeout=600, check=True)
     rows = json.loads(out.read_text())
     assert [r["T"] for r in rows] == [24, 40] and all(r["n_eval"] == 4 for r in rows)
-    model = pk.load_model("smollm2-135m", device="cpu", progress=False)
+    model = smollm2  # the session's load
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("| ")]
     bands = [ln for ln in lines if ln.startswith("| Δ ")]
     assert len(lines) == 2 + model.spec.n_layers + 3 + len(bands), proc.stdout

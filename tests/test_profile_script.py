@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.smollm2
+@pytest.mark.slow  # a script that times pk.measure, whose path on SmolLM2 default tests take
 def test_profile_measure_times_every_reducer():
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "profile_measure.py"),

@@ -23,6 +23,7 @@ from poskernel_tl.measurement.result import ConditionResult
 from poskernel_tl.report import build as B
 from poskernel_tl.report.build import ReportIncomplete, build_report
 from poskernel_tl.report.collect import Decoders, read_condition, slim
+from poskernel_tl.report.viewer_data import head_href
 
 SCRIPT = "<script>alert(1)</script>\"quoted\" 'single'"
 
@@ -217,9 +218,9 @@ def test_exploratory_result_beside_the_deferred_verdict(tmp_path):
 
 
 def test_permalinks():
-    assert B.head_href("smollm2-135m", "prose", 256, 1, 2) == \
+    assert head_href("smollm2-135m", "prose", 256, 1, 2) == \
         "report.html#smollm2-135m/prose_256/L1H2"
-    assert B.head_href("m", "text:/a b/c.txt", 32, 0, 0).startswith("report.html#m/text-c-")
+    assert head_href("m", "text:/a b/c.txt", 32, 0, 0).startswith("report.html#m/text-c-")
 
 
 def test_a_lazy_load_leaves_mapped_arrays_unread(tmp_path):

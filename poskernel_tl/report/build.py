@@ -36,26 +36,24 @@ from poskernel_tl.report import (
     head_map,
     nulls,
     reproductions,
-    sections,
     softmax_reads,
     tables,
     verdicts,
 )
 from poskernel_tl.report.collect import Damaged, SavedCondition, iter_conditions, slim
 from poskernel_tl.report.html import esc, page_html, report_block, write_page
+from poskernel_tl.report.layout import PageParts, page_body
 from poskernel_tl.report.long_files import write_long_views
-from poskernel_tl.report.sections import cond_text, fmt, table_html
+from poskernel_tl.report.sections import cond_text
 from poskernel_tl.report.tables import dataset_label
 from poskernel_tl.report.tokens import Decoder
-from poskernel_tl.report.viewer import asset_tags, viewer_html, write_assets
+from poskernel_tl.report.viewer import asset_tags, write_assets
 from poskernel_tl.report.viewer_data import (
     DATA_DIR,
     condition_key,
     data_path,
-    head_anchor,
     write_data,
 )
-from poskernel_tl.statistics.perm_null import null_percentile
 
 REPORT_DIR = "report"
 FIG_DIR = "figures"
@@ -67,6 +65,9 @@ CSS = """<style>
   vertical-align: top; }
 .pk-report img.pk-file { max-width: 100%; height: auto; display: block; margin: 8px 0; }
 .pk-explore { display: block; margin-top: 4px; color: #35506b; }
+.pk-report .pk-lead li { margin: 6px 0; line-height: 1.45; }
+.pk-report details.pk-fold > summary { cursor: pointer; }
+.pk-report details.pk-fold[open] > summary { margin-bottom: 4px; }
 </style>"""
 
 
@@ -79,11 +80,6 @@ class ReportIncomplete(ResultFileError):
         names = "; ".join(f"{d.condition} ({d.file or '?'}: {d.reason})" for d in damaged)
         super().__init__(f"report written to {page}, but {len(damaged)} condition"
                          f"{'s' if len(damaged) > 1 else ''} could not be read: {names}")
-
-
-def head_href(model: str, dataset: str, length: int, layer: int, head: int) -> str:
-    """The permalink of one head, relative to the report folder."""
-    return "report.html#" + head_anchor(model, dataset, length, layer, head)
 
 
 def _read(results_dir: Path, out: Path, decoders, progress: bool
@@ -301,8 +297,9 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
                            title="Heads against their learned offset table")
     further = softmax_reads.softmax_html(conds) + further
     write_assets(out)
-    body = _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, figs,
-                 note4 + " " + _gate_notes(summary, gate), further)
+    body = page_body(PageParts(results_dir, conds, damaged, summary, verdict, t1, thresholds,
+                               gate, figs, note4 + " " + _gate_notes(summary, gate), further,
+                               _index(conds)))
     page = write_page(out / "report.html", page_html(
         "Positional-kernel report", report_block(body, include_style=False),
         head=CSS + "\n" + asset_tags("assets")))
@@ -311,65 +308,4 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *,
     return page
 
 
-def _page(results_dir, conds, damaged, summary, verdict, t1, thresholds, gate, figs,
-          note4, further) -> str:
-    results = [c.result for c in conds]
-    perm = [r for r in results if nulls.perm_null_of(r) is not None]
-    perm_lines = "".join(
-        f"<li>{esc(r.stem())}: {s['n_above_null_max']}/{s['n_heads']} heads above the "
-        f"largest of their {s['n_perm']} permuted R² (null mean {s['null_mean_overall']:.2g}"
-        f", max {s['null_max_overall']:.2g})</li>"
-        for r in perm for s in [nulls.head_null_summary(r)])
-    nope = nulls.nope_r2(results)
-    nope_txt = (f"Empirical NoPE null: {len(nope)} heads, median {np.median(nope):.3f}; "
-                f"0.40 is at its {fmt(float(null_percentile(0.40, nope)), '{:.0f}')}th and 0.80 at "
-                f"its {fmt(float(null_percentile(0.80, nope)), '{:.0f}')}th percentile."
-                if nope.size else "No NoPE model in this folder: the empirical NoPE null "
-                "the protocol asks for cannot be formed; the analytic and permutation nulls "
-                "stand in.")
-    listed = "".join(f"<li>{esc(sections.condition_line(r))}</li>" for r in results)
-    banner, note = sections.design_banner(results)
-    g = lambda key: "".join(figs.get(key, []))  # noqa: E731
-    blocks = [
-        "<h1>Positional-kernel report</h1>", sections.damaged_html(damaged, results_dir),
-        sections.PROTOCOL_HTML,
-        f'<p class="pk-note">Conditions read from <code>{esc(results_dir.name)}</code>: '
-        f"{len(results)}.</p><ul>{listed}</ul>",
-        "<h2>Results</h2><ul>" + "".join(sections.answers(
-            summary, verdict, gate, note4.strip(), sections.calibration(results))) + "</ul>"
-        if len(summary) else "",
-        "<h2>Pre-registration verdicts</h2>" + banner + sections.verdict_html(verdict, note) +
-        '<p class="pk-note">Files: <a href="verdicts.csv">CSV</a> · '
-        '<a href="verdicts.md">Markdown</a>. The thresholds are uncalibrated (the '
-        "protocol's calibration note); see the nulls below.</p>",
-        "<h2>Table 1</h2>" + (table_html(tables.table1_display(t1, summary)) if len(t1) else "")
-        + '<p class="pk-note">Files: <a href="table1.csv">CSV</a> · <a href="table1.md">'
-        'Markdown</a> · <a href="summary.csv">all summary numbers</a></p>',
-        sections.layer_kinds_html(results),
-        "<h2>Figure 1 — Track A pooled R² per head</h2>"
-        '<p class="pk-note">Choose a condition and click a head to open its view; each '
-        "head's view has its own address (e.g. <code>"
-        + esc(head_href(results[0].model, results[0].dataset, results[0].length, 0, 0)
-                if results else "report.html#model/dataset_T/L0H0")
-        + "</code>).</p>" + viewer_html(_index(conds)) + g("1"), g("map"),
-        "<h2>Figure 2 — mean R² per layer</h2>"
-        f'<p class="pk-note">{esc(figures.TRACK_A_QUESTIONS)}</p>' + g("2"),
-        "<h2>Figure 3 — per-sequence R² of the top early-layer heads</h2>" + g("3"),
-        "<h2>Figure 4 — spectrum of one early rotary head</h2>" + g("4"),
-        "<h2>Nulls</h2><p>Analytic i.i.d. null: E[R²] = (T−2)/(N−1) with N the number of "
-        "strictly-lower-triangle entries fitted. Joint position-permutation null: q and k "
-        "positions permuted together, every logit kept, offsets destroyed.</p>"
-        + (f"<ul>{perm_lines}</ul>" if perm_lines else
-           "<p>Permutation null not measured in these runs.</p>")
-        + f"<p>{esc(nope_txt)}</p>" + table_html(thresholds.assign(
-            dataset=[dataset_label(d) for d in thresholds["dataset"]])) + g("null"),
-        "<h2>Early positions and the sink column</h2>" + sections.boundary_html(summary, results)
-        if len(summary) else "",
-        further,
-        "<h2>Limitations</h2><ul>" + "".join(f"<li>{esc(t)}</li>"
-                                             for t in sections.limitations(results)) + "</ul>",
-    ]
-    return "\n".join(s for s in blocks if s)
-
-
-__all__ = ["REPORT_DIR", "ReportIncomplete", "build_report", "head_href"]
+__all__ = ["REPORT_DIR", "ReportIncomplete", "build_report"]

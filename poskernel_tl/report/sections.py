@@ -20,7 +20,8 @@ from poskernel_tl.report.tables import dataset_label
 
 PROTOCOL = "the pre-registered protocol (Experiment 1)"
 PROTOCOL_HTML = (
-    "<h2>What this report tests</h2><p>The report follows <b>the pre-registered protocol "
+    '<details class="pk-fold"><summary><b>What this report tests</b>: the protocol, its two '
+    "tracks and its criteria</summary><p>The report follows <b>the pre-registered protocol "
     "(Experiment 1: Estimating the Positional Kernel From Queries and Keys)</b>. It asks "
     "whether each attention head's pre-softmax logits A(t, s) depend on position only "
     "through the offset Δ = t − s, that is, whether they are a shift-invariant kernel "
@@ -34,7 +35,7 @@ PROTOCOL_HTML = (
     "0.10, and the spectral analysis (do the peaks of g's spectrum sit at the rotary "
     "frequencies θᵢ?) runs on Track B only if the early-layer Track A R² exceeds 0.60 (the "
     "gate). The verdicts apply those rules as written; anything beyond them is labelled "
-    "exploratory or listed under further analyses.</p>")
+    "exploratory or listed under further analyses.</p></details>")
 
 
 def cond_text(r: ConditionResult) -> str:
@@ -99,26 +100,36 @@ def design_banner(results: Sequence[ConditionResult]) -> tuple[str, str]:
     ts = sorted({r.length for r in results})
     span = lambda xs: str(xs[0]) if len(xs) == 1 else f"{xs[0]}–{xs[-1]}"  # noqa: E731
     items = "".join(f"<li><code>{esc(c)}</code>: {esc(d)}</li>" for c, d in rows)
-    banner = ('<div class="pk-damaged"><p><b>Exploratory: these conditions are not the '
-              "protocol's design, so the verdicts below describe these data, not the "
-              f"pre-registered test:</b></p><ul>{items}</ul></div>")
+    banner = ('<div class="pk-damaged"><details><summary><b>Exploratory: these conditions '
+              "are not the protocol's design, so the verdicts below describe these data, not "
+              f"the pre-registered test</b> ({len(rows)} differences)</summary><ul>{items}</ul>"
+              "</details></div>")
     return banner, f"(exploratory: n = {span(ns)}, T = {span(ts)})"
 
 
+def folded(summary: str, body: str) -> str:
+    """``summary`` shown, ``body`` folded under it (both already HTML)."""
+    return (f'<details class="pk-fold"><summary>{summary}</summary>{body}</details>'
+            if body else summary)
+
+
 def verdict_html(v: pd.DataFrame, note: str = "") -> str:
+    """The verdict table; each row's reading shown and the numbers behind it (or, when not
+    computable, the reason) folded under it."""
     cls = {verdicts.MET: "pk-v-met", verdicts.PARTIAL: "pk-v-partial",
            verdicts.FAILED: "pk-v-failed", verdicts.NA: "pk-v-na"}
     rows = ["<tr><th>criterion</th><th>track</th><th>threshold</th><th>verdict</th>"
-            "<th>value</th><th>reading</th><th>numbers / reason</th></tr>"]
+            "<th>value</th><th>reading (click for the numbers)</th></tr>"]
     for row in v.to_dict("records"):
         val = row["value"]
         val = "–" if not isinstance(val, float | int) or not np.isfinite(val) else f"{val:.3g}"
         detail = row["reason"] if row["verdict"] == verdicts.NA else row["numbers"]
+        reading = folded(esc(row["reading"]), esc(detail) if detail != row["reading"] else "")
         rows.append(f"<tr><td>{esc(row['criterion'])}</td><td>{esc(row['track'])}</td>"
                     f"<td>{esc(row['threshold'])}</td><td class=\"{cls[row['verdict']]}\">"
                     f"{esc(row['verdict'])}{' ' + esc(note) if note else ''}</td>"
                     f"<td>{esc(val)}</td>"
-                    f"<td>{esc(row['reading'])}</td><td>{esc(detail)}</td></tr>")
+                    f"<td>{reading}</td></tr>")
     return f'<table class="pk-table pk-verdicts">{"".join(rows)}</table>'
 
 
@@ -153,12 +164,14 @@ def answers(summary: pd.DataFrame, v: pd.DataFrame, gate: tuple, fig4: str,
     """The protocol's questions (a)–(f), answered from the numbers (escaped HTML items)."""
     by = {row["id"]: row for row in v.to_dict("records")}
 
-    def say(cid: str) -> str:
+    def item(question: str, cid: str, before: str = "", after: str = "") -> str:
+        """A question with its verdict shown and the reading and numbers folded."""
         row = by[cid]
-        if row["verdict"] == verdicts.NA:
-            return f"<b>not computable</b>: {esc(row['reason'])}."
-        return (f"<b>{esc(row['verdict'])}</b>: {esc(row['reading'])}. "
-                f"<span class=\"pk-note\">{esc(row['numbers'])}.</span>")
+        body = (f"not computable: {esc(row['reason'])}." if row["verdict"] == verdicts.NA
+                else f"{esc(row['reading'])}. <span class=\"pk-note\">"
+                     f"{esc(row['numbers'])}.</span>")
+        head = f"<b>{esc(question)}</b> — <b>{esc(row['verdict'])}</b>"
+        return f"<li>{folded(head, before + body + after)}</li>"
 
     s = summary
     half = "".join(
@@ -181,17 +194,17 @@ def answers(summary: pd.DataFrame, v: pd.DataFrame, gate: tuple, fig4: str,
             f"gate value {fmt(value)} ({'met' if met else 'not met'}, threshold 0.60)")
     explore = exploratory_sentence(s, met)
     return [
-        f"<li><b>(a) Shift-invariance at early layers, Track A, RoPE models.</b> "
-        f"{say('early_r2')} {esc(calibration)}</li>",
-        f"<li><b>(b) Track A vs Track B; is centering creating stationarity?</b> "
-        f"{say('agreement')}{esc(art)}{esc(half)}</li>",
-        f"<li><b>(c) NoPE models: low R²?</b> {say('nope')}</li>",
-        f"<li><b>(d) Per-sequence R² spread (content stability).</b> {say('seq_std')}</li>",
-        f"<li><b>(e) Decay with depth.</b> {say('depth_decay')}</li>",
-        f"<li><b>(f) Spectral alignment with the PE frequencies.</b> {esc(gtxt)}. "
-        f"{say('spectral')} {esc(fig4)}"
-        + (f' <span class="pk-explore">{esc(explore)}</span>' if explore else "") + "</li>",
-        f"<li><b>Random tokens vs natural text.</b> {say('random_vs_text')}</li>"]
+        item("(a) Shift-invariance at early layers, Track A, RoPE models.", "early_r2",
+             after=f" {esc(calibration)}"),
+        item("(b) Track A vs Track B; is centering creating stationarity?", "agreement",
+             after=esc(art) + esc(half)),
+        item("(c) NoPE models: low R²?", "nope"),
+        item("(d) Per-sequence R² spread (content stability).", "seq_std"),
+        item("(e) Decay with depth.", "depth_decay"),
+        item("(f) Spectral alignment with the PE frequencies.", "spectral",
+             before=f"{esc(gtxt)}. ", after=f" {esc(fig4)}" + (
+                 f' <span class="pk-explore">{esc(explore)}</span>' if explore else "")),
+        item("Random tokens vs natural text.", "random_vs_text")]
 
 
 def calibration(results: Sequence[ConditionResult]) -> str:
@@ -273,7 +286,7 @@ def limitations(results: Sequence[ConditionResult]) -> list[str]:
 
 __all__ = ["PROTOCOL", "PROTOCOL_HTML", "answers", "boundary_html", "calibration",
            "cond_text", "damaged_html", "design_banner", "esc", "exploratory_sentence", "fmt",
-           "limitations", "table_html", "verdict_html"]
+           "folded", "limitations", "table_html", "verdict_html"]
 
 
 def layer_kinds_html(results: Sequence[ConditionResult]) -> str:

@@ -48,6 +48,11 @@ def head_anchor(model: str, dataset: str, length: int, layer: int, head: int) ->
     return f"{condition_key(model, dataset, length)}/L{int(layer)}H{int(head)}"
 
 
+def head_href(model: str, dataset: str, length: int, layer: int, head: int) -> str:
+    """The permalink of one head, relative to the report folder."""
+    return "report.html#" + head_anchor(model, dataset, length, layer, head)
+
+
 def data_path(report_dir: str | Path, r: ConditionResult) -> Path:
     return Path(report_dir) / DATA_DIR / f"{r.stem()}.js"
 
@@ -166,4 +171,4 @@ def write_data(report_dir: str | Path, cond: SavedCondition, long: dict | None =
 
 
 __all__ = ["DATA_DIR", "GLOBAL", "condition_key", "condition_payload", "data_path",
-           "head_anchor", "kernel_rows", "write_data"]
+           "head_anchor", "head_href", "kernel_rows", "write_data"]
