@@ -24,11 +24,11 @@ def test_each_family_claims_its_model_types():
                    **dict.fromkeys(["bart", "mbart", "blenderbot", "marian", "pegasus",
                                     "m2m_100"], "BART"),
                    "afmoe": sliding, "cohere2": sliding, "exaone4": sliding,
-                   "nanochat": "NanoChat", "hrm_text": "HRM-Text"}
+                   "nanochat": "NanoChat", "hrm_text": "HRM-Text", "led": "LED"}
     encoders = {f.NAME for f in registry.FAMILIES.values() if not f.CAUSAL}
     assert encoders == {"BERT", "MPNet"}
     assert {f.NAME for f in registry.FAMILIES.values() if f.STACKS} == {"T5", "T5Gemma",
-                                                                         "BART"}
+                                                                         "BART", "LED"}
     assert registry.family_of(SimpleNamespace(model_type="llama")) is None
 
 
