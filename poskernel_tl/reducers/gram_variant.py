@@ -14,8 +14,9 @@ from poskernel_tl.fit.counts import lag_counts
 from poskernel_tl.fit.toeplitz import r2_two_sided
 from poskernel_tl.models.softmax_ops import chunk_qk
 from poskernel_tl.models.softmax_terms import NONE
+from poskernel_tl.reducers import gram_fit
 from poskernel_tl.reducers.band_sums import band_is_cheaper
-from poskernel_tl.reducers.gram_fit import FIT_DTYPE, Pieces
+from poskernel_tl.reducers.gram_fit import Pieces
 from poskernel_tl.reducers.lag_sums import lag_sums, lower_stats, lower_sum_squares, windowed
 
 
@@ -46,7 +47,7 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
             s1_uv, sq_uv, _ = lower_stats(ut, vt, 1.0, max_lag=max_lag)
         else:
             s1_uv = windowed(lag_sums(ut, vt, 1.0), max_lag)
-            sq_uv = lower_sum_squares(ut, vt, 1.0, max_lag=max_lag, dtype=FIT_DTYPE)
+            sq_uv = lower_sum_squares(ut, vt, 1.0, max_lag=max_lag, dtype=gram_fit.FIT_DTYPE)
         s1 = s1 + scale * s1_uv[0]
         sq = sq + 2 * scale * (u * w).sum(dim=(1, 2)) + scale * scale * sq_uv[0]
         if s1_up is not None:  # Gᵀ = Bᵀ + scale·V·Uᵀ
