@@ -1,6 +1,7 @@
 """Print, per architecture of the decoder sweep (``tests/decoder_configs.py``), the largest
 |ΔR²| of Track A (pooled, over layers and heads) against the naive float64 fit on the input
-of Hugging Face's eager softmax, or the one-line refusal: the README's table, measured.
+of Hugging Face's eager softmax, or the one-line refusal (the architecture table,
+``docs/reference/architectures.md``, is written by ``scripts/architecture_table.py``).
 
 Usage: python scripts/decoder_sweep.py [ARCH ...] [--length 48] [--seqs 3]
 """

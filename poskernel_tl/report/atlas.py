@@ -165,7 +165,7 @@ def section(results_dir: Path, results: list[ConditionResult], out: Path, figure
         "<h2>Figure 5 — the atlas: which kernel each head implements (exploratory)</h2>",
         '<p class="pk-note">Exploratory: not part of the pre-registered protocol. Each '
         "head's class comes from its pooled g(Δ), its sink column and its permutation null "
-        "(rules in the README, section <i>Kernel classes</i>); the band R² is Track A fitted "
+        "(rules in the docs, <i>Kernel classes and the atlas</i>); the band R² is Track A fitted "
         "on the entries of one band of offsets alone.</p>",
         table_html(totals.reset_index()),
         *(figure(fig5_classes(counts[counts["condition"].isin(conds)]),
