@@ -54,6 +54,15 @@ def make_tiny_tokenizer(folder):
     return AutoTokenizer.from_pretrained(folder)
 
 
+def checkpoint_folder(tmp_path_factory, name: str, model):
+    """A folder as a user's checkpoint is: ``model`` saved by transformers beside the tiny
+    tokenizer (what ``hf:FOLDER`` loads)."""
+    folder = tmp_path_factory.mktemp(name)
+    make_tiny_tokenizer(folder)
+    model.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
     return make_tiny_tokenizer(tmp_path_factory.mktemp("tiny_tokenizer"))

@@ -26,14 +26,8 @@ def build(kind: str):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from conftest import make_tiny_tokenizer
-    out = {}
-    for kind in KINDS:
-        folder = tmp_path_factory.mktemp(kind)
-        make_tiny_tokenizer(folder)
-        build(kind).save_pretrained(folder)
-        out[kind] = folder
-    return out
+    from conftest import checkpoint_folder
+    return {kind: checkpoint_folder(tmp_path_factory, kind, build(kind)) for kind in KINDS}
 
 
 def stack_calls(kind: str, stack: str, ids: torch.Tensor, n_layers: int) -> list:

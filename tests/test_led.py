@@ -32,11 +32,8 @@ def decoder_calls(ids: torch.Tensor) -> list:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from conftest import make_tiny_tokenizer
-    out = tmp_path_factory.mktemp("led")
-    make_tiny_tokenizer(out)
-    build().save_pretrained(out)
-    return out
+    from conftest import checkpoint_folder
+    return checkpoint_folder(tmp_path_factory, "led", build())
 
 
 def test_the_decoder_is_measured_and_the_encoder_refused(folder, monkeypatch):

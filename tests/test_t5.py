@@ -51,14 +51,8 @@ def build(kind: str):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from conftest import make_tiny_tokenizer
-    out = {}
-    for kind in FAMILIES:
-        folder = tmp_path_factory.mktemp(kind)
-        make_tiny_tokenizer(folder)
-        build(kind).save_pretrained(folder)
-        out[kind] = folder
-    return out
+    from conftest import checkpoint_folder
+    return {kind: checkpoint_folder(tmp_path_factory, kind, build(kind)) for kind in FAMILIES}
 
 
 @pytest.mark.parametrize("kind,stack", [("t5", "encoder"), ("t5", "decoder"),

@@ -39,11 +39,8 @@ def build():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from conftest import make_tiny_tokenizer
-    out = tmp_path_factory.mktemp("t5gemma")
-    make_tiny_tokenizer(out)
-    build().save_pretrained(out)
-    return out
+    from conftest import checkpoint_folder
+    return checkpoint_folder(tmp_path_factory, "t5gemma", build())
 
 
 def load(folder, stack, monkeypatch):
