@@ -138,6 +138,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a job killed and rerun to the same bytes: test_slurm.py's scancel test
 def test_kill_and_resume_gives_the_same_bytes(tmp_path):
     script = tmp_path / "grid_job.py"
     script.write_text(SCRIPT.format(tests=str(TESTS)))

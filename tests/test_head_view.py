@@ -265,6 +265,7 @@ def test_cli_writes_pages(monkeypatch, tmp_path, llama, capsys):
 
 
 @pytest.mark.smollm2
+@pytest.mark.slow  # a script around pk.inspect_head, whose path on SmolLM2 the tests above take
 def test_worked_notebook_runs(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", POSKERNEL_INSPECT_OUT=str(tmp_path),
                TOKENIZERS_PARALLELISM="false")

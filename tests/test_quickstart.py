@@ -11,7 +11,9 @@ from browser import find_chromium, load_page
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.smollm2
+# slow: the notebook's calls on SmolLM2 (pk.measure, the plots, pk.inspect_head) are the
+# default suite's (test_runner.py, test_plots.py, test_head_view.py); this runs the file
+pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

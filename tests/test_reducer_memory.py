@@ -68,7 +68,8 @@ print(json.dumps(out))
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc"
                     or not os.access("/proc/self/clear_refs", os.W_OK),
                     reason="glibc's mallopt and Linux's resettable high-water RSS")
-@pytest.mark.parametrize("length", [1024, 2048])
+@pytest.mark.parametrize("length", [  # slow: the same check at twice the length
+    1024, pytest.param(2048, marks=pytest.mark.slow)])
 def test_reducers_state_what_they_take(length):
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(length)], capture_output=True,
                          text=True, check=True)

@@ -7,8 +7,6 @@ eager softmax, over the entries its mask keeps."""
 import base64
 import copy
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -176,27 +174,35 @@ def test_folded_queries_give_the_paper_form_and_the_temperature():
     assert fold_qk(q, k, SoftmaxTerms(softcap=30.0), 0.3) == (q, k)  # nothing additive
 
 
-def test_a_model_without_attention_is_refused_in_one_line(tmp_path, tiny_tokenizer):
+def models_command(name: str, capsys) -> tuple[int, str, str]:
+    """``poskernel models NAME`` in this process: (exit status, stdout, stderr)."""
+    from poskernel_tl.apps import cli
+
+    capsys.readouterr()
+    rc = cli.main(["models", name])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_a_model_without_attention_is_refused_in_one_line(tmp_path, tiny_tokenizer, capsys):
     from tiny_models import _softmax_configs
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_config(_softmax_configs()["mamba"]).save_pretrained(tmp_path / "m")
     tiny_tokenizer.save_pretrained(tmp_path / "m")
-    cmd = [sys.executable, "-m", "poskernel_tl.apps.cli", "models", f"hf:{tmp_path / 'm'}"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    assert out.returncode == 2, out.stderr
-    last = out.stderr.strip().splitlines()[-1]
-    assert "no softmax-attention layer" in last and "Traceback" not in out.stderr
+    rc, _, err = models_command(f"hf:{tmp_path / 'm'}", capsys)
+    assert rc == 2, err
+    last = err.strip().splitlines()[-1]
+    assert "no softmax-attention layer" in last and "Traceback" not in err
 
 
-def test_a_broken_local_folder_is_named_as_such(tmp_path):
+def test_a_broken_local_folder_is_named_as_such(tmp_path, capsys):
     folder = tmp_path / "broken"
     folder.mkdir()
     (folder / "config.json").write_text("{ not json")
-    cmd = [sys.executable, "-m", "poskernel_tl.apps.cli", "models", f"hf:{folder}"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    assert out.returncode == 2, out.stderr
-    last = out.stderr.strip().splitlines()[-1]
+    rc, _, err = models_command(f"hf:{folder}", capsys)
+    assert rc == 2, err
+    last = err.strip().splitlines()[-1]
     assert "config.json" in last and "Pre-download" not in last and str(folder) in last
 
 
@@ -206,12 +212,11 @@ def test_a_broken_local_folder_is_named_as_such(tmp_path):
     ("gpt_oss", "learned sink logits"),
     ("deepseek_v3", "8/24 dims rotated from dimension 16"),
 ])
-def test_models_prints_what_each_softmax_adds(arch, expect, tmp_path, tiny_tokenizer):
+def test_models_prints_what_each_softmax_adds(arch, expect, tmp_path, tiny_tokenizer, capsys):
     softmax_hf_model(arch).save_pretrained(tmp_path / arch)
     tiny_tokenizer.save_pretrained(tmp_path / arch)
-    cmd = [sys.executable, "-m", "poskernel_tl.apps.cli", "models", f"hf:{tmp_path / arch}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    assert expect in out, out
+    rc, out, err = models_command(f"hf:{tmp_path / arch}", capsys)
+    assert rc == 0 and expect in out, (out, err)
 
 
 @pytest.mark.parametrize("arch", ["bloom", "gpt_oss", "gemma2", "llama4", "bamba"])

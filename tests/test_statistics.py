@@ -62,7 +62,10 @@ def no_sync(update, seen: set, name: str):
 
 @pytest.mark.parametrize("arch,tiled", [
     ("llama", False), ("gpt_oss", False), ("bloom", False), ("gemma2", False),
-    ("gpt_oss", True), pytest.param("bloom", True, marks=pytest.mark.slow)])
+    # slow on the kernels' path: the CPU path of the same models, and the kernels' path
+    # of every architecture in test_kernels.py and test_launch_budget.py, are the default's
+    pytest.param("gpt_oss", True, marks=pytest.mark.slow),
+    pytest.param("bloom", True, marks=pytest.mark.slow)])
 def test_no_reducer_syncs_in_update(arch, tiled, tiny_tokenizer, monkeypatch):
     """Every reducer of a run with every statistic on (the centering means, Track A,
     Track B, whitening, the null, saved logits, the pattern statistics) updates without a

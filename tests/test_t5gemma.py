@@ -83,7 +83,9 @@ def test_each_stack_equals_the_naive_fit_of_the_softmax_input(folder, stack, mon
 
 @pytest.mark.skipif(not kernels.interpreting(), reason="forces the kernels' path on CPU "
                     "tensors (TRITON_INTERPRET=1)")
-@pytest.mark.parametrize("stack,length", [("encoder", T), ("decoder", T), ("encoder", 80)])
+@pytest.mark.parametrize("stack,length", [  # slow: within the window, a path the case past it takes
+    pytest.param("encoder", T, marks=pytest.mark.slow),
+    pytest.param("decoder", T, marks=pytest.mark.slow), ("encoder", 80)])
 def test_the_kernels_path_equals_the_cpu_path(folder, stack, length, monkeypatch):
     """The tiled kernels (a GPU's path, here under Triton's interpreter) on grouped keys
     fitted on both sides and soft-capped logits: every array of the result equals the
