@@ -56,12 +56,13 @@ class Capture:
     def __init__(self, bridge):
         self.bridge = bridge
         self.context: Any = None
+        self.length = 0  # the tokens' length (a model may pad them inside)
 
     def forward(self, tokens: torch.Tensor, context: Any = None):
         """``bridge(tokens)`` with ``context`` handed to every callback of this pass (None
         when the capture stopped the pass after its last layer); an encoder-decoder's
         decoder is fed ``tokens`` too."""
-        self.context = context
+        self.context, self.length = context, tokens.shape[-1]
         config = getattr(getattr(self.bridge, "original_model", None), "config", None)
         # an encoder-decoder's decoder reads the same tokens (not shifted right)
         same = {"decoder_input": tokens} if getattr(config, "is_encoder_decoder", False) else {}
@@ -113,7 +114,7 @@ def capture_qk(
 
         def emit(layer: int = layer, pending: dict = pending, src: QKSource = src,
                  scheme: LayerScheme | None = scheme) -> None:
-            q, k = _finished(pending, src, scheme)
+            q, k = _finished(pending, src, scheme, capture.length)
             on_layer(CapturedLayer(layer, q, k, pending.pop("scores", None),
                                    capture.context))
             pending.clear()
@@ -132,12 +133,15 @@ def capture_qk(
         yield capture
 
 
-def _finished(pending: dict, src: QKSource, scheme: LayerScheme | None
+def _finished(pending: dict, src: QKSource, scheme: LayerScheme | None, length: int
               ) -> tuple[Float[Tensor, "batch pos head_index d_head"],
                          Float[Tensor, "batch pos kv_head_index d_head"]]:
     """The layer's q and k as they enter Q·Kᵀ: as hooked, or rotated here by the hooked
-    angles or the layer's own frequencies."""
+    angles or the layer's own frequencies; of a sequence-first capture over a padded input,
+    the first ``length`` positions, copied (the model scales its queries in place next)."""
     q, k = pending.pop("q"), pending.pop("k")
+    if src.seq_first:  # (a copy: the model scales its queries in place next)
+        q, k = (x.transpose(0, 1)[:, :length].contiguous() for x in (q, k))
     if src.heads_first:
         q, k = q.transpose(1, 2), k.transpose(1, 2)
     if q.ndim == 3:  # a norm over the whole width (OLMo hybrid): one head per d_head dims

@@ -65,6 +65,9 @@ class QKSource:
     rotation: str = "as-is"
     angles: tuple[str, str] | None = None
     heads_first: bool = False  # hooked as [batch, head, pos, d_head] (DeepSeek's MLA)
+    # hooked as [pos, batch, head·d_head] over the length the model pads its input to
+    # (Longformer's windowed attention, LED's encoder): the first T positions kept
+    seq_first: bool = False
     d_head: int | None = None  # hooked as [batch, pos, head·d_head] (a norm over the width)
 
 
@@ -108,6 +111,9 @@ def qk_source(bridge, site: str, rope: bool, norm_after_rotary: bool = False) ->
         q, k = PROJ_Q.format(site=site), PROJ_K.format(site=site)  # T5's bridge
     if isinstance(attn, MLAAttentionBridge):  # whole heads, plain and rotary parts, rotated
         return QKSource(q, k, heads_first=True)
+    if "q_global" in attn.submodules and not rope:  # Longformer's projections (LED's encoder)
+        return QKSource(PROJ_Q.format(site=site), PROJ_K.format(site=site), seq_first=True,
+                        d_head=bridge.cfg.d_head)
     if norms:  # the base bridge hooks q/k before the model's own norms (Gemma 4)
         q, k = Q_NORM_OUT.format(site=site), K_NORM_OUT.format(site=site)
         if norm_after_rotary:  # the norms' outputs enter Q·Kᵀ as they are (NanoChat)

@@ -51,7 +51,7 @@ def test_each_row_says_the_owed_outcome(script, committed):
 def test_the_rows_not_measured_are_what_the_script_writes(script, committed):
     """Multimodal classes and encoders of other inputs: the line the loader refuses them
     with, from their configs (no weights); every TransformerLens adapter is in the table
-    but LED's (its encoder's band is measured elsewhere)."""
+    (under its own class or, for aliases and adapters tested on their own, as below)."""
     for name, (section, adapter, text) in committed.items():
         if section == "other":
             assert (adapter, text) == script.other_outcome(name), name
@@ -63,7 +63,7 @@ def test_the_rows_not_measured_are_what_the_script_writes(script, committed):
 
 
 # adapters the table names under another class (aliases of one adapter), or whose tests
-# are their own (encoders, the T5 family, T5Gemma; LED)
+# are their own (encoders, the T5 family, T5Gemma, LED)
 ALIASES_AND_COVERED_ELSEWHERE = {
     "BaiChuanForCausalLM", "BloomModel", "BertForMaskedLM", "BertLMHeadModel",
     "GemmaForCausalLM", "Gemma1ForCausalLM", "Gemma4UnifiedForConditionalGeneration",

@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from poskernel_tl.errors import UserError
 from poskernel_tl.hooks.capture import capture_qk
+from poskernel_tl.models.families.registry import family_of
 from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.models.softmax_ops import entry_offsets, finish_scores, fold_qk, qk_scores
@@ -54,20 +55,25 @@ class SelfCheckError(UserError):
 
 class _Spy(TorchFunctionMode):
     """Records the input of every softmax over the last axis of a [batch, head, T, ≥ T]
-    or [batch·head, T, T] tensor."""
+    or [batch·head, T, T] tensor, or of one the model's family reads back as [batch, head,
+    T, T] (``banded``: the family's
+    :meth:`~poskernel_tl.models.families.family.Family.softmax_input`)."""
 
-    def __init__(self, length: int):
+    def __init__(self, length: int, banded):
         super().__init__()
-        self.length, self.seen = length, []
+        self.length, self.banded, self.seen = length, banded, []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in SOFTMAXES:
-            x = args[0]
+            x, T = args[0], self.length
             dim = kwargs.get("dim", args[1] if len(args) > 1 else -1)
-            if dim in (-1, x.ndim - 1) and x.ndim in (3, 4) and x.shape[-2] == self.length \
-                    and x.shape[-1] >= self.length:
-                self.seen.append(x.detach().clone())
+            if dim in (-1, x.ndim - 1):
+                read = self.banded(x.detach())
+                if read is not None:
+                    self.seen.append(read)
+                elif x.ndim in (3, 4) and x.shape[-2] == T and x.shape[-1] >= T:
+                    self.seen.append(x.detach().clone())
         return func(*args, **kwargs)
 
 
@@ -79,7 +85,8 @@ def softmax_inputs(hf_model, ids: Tensor, dtype: torch.dtype = torch.float64, **
     largest —; the extra columns past T, or None). ``inputs``: more arguments of the forward
     (an encoder-decoder's ``decoder_input_ids``)."""
     b, T = ids.shape
-    spy = _Spy(T)
+    family = family_of(hf_model.config)
+    spy = _Spy(T, lambda x: None if family is None else family.softmax_input(hf_model, x, T))
     with torch.no_grad(), spy:
         hf_model(ids, **inputs)
     out = []

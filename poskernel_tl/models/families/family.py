@@ -97,6 +97,13 @@ class Family:
         of a bidirectional stack whose layer types include sliding ones)."""
         raise ValueError(f"{self.NAME}: a two-sided sliding window whose rule is not read")
 
+    def softmax_input(self, hf_model: Any, x: Any, length: int) -> Any:
+        """The input ``x`` of one of the model's softmax calls over its last axis as
+        [batch, head, T, T] (−inf where the mask removes an entry), where the family's
+        attention lays it out otherwise (Longformer's band); None: not such a call (the
+        self-check then reads a [batch, head, T, ≥ T] or [batch·head, T, T] input as it is)."""
+        return None
+
     def geometry(self, cfg: Any, stack: Stack | None) -> dict:
         """What the generic reading of the config gets wrong for this family (a
         :class:`~poskernel_tl.models.registry.ModelSpec`'s fields); ``stack`` None for a
