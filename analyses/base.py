@@ -73,6 +73,9 @@ class AnalysisSpec:
     # function of (layer, head) returning panel dicts (:mod:`poskernel_tl.panels`' kinds)
     # with a ``shared`` dict of the arrays they name (e.g. ``"omega"``); None: no panel
     head_panels: Callable[[Any, ConditionResult], Callable[[int, int], list[dict]]] | None = None
+    # where it is listed (the command line's subcommands, the report's sections, a head
+    # page's panels): lowest first, then by name
+    order: int = 50
 
     @property
     def suffix(self) -> str:

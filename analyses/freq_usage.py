@@ -59,6 +59,7 @@ def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
 
 
 SPEC = AnalysisSpec(
+    order=10,  # (where it is listed)
     bidirectional=True,
     name="freq-usage", title="Rotary frequency usage", compute=analyze, needs_model=False,
     needs_result=True, file=FREQ_USAGE_CSV, columns=("pair", "theta", "q_share"),

@@ -361,6 +361,7 @@ def plot_mean_field(table: pd.DataFrame, title: str = "") -> Figure:
 
 
 SPEC = AnalysisSpec(
+    order=80,  # (where it is listed)
     name="mean-field", title="Mean field", compute=analyze, options=MeanFieldOptions,
     needs_result=True, figure=plot_mean_field,
     columns=("R2_meanfield", "share_meanfield", "share_cross", "share_centered"),

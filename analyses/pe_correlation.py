@@ -113,6 +113,7 @@ class PECorrelationOptions:
 
 
 SPEC = AnalysisSpec(
+    order=90,  # (where it is listed)
     bidirectional=True,
     name="pe-correlation", title="S_PE against g(Δ)", options=PECorrelationOptions,
     compute=lambda inputs, options: pe_correlation_table(

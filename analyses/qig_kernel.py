@@ -334,6 +334,7 @@ def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
 
 
 SPEC = AnalysisSpec(
+    order=50,  # (where it is listed)
     name="qig-control", title="Position-free control kernel (QIG)", compute=analyze,
     figure=plot_qig_null, columns=("source", "R2_qig", "p_value"),
     guide="Attention logits built without q·kᵀ from Fisher–Rao distances between residual "

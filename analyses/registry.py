@@ -2,34 +2,21 @@
 by name. ``poskernel analyze NAME`` (its subcommands and flags), the grid's
 ``--analyses`` and the report iterate over :data:`REGISTRY`.
 
-Adding an analysis: one module or package with its ``SPEC`` (see ``base.py``):
-``analyses/my_analysis.py``, or ``analyses/my_analysis/`` when it needs several modules,
-its ``__init__`` holding the entry points and the ``SPEC``; then add the ``SPEC`` to
-:data:`REGISTRY` below.
+Adding an analysis: one module or package of this folder with its ``SPEC`` (see
+``base.py``): ``analyses/my_analysis.py``, or ``analyses/my_analysis/`` when it needs
+several modules, its ``__init__`` holding the entry points and the ``SPEC``; every one
+that defines a ``SPEC`` is registered (:func:`~poskernel_tl.plugins.discover`), listed by
+its ``order``; nothing else to edit.
 """
 
 
-
-from poskernel_tl.analyses import (
-    fourier_kernel,
-    freq_usage,
-    gk_baseline,
-    kernel_patching,
-    mean_field,
-    pe_correlation,
-    qig_kernel,
-    separable,
-    sequence_pca,
-    spectral,
-)
 from poskernel_tl.analyses.base import AnalysisSpec
-from poskernel_tl.analyses.sequence_pca import compression
 from poskernel_tl.errors import UnknownNameError
+from poskernel_tl.plugins import by_name, discover
 
-REGISTRY: dict[str, AnalysisSpec] = {s.name: s for s in (
-    spectral.SPEC, freq_usage.SPEC, gk_baseline.SPEC, fourier_kernel.SPEC, sequence_pca.SPEC,
-    qig_kernel.SPEC, kernel_patching.SPEC, separable.SPEC, mean_field.SPEC,
-    pe_correlation.SPEC, compression.SPEC)}
+REGISTRY: dict[str, AnalysisSpec] = by_name(
+    sorted(discover(__package__, "SPEC", lambda x: isinstance(x, AnalysisSpec)),
+           key=lambda s: (s.order, s.name)), lambda s: s.name, "analyses")
 
 
 def get(name: str) -> AnalysisSpec:

@@ -35,14 +35,16 @@ def test_each_family_claims_its_model_types():
 def test_two_families_claiming_one_type_are_refused(monkeypatch):
     class Twin(Family):
         NAME, MODEL_TYPES = "Twin", frozenset({"bert"})
-    real = registry.importlib.import_module
+    from poskernel_tl import plugins
+
+    real = plugins.importlib.import_module
 
     def with_twin(name):
         module = real(name)
         return SimpleNamespace(FAMILY=Twin()) if name.endswith(".codegen") else module
-    monkeypatch.setattr(registry.importlib, "import_module", with_twin)
+    monkeypatch.setattr(plugins.importlib, "import_module", with_twin)
     with pytest.raises(ValueError, match="'bert' is claimed by"):
-        registry.discover()
+        registry.families()
 
 
 def test_a_stack_that_is_not_there_names_the_stacks():

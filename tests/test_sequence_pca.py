@@ -6,9 +6,9 @@ import torch
 from matplotlib.figure import Figure
 from tiny_models import tiny_loaded
 
+from poskernel_tl.analyses import compression as SC
 from poskernel_tl.analyses import sequence_pca as S
 from poskernel_tl.analyses.base import AnalysisInputs
-from poskernel_tl.analyses.sequence_pca import compression as SC
 from poskernel_tl.analyses.sequence_pca import stats as SS
 from poskernel_tl.reducers import LayerBatch
 

@@ -350,6 +350,7 @@ def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
 
 
 SPEC = AnalysisSpec(
+    order=30,  # (where it is listed)
     name="fourier-kernel", title="Cosine-series kernel fit", compute=analyze,
     needs_model=False, needs_result=True, columns=("K", "R2_fit"),
     guide="Each head's pooled Track A g(Δ) fitted by K = 1, 2, 3, 5, 8 cosines with free "

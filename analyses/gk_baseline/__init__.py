@@ -288,6 +288,7 @@ def plot_term_shares(table: pd.DataFrame, column: str = "share", title: str = ""
 
 
 SPEC = AnalysisSpec(
+    order=20,  # (where it is listed)
     bidirectional=True,
     name="gk-baseline", title="Positional baseline G_k", compute=analyze, options=GkOptions,
     figure=lambda table, title="": plot_term_shares(table, title=title),

@@ -211,6 +211,7 @@ def _grid(table: pd.DataFrame, col: str, L: int, H: int) -> np.ndarray:
 
 
 SPEC = AnalysisSpec(
+    order=60,  # (where it is listed)
     name="kernel-patching", title="Kernel patching", compute=analyze,
     options=KernelPatchingOptions, needs_result=True, figure=plot_kernel_patching,
     columns=("dloss_patched", "dloss_ablated", "dloss_ratio"),

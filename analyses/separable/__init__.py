@@ -199,6 +199,7 @@ def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
 
 
 SPEC = AnalysisSpec(
+    order=70,  # (where it is listed)
     name="separable", title="Separable baseline", compute=analyze, figure=plot_separable,
     columns=("R2_toeplitz", "R2_separable", "R2_toeplitz_separable"),
     layer_means=(("R2_toeplitz", "R² Toeplitz"), ("R2_separable", "R² separable"),

@@ -228,6 +228,7 @@ def plot_probe_mae(table: pd.DataFrame, title: str = "") -> Figure:
 
 
 SPEC = AnalysisSpec(
+    order=40,  # (where it is listed)
     name="seq-pca", title="Sequence PCA and positional probes", compute=analyze,
     figure=plot_probe_mae, columns=("probe", "mae_tokens"),
     guide="How well each layer's residual stream encodes absolute position: probes "

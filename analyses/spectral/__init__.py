@@ -277,6 +277,7 @@ def analyze(inputs: AnalysisInputs, options: SpectralOptions) -> dict[str, pd.Da
 
 
 SPEC = AnalysisSpec(
+    order=0,  # (where it is listed)
     bidirectional=True,
     name="spectral", title="Spectral alignment", compute=analyze, options=SpectralOptions,
     needs_model=False, needs_result=True, file=C.SPECTRAL_CSV,

@@ -8,29 +8,15 @@ Adding a statistic: one module in this folder ending with its ``STATISTIC`` (see
 that defines one is registered, in the order of the module names; nothing else to edit.
 """
 
-import importlib
-import pkgutil
-from pathlib import Path
-
 import pandas as pd
 
 from poskernel_tl.errors import UnknownNameError
+from poskernel_tl.plugins import by_name, discover
 from poskernel_tl.statistics.statistic import StatisticSpec
 
-
-def discover() -> dict[str, StatisticSpec]:
-    """The ``STATISTIC`` of every module of this folder that defines one, by name."""
-    found: dict[str, StatisticSpec] = {}
-    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda i: i.name):
-        stat = getattr(importlib.import_module(f"{__package__}.{info.name}"), "STATISTIC", None)
-        if isinstance(stat, StatisticSpec):
-            if stat.name in found:
-                raise ValueError(f"two statistics are named {stat.name!r}")
-            found[stat.name] = stat
-    return found
-
-
-STATISTICS: dict[str, StatisticSpec] = discover()
+STATISTICS: dict[str, StatisticSpec] = by_name(
+    discover(__package__, "STATISTIC", lambda x: isinstance(x, StatisticSpec)),
+    lambda s: s.name, "statistics")
 
 
 def get(name: str) -> StatisticSpec:

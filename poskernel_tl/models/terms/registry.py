@@ -3,11 +3,8 @@
 in this folder ending with its ``TERM`` (the class); nothing else to edit.
 """
 
-import importlib
-import pkgutil
-from pathlib import Path
-
 from poskernel_tl.models.terms.term import KINDS, Term
+from poskernel_tl.plugins import by_name, discover
 
 
 def check(term: type[Term]) -> None:
@@ -21,19 +18,15 @@ def check(term: type[Term]) -> None:
                          "k needs its known_kernel (what the fits add to the scores)")
 
 
-def discover() -> dict[str, type[Term]]:
-    """The ``TERM`` of every module of this folder that defines one, by name, in ORDER."""
-    found: dict[str, type[Term]] = {}
-    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        term = getattr(importlib.import_module(f"{__package__}.{info.name}"), "TERM", None)
-        if isinstance(term, type) and issubclass(term, Term):
-            if term.NAME in found:
-                raise ValueError(f"two terms are named {term.NAME!r}")
-            check(term)
-            found[term.NAME] = term
-    return dict(sorted(found.items(), key=lambda kv: kv[1].ORDER))
+def terms() -> dict[str, type[Term]]:
+    """The ``TERM`` of every module of this folder that defines one, checked, by name, in
+    ORDER."""
+    found = discover(__package__, "TERM", lambda x: isinstance(x, type) and issubclass(x, Term))
+    for term in found:
+        check(term)
+    return by_name(sorted(found, key=lambda t: t.ORDER), lambda t: t.NAME, "terms")
 
 
-TERMS: dict[str, type[Term]] = discover()
+TERMS: dict[str, type[Term]] = terms()
 
-__all__ = ["TERMS", "check", "discover"]
+__all__ = ["TERMS", "check", "terms"]

@@ -228,6 +228,7 @@ def analyze(inputs: AnalysisInputs, options: CompressionOptions) -> pd.DataFrame
 
 
 SPEC = AnalysisSpec(
+    order=100,  # (where it is listed)
     name="seq-compression", title="Sequence compression (seed 002)", compute=analyze,
     options=CompressionOptions, columns=("condition", "heldout_loss"),
     guide="Each window's context compressed to its top temporal components and decoded "
