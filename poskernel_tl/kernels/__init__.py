@@ -21,17 +21,19 @@ of a group (:mod:`poskernel_tl.plan.groups`) —
 each forming its logits as the layer's softmax reads them
 (:mod:`~poskernel_tl.kernels.tile_logits`: the scale, a temperature, ALiBi, the soft-cap).
 
-:func:`~poskernel_tl.kernels.dispatch.active` is the rule, read by
-:attr:`~poskernel_tl.reducers.base.LayerBatch.on_kernels`: CUDA tensors take the kernels
-when Triton imports; CPU tensors never do, unless :func:`forced` (the tests, under
-``TRITON_INTERPRET=1``, Triton's interpreter on CPU tensors). ``POSKERNEL_KERNELS=0`` keeps
-a GPU on the chunked CPU path. Triton is imported only when a kernel is first used (the
-entry points below load their module on first access): a CPU install needs none.
+:func:`~poskernel_tl.kernels.dispatch.active` is the rule, and
+:func:`~poskernel_tl.kernels.dispatch.takes` the same for a layer's mask (no chunk binds),
+read by :attr:`~poskernel_tl.reducers.base.LayerBatch.on_kernels` and Track B: CUDA
+tensors take the kernels when Triton imports; CPU tensors never do, unless
+:func:`forced` (the tests, under ``TRITON_INTERPRET=1``, Triton's interpreter on CPU
+tensors). ``POSKERNEL_KERNELS=0`` keeps a GPU on the chunked CPU path. Triton is
+imported only when a kernel is first used (the entry points below load their module on
+first access): a CPU install needs none.
 """
 
 import importlib
 
-from poskernel_tl.kernels.dispatch import active, forced, interpreting
+from poskernel_tl.kernels.dispatch import active, forced, interpreting, takes
 
 # the kernels' entry points, importable as ``kernels.NAME`` without importing Triton
 # until one is first used (PEP 562)
@@ -52,4 +54,4 @@ def __getattr__(name: str):
 
 __all__ = ["active", "block_table", "forced", "gram_layout", "gram_tile_update",
            "interpreting", "lag_tile_sums", "layer_views", "pattern_sums", "stored_apply",
-           "stored_lag_sums", "strip_region_sums"]
+           "stored_lag_sums", "strip_region_sums", "takes"]

@@ -41,6 +41,14 @@ def active(x: torch.Tensor) -> bool:
         and triton_available()
 
 
+def takes(x: torch.Tensor, chunk: int | None = None) -> bool:
+    """Whether a sum over the entries a layer's mask keeps runs on the tiled kernels:
+    :func:`active` for tensors like ``x``, and no chunk binds (the kernels implement the
+    causal triangle, a window and the two sides, not a chunk: such a layer takes the
+    CPU's sums on every device). The one place that says so."""
+    return chunk is None and active(x)
+
+
 @contextlib.contextmanager
 def forced() -> Iterator[None]:
     """Take the kernels on any device (CPU tensors need ``TRITON_INTERPRET=1`` set before
@@ -69,4 +77,4 @@ def launch(kernel, grid: tuple[int, ...], *args, **meta) -> None:
 
 
 __all__ = ["COUNTERS", "IN_LAUNCH", "LAUNCHES", "active", "forced", "interpreting", "launch",
-           "triton_available"]
+           "takes", "triton_available"]

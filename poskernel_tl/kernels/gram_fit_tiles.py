@@ -25,6 +25,7 @@ from torch import Tensor
 
 from poskernel_tl.kernels.dispatch import launch
 from poskernel_tl.kernels.lag_tiles import TILE, Diagonals, diagonal_at, split_for
+from poskernel_tl.kernels.tile_logits import kept_offset
 
 COLUMNS = 64  # columns of X per program
 
@@ -98,9 +99,9 @@ def _stored_apply(ACC, BLOCKS, X, Y, T, R, G, m, last, sxk, sxt, syh, syt,
         kok = keys < T
         b = stored_tile(ACC, BLOCKS, h, rows[:, None], keys[None, :], T, R)
         if UPPER:
-            side = (keys[None, :] > rows[:, None]) & (keys[None, :] - rows[:, None] <= last)
+            side = kept_offset(keys[None, :] - rows[:, None], last, False)
         else:
-            side = (keys[None, :] < rows[:, None]) & (rows[:, None] - keys[None, :] <= last)
+            side = kept_offset(rows[:, None] - keys[None, :], last, False)
         b = tl.where(side & rok[:, None] & kok[None, :], b, 0.0)
         x = tl.load(X + kvh * sxk + tl.where(kok, keys, 0)[:, None] * sxt + cols[None, :],
                     mask=kok[:, None] & cok[None, :], other=0.0)

@@ -28,6 +28,7 @@ from poskernel_tl.kernels.dispatch import launch
 from poskernel_tl.kernels.tile_logits import (
     chunk_of,
     dot_flags,
+    kept_offset,
     logits_tile,
     operand,
     qk_tile,
@@ -43,21 +44,14 @@ STATS = 3  # after the α columns: Σ p(t, t − 1), Σ_{t ≥ 1} p(t, 0), Σ to
 
 @triton.jit
 @no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
-def _pattern(Q, K, TAU, SLOPES, SINKS, DIST, PART, T, H, G, last, n_alpha, n_blocks,
-             sqb, sqt, sqh, skb, skt, skh, scale, cap, CAUSAL: tl.constexpr,
-             HAS_SINKS: tl.constexpr, D_HEAD: tl.constexpr, BK: tl.constexpr,
-             BM: tl.constexpr, BN: tl.constexpr, BA: tl.constexpr, HAS_TAU: tl.constexpr,
-             HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST: tl.constexpr,
-             IEEE: tl.constexpr):
-    rb = tl.program_id(0)
-    z = tl.program_id(1).to(tl.int64)  # sequence · H + head
-    h = z % H
-    seq = z // H
-    kvh = h // G
-    rows = rb * BM + tl.arange(0, BM)
-    rok = rows < T
-    rpos = tl.where(rok, rows, 0)
-    q_off = seq * sqb + rpos * sqt + h * sqh
+def _row_sums(Q, K, TAU, SLOPES, q_off, k_base, rows, rok, rpos, h, lo, hi, T, last, skt,
+              scale, cap, CAUSAL: tl.constexpr, D_HEAD: tl.constexpr, BK: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr, HAS_TAU: tl.constexpr,
+              HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST: tl.constexpr,
+              IEEE: tl.constexpr):
+    """Per row of the block, over the key tiles [lo, hi): the running maximum, the sum of
+    exponentials and of exponentials times |t − s|, the logits at keys t − 1 and 0 and
+    whether the mask keeps them."""
     m = tl.full([BM], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BM], dtype=tl.float32)
     weighted = tl.zeros([BM], dtype=tl.float32)
@@ -65,23 +59,18 @@ def _pattern(Q, K, TAU, SLOPES, SINKS, DIST, PART, T, H, G, last, n_alpha, n_blo
     first = tl.zeros([BM], dtype=tl.float32)
     has_prev = tl.zeros([BM], dtype=tl.int32)
     has_first = tl.zeros([BM], dtype=tl.int32)
-    lo = 0
-    hi = T
-    if CAUSAL:
-        lo = tl.maximum(0, rb * BM - last) // BN * BN
-        hi = tl.minimum(T, rb * BM + BM)
     for s0 in range(lo, hi, BN):
         keys = s0 + tl.arange(0, BN)
         kok = keys < T
         kpos = tl.where(kok, keys, 0)
-        s = qk_tile(Q, K, q_off, seq * skb + kpos * skt + kvh * skh, rok, kok, BM, BN,
-                    D_HEAD, BK, UPCAST, IEEE)
+        s = qk_tile(Q, K, q_off, k_base + kpos * skt, rok, kok, BM, BN, D_HEAD, BK, UPCAST,
+                    IEEE)
         s = logits_tile(s, rpos, kpos, h, scale, cap, TAU, SLOPES, HAS_TAU, HAS_ALIBI,
                         HAS_CAP, False)
         lag = rows[:, None] - keys[None, :]
         keep = rok[:, None] & kok[None, :]
         if CAUSAL:
-            keep = keep & (lag >= 0) & (lag <= last)
+            keep = keep & kept_offset(lag, last, True)
         at_prev = keep & (lag == 1)
         at_first = keep & (keys[None, :] == 0)
         prev += tl.sum(tl.where(at_prev, s, 0.0), 1)
@@ -96,9 +85,17 @@ def _pattern(Q, K, TAU, SLOPES, SINKS, DIST, PART, T, H, G, last, n_alpha, n_blo
         total = total * grow + tl.sum(e, 1)
         weighted = weighted * grow + tl.sum(e * tl.abs(lag).to(tl.float32), 1)
         m = m_new
+    return m, total, weighted, prev, first, has_prev, has_first
+
+
+@triton.jit
+@no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
+def _normaliser(SINKS, h, m, total, rok, HAS_SINKS: tl.constexpr):
+    """Each row's log-normaliser and its share on tokens: the sink logit joins the
+    normaliser and takes its share of the row where the layer has sinks."""
     base = tl.where(m == float("-inf"), 0.0, m)
     share = tl.where(rok, 1.0, 0.0)
-    if HAS_SINKS:  # the sink logit joins the normaliser and takes its share of the row
+    if HAS_SINKS:
         sink = tl.load(SINKS + h)
         top = tl.maximum(base, sink)
         tokens = total * tl.exp(base - top)
@@ -107,6 +104,35 @@ def _pattern(Q, K, TAU, SLOPES, SINKS, DIST, PART, T, H, G, last, n_alpha, n_blo
         lse = top + tl.log(norm)
     else:
         lse = base + tl.log(tl.where(total > 0, total, 1.0))
+    return lse, share
+
+
+@triton.jit
+@no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
+def _pattern(Q, K, TAU, SLOPES, SINKS, DIST, PART, T, H, G, last, n_alpha, n_blocks,
+             sqb, sqt, sqh, skb, skt, skh, scale, cap, CAUSAL: tl.constexpr,
+             HAS_SINKS: tl.constexpr, D_HEAD: tl.constexpr, BK: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr, BA: tl.constexpr, HAS_TAU: tl.constexpr,
+             HAS_ALIBI: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST: tl.constexpr,
+             IEEE: tl.constexpr):
+    rb = tl.program_id(0)
+    z = tl.program_id(1).to(tl.int64)  # sequence · H + head
+    h = z % H
+    seq = z // H
+    k_base = seq * skb + (h // G) * skh
+    rows = rb * BM + tl.arange(0, BM)
+    rok = rows < T
+    rpos = tl.where(rok, rows, 0)
+    q_off = seq * sqb + rpos * sqt + h * sqh
+    lo = 0
+    hi = T
+    if CAUSAL:
+        lo = tl.maximum(0, rb * BM - last) // BN * BN
+        hi = tl.minimum(T, rb * BM + BM)
+    m, total, weighted, prev, first, has_prev, has_first = _row_sums(
+        Q, K, TAU, SLOPES, q_off, k_base, rows, rok, rpos, h, lo, hi, T, last, skt, scale,
+        cap, CAUSAL, D_HEAD, BK, BM, BN, HAS_TAU, HAS_ALIBI, HAS_CAP, UPCAST, IEEE)
+    lse, share = _normaliser(SINKS, h, m, total, rok, HAS_SINKS)
     dist = tl.where(total > 0, weighted / tl.where(total > 0, total, 1.0), 0.0) * share
     tl.store(DIST + z * T + rows, dist, mask=rok)
     later = rok & (rows >= 1)
@@ -117,15 +143,14 @@ def _pattern(Q, K, TAU, SLOPES, SINKS, DIST, PART, T, H, G, last, n_alpha, n_blo
     keys = tl.arange(0, BA)
     kok = keys < n_alpha
     kpos = tl.where(kok, keys, 0)
-    s = qk_tile(Q, K, q_off, seq * skb + kpos * skt + kvh * skh, rok, kok, BM, BA, D_HEAD,
-                BK, UPCAST, IEEE)
+    s = qk_tile(Q, K, q_off, k_base + kpos * skt, rok, kok, BM, BA, D_HEAD, BK, UPCAST, IEEE)
     s = logits_tile(s, rpos, kpos, h, scale, cap, TAU, SLOPES, HAS_TAU, HAS_ALIBI, HAS_CAP,
                     False)
     lag = rows[:, None] - keys[None, :]
     keep = rok[:, None] & kok[None, :]
     readers = T + tl.zeros([BA], dtype=tl.float32)
     if CAUSAL:
-        keep = keep & (lag >= 0) & (lag <= last)
+        keep = keep & kept_offset(lag, last, True)
         readers = (T - keys).to(tl.float32)
     p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
     tl.store(out + keys, tl.sum(p, 0) / readers, mask=kok)

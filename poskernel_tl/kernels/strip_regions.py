@@ -26,7 +26,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.kernels.dispatch import launch
-from poskernel_tl.kernels.tile_logits import chunk_of, logits_at, operand, term_args
+from poskernel_tl.kernels.tile_logits import (
+    chunk_of,
+    kept_offset,
+    logits_at,
+    operand,
+    term_args,
+)
 from poskernel_tl.models.softmax_terms import SoftmaxTerms
 
 LAGS = 64  # BL: lags per block
@@ -80,11 +86,12 @@ def _strip_regions(Q, K, TAU, SLOPES, REG, WHOLE, OUT, T, H, G, W, last, n_reg, 
                             HAS_CAP, False)
             hold = (tt[None] >= r0) & (tt[None] < r1) & (ss[None] >= k0) & (ss[None] < k1)
             hold = tl.where(comp[:, None, None], hold == 0, hold) & \
-                (lag <= last)[None, None, :] & ok[None] & rok[:, None, None]
+                kept_offset(lag, last, False)[None, None, :] & ok[None] & rok[:, None, None]
             v = tl.where(hold, val.to(tl.float64)[None], 0.0)
             acc1 += tl.sum(v, 1)
             acc2 += tl.sum(v * v, 1)
-        whole = tl.load(WHOLE + z * whole_row + lag - 1, mask=lok & (lag <= last), other=0.0)
+        whole = tl.load(WHOLE + z * whole_row + lag - 1,
+                        mask=lok & kept_offset(lag, last, False), other=0.0)
         out1 = tl.where(comp[:, None], whole[None, :] - acc1, acc1)
         tl.store(OUT + rr[:, None] * n_out + z * (W + 1) + (lag - 1)[None, :], out1,
                  mask=rok[:, None] & lok[None, :])

@@ -96,6 +96,18 @@ def logits_tile(s, row_pos, key_pos, h, scale, cap, TAU, SLOPES, HAS_TAU: tl.con
                      HAS_TAU, HAS_ALIBI, HAS_CAP, TRANSPOSED)
 
 
+@triton.jit
+@no_type_check  # (a Triton kernel: the tests' type-check hook must not wrap it)
+def kept_offset(lag, last, DIAGONAL: tl.constexpr):
+    """The kernels' entry test of a layer's mask at offsets ``lag`` (t − s; s − t for a
+    two-sided layer's upper side, read as the mirrored lower one): 1 ≤ lag ≤ ``last``, the
+    diagonal too where ``DIAGONAL`` (the softmax's test, which reads s = t), as
+    :meth:`~poskernel_tl.models.mask.Mask.keeps` (the kernels take no binding chunk)."""
+    if DIAGONAL:
+        return (lag >= 0) & (lag <= last)
+    return (lag >= 1) & (lag <= last)
+
+
 def chunk_of(d: int) -> int:
     """BK: the d_head chunk of :func:`qk_tile` (a power of two from 16 to 64)."""
     return min(64, max(16, triton.next_power_of_2(d)))
@@ -136,5 +148,5 @@ def operand(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-__all__ = ["chunk_of", "dot_flags", "logits_at", "logits_tile", "operand", "qk_tile", "tanh",
-           "term_args"]
+__all__ = ["chunk_of", "dot_flags", "kept_offset", "logits_at", "logits_tile", "operand",
+           "qk_tile", "tanh", "term_args"]

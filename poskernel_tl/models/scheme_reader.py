@@ -188,19 +188,7 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
     chosen = stack_of(hf_model, family, stack)
     cfg = hf_model.config if chosen is None else family.stack_config(hf_model.config, chosen)
     types = _layer_types(cfg, n_layers)
-    if len(types) != n_layers:
-        raise UnreadableSchemeError(f"config.layer_types has {len(types)} entries for "
-                                    f"{n_layers} layers")
-    blocks = [i for i, t in enumerate(types) if t not in NO_ATTENTION_TYPES]
-    if not blocks:
-        raise NoAttentionError(f"{type(hf_model).__name__} has no softmax-attention layer "
-                               f"(layer types: {', '.join(sorted(set(types)))}): nothing to "
-                               "measure")
-    unmeasured = next((t for t in types if t in UNMEASURED_TYPES), None)
-    if unmeasured is not None:
-        raise UnreadableSchemeError(
-            f"layer {types.index(unmeasured)} ({unmeasured!r}): "
-            f"{UNMEASURED_TYPES[unmeasured]}; not measured")
+    blocks = _attention_blocks(hf_model, types, n_layers)
     n_heads = n_heads or getattr(cfg, "num_attention_heads", None) or cfg.n_head
     causal = chosen.causal if chosen is not None else family is None or family.CAUSAL
     try:
@@ -233,6 +221,25 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
         out.append(scheme if chosen is None else
                    dataclasses.replace(scheme, site=chosen.site.format(i=block)))
     return tuple(out)
+
+
+def _attention_blocks(hf_model: nn.Module, types: list[str], n_layers: int) -> list[int]:
+    """The blocks with softmax attention, from the layers' types: a model with none is
+    refused (:class:`NoAttentionError`), as is one with a type not measured, in one line."""
+    if len(types) != n_layers:
+        raise UnreadableSchemeError(f"config.layer_types has {len(types)} entries for "
+                                    f"{n_layers} layers")
+    blocks = [i for i, t in enumerate(types) if t not in NO_ATTENTION_TYPES]
+    if not blocks:
+        raise NoAttentionError(f"{type(hf_model).__name__} has no softmax-attention layer "
+                               f"(layer types: {', '.join(sorted(set(types)))}): nothing to "
+                               "measure")
+    unmeasured = next((t for t in types if t in UNMEASURED_TYPES), None)
+    if unmeasured is not None:
+        raise UnreadableSchemeError(
+            f"layer {types.index(unmeasured)} ({unmeasured!r}): "
+            f"{UNMEASURED_TYPES[unmeasured]}; not measured")
+    return blocks
 
 
 def _rope_layers(family: Family | None, attns: list) -> list[bool] | None:

@@ -208,16 +208,17 @@ class LayerBatch:
         sums designed for a CPU; a chunk that binds, or an offset table that does not
         fold, takes those sums on every device, as does a layer whose mask the kernels do
         not take: :attr:`~poskernel_tl.models.mask.Mask.kernels`)."""
-        return kernels.active(self.q) and self.chunk is None and not self.terms.offsets \
+        return kernels.takes(self.q, self.chunk) and not self.terms.offsets \
             and (self.mask is None or self.mask.kernels)
 
-    def path(self, source: str = "lags") -> str:
+    def path(self, source: str = "lags", tiles: bool = True) -> str:
         """How a fit of the logits reads this batch, chosen here for every reducer:
         ``"tiles"`` (the tiled kernels: :attr:`on_kernels`), ``"streamed"`` (sums streamed
         from q and k on the CPU's path: :attr:`streams`), or ``"scores"`` (the materialised
         logits: the reference path, ``source="scores"``, and logits that are no bilinear
-        form of q and k)."""
-        if source == "lags" and self.on_kernels:
+        form of q and k). ``tiles``: False for a fit the kernels do not compute (the
+        within-row fit), which streams or materialises on every device."""
+        if source == "lags" and tiles and self.on_kernels:
             return "tiles"
         return "streamed" if source == "lags" and self.streams else "scores"
 

@@ -122,7 +122,6 @@ class GramReducer:
         # on the tiled kernels' device each layer's blocks are views of one flat buffer,
         # the layers with the same blocks one after the other in one buffer, so that one
         # launch updates a group of them (:mod:`poskernel_tl.kernels.gram_tiles`)
-        self.tiled = kernels.active(torch.empty(0, device=device))
         self.flat: list[tuple[Tensor, Tensor] | None] = [None] * len(self.layers)
         self.shared: list[tuple[Tensor, int, int] | None] = [None] * len(self.layers)
         self.acc = self._accumulators(n_heads, device)
@@ -147,8 +146,9 @@ class GramReducer:
         same blocks (kept in ``self.flat``: the slot's part and its tile table, and in
         ``self.shared``: the buffer, the slot's index in it and a part's size)."""
         acc: list[list[Tensor]] = [[] for _ in self.layers]
-        tiled = [i for i, f in enumerate(self.factors) if not f and self.tiled
-                 and self.chunks[self.layers[i]] is None]
+        probe = torch.empty(0, device=device)
+        tiled = [i for i, f in enumerate(self.factors)
+                 if not f and kernels.takes(probe, self.chunks[self.layers[i]])]
         for i, f in enumerate(self.factors):
             if not f and i not in tiled:
                 acc[i] = [torch.zeros(n_heads, r1 - r0, k1 - k0, dtype=torch.float32,

@@ -308,7 +308,7 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
     if chunk is not None:
         q, k = chunk_qk(q, k, chunk)
     n, T, H, d = q.shape
-    if kernels.active(q) and chunk is None:  # the accumulator from the factors, then read
+    if kernels.takes(q, chunk):  # the accumulator from the factors, then read
         blocks = gram_row_blocks(T, upper, max_lag=max_lag)
         flat, _, table = kernels.gram_layout(blocks, H, q.device)
         kernels.gram_tile_update(flat, table, GRAM_ROWS, q, k)

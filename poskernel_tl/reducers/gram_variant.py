@@ -37,7 +37,7 @@ def variant_fit(pieces: Pieces, u: Float[Tensor, "head_index pos rank"] | None,
     s1_up, sq_up, diag = pieces.s1_up, pieces.sq_up, pieces.diag
     if v is not None and s1_up is not None:  # Gᵀ's queries are V's: one per query head
         v = v.repeat_interleave(u.shape[0] // v.shape[0], dim=0)
-    if u is not None and kernels.active(u) and chunk is None:
+    if u is not None and kernels.takes(u, chunk):
         s1, sq, s1_up, sq_up, diag = _tile_corrected(pieces, u, v, w, w_up, scale, max_lag)
     elif u is not None:
         ut, vt = u.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, T, heads, rank]

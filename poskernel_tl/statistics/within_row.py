@@ -69,11 +69,12 @@ def layouts(run: StatisticContext) -> list[RowLayout]:
     return [RowLayout.of(g.mask(L)) for L in range(g.n_layers)]
 
 
-def row_sums(batch: LayerBatch, layout: RowLayout, from_scores: bool
+def row_sums(batch: LayerBatch, layout: RowLayout, source: str
              ) -> Float[Tensor, "batch head_index query_pos"]:
-    """R(t): each row's sum over the entries its mask keeps, float64."""
+    """R(t): each row's sum over the entries its mask keeps, float64 (``source``: the run's,
+    "lags" or "scores": :meth:`~poskernel_tl.reducers.base.LayerBatch.path`)."""
     T, W = layout.T, layout.max_lag
-    if from_scores or not batch.streams:  # the materialised logits, in blocks of rows
+    if batch.path(source, tiles=False) == "scores":  # the materialised logits, in blocks
         A, t, mask = batch.scores, torch.arange(T, device=batch.q.device), layout.mask
         out = torch.empty(*A.shape[:2], T, dtype=torch.float64, device=A.device)
         for lo in range(0, T, ROW_BLOCK):
@@ -104,7 +105,7 @@ class WithinRowReducer:
     def __init__(self, run: StatisticContext):
         s = run.spec
         self.layouts = layouts(run)
-        self.from_scores = run.source == "scores"
+        self.source = run.source
         n_lags = self.layouts[0].n_lags
         f64 = dict(dtype=torch.float64, device=run.device)
         self.u = torch.zeros(run.n_eval, s.n_layers, s.n_heads, n_lags, **f64)
@@ -112,11 +113,11 @@ class WithinRowReducer:
 
     def update(self, batch: LayerBatch) -> None:
         layout = self.layouts[batch.layers[0]]  # (a group's layers share their mask)
-        if batch.n_layers > 1 and (self.from_scores or not batch.streams):
+        if batch.n_layers > 1 and batch.path(self.source, tiles=False) == "scores":
             for one in batch.split():
                 self.update(one)
             return
-        u, row_sq = layout.row_terms(row_sums(batch, layout, self.from_scores))
+        u, row_sq = layout.row_terms(row_sums(batch, layout, self.source))
         batch.put(self.u, u)
         batch.put(self.row_sq, row_sq)
 
