@@ -211,7 +211,8 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
                            "rerun the same command to resume")
 
 
-@pytest.mark.parametrize("command", ["run", "grid"])
+@pytest.mark.parametrize("command", [  # slow: the grid's stop takes the handler run's does
+    "run", pytest.param("grid", marks=pytest.mark.slow)])
 def test_sigterm_is_one_line_and_exit_143(command, tmp_path, tiny_tokenizer):
     """SIGTERM (what a scheduler or ``timeout`` sends) during a measurement: the same one
     line as Ctrl-C, naming the signal, and exit 143; no traceback."""
