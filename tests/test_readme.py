@@ -44,6 +44,8 @@ def test_the_docs_analysis_runs_from_the_command_line(tmp_path, monkeypatch, cap
 
 
 @pytest.mark.smollm2
+# slow: its calls on SmolLM2 run in make docs (the first tutorial) and test_sink_first.py
+@pytest.mark.slow
 def test_the_readme_python_example_runs_on_real_files(smollm2, tmp_path, monkeypatch):
     """The README's first Python block, as written, on the 20 smallest standard-library files
     over 600 bytes (texts of different lengths, both sets cut to the shortest)."""

@@ -93,6 +93,8 @@ def test_length_above_context_fails_before_forward(tiny_tokenizer, tmp_path):
 
 
 @pytest.mark.smollm2
+# slow: `run` on tiny models (test_decoder_sweep.py), pk.measure on SmolLM2 (test_sink_first.py)
+@pytest.mark.slow
 def test_cli_run_on_smollm2(smollm2, tmp_path, monkeypatch, capsys):
     """The CLI path with the real model (loaded once per session) and a small N."""
     from poskernel_tl.run import runner
