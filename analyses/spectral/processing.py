@@ -69,16 +69,19 @@ def lag_window(length: int) -> Float[np.ndarray, " lag"]:
 
 
 @lru_cache(maxsize=16)
-def _trend_projection(length: int, degree: int) -> np.ndarray:
-    """[lag, lag] matrix P with g @ P the weighted least-squares polynomial trend of g
-    (weights = the taper), cached per (T, degree): one matrix product per batch of g."""
+def _trend_factors(length: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
+    """(A [lag, degree + 1], B [degree + 1, lag]) with (g @ A) @ B the weighted
+    least-squares polynomial trend of g (weights = the taper), cached per (T, degree): the
+    projection A·B kept as its two factors, O(T·degree) in time and memory (as one
+    [lag, lag] matrix it held 8.6 GB at T = 32,768)."""
     w = lag_window(length)
     x = (np.arange(1, length) - length / 2) / (length / 2)
     vander = np.vander(x, degree + 1)
     fit = np.linalg.pinv(vander * np.sqrt(w)[:, None])  # [degree + 1, lag]
-    out = (fit * np.sqrt(w)[None]).T @ vander.T
-    out.setflags(write=False)
-    return out
+    a, b = (fit * np.sqrt(w)[None]).T, np.ascontiguousarray(vander.T)
+    a.setflags(write=False)
+    b.setflags(write=False)
+    return a, b
 
 
 def prepare(
@@ -93,7 +96,8 @@ def prepare(
     if raw_spectrum:
         return g - g.mean(-1, keepdims=True) if demean else g
     w = lag_window(length)
-    resid = g - g @ _trend_projection(length, detrend_degree)
+    a, b = _trend_factors(length, detrend_degree)
+    resid = g - (g @ a) @ b
     tiny = np.linalg.norm(resid, axis=-1, keepdims=True) <= 1e-9 * np.linalg.norm(
         g, axis=-1, keepdims=True)
     return np.where(tiny, 0.0, resid) * w
