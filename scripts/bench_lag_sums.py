@@ -46,6 +46,7 @@ def estimate(path: str, T: int, H: int, d: int, chunk: int = 64) -> int:
 
 def one(path: str, T: int, H: int, Hkv: int, d: int, repeats: int) -> dict:
     """Time one path at one length in this process; returns the row as a dict."""
+    from poskernel_tl.models.mask import Mask
     from poskernel_tl.reducers import LayerBatch, TrackAReducer, Workspace
 
     g = torch.Generator().manual_seed(0)
@@ -53,7 +54,7 @@ def one(path: str, T: int, H: int, Hkv: int, d: int, repeats: int) -> dict:
     q = torch.randn(1, T, H, d, generator=g) + pos
     k = torch.randn(1, T, Hkv, d, generator=g) + pos
     idx = torch.zeros(1, dtype=torch.long)
-    red = TrackAReducer(1, 1, H, T, source=path)
+    red = TrackAReducer(1, [Mask(T)], H, source=path)
     ws = Workspace()
     base = rss_bytes()
     walls, cpus = [], []

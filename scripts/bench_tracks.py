@@ -80,6 +80,7 @@ from poskernel_tl.fit.toeplitz import shift_invariance_r2  # noqa: E402
 from poskernel_tl.measurement.measure import forward_pass  # noqa: E402
 from poskernel_tl.models.embedded import from_gguf  # noqa: E402
 from poskernel_tl.models.geometry import Geometry  # noqa: E402
+from poskernel_tl.models.mask import Mask  # noqa: E402
 from poskernel_tl.models.registry import resolve  # noqa: E402
 from poskernel_tl.plan import batching  # noqa: E402
 from poskernel_tl.plan.allocator import reuse_freed_memory  # noqa: E402
@@ -141,13 +142,12 @@ def forward_all(model, ids, batch_size: int) -> None:
 def track_a_only(model, ids, batch_size: int, null_seqs: int) -> None:
     """The evaluation pass of pk.measure without Track B, and its fits."""
     s, T, dev = model.spec, ids.shape[1], model.device
-    lags = Geometry.of(s, T).max_lags
-    make = lambda: [TrackAReducer(len(ids), s.n_layers, s.n_heads, T, dev, max_lags=lags),
+    masks = Geometry.of(s, T).masks
+    make = lambda: [TrackAReducer(len(ids), masks, s.n_heads, dev),
                     FreqUsageReducer(s.n_layers, s.n_heads, s.n_kv_heads,
                                      *model.rotary_pairs, device=dev),
-                    PermNullReducer(s.n_layers, s.n_heads, T, n_perm=4, max_seqs=null_seqs,
-                                    device=dev, include_identity=False,
-                                    max_lags=lags)]
+                    PermNullReducer(masks, s.n_heads, n_perm=4, max_seqs=null_seqs,
+                                    device=dev, include_identity=False)]
     for r in forward_pass(model, ids, make, batch_size, "A only", progress=False):
         r.result()
 
@@ -181,7 +181,7 @@ def whole_fit(spec, T: int, n: int) -> tuple[float, float]:
     mom = MomentsReducer(4, 1, H, kv, T, d, half_seed=1)
     mom.update(LayerBatch(0, *qk(4), torch.arange(4), 1.0, rows=(0, 1, 2, 3)))
     cen = mom.result()
-    red = GramReducer(1, H, kv, T, d, 1 / math.sqrt(d), reference=cen, full=False)
+    red = GramReducer([Mask(T)], H, kv, d, 1 / math.sqrt(d), reference=cen, full=False)
     for _ in range(n):
         red.update(LayerBatch(0, *qk(1), torch.arange(1), 1 / math.sqrt(d)))
     first = timed(partial(red.result, cen), 1, False)
@@ -199,14 +199,14 @@ def calibrate(spec, lengths=(1024, 4096, 8192), counts=(1, 2, 4)) -> dict[str, f
         for n in counts:
             batch = LayerBatch(0, torch.randn(n, T, H, d), torch.randn(n, T, kv, d),
                                torch.arange(n), 1.0)
-            acc = GramReducer(1, H, kv, T, d, 1.0, full=False)
+            acc = GramReducer([Mask(T)], H, kv, d, 1.0, full=False)
             t = timed(partial(acc.update, batch), 1, False)
             units["update"].append((t / H, T * T / 2 * d * n))
-            units["fit"].append((timed(partial(acc.pieces, 0, x, None, T - 1), 2, False) / H,
+            units["fit"].append((timed(partial(acc.pieces, 0, x, None), 2, False) / H,
                                  T * T / 2 * d))
-            fac = GramReducer(1, H, kv, T, d, 1.0, full=False, factors=True)
+            fac = GramReducer([Mask(T)], H, kv, d, 1.0, full=False, factors=True)
             fac.update(batch)
-            t = timed(partial(fac.pieces, 0, x, None, T - 1), 2, False) / H
+            t = timed(partial(fac.pieces, 0, x, None), 2, False) / H
             units["factors"].append((t, T * n * d * math.log2(2 * T), T * (n * d) ** 2))
     cost = {k: float(np.median([t / u for t, u in units[k]])) for k in ("update", "fit")}
     rows = np.array(units["factors"])

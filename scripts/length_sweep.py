@@ -31,6 +31,7 @@ import torch  # noqa: E402
 import poskernel_tl as pk  # noqa: E402
 from poskernel_tl.data.sequences import build_sequences, eval_mask  # noqa: E402
 from poskernel_tl.measurement.measure import forward_pass  # noqa: E402
+from poskernel_tl.models.geometry import Geometry  # noqa: E402
 from poskernel_tl.plan.batching import device_cap  # noqa: E402
 from poskernel_tl.reducers import TrackAReducer  # noqa: E402
 
@@ -43,8 +44,9 @@ def sweep_length(model, dataset: str, T: int, n_eval: int) -> dict:
                            model_name=model.spec.name, n_ctx=s.n_ctx or None)
     mask = eval_mask(seqs)
     ids = seqs["input_ids"][mask]
-    (red,) = forward_pass(model, ids, lambda: [TrackAReducer(len(ids), s.n_layers,
-                                                             s.n_heads, T, model.device)],
+    masks = Geometry.of(s, T).masks  # each layer's window and chunk at this length
+    (red,) = forward_pass(model, ids, lambda: [TrackAReducer(len(ids), masks, s.n_heads,
+                                                             model.device)],
                           device_cap(model.device, T), f"T={T}", progress=False)
     r = red.result()
     per_seq = np.nanmean(r.r2_per_seq, axis=(1, 2))  # each sequence's mean over heads

@@ -7,6 +7,7 @@ mean Gram and the whole-matrix layout."""
 import numpy as np
 import pytest
 import torch
+from masks import masks
 from tiny_models import arch_loaded
 
 from poskernel_tl.fit.toeplitz import shift_invariance_r2
@@ -26,7 +27,7 @@ def _qk(n: int, L: int, H: int, kv: int, d: int, seed: int = 0):
 
 def _fitted(q, k, max_lags, causal=True, **kw) -> GramReducer:
     n, L, _, H, d = q.shape
-    red = GramReducer(L, H, k.shape[3], T, d, SCALE, causal=causal, max_lags=max_lags, **kw)
+    red = GramReducer(masks(T, L, causal=causal, lasts=max_lags), H, k.shape[3], d, SCALE, **kw)
     for i in range(0, n, 2):
         for layer in range(L):
             red.update(LayerBatch(layer, q[i:i + 2, layer], k[i:i + 2, layer],
@@ -104,7 +105,7 @@ def test_a_path_per_layer():
     res = mixed.result()
     assert np.allclose(res.r2_gram_raw, one.r2_gram_raw, atol=1e-6)
     with pytest.raises(ValueError, match="keeps no matrix"):
-        GramReducer(2, 4, 2, T, 8, SCALE, full=True, factors=(False, True))
+        GramReducer(masks(T, 2), 4, 2, 8, SCALE, full=True, factors=(False, True))
 
 
 @pytest.fixture(scope="module")

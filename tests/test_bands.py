@@ -4,6 +4,7 @@ planted ground truth."""
 import numpy as np
 import pytest
 import torch
+from masks import masks
 
 from poskernel_tl.protocol import band_ends, offset_bands
 from poskernel_tl.reducers import LayerBatch, TrackAReducer
@@ -62,8 +63,8 @@ def test_band_r2_equals_naive_fits(source, T, causal, max_lag):
     """Pooled and per-sequence band R² equal the naive fit of each band's entries, on
     both triangles for a bidirectional model and within a sliding window."""
     q, k = qk(T)
-    red = TrackAReducer(B, 1, H, T, source=source, causal=causal,
-                        max_lags=None if max_lag is None else [max_lag])
+    red = TrackAReducer(B, masks(T, causal=causal, lasts=None if max_lag is None else [max_lag]), H,
+                        source=source)
     feed(red, q.float(), k.float())
     res = red.result()
     assert [tuple(b) for b in zip(res.band_lo, res.band_hi)] == offset_bands(T)
@@ -96,7 +97,7 @@ def test_exact_rope_head_has_band_r2_one():
     g = torch.Generator().manual_seed(1)
     q = rot(torch.randn(1, 1, H, D, generator=g, dtype=torch.float64).expand(B, T, H, D))
     k = rot(torch.randn(1, 1, H, D, generator=g, dtype=torch.float64).expand(B, T, H, D))
-    red = TrackAReducer(B, 1, H, T)
+    red = TrackAReducer(B, masks(T), H)
     feed(red, q, k)
     res = red.result()
     assert np.abs(res.r2_band_pooled - 1).max() < 1e-9
@@ -107,7 +108,7 @@ def test_exact_rope_head_has_band_r2_one():
 def test_null_band_r2_equals_naive_fit_of_the_permuted_product(source):
     T = 90
     q, k = qk(T, seed=2)
-    red = PermNullReducer(1, H, T, n_perm=2, max_seqs=B, source=source)
+    red = PermNullReducer(masks(T), H, n_perm=2, max_seqs=B, source=source)
     feed(red, q, k)
     res = red.result()
     for p, pi in enumerate(res.perms):

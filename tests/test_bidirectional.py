@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from masks import masks
 from tiny_models import VOCAB, tiny_loaded
 
 import poskernel_tl as pk
@@ -96,7 +97,7 @@ def track_a(request):
     runs = {}
     lags = None if request.param is None else [request.param]
     for source in ("lags", "scores"):
-        red = TrackAReducer(B, 1, H, T, seed=3, source=source, causal=False, max_lags=lags)
+        red = TrackAReducer(B, masks(T, causal=False, lasts=lags), H, seed=3, source=source)
         feed(red, q, k)
         runs[source] = red.result()
     return q, k, runs, request.param
@@ -154,7 +155,7 @@ def test_causal_reducer_keeps_no_other_side(track_a):
     q, k, runs, window = track_a
     if window is not None:
         pytest.skip("the whole triangle's case")
-    red = TrackAReducer(B, 1, H, T, seed=3)
+    red = TrackAReducer(B, masks(T), H, seed=3)
     feed(red, q, k)
     res = red.result()
     assert res.g_pooled_back is None and res.g_per_seq_self is None
@@ -169,9 +170,8 @@ def test_permutation_null_fits_both_triangles(rng, window):
     perms = joint_permutations(40, 3, 2)
     near = within(window)
     for source in ("lags", "scores"):
-        red = PermNullReducer(1, H, 40, n_perm=3, max_seqs=3, seed=2, source=source,
-                              causal=False, dtype=torch.float64,
-                              max_lags=None if window is None else [window])
+        red = PermNullReducer(masks(40, causal=False, lasts=None if window is None else [window]),
+                              H, n_perm=3, max_seqs=3, seed=2, source=source, dtype=torch.float64)
         feed(red, q, k)
         res = red.result()
         tol = EXACT if source == "lags" else F32
@@ -211,13 +211,13 @@ def test_grouped_keys_fit_as_their_query_heads(rng, what):
     k = k[:, :, ::2].contiguous()
     wide = k.repeat_interleave(2, dim=2)
     if what in ("lags", "scores"):
-        make = lambda kv: lambda: TrackAReducer(n, 1, heads, length, seed=3, source=what,
-                                                causal=False)
+        make = lambda kv: lambda: TrackAReducer(n, masks(length, causal=False), heads, seed=3,
+                                                source=what)
         got, want = results_of(make(2), q, k), results_of(make(4), q, wide)
         tol = EXACT if what == "lags" else F32
     elif what.startswith("null"):
-        make = lambda kv: lambda: PermNullReducer(1, heads, length, n_perm=3, max_seqs=n,
-                                                  seed=2, causal=False, dtype=torch.float64,
+        make = lambda kv: lambda: PermNullReducer(masks(length, causal=False), heads, n_perm=3,
+                                                  max_seqs=n, seed=2, dtype=torch.float64,
                                                   source=what.split()[1])
         got, want = results_of(make(2), q, k), results_of(make(4), q, wide)
         tol = EXACT if what == "null lags" else F32
@@ -228,9 +228,9 @@ def test_grouped_keys_fit_as_their_query_heads(rng, what):
         mom_wide = MomentsReducer(n, 1, heads, 4, length, D, half_seed=5)
         feed(mom_wide, q.float(), wide.float())
         means_wide = mom_wide.result()
-        make = lambda kv, ref: lambda: GramReducer(
-            1, heads, kv, length, D, SCALE, reference=ref, causal=False, full=what == "full",
-            factors=what == "factors")
+        make = lambda kv, ref: lambda: GramReducer(masks(length, causal=False), heads, kv, D, SCALE,
+                                                   reference=ref, full=what == "full",
+                                                   factors=what == "factors")
         got = results_of(make(2, means), q.float(), k.float(), means)
         want = results_of(make(4, means_wide), q.float(), wide.float(), means_wide)
         tol = F32
@@ -250,9 +250,9 @@ def test_gram_equals_the_naive_two_sided_fit(rng, layout, window):
     mom = MomentsReducer(n_cen, 1, heads, heads, length, D, half_seed=5)
     feed(mom, cq.float(), ck.float())
     means = mom.result()
-    red = GramReducer(1, heads, heads, length, D, SCALE, reference=means, causal=False,
-                      full=layout == "full", factors=layout == "factors",
-                      max_lags=None if window is None else [window])
+    red = GramReducer(masks(length, causal=False, lasts=None if window is None else [window]),
+                      heads, heads, D, SCALE, reference=means, full=layout == "full",
+                      factors=layout == "factors")
     feed(red, q.float(), k.float())
     res = red.result(means)
     near = within(window)
@@ -284,7 +284,7 @@ def test_whitened_gram_fits_both_triangles(rng):
     mom = MomentsReducer(6, 1, 2, 2, 40, D, second_moments=True)
     feed(mom, cq.float(), ck.float())
     means = mom.result()
-    red = WhitenedGramReducer(means, SCALE, causal=False)
+    red = WhitenedGramReducer(means, SCALE, masks(40, causal=False))
     feed(red, q.float(), k.float())
     got = red.result().r2_gram_whitened
     wq, wk = (w.double().numpy() for w in means.whitening())
@@ -333,7 +333,7 @@ def test_planted_matrix_is_recovered_on_both_sides():
 def test_planted_kernel_through_the_reducers():
     amp_q, amp_k = np.array([1.0, 2.0, 0.5, 4.0]), np.array([1.0, 0.5, 2.0, 0.25])
     q, k = planted_qk(amp_q, amp_k)  # every sequence's logits are g_true(t − s) itself
-    red = TrackAReducer(4, 1, 1, T, causal=False)
+    red = TrackAReducer(4, masks(T, causal=False), 1)
     feed(red, q, k)
     a = red.result()
     assert np.abs(a.r2_per_seq - 1).max() < EXACT and abs(a.r2_pooled[0, 0] - 1) < EXACT
@@ -344,8 +344,7 @@ def test_planted_kernel_through_the_reducers():
     cq, ck = planted_qk([0.7, 1.3, 1.1], [1.2, 0.6, 0.8])
     mom = MomentsReducer(3, 1, 1, 1, T, 2 * len(THETA))
     feed(mom, cq.float(), ck.float())
-    gram = GramReducer(1, 1, 1, T, 2 * len(THETA), SCALE, reference=mom.result(),
-                       causal=False)
+    gram = GramReducer(masks(T, causal=False), 1, 1, 2 * len(THETA), SCALE, reference=mom.result())
     feed(gram, q.float(), k.float())
     b = gram.result(mom.result())
     assert abs(b.r2_gram_raw[0, 0] - 1) < F32 and abs(b.r2_gram[0, 0] - 1) < F32
@@ -428,9 +427,9 @@ def test_a_causal_result_has_none_of_them(track_a, tmp_path):
     q, k, _, window = track_a
     if window is not None:
         pytest.skip("the whole triangle's case")
-    red = TrackAReducer(B, 1, H, T)
+    red = TrackAReducer(B, masks(T), H)
     feed(red, q, k)
-    gram = GramReducer(1, H, H, T, D, SCALE)
+    gram = GramReducer(masks(T), H, H, D, SCALE)
     feed(gram, q.float(), k.float())
     spec = pk.ModelSpec("toy", None, "none", "layernorm", 1, H, H, D, None, 0)
     res = ConditionResult("toy", "random", T, spec, np.arange(B),
@@ -448,8 +447,8 @@ def test_a_causal_result_has_none_of_them(track_a, tmp_path):
 def test_plan_counts_every_key(bert):
     causal = dataclasses.replace(bert, spec=dataclasses.replace(bert.spec, causal=True))
     s, length = bert.spec, 300
-    red = GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, length, s.d_head, SCALE,
-                      layers=[0], full=False, causal=False)
+    red = GramReducer(masks(length, s.n_layers, causal=False), s.n_heads, s.n_kv_heads, s.d_head,
+                      SCALE, layers=[0], full=False)
     held = 4 * sum(a.numel() for a in red.acc[0])
     sums = (s.n_heads + s.n_kv_heads) * length * s.d_head * 8
     assert held == 4 * s.n_heads * length * length  # every key of every row

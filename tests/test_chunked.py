@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from browser import find_chromium, load_page
+from masks import masks
 from softmax_spy import naive_r2, naive_within_r2, softmax_inputs
 from tiny_models import arch_hf_model, arch_loaded
 from transformer_lens.head_detector import (
@@ -78,8 +79,9 @@ def test_the_geometry_keeps_chunk_minus_one_offsets(tiny_tokenizer):
     spec = arch_loaded("llama4", tiny_tokenizer, attention_chunk_size=CHUNK).spec
     g = Geometry.checked(spec, 2 * CHUNK)
     assert g.lags == (CHUNK - 1,) * 3 + (2 * CHUNK - 1,)
-    assert g.bound_chunks == [CHUNK] * 3 + [None] and g.chunk(3) is None
-    assert Geometry.checked(spec, CHUNK).bound_chunks is None  # every causal entry kept
+    assert [m.chunk for m in g.masks] == [CHUNK] * 3 + [None] and g.chunk(3) is None
+    # every causal entry kept
+    assert [m.chunk for m in Geometry.checked(spec, CHUNK).masks] == [None] * 4
 
 
 def _pattern(A, keep):
@@ -135,8 +137,8 @@ def test_the_null_reads_the_permuted_product_within_chunks():
     terms = llama_terms()
     out = []
     for source in ("lags", "scores"):
-        red = PermNullReducer(1, 4, T, n_perm=3, max_seqs=3, source=source,
-                              max_lags=[CHUNK - 1], chunks=[CHUNK])
+        red = PermNullReducer(masks(T, lasts=[CHUNK - 1], chunks=[CHUNK]), 4, n_perm=3, max_seqs=3,
+                              source=source)
         red.update(LayerBatch(0, q, k, torch.arange(3), 0.3, rows=(0, 1, 2), terms=terms))
         out.append(red.result())
     assert np.allclose(out[0].r2_null, out[1].r2_null, atol=1e-6)
@@ -167,9 +169,8 @@ def test_track_b_fits_the_chunked_mask(path):
     for L in range(2):
         cen.update(LayerBatch(L, cq[:, L], ck[:, L], torch.arange(n), 0.3))
     means = cen.result()
-    red = GramReducer(2, H, kv, T, d, 0.3, reference=means, full=False,
-                      factors=path != "accumulator", max_lags=[CHUNK - 1, T - 1],
-                      chunks=[CHUNK, None])
+    red = GramReducer(masks(T, 2, lasts=[CHUNK - 1, T - 1], chunks=[CHUNK, None]), H, kv, d, 0.3,
+                      reference=means, full=False, factors=path != "accumulator")
     for L in range(2):
         red.update(LayerBatch(L, q[:, L], k[:, L], torch.arange(n), 0.3,
                               rows=tuple(range(n))))
@@ -212,15 +213,15 @@ def test_whitened_gram_reads_each_layers_mask():
     for L in range(3):
         cen.update(LayerBatch(L, q[:, L], k[:, L], torch.arange(n), 0.5))
     means = cen.result()
-    red = WhitenedGramReducer(means, 0.5, max_lags=[CHUNK - 1, 9, T - 1],
-                              chunks=[CHUNK, None, None])
+    red = WhitenedGramReducer(means, 0.5, masks(T, 3, lasts=[CHUNK - 1, 9, T - 1],
+                                               chunks=[CHUNK, None, None]))
     for L in range(3):
         red.update(LayerBatch(L, q[:, L], k[:, L], torch.arange(n), 0.5, rows=tuple(range(n))))
     got = red.result().r2_gram_whitened
     wq, wk = means.whitening()
     t, s = torch.arange(T)[:, None], torch.arange(T)[None]
-    masks = [kept(T, CHUNK), (t > s) & (t - s <= 9), t > s]
-    for L, keep in enumerate(masks):
+    keeps = [kept(T, CHUNK), (t > s) & (t - s <= 9), t > s]
+    for L, keep in enumerate(keeps):
         mq, mk = (m[L].transpose(0, 1).double() for m in (means.mean_q, means.mean_k))
         qw = torch.einsum("nthd,hde->nthe", q[:, L].double() - mq, wq[L].double())
         kw = torch.einsum("nthd,hde->nthe", k[:, L].double() - mk, wk[L].double())

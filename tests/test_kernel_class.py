@@ -4,6 +4,7 @@ shares equal a naive softmax of the kernel."""
 import numpy as np
 import pytest
 import torch
+from masks import masks
 from test_toeplitz import naive_r2
 
 from poskernel_tl.fit.counts import lag_counts
@@ -38,8 +39,8 @@ def classify(T: int, seed: int = 0):
     H = A.shape[1]
     q = torch.eye(T, dtype=torch.float64)[None, :, None].expand(B, T, H, T)
     k = A.permute(0, 3, 1, 2)  # k[b, s, h, :] = A[b, h, :, s]
-    red = TrackAReducer(B, 1, H, T)
-    null = PermNullReducer(1, H, T, n_perm=19, max_seqs=B)
+    red = TrackAReducer(B, masks(T), H)
+    null = PermNullReducer(masks(T), H, n_perm=19, max_seqs=B)
     for r in (red, null):
         for start in range(0, B, 4):
             idx = torch.arange(start, start + 4)

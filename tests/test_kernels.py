@@ -15,6 +15,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from masks import masks
 from tiny_models import arch_loaded, tiny_loaded  # noqa: E402
 
 import poskernel_tl as pk  # noqa: E402
@@ -286,8 +287,8 @@ def gram_run(tiled: bool, factors: bool, causal: bool, max_lags, T: int = 270):
             moments.update(LayerBatch(layer, q, k, torch.arange(2 * b, 2 * b + 2), 0.25))
     centering = moments.result()
     with kernels.forced() if tiled else contextlib.nullcontext():
-        red = GramReducer(L, H, kv, T, d, 0.25, reference=centering, factors=factors,
-                          causal=causal, max_lags=max_lags)
+        red = GramReducer(masks(T, L, causal=causal, lasts=max_lags), H, kv, d, 0.25,
+                          reference=centering, factors=factors)
         for b, (q, k) in enumerate(ev):
             for layer in range(L):
                 red.update(LayerBatch(layer, q, k, torch.arange(2 * b, 2 * b + 2), 0.25))

@@ -4,6 +4,7 @@ naive numpy loops, and both reducers' lag path against their materialised-logits
 import numpy as np
 import pytest
 import torch
+from masks import masks
 
 from poskernel_tl.fit.variants import Variant, region_sums, strip_of
 from poskernel_tl.reducers import LayerBatch, TrackAReducer
@@ -271,9 +272,9 @@ def test_track_a_lags_equal_materialised_float64(T, fill):
     """Same sums and fits as sweeping float64 logits (GQA 6/2, T not a multiple of the
     chunk; below T = 50 the interior variants are NaN on both paths)."""
     q, k = draw(T, n=5, seed=T)
-    lags = TrackAReducer(5, 1, H, T, seed=3, chunk=16)
+    lags = TrackAReducer(5, masks(T), H, seed=3, chunk=16)
     feed(lags, q, k)
-    ref = TrackAReducer(5, 1, H, T, seed=3, source="scores")
+    ref = TrackAReducer(5, masks(T), H, seed=3, source="scores")
     feed(ref, q, k, hooked=fill)
     assert_same_track_a(lags, ref, 1e-9, 1e-9)
     if T < 50:
@@ -286,9 +287,9 @@ def test_track_a_lags_equal_materialised_float32(offset):
     with a large common logit mean that makes sums of squares cancel."""
     T = 130
     q, k = draw(T, n=4, dtype=torch.float32, seed=7, offset=offset, d=16)
-    lags = TrackAReducer(4, 1, H, T, seed=1)
+    lags = TrackAReducer(4, masks(T), H, seed=1)
     feed(lags, q, k)
-    ref = TrackAReducer(4, 1, H, T, seed=1, source="scores")
+    ref = TrackAReducer(4, masks(T), H, seed=1, source="scores")
     feed(ref, q, k)
     assert_same_track_a(lags, ref, 1e-5, 1e-5)
 
@@ -311,7 +312,7 @@ def test_planted_rope_head_has_r2_one_on_every_variant():
     a = torch.randn(1, 1, H, d, generator=g, dtype=torch.float64).expand(n, T, H, d)
     b = torch.randn(1, 1, HKV, d, generator=g, dtype=torch.float64).expand(n, T, HKV, d)
     q, k = rope_rotate(a, theta), rope_rotate(b, theta)
-    red = TrackAReducer(n, 1, H, T, chunk=16)
+    red = TrackAReducer(n, masks(T), H, chunk=16)
     feed(red, q, k)
     res = red.result()
     for name in R2_FIELDS:
@@ -321,9 +322,9 @@ def test_planted_rope_head_has_r2_one_on_every_variant():
 def test_source_is_checked():
     """A ValueError (a TypeError first where jaxtyping checks the Literal at call time)."""
     with pytest.raises((ValueError, TypeError), match="source"):
-        TrackAReducer(2, 1, H, 8, source="hook")
+        TrackAReducer(2, masks(8), H, source="hook")
     with pytest.raises((ValueError, TypeError), match="source"):
-        PermNullReducer(1, H, 8, source="qk")
+        PermNullReducer(masks(8), H, source="qk")
 
 
 # ----------------------------------------------------------------- permutation null
@@ -332,7 +333,8 @@ def test_perm_null_lags_equal_materialised():
     T = 40
     q, k = draw(T, n=5, dtype=torch.float32, seed=4, d=16)
     kw = dict(n_perm=3, max_seqs=3, seed=2)
-    lags, ref = PermNullReducer(1, H, T, **kw), PermNullReducer(1, H, T, **kw, source="scores")
+    lags, ref = PermNullReducer(masks(T), H, **kw), PermNullReducer(masks(T), H, **kw,
+                                source="scores")
     feed(lags, q, k)
     feed(ref, q, k)
     a, b = lags.result(), ref.result()
@@ -346,8 +348,10 @@ def test_perm_null_float32_sums_stay_within_1e6_of_float64():
     length where running key moments and band windows (Δ ≤ 256) are in play."""
     T = 600
     q, k = draw(T, n=2, dtype=torch.float32, seed=3, offset=3.0)
-    kw = dict(n_perm=2, max_seqs=2, seed=5, max_lags=[400])
-    f32, f64 = PermNullReducer(1, H, T, **kw), PermNullReducer(1, H, T, **kw, dtype=torch.float64)
+    kw = dict(n_perm=2, max_seqs=2, seed=5)
+    window = masks(T, lasts=[400])
+    f32, f64 = PermNullReducer(window, H, **kw), PermNullReducer(window, H, **kw,
+                                                                 dtype=torch.float64)
     assert f32.dtype == torch.float32
     feed(f32, q, k)
     feed(f64, q, k)
@@ -364,7 +368,7 @@ def test_perm_null_lags_match_permuted_full_product():
     product of the original q/k."""
     T = 17
     q, k = draw(T, n=3, seed=9)
-    red = PermNullReducer(1, H, T, n_perm=2, max_seqs=8, seed=1, chunk=4, dtype=torch.float64)
+    red = PermNullReducer(masks(T), H, n_perm=2, max_seqs=8, seed=1, chunk=4, dtype=torch.float64)
     feed(red, q, k)
     A = full_logits(q, k)
     for p, pi in enumerate(red.perms.numpy()):

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from masks import masks
 from tiny_models import ARCHITECTURES, arch_hf_model, arch_loaded
 from transformer_lens.head_detector import (
     compute_head_attention_similarity_score,
@@ -106,7 +107,7 @@ def test_each_layer_scheme_is_read_from_the_model(arch, tiny_tokenizer):
     if arch == "gemma3":  # each layer type its own base, from its own buffer
         assert spec.layers[2].base == pytest.approx(1e6, rel=1e-4)
         assert spec.layers[0].base == pytest.approx(1e4, rel=1e-4)
-        assert Geometry.of(spec, T).max_lags == [15, 15, T - 1, 15]
+        assert [m.max_lag for m in Geometry.of(spec, T).masks] == [15, 15, None, 15]
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -155,8 +156,8 @@ def test_prev_token_score_is_transformer_lens_own(monkeypatch, causal, window, r
     k = k if causal else k.repeat_interleave(2, 2)
     lag = torch.arange(T)[:, None] - torch.arange(T)[None]
     for max_pos in (T, 16):
-        red = PrevTokenReducer(1, 4, T, causal=causal, max_lags=None if window is None
-                               else [window], max_pos=max_pos)
+        red = PrevTokenReducer(masks(T, causal=causal, lasts=None if window is None
+                               else [window]), 4, max_pos=max_pos)
         red.update(LayerBatch(0, q, k, torch.arange(3), 0.3, rows=(0, 1, 2)))
         n = max_pos if causal else T
         keep = torch.ones(n, n, dtype=torch.bool) if not causal else lag[:n, :n] >= 0
@@ -209,7 +210,7 @@ def test_track_b_fits_the_window(factors):
     L, n, H, Hkv, d = 2, 6, 4, 2, 8
     q, k = torch.randn(n, L, T, H, d, generator=g), torch.randn(n, L, T, Hkv, d, generator=g)
     max_lags = [9, T - 1]
-    red = GramReducer(L, H, Hkv, T, d, 0.25, factors=factors, full=False, max_lags=max_lags)
+    red = GramReducer(masks(T, L, lasts=max_lags), H, Hkv, d, 0.25, factors=factors, full=False)
     for i in range(0, n, 3):
         for layer in range(L):
             red.update(LayerBatch(layer, q[i:i + 3, layer], k[i:i + 3, layer],
@@ -228,7 +229,7 @@ def test_permutation_null_fits_the_window_on_both_paths():
     q, k = torch.randn(4, T, 4, 8, generator=g), torch.randn(4, T, 2, 8, generator=g)
     out = []
     for source in ("lags", "scores"):
-        red = PermNullReducer(1, 4, T, n_perm=3, max_seqs=4, source=source, max_lags=[11])
+        red = PermNullReducer(masks(T, lasts=[11]), 4, n_perm=3, max_seqs=4, source=source)
         red.update(LayerBatch(0, q, k, torch.arange(4), 0.3, rows=(0, 1, 2, 3)))
         out.append(red.result().r2_null)
     assert np.allclose(out[0], out[1], atol=1e-9)
@@ -247,9 +248,9 @@ def test_chunked_attention_is_read_from_the_config():
     assert all(s.terms.chunk == 8 and s.mask == "causal" for s in layers)
     spec = describe(hf, placeholder_spec("tiny", None))
     assert Geometry.checked(spec, 8).lags == (7,) * 4
-    assert Geometry.checked(spec, 8).bound_chunks is None
+    assert [m.chunk for m in Geometry.checked(spec, 8).masks] == [None] * 4
     past = Geometry.checked(spec, 9)
-    assert past.lags == (7,) * 4 and past.bound_chunks == [8] * 4
+    assert past.lags == (7,) * 4 and [m.chunk for m in past.masks] == [8] * 4
 
 
 def test_an_hf_folder_runs_with_its_own_schemes(tmp_path, tiny_tokenizer):

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from masks import masks
 from tiny_models import tiny_hf_model, tiny_loaded
 
 import poskernel_tl as pk
@@ -67,7 +68,7 @@ def test_permutation_null_reuses_track_a_for_the_unpermuted_fit(llama, measured)
     assert np.array_equal(measured.r2_perm_same_seqs, measured.r2_pooled)
     from poskernel_tl.statistics import PermNullReducer
 
-    standalone = PermNullReducer(2, 4, T, n_perm=4, max_seqs=8, seed=0)
+    standalone = PermNullReducer(masks(T, 2), 4, n_perm=4, max_seqs=8, seed=0)
     from poskernel_tl.measurement.measure import forward_pass
 
     (red,) = forward_pass(llama, _tokens(0), lambda: [standalone], 4, "null", False)

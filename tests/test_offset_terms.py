@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from masks import masks
 from softmax_spy import naive_r2, naive_within_r2, softmax_inputs
 from tiny_models import tiny_hf_model, tiny_loaded
 from transformer_lens.head_detector import (
@@ -91,7 +92,7 @@ def test_a_content_free_head_recovers_the_table(planted, causal):
     T, H = 24, 3
     terms = planted(H, 2.0)
     q, k = torch.zeros(2, T, H, 8), torch.zeros(2, T, H, 8)
-    red = TrackAReducer(2, 1, H, T, causal=causal)
+    red = TrackAReducer(2, masks(T, causal=causal), H)
     red.update(LayerBatch(0, q, k, torch.arange(2), 0.5, rows=(0, 1), terms=terms))
     res = red.result()
     assert np.allclose(res.r2_pooled[0], 1.0, atol=1e-12)
@@ -107,7 +108,7 @@ def test_the_null_permutes_the_tables_offsets_with_q_and_k(planted):
     T, H, g = 30, 4, torch.Generator().manual_seed(2)
     terms = planted(H)
     q, k = torch.randn(3, T, H, 8, generator=g), torch.randn(3, T, 2, 8, generator=g)
-    red = PermNullReducer(1, H, T, n_perm=3, max_seqs=3)
+    red = PermNullReducer(masks(T), H, n_perm=3, max_seqs=3)
     red.update(LayerBatch(0, q, k, torch.arange(3), 0.3, rows=(0, 1, 2), terms=terms))
     out = red.result()
     A = torch.einsum("bthd,bshd->bhts", q.double(), k.double().repeat_interleave(2, 2)) * 0.3

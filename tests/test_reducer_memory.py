@@ -22,6 +22,7 @@ from types import SimpleNamespace
 libc = ctypes.CDLL("libc.so.6")
 libc.mallopt(-3, 1 << 16), libc.mallopt(-1, 1 << 16)  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 torch.set_num_threads(1)
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.reducers import GramReducer, MomentsReducer, TrackAReducer, track_a
 from poskernel_tl.statistics import PermNullReducer
 from poskernel_tl.reducers.base import LayerBatch
@@ -46,16 +47,16 @@ g = torch.Generator().manual_seed(0)
 qk = lambda m: (torch.randn(m, T, H, d, generator=g), torch.randn(m, T, kv, d, generator=g))
 batch = lambda m: LayerBatch(0, *qk(m), torch.arange(m), 0.125, rows=tuple(range(m)))
 one = batch(1)
-reducer = TrackAReducer(1, 1, H, T)
+reducer = TrackAReducer(1, [Mask(T)], H)
 out = {"track_a": (peak(lambda: reducer.update(one)), track_a.work_bytes(model, T))}
 # the null's draws run after Track A's sums, one at a time: Track A's share covers them
-null = PermNullReducer(1, H, T, n_perm=4, max_seqs=1, include_identity=False)
+null = PermNullReducer([Mask(T)], H, n_perm=4, max_seqs=1, include_identity=False)
 out["null"] = (peak(lambda: null.update(one)), track_a.work_bytes(model, T))
 moments = MomentsReducer(4, 1, H, kv, T, d, half_seed=1)
 moments.update(batch(4))
 centering = moments.result()
 for factors in (False, True):
-    gram = GramReducer(1, H, kv, T, d, 0.125, reference=centering, full=False,
+    gram = GramReducer([Mask(T)], H, kv, d, 0.125, reference=centering, full=False,
                        factors=factors)
     for _ in range(n):
         gram.update(batch(1))

@@ -6,6 +6,7 @@ recovered exactly from a head whose q·k is nothing."""
 import numpy as np
 import pytest
 import torch
+from masks import masks
 from transformers import MPNetConfig, MPNetForMaskedLM, T5Config, T5ForConditionalGeneration
 
 from poskernel_tl.models.scheme_reader import attention_modules, read_terms
@@ -132,7 +133,7 @@ def test_a_content_free_head_recovers_the_table(causal):
     terms = terms_of(model, attn)
     T = 40
     q = torch.zeros(2, T, H, 8)
-    red = TrackAReducer(2, 1, H, T, causal=causal)
+    red = TrackAReducer(2, masks(T, causal=causal), H)
     red.update(LayerBatch(0, q, q, torch.arange(2), 1.0, rows=(0, 1), terms=terms))
     res = red.result()
     bias = the_models_bias(model, attn, T).numpy()

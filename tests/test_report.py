@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from masks import masks
 from matplotlib.figure import Figure
 
 from poskernel_tl.measurement.result import ConditionResult
@@ -313,7 +314,7 @@ def test_perm_null_planted_rope_head_far_above_null(device):
                     .expand(n, T_, H_, D_), theta)
     k = rope_rotate(torch.randn(1, 1, HKV_, D_, generator=gen, dtype=torch.float64)
                     .expand(n, T_, HKV_, D_), theta)
-    red = PermNullReducer(1, H_, T_, n_perm=8, max_seqs=4, seed=0, device=device)
+    red = PermNullReducer(masks(T_), H_, n_perm=8, max_seqs=4, seed=0, device=device)
     feed(red, q, k, device)
     res = red.result()
     assert res.r2_null.shape == (8, 1, H_) and res.n_seqs == 4
@@ -358,8 +359,8 @@ def test_perm_null_iid_noise_inside_null_and_same_seqs_fit(device):
     n, L = 5, 2
     q = torch.randn(n, T_, H_, D_, generator=gen, dtype=torch.float64)
     k = torch.randn(n, T_, HKV_, D_, generator=gen, dtype=torch.float64)
-    red = PermNullReducer(L, H_, T_, n_perm=24, max_seqs=3, seed=1, device=device)
-    ref = TrackAReducer(3, L, H_, T_, device)
+    red = PermNullReducer(masks(T_, L), H_, n_perm=24, max_seqs=3, seed=1, device=device)
+    ref = TrackAReducer(3, masks(T_, L), H_, device)
     for layer in range(L):
         feed(red, q, k, device, layer=layer)
         feed(ref, q[:3], k[:3], device, layer=layer)

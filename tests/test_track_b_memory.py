@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from masks import masks
 from tiny_models import VOCAB, tiny_loaded
 
 import poskernel_tl as pk
@@ -58,7 +59,7 @@ def test_every_layout_equals_the_full_accumulator_and_float64(rng, n):
     means = _centering(rng, T)
     runs = {}
     for layout in ("full", "lower", "factors"):
-        red = GramReducer(1, H, HKV, T, D, SCALE, reference=means, full=layout == "full",
+        red = GramReducer(masks(T), H, HKV, D, SCALE, reference=means, full=layout == "full",
                           factors=layout == "factors")
         _feed(red, q, k)
         runs[layout] = red.result(means, keep_matrices=layout == "full")
@@ -78,7 +79,7 @@ def test_every_layout_equals_the_full_accumulator_and_float64(rng, n):
             assert np.abs(getattr(run, g)[0] - want_g.numpy()).max() < 1e-4, (layout, g)
     assert np.abs(runs["full"].gram_raw[0] - raw.numpy()).max() < 1e-3
     assert np.abs(runs["full"].gram_centered[0] - cen.numpy()).max() < 1e-4
-    lower = GramReducer(1, H, HKV, T, D, SCALE, full=False)
+    lower = GramReducer(masks(T), H, HKV, D, SCALE, full=False)
     stored = sum(a.numel() for a in lower.acc[0])
     blocks = gram_cost.gram_row_blocks(T, False)
     assert stored == H * sum((r1 - r0) * (k1 - k0) for r0, r1, k0, k1 in blocks)
@@ -137,11 +138,11 @@ def test_blocks_of_layers_join_into_the_all_layer_result(rng):
     T, L = 70, 3
     q, k = _qk(rng, 5, T, L)
     means = _centering(rng, T, L)
-    whole = GramReducer(L, H, HKV, T, D, SCALE, reference=means)
+    whole = GramReducer(masks(T, L), H, HKV, D, SCALE, reference=means)
     _feed(whole, q, k)
     parts = []
     for layers in ([0, 1], [2]):
-        red = GramReducer(L, H, HKV, T, D, SCALE, reference=means, layers=layers)
+        red = GramReducer(masks(T, L), H, HKV, D, SCALE, reference=means, layers=layers)
         _feed(red, q, k)  # every layer is offered; each reducer keeps its own
         parts.append(red.result(means, keep_matrices=True))
     a, b = whole.result(means, keep_matrices=True), concat_layers(parts)
@@ -268,7 +269,7 @@ def test_whitened_gram_holds_what_the_plan_counts(rng, llama):
     mom = MomentsReducer(6, 1, H, HKV, T, D, second_moments=True)
     _feed(mom, cq, ck)
     means = mom.result()
-    red = WhitenedGramReducer(means, SCALE)
+    red = WhitenedGramReducer(means, SCALE, masks(T))
     _feed(red, q, k)
     acc = sum(a.numel() * a.element_size() for a in red.gram.acc[0])
     assert all(a.dtype == torch.float32 for a in red.gram.acc[0])
@@ -277,7 +278,7 @@ def test_whitened_gram_holds_what_the_plan_counts(rng, llama):
     wq, wk = means.whitening()
     white = lambda x, m, w: ((x.double() - m.double()[0].transpose(0, 1)).transpose(1, 2)
                              @ w.double()[0]).transpose(1, 2)
-    ref = GramReducer(1, H, HKV, T, D, SCALE)
+    ref = GramReducer(masks(T), H, HKV, D, SCALE)
     _feed(ref, white(q[0], means.mean_q, wq)[None].float(),
           white(k[0], means.mean_k, wk)[None].float())
     np.testing.assert_allclose(red.result().r2_gram_whitened, ref.result().r2_gram_raw,
@@ -300,7 +301,7 @@ def test_means_are_taken_in_place_once(rng):
     assert mom.q_sum is None and mom.k_sum is None and mom.q_half is None
     torch.testing.assert_close(first.mean_q[0],
                                q[0].double().mean(0).transpose(0, 1).float())
-    red = GramReducer(1, H, HKV, T, D, SCALE, reference=first)
+    red = GramReducer(masks(T), H, HKV, D, SCALE, reference=first)
     _feed(red, q, k)
     ev = red.eval_moments()
     assert red.eval_moments() is ev and ev.mean_k.data_ptr() == red.k_sum.data_ptr()
@@ -331,7 +332,7 @@ def test_factor_fit_of_an_exact_rope_gram(rng, monkeypatch, dtype, tol):
     fits = {}
     for run in (torch.float64, dtype):
         monkeypatch.setattr(gram_fit, "FIT_DTYPE", run)
-        red = GramReducer(1, 2, 1, T, 64, 0.125, full=False, factors=True)
+        red = GramReducer(masks(T), 2, 1, 64, 0.125, full=False, factors=True)
         red.update(LayerBatch(0, q, k, torch.arange(n), 0.125))
         fits[run] = red.result(None)
     assert np.abs(fits[dtype].r2_gram_raw - 1).max() < tol

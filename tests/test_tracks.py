@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from masks import masks
 
 from poskernel_tl.errors import NonFiniteError
 from poskernel_tl.protocol import EARLY_ROWS, INTERIOR_FROM, N_SPLITS, SPLIT_FRACTION
@@ -60,7 +61,7 @@ def qk(rng):
 
 def test_track_a_matches_naive(qk):
     q, k = qk
-    red = TrackAReducer(B, 1, H, T, seed=3)
+    red = TrackAReducer(B, masks(T), H, seed=3)
     feed(red, q, k)
     res = red.result()
     qn, kn = q.double().numpy(), k.double().numpy()
@@ -104,7 +105,7 @@ def test_every_declared_region_matches_naive(rng, source):
     k = torch.randn(n, T_long, HKV, D, generator=rng, dtype=torch.float64)
     pos = torch.randn(T_long, 1, D, generator=rng, dtype=torch.float64)
     q, k = (q + 2 * pos).float(), (k + 2 * pos).float()
-    red = TrackAReducer(n, 1, H, T_long, source=source)
+    red = TrackAReducer(n, masks(T_long), H, source=source)
     for x in range(n):
         idx = torch.tensor([x])
         red.update(LayerBatch(0, q[idx], k[idx], idx, float(SCALE), rows=(x,)))
@@ -125,9 +126,9 @@ def test_every_declared_region_matches_naive(rng, source):
 def test_track_a_subsets_and_sink(qk):
     """Pooled fits over a subset of sequences read the per-sequence sums."""
     q, k = qk
-    red = TrackAReducer(B, 1, H, T)
+    red = TrackAReducer(B, masks(T), H)
     feed(red, q, k)
-    part = TrackAReducer(2, 1, H, T)
+    part = TrackAReducer(2, masks(T), H)
     feed(part, q[:2], k[:2])
     rows = torch.arange(2)
     assert torch.allclose(red.pooled(rows)[0], part.pooled()[0], rtol=0, atol=1e-12)
@@ -138,9 +139,9 @@ def test_track_a_from_hooked_scores_equals_qk_path(qk, fill):
     """The two materialised sources of Track A's logits (hook_attn_scores, masked with any
     fill value; or q·kᵀ formed from the hooked q/k) give the same numbers."""
     q, k = qk
-    ours = TrackAReducer(B, 1, H, T, source="scores")
+    ours = TrackAReducer(B, masks(T), H, source="scores")
     feed(ours, q, k)
-    hooked = TrackAReducer(B, 1, H, T, source="scores")
+    hooked = TrackAReducer(B, masks(T), H, source="scores")
     feed(hooked, q, k, hooked_fill=fill)
     a, b = ours.result(), hooked.result()
     for name in ("r2_per_seq", "r2_pooled", "r2_pooled_nosink", "r2_pooled_early",
@@ -155,7 +156,7 @@ def test_gram_matches_naive(qk, rng):
     cen = MomentsReducer(4, 1, H, HKV, T, D, half_seed=5)
     feed(cen, cq, ck)
     means = cen.result()
-    gram = GramReducer(1, H, HKV, T, D, float(SCALE), reference=means)
+    gram = GramReducer(masks(T), H, HKV, D, float(SCALE), reference=means)
     feed(gram, q, k, batch=4)
     res = gram.result(means, keep_matrices=True)
     half_idx = random_half(4, 5)
@@ -196,7 +197,7 @@ def test_float32_gram_keeps_float64_precision(rng, centered):
             idx = torch.arange(s, s + 4)
             cen.update(LayerBatch(0, cq[idx], ck[idx], idx, float(SCALE)))
         means = cen.result()
-    gram = GramReducer(1, H, HKV, Tn, D, float(SCALE), reference=means)
+    gram = GramReducer(masks(Tn), H, HKV, D, float(SCALE), reference=means)
     for s in range(0, n, 4):
         idx = torch.arange(s, s + 4)
         gram.update(LayerBatch(0, q[idx], k[idx], idx, float(SCALE)))
@@ -235,13 +236,13 @@ def test_exact_rope_head_has_r2_one(rng):
 
     q, k = draw(B)
     cq, ck = draw(4)
-    red = TrackAReducer(B, 1, H, T)
+    red = TrackAReducer(B, masks(T), H)
     feed(red, q, k)
     a = red.result()
     assert np.abs(a.r2_per_seq - 1).max() < TOL
     cen = MomentsReducer(4, 1, H, HKV, T, D)
     feed(cen, cq, ck)
-    gram = GramReducer(1, H, HKV, T, D, float(SCALE), reference=cen.result())
+    gram = GramReducer(masks(T), H, HKV, D, float(SCALE), reference=cen.result())
     feed(gram, q, k)
     b = gram.result(cen.result())
     assert np.abs(b.r2_gram - 1).max() < TOL
@@ -252,7 +253,7 @@ def test_nonfinite_names_layer_head_sequence(qk):
     q, k = qk
     q = q.clone()
     q[3, 5, 2, 0] = float("inf")
-    red = TrackAReducer(B, 2, H, T)
+    red = TrackAReducer(B, masks(T, 2), H)
     feed(red, q, k, layer=1)
     with pytest.raises(NonFiniteError, match="layer 1, head 2, eval sequence 3"):
         red.check_finite()
@@ -268,7 +269,7 @@ def test_whitened_gram_matches_naive(qk, rng):
     feed(cen, cq, ck)
     means = cen.result()
     wq, wk = means.whitening()
-    red = WhitenedGramReducer(means, float(SCALE))
+    red = WhitenedGramReducer(means, float(SCALE), masks(T))
     feed(red, q, k)
     got = red.result().r2_gram_whitened
     qn, kn, cqn, ckn = (x.double().numpy() for x in (q, k, cq, ck))

@@ -29,10 +29,7 @@ def head_statistics(model: LoadedModel, geometry: Geometry, layer: int,
     batch = LayerBatch(layer, q[None], k[None], torch.zeros(1, dtype=torch.long,
                                                             device=q.device),
                        model.logit_scale, rows=(0,), terms=model.spec.layer_terms(layer))
-    s = model.spec
-    track_a = TrackAReducer(1, s.n_layers, s.n_heads, geometry.length, q.device,
-                            causal=geometry.causal, max_lags=geometry.max_lags,
-                            chunks=geometry.bound_chunks)
+    track_a = TrackAReducer(1, geometry.masks, model.spec.n_heads, q.device)
     track_a.update(batch)
     out = {}
     for stat in STATISTICS.values():

@@ -9,6 +9,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.models.mask import Mask
+
 
 def chunk_rows(lo: Tensor | int, hi: Tensor | int, lag: Tensor, chunk: int) -> Tensor:
     """How many rows t in [lo, hi) keep their key t − Δ inside their own chunk of ``chunk``
@@ -36,17 +38,12 @@ def lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,
     return counts if max_lag is None else counts * (lags <= max_lag)
 
 
-def layer_lag_counts(T: int, max_lags: Sequence[int] | None, n_layers: int, row_lo: int = 0,
-                     row_hi: int | None = None, device=None,
-                     chunks: Sequence[int | None] | None = None
-                     ) -> Float[Tensor, "layer 1 lag"]:
-    """:func:`lag_counts` of every layer, [layer, 1, lag] (broadcasts over heads): each
-    layer's own last kept offset ``max_lags[layer]`` (None: every layer's whole triangle)
-    and chunk ``chunks[layer]`` (None: no chunk binds)."""
-    lags = [None] * n_layers if max_lags is None else max_lags
-    chunks = [None] * n_layers if chunks is None else chunks
-    return torch.stack([lag_counts(T, row_lo, row_hi, device, m, c)
-                        for m, c in zip(lags, chunks)])[:, None]
+def layer_lag_counts(masks: Sequence[Mask], row_lo: int = 0, row_hi: int | None = None,
+                     device=None) -> Float[Tensor, "layer 1 lag"]:
+    """:func:`lag_counts` of every layer's mask (one per layer: its last kept offset and the
+    chunk that binds), [layer, 1, lag] (broadcasts over heads)."""
+    return torch.stack([lag_counts(m.length, row_lo, row_hi, device, m.max_lag, m.chunk)
+                        for m in masks])[:, None]
 
 
 def upper_lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,

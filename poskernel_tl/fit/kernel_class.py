@@ -151,9 +151,7 @@ def condition_kernels(r) -> pd.DataFrame | None:
     condition's columns first; None for a result saved without the sink column's mean."""
     if r.g_sink is None:
         return None
-    g = r.geometry
-    counts = layer_lag_counts(g.length, g.max_lags, g.n_layers,
-                              chunks=g.bound_chunks)[:, 0].numpy()
+    counts = layer_lag_counts(r.geometry.masks)[:, 0].numpy()
     df = head_kernels(np.asarray(r.g_pooled, np.float64), np.asarray(r.g_sink, np.float64),
                       counts, r.r2_pooled, r.r2_perm_null, r.g_pooled_back, r.thetas)
     for i, (name, value) in enumerate((("model", r.model), ("dataset", r.dataset),

@@ -255,10 +255,9 @@ def gram_reducer(model: LoadedModel, geometry: Geometry, centering: Moments | No
     """Track B's reducer for ``layers`` (``full``: every key, to keep the matrices;
     ``factors``: the sequences' q/k instead of an accumulator, as the plan chose)."""
     s = model.spec
-    return GramReducer(s.n_layers, s.n_heads, s.n_kv_heads, geometry.length, s.d_head,
-                       model.logit_scale, model.device, reference=centering, layers=layers,
-                       full=full, factors=factors, causal=geometry.causal,
-                       max_lags=geometry.max_lags, chunks=geometry.bound_chunks)
+    return GramReducer(geometry.masks, s.n_heads, s.n_kv_heads, s.d_head, model.logit_scale,
+                       model.device, reference=centering, layers=layers, full=full,
+                       factors=factors)
 
 
 def eval_reducers(model: LoadedModel, geometry: Geometry, n: int, centering: Moments | None,
@@ -270,10 +269,8 @@ def eval_reducers(model: LoadedModel, geometry: Geometry, n: int, centering: Mom
     (:data:`~poskernel_tl.statistics.registry.STATISTICS`)."""
     s, run = model.spec, StatisticContext(model, geometry, n, opts, centering, wanted)
     layers = range(s.n_layers) if gram_layers is None else gram_layers
-    reds = {"track_a": TrackAReducer(n, s.n_layers, s.n_heads, geometry.length, model.device,
-                                     seed=opts.seed, source=run.source,
-                                     causal=geometry.causal, max_lags=geometry.max_lags,
-                                     chunks=geometry.bound_chunks),
+    reds = {"track_a": TrackAReducer(n, geometry.masks, s.n_heads, model.device,
+                                     seed=opts.seed, source=run.source),
             "track_b": gram_reducer(model, geometry, centering, layers, full, factors)}
     for stat in STATISTICS.values():
         if (red := stat.build(run)) is not None:

@@ -62,12 +62,6 @@ class Geometry:
         """Whether some layer keeps fewer offsets than the whole triangle."""
         return any(m < self.length - 1 for m in self.lags)
 
-    @property
-    def max_lags(self) -> list[int] | None:
-        """Per layer, the last offset kept; None when every layer keeps the whole triangle
-        (the reducers' and fits' argument)."""
-        return list(self.lags) if self.windowed else None
-
     def max_lag(self, layer: int) -> int:
         return self.lags[layer]
 
@@ -77,21 +71,20 @@ class Geometry:
         return c if c is not None and c < self.length else None
 
     @property
-    def bound_chunks(self) -> list[int | None] | None:
-        """Per layer :meth:`chunk`; None when no chunk binds (the reducers' argument)."""
-        out = [self.chunk(L) for L in range(self.n_layers)]
-        return out if any(c is not None for c in out) else None
-
-    @property
     def widening(self) -> int:
         """How many times wider a binding chunk makes q and k where the fits read them
         (⌈T / chunk⌉ slots of d_head: :func:`~poskernel_tl.models.softmax_ops.chunk_qk`);
         1 when none binds."""
-        return max([1] + [-(-self.length // c) for c in self.bound_chunks or [] if c])
+        return max([1] + [-(-self.length // m.chunk) for m in self.masks if m.chunk])
 
     def mask(self, layer: int) -> Mask:
         """The entries layer ``layer``'s softmax keeps (:class:`~poskernel_tl.models.mask.Mask`)."""
         return Mask(self.length, self.causal, self.lags[layer], self.chunk(layer))
+
+    @property
+    def masks(self) -> tuple[Mask, ...]:
+        """:meth:`mask` of every layer: what the reducers and fits are built from."""
+        return tuple(self.mask(L) for L in range(self.n_layers))
 
     def require_whole(self, what: str) -> None:
         """A UserError, in one line, naming ``what`` (a method defined on whole triangles

@@ -13,6 +13,7 @@ test, :meth:`Mask.keeps` the entry test (:meth:`Mask.kept` of any rows against a
 kernels take the layer.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,4 +122,17 @@ class Mask:
         return self.kept(device=device).tril(-1)
 
 
-__all__ = ["Mask"]
+def shared(masks: Sequence[Mask]) -> tuple[int, bool]:
+    """The length and side that ``masks`` (one per layer: what every reducer is built from,
+    :attr:`~poskernel_tl.models.geometry.Geometry.masks`) share: a TypeError for anything but
+    a non-empty sequence of :class:`Mask`, a ValueError where two differ."""
+    if isinstance(masks, Mask) or not isinstance(masks, Sequence) or not masks or \
+            not all(isinstance(m, Mask) for m in masks):
+        raise TypeError(f"expected one Mask per layer, got {type(masks).__name__}")
+    kinds = {(m.length, m.causal) for m in masks}
+    if len(kinds) > 1:
+        raise ValueError(f"the layers' masks differ in length or side: {sorted(kinds)}")
+    return kinds.pop()
+
+
+__all__ = ["Mask", "shared"]

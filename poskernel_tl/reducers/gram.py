@@ -53,6 +53,7 @@ from torch import Tensor
 
 from poskernel_tl import kernels
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
+from poskernel_tl.models.mask import Mask, shared
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram_cost import GRAM_ROWS, as_path, gram_row_blocks
 from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, tile_pieces
@@ -90,23 +91,22 @@ class GramReducer:
     well below T/2; the fit then costs O(T·(n·d_head)²), or, above
     :data:`~poskernel_tl.reducers.gram_cost.FACTOR_RANK_MAX`, as much as the accumulator:
     its blocks are formed from them), for every layer or per layer of the model (a
-    sequence of ``n_layers`` flags). ``causal=False``: fit both
+    sequence of flags, one per layer). ``masks``: per layer, the entries its softmax keeps
+    (:attr:`~poskernel_tl.models.geometry.Geometry.masks`); two-sided masks fit both
     triangles (every key of every row is accumulated; see the module docstring)."""
 
-    def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, length: int,
-                 d_head: int, scale: float, device: torch.device | str = "cpu",
+    def __init__(self, masks: Sequence[Mask], n_heads: int, n_kv_heads: int, d_head: int,
+                 scale: float, device: torch.device | str = "cpu",
                  reference: Moments | None = None, *, layers: Sequence[int] | None = None,
-                 full: bool | None = None, factors: bool | Sequence[bool] = False,
-                 causal: bool = True,
-                 max_lags: Sequence[int] | None = None,
-                 chunks: Sequence[int | None] | None = None):
+                 full: bool | None = None, factors: bool | Sequence[bool] = False):
+        length, causal = shared(masks)
+        n_layers = len(masks)
         self.scale, self.group, self.T = scale, n_heads // n_kv_heads, length
         self.causal = causal
-        # per layer, the last offset its mask keeps (a sliding window); None: T − 1
-        self.max_lags = [length - 1] * n_layers if max_lags is None else list(max_lags)
-        # per layer, the chunk of a chunked mask that binds (its entries across chunks
-        # are left out of every fit; such a layer is read off the tiled kernels)
-        self.chunks = [None] * n_layers if chunks is None else list(chunks)
+        # per layer, the entries its softmax keeps: a window's offsets, a binding chunk
+        # (its entries across chunks are left out of every fit; such a layer is read off
+        # the tiled kernels)
+        self.masks = list(masks)
         self.layers = list(range(n_layers)) if layers is None else list(layers)
         self.slot = {L: i for i, L in enumerate(self.layers)}
         path = as_path(factors, n_layers)  # one path per layer of the model
@@ -117,7 +117,7 @@ class GramReducer:
             raise ValueError("GramReducer: factors=True keeps no matrix (full=False)")
         every_key = self.full or not causal
         self.blocks = [gram_row_blocks(length, every_key, max_lag=None if every_key else
-                                       self.max_lags[L]) for L in self.layers]
+                                       self.masks[L].last) for L in self.layers]
         f64 = dict(dtype=torch.float64, device=device)
         # on the tiled kernels' device each layer's blocks are views of one flat buffer,
         # the layers with the same blocks one after the other in one buffer, so that one
@@ -148,7 +148,7 @@ class GramReducer:
         acc: list[list[Tensor]] = [[] for _ in self.layers]
         probe = torch.empty(0, device=device)
         tiled = [i for i, f in enumerate(self.factors)
-                 if not f and kernels.takes(probe, self.chunks[self.layers[i]])]
+                 if not f and kernels.takes(probe, self.masks[self.layers[i]].chunk)]
         for i, f in enumerate(self.factors):
             if not f and i not in tiled:
                 acc[i] = [torch.zeros(n_heads, r1 - r0, k1 - k0, dtype=torch.float32,
@@ -272,14 +272,14 @@ class GramReducer:
         mats = {v: torch.empty(m_q.shape[0], self.T, self.T, dtype=torch.float32,
                                device=m_q.device) for v in ("raw", "centered")
                 if keep and v in variants}
-        max_lag = self.max_lags[self.layers[i]]
-        pieces = self.pieces(i, x, self.keeper(mats, uv), max_lag)
+        mask = self.masks[self.layers[i]]
+        pieces = self.pieces(i, x, self.keeper(mats, uv))
         out = {}
         for name, t in terms.items():
             u, v = uv.get(name, (None, None))
             fit = variant_fit(pieces, u, v, applied(pieces.y, t, d), self.scale,
-                              applied(pieces.y_up, t, d), max_lag=max_lag,
-                              chunk=self.chunks[self.layers[i]])
+                              applied(pieces.y_up, t, d), max_lag=mask.last,
+                              chunk=mask.chunk)
             out[name] = (*fit, mats.get(name))
         return out
 
@@ -299,11 +299,11 @@ class GramReducer:
                                               vh.transpose(1, 2), alpha=self.scale)
         return keep
 
-    def pieces(self, i: int, x: Tensor, keep, max_lag: int) -> Pieces:
-        """B's pieces of layer slot ``i`` over the offsets Δ ≤ ``max_lag`` (and within
-        the layer's chunk)."""
-        window = None if max_lag >= self.T - 1 else max_lag
-        chunk = self.chunks[self.layers[i]]
+    def pieces(self, i: int, x: Tensor, keep) -> Pieces:
+        """B's pieces of layer slot ``i`` over the entries its mask keeps (the offsets of
+        its window, within its chunk)."""
+        mask = self.masks[self.layers[i]]
+        window, chunk = mask.max_lag, mask.chunk
         if self.factors[i]:
             q = torch.cat([q for q, _ in self.kept[i]])
             return factor_pieces(q, torch.cat([k for _, k in self.kept[i]]), x,

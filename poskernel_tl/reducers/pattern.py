@@ -20,6 +20,7 @@ Taken on the first ``max_seqs`` sequences of the pass and, for a causal model, t
 pattern of the sequences cut to that length, at (MAX_POS / T)² of the cost at long T.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -105,27 +106,28 @@ class PatternRows:
 @dataclass(frozen=True)
 class PatternReader:
     """What a statistic on the pattern reads of every batch: the rows of the first
-    ``max_seqs`` sequences, under each layer's mask (causal or two-sided, the last offset
-    kept in ``max_lags``, None: every offset; a chunked mask the batch's
-    :attr:`~poskernel_tl.reducers.base.LayerBatch.chunk`), on the first ``max_pos``
-    positions of a causal model. :meth:`of` a statistic's run: its ``null_seqs``
-    sequences."""
+    ``max_seqs`` sequences, under each layer's mask (``masks``: one per layer, causal or
+    two-sided, its window and chunk), on the first ``max_pos`` positions of a causal
+    model. :meth:`of` a statistic's run: its ``null_seqs`` sequences."""
 
     max_seqs: int
-    causal: bool
-    max_lags: list[int] | None = None
+    masks: Sequence[Mask]
     max_pos: int = MAX_POS
 
     @classmethod
     def of(cls, run) -> "PatternReader":
         """The reader of a :class:`~poskernel_tl.statistics.statistic.StatisticContext`."""
-        return cls(run.options.null_seqs, run.geometry.causal, run.max_lags)
+        return cls(run.options.null_seqs, run.masks)
+
+    @property
+    def causal(self) -> bool:
+        """Whether the layers' masks are causal (else two-sided)."""
+        return self.masks[0].causal
 
     def mask(self, batch: LayerBatch) -> Mask:
         """The keys each row of ``batch``'s first layer reads, over the positions read."""
-        T = batch.q.shape[1]
-        lag = None if self.max_lags is None else self.max_lags[batch.layers[0]]
-        return Mask(min(T, self.max_pos) if self.causal else T, self.causal, lag, batch.chunk)
+        mask = self.masks[batch.layers[0]].cut(batch.q.shape[1])
+        return mask.cut(min(mask.length, self.max_pos)) if mask.causal else mask
 
     def rows(self, batch: LayerBatch) -> PatternRows | None:
         """:func:`pattern_rows` of ``batch`` (None: none of its sequences is read)."""

@@ -25,6 +25,7 @@ a region takes both triangles' entries in it (no-sink: the upper triangle never 
 0; rows 1–20 and ≥ 50 and the interior A[50:, 50:] take both triangles of their rows).
 """
 
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -43,6 +44,7 @@ from poskernel_tl.fit.variants import (
 )
 from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.models.mask import Mask, shared
 from poskernel_tl.protocol import (
     N_SPLITS,
     SPLIT_FRACTION,
@@ -97,25 +99,20 @@ def work_bytes(model: LoadedModel, length: int) -> int:
 
 
 class TrackAReducer:
-    def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int,
+    def __init__(self, n_seqs: int, masks: Sequence[Mask], n_heads: int,
                  device: torch.device | str = "cpu", seed: int = 0,
-                 source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK,
-                 causal: bool = True, max_lags: list[int] | None = None,
-                 chunks: list[int | None] | None = None):
-        """``max_lags``: per layer, the last offset Δ its mask keeps (a sliding window;
-        None: every layer's whole triangle). Every fit of a layer then reads only the
-        entries with Δ ≤ its max_lag, and its g is NaN past it. ``chunks``: per layer, the
-        chunk of a chunked mask that binds (None: none; the layer's max_lag is then
-        chunk − 1): its counts are the mask's, its sums are read from
-        :attr:`~poskernel_tl.reducers.base.LayerBatch.kept_qk`, and its whole-triangle R²
-        is NaN (the logits across chunks are not read)."""
+                 source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK):
+        """``masks``: per layer, the entries its softmax keeps
+        (:attr:`~poskernel_tl.models.geometry.Geometry.masks`; the length and side they
+        share are the reducer's). Every fit of a layer reads only the offsets Δ ≤ its
+        mask's ``last`` (its g is NaN past it); where a chunk binds, its counts are the
+        mask's, its sums are read from :attr:`~poskernel_tl.reducers.base.LayerBatch.kept_qk`,
+        and its whole-triangle R² is NaN (the logits across chunks are not read)."""
         if source not in ("lags", "scores"):
             raise ValueError(f"source={source!r}: choose 'lags' or 'scores'")
-        T = length
-        self.max_lags = [T - 1] * n_layers if max_lags is None else list(max_lags)
-        self.chunks = [None] * n_layers if chunks is None else list(chunks)
-        self.counts = layer_lag_counts(T, max_lags, n_layers, device=device,
-                                       chunks=self.chunks)
+        T, causal = shared(masks)
+        self.masks, n_layers = list(masks), len(masks)
+        self.counts = layer_lag_counts(self.masks, device=device)
         self.kept = (self.counts > 0).double()  # [layer, 1, lag]: the lags a window keeps
         self.source, self.chunk = source, chunk
         f64 = dict(dtype=torch.float64, device=device)
@@ -127,7 +124,7 @@ class TrackAReducer:
         self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
         self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.bands = torch.zeros(n_seqs, n_layers, n_heads, len(band_ends(T)), **f64)
-        self.sq_whole = None if max_lags is None or min(max_lags) >= T - 1 else \
+        self.sq_whole = None if all(m.max_lag is None for m in self.masks) else \
             torch.zeros(n_seqs, n_layers, n_heads, **f64)
         # every region a variant (or g_sink) reads: its sums pooled over the sequences
         # (lower side, and upper for a bidirectional model), its n(Δ) per layer; one
@@ -138,12 +135,12 @@ class TrackAReducer:
                           for r, v in enumerate(self.regions)}
         self.region_sq = {v: self.region_stack[r, ..., T - 1]
                           for r, v in enumerate(self.regions)}
-        self.region_counts = {v: torch.stack([v.counts(T, m, device=device, chunk=c)
-                                              for m, c in zip(self.max_lags, self.chunks)]
+        self.region_counts = {v: torch.stack([v.counts(T, m.last, device=device,
+                                                        chunk=m.chunk) for m in self.masks]
                                              )[:, None]
                               for v in self.regions}
-        self.upper_counts = {v: torch.stack([v.counts(T, m, upper=True, device=device)
-                                             for m in self.max_lags])[:, None]
+        self.upper_counts = {v: torch.stack([v.counts(T, m.last, upper=True, device=device)
+                                             for m in self.masks])[:, None]
                              for v in self.regions}
         # the regions of the per-sequence variants: their sums per sequence and side
         # (S1 of every lag, Σ A²), fitted after the pass
@@ -177,9 +174,10 @@ class TrackAReducer:
     def _update_from_lags(self, batch: LayerBatch) -> None:
         """The sums from q/k directly (:func:`~poskernel_tl.reducers.lag_sums.track_a_stats`)."""
         q, k = batch.kept_qk
-        st = track_a_stats(q, k, batch.scale, self.chunk, self.max_lags[batch.layer])
+        last = self.masks[batch.layer].last
+        st = track_a_stats(q, k, batch.scale, self.chunk, last)
         upper = None if self.upper is None else upper_stats(q, k, batch.scale, self.chunk,
-                                                            self.max_lags[batch.layer])
+                                                            last)
         self._store(batch, (st.s1, st.sq), st.bands, st.skewed, upper, st.sq_whole)
 
     def _update_from_tiles(self, batch: LayerBatch) -> None:
@@ -187,9 +185,8 @@ class TrackAReducer:
         soft-capped layers too: the cap is applied on the tiles), every layer of a group
         at once, in a fixed number of operations: the rows of the per-sequence state and
         the regions' sums, each stored by one operation."""
-        lag = self.max_lags[batch.layers[0]]  # (a group's layers share their mask)
-        rows, regions = track_a_tile_rows(batch, None if lag >= self.T - 1 else lag,
-                                          self.regions)
+        mask = self.masks[batch.layers[0]]  # (a group's layers share their mask)
+        rows, regions = track_a_tile_rows(batch, mask.max_lag, self.regions)
         T, n_bands = self.T, self.bands.shape[-1]
         batch.put(self.s1, rows[..., :T - 1])
         batch.put(self.sq, rows[..., T - 1])
@@ -218,14 +215,15 @@ class TrackAReducer:
         A = batch.scores
         work = batch.workspace.get("track_a", (A.shape[0], A.shape[1], 2 * self.T, self.T),
                                    A, zero=True)  # lower half stays zero
-        (s1, sq, bands), _ = lower_lag_stats(A, shift, [], work, max_lag=self.max_lags[L],
+        (s1, sq, bands), _ = lower_lag_stats(A, shift, [], work, max_lag=self.masks[L].last,
                                              bands=True)
         sq_whole = None
         if self.sq_whole is not None:  # every lag's sums, and Σ A² of the whole triangle
             (s1, sq_whole), _ = lower_lag_stats(A, shift, [], work)
         upper = None
         if self.upper is not None:
-            upper = upper_stats_from_scores(A, q, k, batch.scale, work, self.max_lags[L])
+            upper = upper_stats_from_scores(A, q, k, batch.scale, work,
+                                            self.masks[L].last)
         skewed = skew_keys(A[..., :min(STRIP, self.T)].double())
         self._store(batch, (s1, sq), bands, skewed, upper, sq_whole)
 
@@ -243,7 +241,7 @@ class TrackAReducer:
         batch.put(self.bands, bands)
         if self.sq_whole is not None:  # a chunk's q·k across chunks is never read
             batch.put(self.sq_whole, torch.full_like(sq, float("nan"))
-                      if self.chunks[L] is not None else sq_whole)
+                      if self.masks[L].chunk is not None else sq_whole)
         if upper is not None:
             self.upper.store(batch, upper)
         kept = self.kept[L, 0]  # the lags the window keeps (on each side it keeps)
@@ -251,7 +249,7 @@ class TrackAReducer:
             (upper.skewed, (upper.whole[0] * kept, upper.whole[1]), True)])
         for side, (strip, sums, up) in enumerate(sides):
             for v in self.regions:
-                r_s1, r_sq = region_sums(strip, v, sums, self.max_lags[L], upper=up)
+                r_s1, r_sq = region_sums(strip, v, sums, self.masks[L].last, upper=up)
                 batch.add(self.region_s1[v][side], r_s1.sum(0))
                 batch.add(self.region_sq[v][side], r_sq.sum(0))
                 if v in self.seq_regions:

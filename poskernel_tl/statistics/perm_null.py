@@ -35,6 +35,7 @@ through :class:`~poskernel_tl.reducers.base.LayerBatch`; GQA keys are broadcast,
 """
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -48,6 +49,7 @@ from poskernel_tl.fit.bands import band_r2
 from poskernel_tl.fit.counts import layer_lag_counts
 from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, r2_two_sided
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.models.mask import Mask, shared
 from poskernel_tl.models.softmax_ops import chunk_qk, entry_offsets, finish_scores, qk_scores
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch
@@ -133,33 +135,31 @@ def null_bytes(model: LoadedModel, length: int, draws: int) -> int:
 class PermNullReducer:
     """Streams the joint position-permutation null (see the module docstring)."""
 
-    def __init__(self, n_layers: int, n_heads: int, length: int, *, n_perm: int = 8,
+    def __init__(self, masks: Sequence[Mask], n_heads: int, *, n_perm: int = 8,
                  max_seqs: int = 16, seed: int = 0, device: torch.device | str = "cpu",
                  include_identity: bool = True,
                  source: Literal["lags", "scores"] = "lags", chunk: int = DEFAULT_CHUNK,
-                 causal: bool = True, max_lags: list[int] | None = None,
-                 chunks: list[int | None] | None = None, dtype: torch.dtype = torch.float32):
-        """``max_lags``: per layer, the last offset its mask keeps (a sliding window): the
-        permuted product of a layer is fitted on the same offsets Δ ≤ max_lag as the
-        real one, so the null holds as many entries per lag as the fit it judges.
-        ``chunks``: per layer, the chunk of a chunked mask that binds (None: none): the
-        permuted product is read on the entries that mask keeps (q', k' spread by chunk
-        after the permutation, :func:`~poskernel_tl.models.softmax_ops.chunk_qk`).
-        ``dtype``: what the ``"lags"`` sums are formed in, with float64 totals; float32
-        (~1e-7 relative, far below the spread between draws) takes under half the CPU
-        time of float64."""
+                 dtype: torch.dtype = torch.float32):
+        """``masks``: per layer, the entries its softmax keeps
+        (:attr:`~poskernel_tl.models.geometry.Geometry.masks`): the permuted product of a
+        layer is fitted on the same offsets Δ ≤ its ``last`` as the real one, so the null
+        holds as many entries per lag as the fit it judges; where a chunk binds, on the
+        entries that mask keeps (q', k' spread by chunk after the permutation,
+        :func:`~poskernel_tl.models.softmax_ops.chunk_qk`). ``dtype``: what the
+        ``"lags"`` sums are formed in, with float64 totals; float32 (~1e-7 relative, far
+        below the spread between draws) takes under half the CPU time of float64."""
         if source not in ("lags", "scores"):
             raise ValueError(f"source={source!r}: choose 'lags' or 'scores'")
         if n_perm < 1 or max_seqs < 1:
             raise ValueError(f"n_perm and max_seqs must be >= 1, got {n_perm}, {max_seqs}")
-        if length < 3:
-            raise ValueError(f"length must be >= 3, got {length}")
-        T = length
+        T, causal = shared(masks)
+        if T < 3:
+            raise ValueError(f"length must be >= 3, got {T}")
+        n_layers = len(masks)
         self.source, self.chunk, self.dtype = source, chunk, dtype
         self.T, self.n_perm, self.max_seqs, self.seed = T, n_perm, max_seqs, seed
         self.n_layers, self.n_heads = n_layers, n_heads
-        self.max_lags = [T - 1] * n_layers if max_lags is None else list(max_lags)
-        self.chunks = [None] * n_layers if chunks is None else list(chunks)
+        self.masks = list(masks)
         self.perms_cpu = joint_permutations(T, n_perm, seed)
         # with include_identity, draw 0 is the unpermuted fit of the same sequences (a
         # caller that runs Track A on them already, like measure, can take it from there)
@@ -197,7 +197,7 @@ class PermNullReducer:
         if path == "tiles":  # every draw and layer in one launch, added by one operation
             # (q and k as the model gave them: the kernels apply the softmax's terms)
             lower, upper = null_tile_sums(batch, *self._select(batch.q, batch.k, keep),
-                                          self.perms32, self.max_lags[batch.layers[0]],
+                                          self.perms32, self.masks[batch.layers[0]].last,
                                           self.causal)
             batch.add(self.lag_sums, lower, lead=2)
             if upper is not None:
@@ -212,11 +212,12 @@ class PermNullReducer:
             for p in range(len(self.perms)):
                 pi = self.perms[p]
                 qp, kp = self._permuted(q, k, pi, L)
-                self._add(p, L, lower_stats(qp, kp, batch.scale, self.chunk,
-                                            self.max_lags[L], self.dtype),
+                last = self.masks[L].last
+                self._add(p, L, lower_stats(qp, kp, batch.scale, self.chunk, last,
+                                            self.dtype),
                           None if self.causal else lower_stats(
                               per_query_head(kp, qp.shape[2]), qp, batch.scale, self.chunk,
-                              self.max_lags[L], self.dtype))
+                              last, self.dtype))
         else:
             q, k = self._select(*batch.logit_qk, keep)
             self._update_from_scores(q.float(), k.float(), batch)
@@ -236,7 +237,8 @@ class PermNullReducer:
     def _permuted(self, q: Tensor, k: Tensor, pi: Tensor, L: int) -> tuple[Tensor, Tensor]:
         """q[:, π], k[:, π], spread by layer ``L``'s chunk where one binds."""
         qp, kp = q.index_select(1, pi), k.index_select(1, pi)
-        return (qp, kp) if self.chunks[L] is None else chunk_qk(qp, kp, self.chunks[L])
+        chunk = self.masks[L].chunk
+        return (qp, kp) if chunk is None else chunk_qk(qp, kp, chunk)
 
     def _update_from_scores(self, q: Tensor, k: Tensor, batch: LayerBatch) -> None:
         """The reference path: form each permuted product and sweep its lower triangle."""
@@ -250,14 +252,14 @@ class PermNullReducer:
             A = finish_scores(qk_scores(qp, kp, batch.scale,
                                         partial(batch.workspace.get, "perm_null_scores")),
                               batch.terms, partial(entry_offsets, pi, pi), T)  # offsets permuted
-            lower, _ = lower_lag_stats(A, shift, [], work, max_lag=self.max_lags[L],
+            lower, _ = lower_lag_stats(A, shift, [], work, max_lag=self.masks[L].last,
                                        bands=True)
             upper = None
             if not self.causal:  # the lower triangle of A'ᵀ
                 upper, _ = lower_lag_stats(A.transpose(-1, -2),
                                            lower_mean_from_qk(per_query_head(kp, h), qp,
                                                               batch.scale), [], work,
-                                           max_lag=self.max_lags[L], bands=True)
+                                           max_lag=self.masks[L].last, bands=True)
             self._add(p, L, lower, upper)
 
     def _add(self, p: int, L: int, lower: tuple[Tensor, Tensor, Tensor],
@@ -291,8 +293,7 @@ class PermNullReducer:
         if n[0] == 0:
             raise RuntimeError("no sequences were fed to the permutation null")
         self._sums_of_squares()
-        counts = layer_lag_counts(self.T, self.max_lags, self.n_layers,
-                                  device=self.s1.device, chunks=self.chunks) * n[0]
+        counts = layer_lag_counts(self.masks, device=self.s1.device) * n[0]
         back = None if self.causal else (self.s1_back, self.sq_back, counts)
         r2, *_ = r2_two_sided((self.s1, self.sq, counts), back)
         r2 = r2.detach().cpu().numpy()
@@ -310,11 +311,9 @@ def build(run: StatisticContext) -> PermNullReducer | None:
     o, s = run.options, run.spec
     if o.null_perms <= 0:
         return None
-    return PermNullReducer(s.n_layers, s.n_heads, run.length, n_perm=o.null_perms,
+    return PermNullReducer(run.masks, s.n_heads, n_perm=o.null_perms,
                            max_seqs=o.null_seqs, seed=o.seed, device=run.device,
-                           include_identity=False, source=run.source,
-                           causal=run.geometry.causal, max_lags=run.max_lags,
-                           chunks=run.geometry.bound_chunks)
+                           include_identity=False, source=run.source)
 
 
 def with_same_seqs(part: PermNull, reducers, run: StatisticContext) -> PermNull:

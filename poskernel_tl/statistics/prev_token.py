@@ -14,12 +14,14 @@ sinks take), so the score is Σ_t pattern[t, t − 1] / Σ_t Σ_s pattern[t, s].
 classes are checked against it (the report's atlas).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from jaxtyping import Float
 
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import MAX_POS, PatternReader
 from poskernel_tl.schema import Part, column
@@ -33,12 +35,12 @@ class PrevTokenScore(Part):
 
 
 class PrevTokenReducer:
-    def __init__(self, n_layers: int, n_heads: int, length: int, max_seqs: int = 8,
-                 causal: bool = True, max_lags: list[int] | None = None,
+    def __init__(self, masks: Sequence[Mask], n_heads: int, max_seqs: int = 8,
                  max_pos: int = MAX_POS, device="cpu"):
-        self.reader = PatternReader(max_seqs, causal, max_lags, max_pos)
-        self.total = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=device)
-        self.n_seen = np.zeros(n_layers, dtype=int)
+        """``masks``: per layer, the entries its softmax keeps (the pattern's keys)."""
+        self.reader = PatternReader(max_seqs, masks, max_pos)
+        self.total = torch.zeros(len(masks), n_heads, dtype=torch.float64, device=device)
+        self.n_seen = np.zeros(len(masks), dtype=int)
 
     GROUPED = True  # the kernels' path takes a group of layers as one batch
 
@@ -71,9 +73,8 @@ class PrevTokenReducer:
 
 
 def build(run: StatisticContext) -> PrevTokenReducer:
-    s = run.spec
-    return PrevTokenReducer(s.n_layers, s.n_heads, run.length, max_seqs=run.options.null_seqs,
-                            causal=run.geometry.causal, max_lags=run.max_lags, device=run.device)
+    return PrevTokenReducer(run.masks, run.spec.n_heads, max_seqs=run.options.null_seqs,
+                            device=run.device)
 
 
 STATISTIC = StatisticSpec(

@@ -25,6 +25,7 @@ import pandas as pd
 
 from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.schema import Part
 
@@ -61,9 +62,9 @@ class StatisticContext:
         return self.geometry.length
 
     @property
-    def max_lags(self) -> list[int] | None:
-        """Per layer, the last offset its mask keeps (None: every layer's whole triangle)."""
-        return self.geometry.max_lags
+    def masks(self) -> tuple[Mask, ...]:
+        """Per layer, the entries its softmax keeps (what every reducer is built from)."""
+        return self.geometry.masks
 
 
 def no_bytes(model: LoadedModel, work: Any) -> int:

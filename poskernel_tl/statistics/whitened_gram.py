@@ -11,12 +11,14 @@ It costs one more q·kᵀ per head and its own accumulator, so it runs only when
 both triangles, like Track B's.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from jaxtyping import Float
 
 from poskernel_tl.models.loading import LoadedModel
+from poskernel_tl.models.mask import Mask
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram import GramReducer
 from poskernel_tl.reducers.gram_cost import accumulator_bytes
@@ -41,16 +43,17 @@ class WhitenedGramResult(Part):
 
 
 class WhitenedGramReducer:
-    def __init__(self, centering: Moments, scale: float, causal: bool = True,
-                 max_lags: list[int] | None = None, chunks: list[int | None] | None = None):
-        """``max_lags``/``chunks``: each layer's mask (a window, a chunk), as Track B's."""
+    def __init__(self, centering: Moments, scale: float, masks: Sequence[Mask]):
+        """``masks``: per layer, the entries its softmax keeps, as Track B's."""
         white_q, white_k = centering.whitening()
         self.mean_q, self.mean_k = centering.mean_q, centering.mean_k  # float32
         self.white_q, self.white_k = white_q.float(), white_k.float()  # [L, H(kv), d, d]
         L, H, T, d = self.mean_q.shape
-        self.gram = GramReducer(L, H, self.mean_k.shape[1], T, d, scale,
-                                self.mean_q.device, full=False, causal=causal,
-                                max_lags=max_lags, chunks=chunks)
+        if (len(masks), masks[0].length) != (L, T):
+            raise ValueError(f"{len(masks)} masks of length {masks[0].length} for the "
+                             f"centering's {L} layers of {T} positions")
+        self.gram = GramReducer(masks, H, self.mean_k.shape[1], d, scale, self.mean_q.device,
+                                full=False)
 
     def update(self, batch: LayerBatch) -> None:
         L = batch.layer
@@ -69,9 +72,7 @@ def build(run: StatisticContext) -> WhitenedGramReducer | None:
     """Only with ``--whiten`` (which needs centering sequences)."""
     if not run.options.whiten:
         return None
-    g = run.geometry
-    return WhitenedGramReducer(run.centering, run.model.logit_scale, causal=g.causal,
-                               max_lags=g.max_lags, chunks=g.bound_chunks)
+    return WhitenedGramReducer(run.centering, run.model.logit_scale, run.masks)
 
 
 STATISTIC = StatisticSpec(
