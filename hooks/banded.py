@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from poskernel_tl.models.mask import Mask
+
 BAND_BLOCK = 512  # queries per block; key starts are rounded down to a multiple of it
 
 _MASKS: dict = {}  # (rows, key offset, keys, window, device) -> bool mask of one block
@@ -33,9 +35,9 @@ def _block_mask(rows: int, offset: int, n_keys: int, window: int, device) -> Ten
     if key not in _MASKS:
         if len(_MASKS) >= 8:  # the interior block and a few edge blocks of a forward
             _MASKS.pop(next(iter(_MASKS)))
-        lag = (torch.arange(rows, device=device)[:, None] + offset
-               - torch.arange(n_keys, device=device)[None])
-        _MASKS[key] = (lag >= 0) & (lag < window)
+        t = torch.arange(rows, device=device) + offset
+        _MASKS[key] = Mask(max(rows + offset, n_keys), last=window - 1).kept(
+            t, torch.arange(n_keys, device=device), diagonal=True)
     return _MASKS[key]
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from poskernel_tl.hooks.lazy_masks import LazyCausalMask
+from poskernel_tl.models.mask import Mask
 
 _BANDS: dict = {}
 
@@ -16,10 +17,9 @@ def band(n: int, window: int, device) -> Tensor:
     """Bool [n, n]: True where 0 ≤ t − s < window (cached per size, window and device)."""
     key = (n, window, str(device))
     if key not in _BANDS:
-        lag = torch.arange(n, device=device)[:, None] - torch.arange(n, device=device)[None]
         if len(_BANDS) >= 2:  # the forward's and a reducer's (the TL score's) at a time
             _BANDS.pop(next(iter(_BANDS)))
-        _BANDS[key] = (lag >= 0) & (lag < window)
+        _BANDS[key] = Mask(n, last=window - 1).kept(device=device, diagonal=True)
     return _BANDS[key]
 
 

@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.models.mask import Mask, within
 
 
 def chunk_rows(lo: Tensor | int, hi: Tensor | int, lag: Tensor, chunk: int) -> Tensor:
@@ -35,7 +35,7 @@ def lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,
         counts = chunk_rows(row_lo, row_hi, lags.long(), chunk).double()
     else:
         counts = torch.clamp(row_hi - torch.clamp(lags, min=row_lo), min=0)
-    return counts if max_lag is None else counts * (lags <= max_lag)
+    return counts if max_lag is None else counts * within(lags, max_lag)
 
 
 def layer_lag_counts(masks: Sequence[Mask], row_lo: int = 0, row_hi: int | None = None,

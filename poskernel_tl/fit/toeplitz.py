@@ -33,7 +33,7 @@ from torch import Tensor
 
 from poskernel_tl.errors import UserError
 from poskernel_tl.fit.counts import lag_counts
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.models.mask import Mask, within
 from poskernel_tl.protocol import band_ends
 
 
@@ -62,7 +62,7 @@ def lag_sums(
     :func:`shift_invariance_r2`; the streaming reducers use :func:`lower_lag_stats`."""
     z = skew_lower(scores)[..., row_lo:row_hi, :].double()
     if max_lag is not None:
-        z = z * (torch.arange(1, scores.shape[-1], device=z.device) <= max_lag)
+        z = z * within(torch.arange(1, scores.shape[-1], device=z.device), max_lag)
     return z.sum(dim=-2), (z * z).sum(dim=(-2, -1))
 
 

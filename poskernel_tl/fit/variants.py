@@ -30,7 +30,7 @@ from torch import Tensor
 
 from poskernel_tl.fit.counts import chunk_rows
 from poskernel_tl.fit.toeplitz import r2_two_sided, skew_lower
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.models.mask import Mask, within
 
 Block = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]
 
@@ -85,9 +85,7 @@ class Variant:
         else:
             lo = torch.maximum(lo, lag)  # s ≥ 0
         n = (hi - lo).clamp(min=0) if chunk is None or upper else chunk_rows(lo, hi, lag, chunk)
-        if max_lag is not None:
-            n = n * (lag <= max_lag)
-        return n.double()
+        return (n * within(lag, max_lag)).double()
 
 
 def fitted(field: Any, variant: Variant) -> Any:
@@ -124,12 +122,9 @@ def region_mask(variant: Variant, K: int, n_lag: int, max_lag: int | None = None
     p = torch.arange(K, device=device)[:, None]
     lag = torch.arange(1, n_lag + 1, device=device)[None]
     t, s = (p, p + lag) if upper else (p + lag, p)
-    mine = variant.holds(t, s)
-    if max_lag is not None:
-        mine &= lag <= max_lag
-    if not variant.inside():  # the complement, within the window
-        mine = ~variant.holds(t, s) & (lag <= (n_lag if max_lag is None else max_lag))
-    return mine
+    kept = within(lag, max_lag)  # (every lag of the strip is ≤ n_lag)
+    return (variant.holds(t, s) if variant.inside()  # or the complement, within the window
+            else ~variant.holds(t, s)) & kept
 
 
 def region_sums(skewed: Float[Tensor, "batch head_index pos lag"], variant: Variant,
@@ -159,11 +154,9 @@ def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: 
 
     def side(M: Tensor, upper: bool) -> tuple[Tensor, Tensor, Tensor]:
         rows, keys = (s, t) if upper else (t, s)  # M's (i, j) is A's (rows, keys)
-        keep = (t > s) & variant.holds(rows, keys)
-        if max_lag is not None:  # (the upper side: the same rule, mirrored)
-            keep &= (t - s) <= max_lag
-        if chunk is not None and not upper:
-            keep &= Mask(T, chunk=chunk).same_chunk(t, s)
+        # the lower side's mask; the upper side's, mirrored (its own chunks are not read)
+        keep = Mask(T, True, max_lag, None if upper else chunk).keeps(t, s) \
+            & variant.holds(rows, keys)
         z = skew_lower(torch.where(keep, M.double(), 0.0))
         return z.sum(-2), (z * z).sum((-2, -1)), variant.counts(T, max_lag, upper, A.device,
                                                                  chunk)

@@ -51,7 +51,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.fit.counts import lag_counts
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.models.mask import Mask, within
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class RowLayout:
             m = self.row_counts(device)
             inv = torch.where(m > 0, 1.0 / torch.clamp(m, min=1.0), 0.0)
             kept = None if not self.windowed else \
-                (torch.arange(1, self.T, device=device) <= self.max_lag).double()
+                within(torch.arange(1, self.T, device=device), self.max_lag).double()
             if kept is not None and self.two_sided:
                 kept = torch.cat([kept, kept])
             self._weights[key] = inv, kept
@@ -141,7 +141,7 @@ class RowLayout:
         running Σ 1/m_t (every m_t is T − 1 without a window: that count over T − 1)."""
         T = self.T
         d = torch.arange(1, T, dtype=torch.float64)
-        kept = torch.cat([d, d]) <= self.max_lag
+        kept = within(torch.cat([d, d]), self.max_lag)
         signed = torch.cat([d, -d])[kept]
         hi, lo = torch.maximum(signed[:, None], signed[None]), \
             torch.minimum(signed[:, None], signed[None])

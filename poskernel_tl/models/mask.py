@@ -21,6 +21,13 @@ import numpy as np
 from jaxtyping import Bool
 
 
+def within(lag: Any, last: int | None) -> Any:
+    """The window's offset test, the one in Python: whether offsets ``lag`` (≥ 0: a side's
+    Δ, or |t − s|; tensors, arrays or numbers) are kept by a window whose last kept offset
+    is ``last`` (None: every offset, True)."""
+    return True if last is None else lag <= last
+
+
 @dataclass(frozen=True)
 class Mask:
     """See the module docstring: ``length`` T, ``causal`` (else both triangles),
@@ -81,7 +88,7 @@ class Mask:
         """[2T − 1] booleans over the offsets t − s = −(T − 1) … T − 1: those kept."""
         lag = np.arange(-(self.length - 1), self.length)
         keep = (lag >= 1) if self.causal else (lag != 0)
-        return keep & (np.abs(lag) <= self.last)
+        return keep & within(np.abs(lag), self.last)
 
     def keeps(self, t: Any, s: Any, diagonal: bool = False) -> Any:
         """Whether query position ``t`` keeps key position ``s`` (tensors or numpy arrays,
@@ -89,7 +96,7 @@ class Mask:
         never read it)."""
         lag = t - s
         side = lag >= (0 if diagonal else 1) if self.causal else (lag != 0) | diagonal
-        keep = side & (abs(lag) <= self.last)
+        keep = side & within(abs(lag), self.last)
         return keep if self.chunk is None else keep & self.same_chunk(t, s)
 
     def same_chunk(self, t: Any, s: Any) -> Any:
@@ -135,4 +142,4 @@ def shared(masks: Sequence[Mask]) -> tuple[int, bool]:
     return kinds.pop()
 
 
-__all__ = ["Mask", "shared"]
+__all__ = ["Mask", "shared", "within"]
