@@ -3,7 +3,6 @@ its encoder, Longformer's two-sided sliding window computed on a banded layout o
 the model pads to a multiple of its window, and its decoder, BART attention under a causal
 mask, each measured exactly against what Hugging Face's eager softmax reads."""
 
-import copy
 import math
 
 import numpy as np
@@ -30,11 +29,11 @@ def build(window=WINDOW):
     return LEDForConditionalGeneration(cfg).eval()
 
 
-def calls(ids: torch.Tensor) -> tuple[list, list]:
+def calls(ids: torch.Tensor, window=WINDOW) -> tuple[list, list]:
     """(the encoder's softmax inputs, read back from Longformer's band onto T × T; the
     decoder's self-attention ones): the forward runs the encoder's layers first, then each
     decoder layer's self- and cross-attention."""
-    seen = softmax_inputs(build(), ids, decoder_input_ids=ids)
+    seen = softmax_inputs(build(window), ids, decoder_input_ids=ids)
     return seen[:2], seen[2::2]
 
 
@@ -98,17 +97,25 @@ def test_the_encoder_is_the_default_stack(folder, monkeypatch):
     assert not model.spec.causal and model.spec.n_layers == 2
 
 
-def test_layers_of_different_windows_are_refused_in_one_line(tmp_path_factory, monkeypatch):
+def test_each_layer_is_measured_on_its_own_window(tmp_path_factory, monkeypatch):
+    """``attention_window`` [8, 16]: layer 0 keeps |t − s| ≤ 4, layer 1 ≤ 8, each read from
+    its own Longformer module; at T = 37 (padded to 48) both bind, and each layer's R²,
+    pooled and per sequence, is within 1e-6 of the naive fit of what its softmax reads."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from conftest import checkpoint_folder
-    model = build()
-    cfg = copy.deepcopy(model.config)
-    cfg.attention_window = [8, 16]
-    folder = checkpoint_folder(tmp_path_factory, "led-windows", LEDForConditionalGeneration(cfg))
-    with pytest.raises(UserError, match=r"LED's encoder layers keep different windows "
-                                        r"\(attention_window \[8, 16\]\)") as err:
-        pk.load_model(f"hf:{folder}", device="cpu", progress=False)
-    assert "\n" not in str(err.value)
+    folder = checkpoint_folder(tmp_path_factory, "led-windows", build([8, 16]))
+    model = pk.load_model(f"hf:{folder}", device="cpu", progress=False)
+    assert model.self_check["checked"] and model.self_check["max_deviation"] <= 1e-4
+    assert [(s.mask, s.window) for s in model.spec.layers] == [("bidirectional", 5),
+                                                               ("bidirectional", 9)]
+    ids = ids_of(3, 37)
+    res = pk.measure(model, ids, progress=False, null_perms=2)
+    encoder_calls, _ = calls(ids, [8, 16])
+    for layer, (A, keep, _) in enumerate(encoder_calls):
+        assert keep[0, 0, 20].sum() == 2 * (4 if layer == 0 else 8) + 1  # the diagonal too
+        assert np.abs(res.r2_pooled[layer] - naive_signed_r2(A, keep)).max() <= 1e-6
+        assert np.abs(res.r2_per_seq[1, layer] - naive_signed_r2(A[1:2], keep[1:2])).max() \
+            <= 1e-6
     decoder = pk.load_model(f"hf:{folder}@decoder", device="cpu", progress=False)
     assert decoder.spec.causal
 
@@ -119,6 +126,6 @@ def test_a_window_read_one_short_is_refused_at_load(folder, monkeypatch):
     from poskernel_tl.models.families import led
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(led.Led, "window_reach", lambda self, cfg: WINDOW // 2 - 1)
+    monkeypatch.setattr(led.Led, "window_reach", lambda self, cfg, kind, i: WINDOW // 2 - 1)
     with pytest.raises(UserError, match="layer 0's softmax keeps other entries"):
         pk.load_model(f"hf:{folder}", device="cpu", progress=False)

@@ -115,7 +115,9 @@ def test_the_encoders_binding_window_is_measured_on_the_entries_it_keeps(folder,
     Track A (pooled, per sequence), the within-row fit and the pattern statistics equal the
     naive fits of HF's softmax input on the kept entries; g past the window is NaN."""
     model = load(folder, "encoder", monkeypatch)
-    assert FAMILY.window_reach(model.hf_model.config.encoder) == ENCODER_WINDOW
+    encoder = model.hf_model.config.encoder
+    assert FAMILY.window_reach(encoder, "sliding_attention", 0) == ENCODER_WINDOW
+    assert FAMILY.window_reach(encoder, "full_attention", 1) is None
     ids = torch.randint(3, 290, (3, LONG), generator=torch.Generator().manual_seed(2))
     res = pk.measure(model, ids, progress=False, null_perms=2)
     seen = softmax_inputs(build(), ids, decoder_input_ids=ids)[:3]

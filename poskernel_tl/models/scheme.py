@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from poskernel_tl.errors import UserError
 from poskernel_tl.models.softmax_terms import NONE, SoftmaxTerms
 
+# transformers' layer types of a sliding window (a hybrid's attention layer beside a state
+# too)
+SLIDING_TYPES = frozenset({"sliding_attention", "hybrid_sliding"})
+
 
 class UnreadableSchemeError(UserError):
     """A layer's positional scheme or mask cannot be read from the model (or is one the

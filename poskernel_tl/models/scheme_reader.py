@@ -11,7 +11,7 @@ from torch import nn
 
 from poskernel_tl.models.families.family import Family, Stack
 from poskernel_tl.models.families.registry import family_of
-from poskernel_tl.models.scheme import LayerScheme, UnreadableSchemeError
+from poskernel_tl.models.scheme import SLIDING_TYPES, LayerScheme, UnreadableSchemeError
 from poskernel_tl.models.softmax_terms import SoftmaxTerms
 from poskernel_tl.models.terms.term import LayerContext
 
@@ -66,10 +66,6 @@ def _layer_types(cfg, n_layers: int) -> list[str]:
 NO_ATTENTION_TYPES = frozenset({"linear_attention", "conv", "moe", "mlp", "mamba"})
 
 
-# layer types of a sliding window (a hybrid's attention layer beside a state too)
-SLIDING_TYPES = frozenset({"sliding_attention", "hybrid_sliding"})
-
-
 # layer types whose softmax keeps, or reads, other than one key per position under a mask
 # of offsets: what each is, said in the refusal
 UNMEASURED_TYPES = {
@@ -89,10 +85,11 @@ class NoAttentionError(UnreadableSchemeError):
 def _mask(cfg, layer_type: str, causal: bool, reach: int | None = None
           ) -> tuple[str, int | None]:
     """(mask, window) of one layer: a bidirectional layer's sliding window (``reach``: the
-    last |t − s| it keeps, read by the model's family) is ``reach + 1`` (|t − s| < window),
-    a causal one's ``config.sliding_window`` (t − s < window)."""
+    last |t − s| it keeps, read by the model's family; None: every offset) is
+    ``reach + 1`` (|t − s| < window), a causal one's ``config.sliding_window``
+    (t − s < window)."""
     if not causal:
-        return "bidirectional", reach + 1 if layer_type in SLIDING_TYPES else None
+        return "bidirectional", None if reach is None else reach + 1
     if layer_type in ("full_attention", "hybrid"):  # hybrid: attention beside a state
         return "causal", None
     if layer_type == "chunked_attention":  # causal within each chunk (SoftmaxTerms.chunk)
@@ -193,8 +190,8 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
     causal = chosen.causal if chosen is not None else family is None or family.CAUSAL
     try:
         slopes = alibi_slopes(hf_model, family, n_heads) if pe == "alibi" else None
-        reach = family.window_reach(cfg) if not causal and SLIDING_TYPES & set(types) \
-            else None
+        reaches = [None if causal or family is None else
+                   family.window_reach(cfg, types[b], b) for b in blocks]
     except ValueError as err:
         raise UnreadableSchemeError(str(err)) from None
     found = attention_modules(hf_model) if chosen is None else \
@@ -204,7 +201,7 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
     rotary, buffers = _rotary_tables(inner) if pe == "rope" else (None, {})
     no_rope = _no_rope(cfg, n_layers)
     rotates = _rope_layers(family, attns) if pe == "rope" else None
-    shared = dict(causal=causal, reach=reach, d_head=d_head,
+    shared = dict(causal=causal, d_head=d_head,
                   layout=_layout(next(iter(found), None)) if pe == "rope" else None,
                   offset=getattr(cfg, "qk_nope_head_dim", None) or 0, slopes=slopes,
                   n_heads=n_heads, hybrid=len(blocks) < n_layers, model=hf_model)
@@ -217,7 +214,8 @@ def read_layers(hf_model: nn.Module, pe: str, n_layers: int, d_head: int,
             raise UnreadableSchemeError(
                 f"layer {block}: no rotary frequencies on {type(rotary).__name__} "
                 f"(looked for {types[block]}_inv_freq, inv_freq, embed_positions)")
-        scheme = _layer_scheme(cfg, block, types[block], layer_pe, freq, attn, **shared)
+        scheme = _layer_scheme(cfg, block, types[block], layer_pe, freq, attn,
+                               reach=reaches[i], **shared)
         out.append(scheme if chosen is None else
                    dataclasses.replace(scheme, site=chosen.site.format(i=block)))
     return tuple(out)

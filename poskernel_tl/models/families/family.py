@@ -10,7 +10,7 @@ its ``config.model_type``; every other model takes the generic path.
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from poskernel_tl.models.scheme import UnreadableSchemeError
+from poskernel_tl.models.scheme import SLIDING_TYPES, UnreadableSchemeError
 
 
 @dataclass(frozen=True)
@@ -92,10 +92,15 @@ class Family:
         own by default, a sub-config where the stacks keep their own."""
         return cfg
 
-    def window_reach(self, cfg: Any) -> int:
-        """The last offset |t − s| a two-sided sliding window of ``cfg`` keeps (asked only
-        of a bidirectional stack whose layer types include sliding ones)."""
-        raise ValueError(f"{self.NAME}: a two-sided sliding window whose rule is not read")
+    def window_reach(self, cfg: Any, layer_type: str, layer: int) -> int | None:
+        """The last offset |t − s| layer ``layer`` (of type ``layer_type``) of a
+        bidirectional stack keeps (None: every offset), asked of every such layer: by
+        default a full layer keeps every offset, and a sliding one is refused (a ValueError:
+        its rule is not read)."""
+        if layer_type in SLIDING_TYPES:
+            raise ValueError(f"{self.NAME}: a two-sided sliding window whose rule is not "
+                             "read")
+        return None
 
     def softmax_input(self, hf_model: Any, x: Any, length: int) -> Any:
         """The input ``x`` of one of the model's softmax calls over its last axis as

@@ -5,15 +5,14 @@ Its decoder is plain BART attention (causal, learned absolute positions, scaled 
 measured as BART's is (``hf:DIR@decoder``). Its encoder (``@encoder``, the default) keeps,
 for each query, the keys within ``one_sided_attn_window_size`` (half of the layer's
 ``attention_window``) on both sides: a two-sided sliding window, read from the model's
-own attention modules. Longformer computes it on a banded layout over inputs padded inside
+own attention modules (one per layer: ``attention_window`` may give each its own).
+Longformer computes it on a banded layout over inputs padded inside
 the model to a multiple of the window; the capture reads q and k as the module projects
 them (sequence first, over the padded length) and keeps the real tokens
 (:func:`~poskernel_tl.hooks.names.qk_source`), and the self-check reads the banded softmax
 input back onto T × T (:meth:`Led.softmax_input`). Global-attention tokens (a
 ``global_attention_mask``) are never passed: every encoder token attends locally.
 """
-
-import copy
 
 import torch
 from torch import Tensor
@@ -35,42 +34,30 @@ class Led(Bart):
         return [layer.self_attn.longformer_self_attn
                 for layer in self.stack_module(hf_model, stack).layers]
 
-    def stack_config(self, cfg, stack: Stack):
-        """The encoder's layers as sliding ones (their window is read by
-        :meth:`window_reach`); the decoder's as the config says (full)."""
-        if stack.name != "encoder":
-            return cfg
-        sliding = copy.deepcopy(cfg)
-        sliding.layer_types = ["sliding_attention"] * cfg.encoder_layers
-        return sliding
-
     def geometry(self, cfg, stack: Stack) -> dict:
         """BART's, with each stack's context: its learned position table's length."""
         return {**super().geometry(cfg, stack),
                 "n_ctx": cfg.max_encoder_position_embeddings if stack.name == "encoder"
                 else cfg.max_decoder_position_embeddings}
 
-    def window_reach(self, cfg) -> int:
-        """The last |t − s| the encoder's layers keep: each Longformer attention module's
-        ``one_sided_attn_window_size``, as the model builds it from the config; one value
-        for every layer (a ValueError names the layers' windows where they differ)."""
+    def window_reach(self, cfg, layer_type: str, layer: int) -> int:
+        """The last |t − s| encoder layer ``layer`` keeps: its Longformer attention
+        module's ``one_sided_attn_window_size``, as the model builds it from the config
+        (``attention_window``: one size, or one per layer)."""
         from transformers.models.led.modeling_led import LEDEncoderSelfAttention
 
-        reach = {LEDEncoderSelfAttention(cfg, layer_id=i).one_sided_attn_window_size
-                 for i in range(cfg.encoder_layers)}
-        if len(reach) != 1:
-            raise ValueError(f"LED's encoder layers keep different windows (attention_window "
-                             f"{cfg.attention_window}): one window per model is measured")
-        return reach.pop()
+        return LEDEncoderSelfAttention(cfg, layer_id=layer).one_sided_attn_window_size
 
     def softmax_input(self, hf_model, x: Tensor, length: int) -> Tensor | None:
         """A Longformer layer's softmax input — [batch, padded T, head, 2w + 1], entry j of
-        query t the key t + j − w — as [batch, head, T, T] (−inf off the band), or None
-        for any other call."""
-        w = hf_model.led.encoder.layers[0].self_attn.longformer_self_attn \
-            .one_sided_attn_window_size
+        query t the key t + j − w, w that layer's window — as [batch, head, T, T] (−inf off
+        the band), or None for any other call."""
+        windows = {layer.self_attn.longformer_self_attn.one_sided_attn_window_size
+                   for layer in hf_model.led.encoder.layers}
         heads = hf_model.config.encoder_attention_heads
-        if x.ndim != 4 or x.shape[1] < length or x.shape[2:] != (heads, 2 * w + 1):
+        w = (x.shape[-1] - 1) // 2
+        if x.ndim != 4 or x.shape[1] < length or w not in windows \
+                or x.shape[2:] != (heads, 2 * w + 1):
             return None
         t = torch.arange(length, device=x.device)[:, None]
         s = t + torch.arange(-w, w + 1, device=x.device)[None]

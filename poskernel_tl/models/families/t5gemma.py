@@ -16,6 +16,7 @@ import copy
 import torch
 
 from poskernel_tl.models.families.family import Family, Stack
+from poskernel_tl.models.scheme import SLIDING_TYPES
 
 PROBE_WINDOW, PROBE_LENGTH = 3, 12
 
@@ -44,12 +45,14 @@ class T5Gemma(Family):
                     n_kv_heads=sub.num_key_value_heads, d_head=sub.head_dim,
                     n_ctx=sub.max_position_embeddings, causal=stack.causal, pe="rope")
 
-    def window_reach(self, cfg) -> int:
-        """Read by building the encoder's own sliding mask at a probe window and length
-        and taking the largest |t − s| it keeps; the reach of ``cfg``'s window is the
-        same rule at its size."""
+    def window_reach(self, cfg, layer_type: str, layer: int) -> int | None:
+        """A sliding layer's, read by building the encoder's own sliding mask at a probe
+        window and length and taking the largest |t − s| it keeps (the reach of ``cfg``'s
+        window is the same rule at its size); a full layer keeps every offset."""
         from transformers.models.t5gemma import modeling_t5gemma
 
+        if layer_type not in SLIDING_TYPES:
+            return None
         probe = copy.deepcopy(cfg)
         probe.sliding_window, probe._attn_implementation = PROBE_WINDOW, "eager"
         mask = modeling_t5gemma.create_bidirectional_sliding_window_mask(
