@@ -59,7 +59,7 @@ from poskernel_tl.reducers.lag_sums import (
     lower_sum_squares,
     windowed,
 )
-from poskernel_tl.reducers.two_sided import per_query_head
+from poskernel_tl.reducers.two_sided import mirrored
 
 ACC = torch.float64
 FIT_DTYPE = torch.float32
@@ -325,7 +325,7 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
     out = Pieces(s1, lower_sum_squares(qs, ks, 1.0, max_lag=max_lag, dtype=FIT_DTYPE)[0],
                  lower_apply(qs[0], ks[0], xs, max_lag=max_lag, dtype=FIT_DTYPE))
     if upper:  # Bᵀ's lower triangle: keys as queries, one per query head
-        kh = per_query_head(k, H)
+        kh, _ = mirrored(q, k)
         khs = side(kh)
         out.s1_up = windowed(lag_sums(kh, q, 1.0).sum(0), max_lag)
         out.sq_up = lower_sum_squares(khs, qs, 1.0, max_lag=max_lag)[0]

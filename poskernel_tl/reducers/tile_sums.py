@@ -19,7 +19,7 @@ from poskernel_tl import kernels
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.track_a_result import STRIP
-from poskernel_tl.reducers.two_sided import UpperStats, diagonal_sum, per_query_head
+from poskernel_tl.reducers.two_sided import UpperStats, diagonal_sum, mirrored
 
 _WEIGHTS: dict = {}
 
@@ -67,9 +67,9 @@ def upper_tile_stats(batch: LayerBatch, regions) -> tuple[UpperStats, Tensor]:
     """The upper triangle's sums of ``batch`` (the lower triangle of scale·k·qᵀ, grouped
     keys repeated to their query heads) and its regions' sums (as
     :func:`track_a_tile_rows`'s)."""
-    q, k = batch.q, per_query_head(batch.k, batch.q.shape[2])
-    T = q.shape[1]
-    sums = kernels.lag_tile_sums(k, q, batch.scale, batch.terms, transposed=True)
+    T = batch.q.shape[1]
+    sums = kernels.lag_tile_sums(*mirrored(batch.q, batch.k), batch.scale, batch.terms,
+                                 transposed=True)
     rows = lag_rows(sums, T, None)
     fq, fk = batch.logit_qk
     n_bands = rows.shape[-1] - T - 1
@@ -91,8 +91,7 @@ def null_tile_sums(batch: LayerBatch, q: Tensor, k: Tensor, perms: Tensor,
     lower = kernels.lag_tile_sums(q, k, batch.scale, batch.terms, max_lag, perms,
                                   pooled=True, full=True)
     upper = None if causal else kernels.lag_tile_sums(
-        per_query_head(k, q.shape[2]), q, batch.scale, batch.terms, None, perms, pooled=True,
-        transposed=True)
+        *mirrored(q, k), batch.scale, batch.terms, None, perms, pooled=True, transposed=True)
     return lower, upper
 
 

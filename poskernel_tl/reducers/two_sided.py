@@ -68,6 +68,16 @@ def per_query_head(k: Float[Tensor, "batch pos kv_head_index d"], n_heads: int
     return k if kv == n_heads else k.repeat_interleave(n_heads // kv, dim=2)
 
 
+def mirrored(q: Float[Tensor, "batch pos head_index d"],
+             k: Float[Tensor, "batch pos kv_head_index d"]
+             ) -> tuple[Float[Tensor, "batch pos head_index d"],
+                        Float[Tensor, "batch pos head_index d"]]:
+    """The operands whose lower triangle is the upper triangle of q·kᵀ (Aᵀ's: the keys as
+    queries, one per query head, the queries as keys): what every fit of a two-sided
+    layer's upper side reads, under the same mask mirrored."""
+    return per_query_head(k, q.shape[2]), q
+
+
 def diagonal_sum(q: Float[Tensor, "batch pos head_index d_head"],
                  k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
                  terms: SoftmaxTerms = NONE) -> Float[Tensor, "batch head_index"]:
@@ -87,7 +97,7 @@ def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
     with q and k swapped, one key head per query head), within ``max_lag`` (a two-sided
     window: the same rule mirrored). The strip of Aᵀ holds entry (s, t) = A[t, s] for
     query rows t < K; skewed: (t, j) = A[t, t+j+1]."""
-    kh = per_query_head(k, q.shape[2])
+    kh, _ = mirrored(q, k)
     st = track_a_stats(kh, q, scale, chunk, max_lag)
     return UpperStats((st.s1, st.sq), st.skewed, diagonal_sum(q, kh, scale), st.bands)
 
@@ -101,7 +111,7 @@ def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos ke
     keys of Aᵀ, so rows < hi are the key block (hi, 0) of the transposed view."""
     T = scores.shape[-1]
     # the mean of the upper triangle
-    shift = lower_mean_from_qk(per_query_head(k, q.shape[2]), q, scale)
+    shift = lower_mean_from_qk(*mirrored(q, k), scale)
     (*whole, bands), _ = lower_lag_stats(scores.transpose(-1, -2), shift, [], work,
                                          max_lag=max_lag, bands=True)
     sk = skew_keys(scores.transpose(-1, -2)[..., :min(STRIP, T)].double())
@@ -150,5 +160,5 @@ class UpperSums:
         return per_seq, per_seq.mean(0)
 
 
-__all__ = ["UpperStats", "UpperSums", "diagonal_sum", "per_query_head", "sides", "upper_stats",
-           "upper_stats_from_scores"]
+__all__ = ["UpperStats", "UpperSums", "diagonal_sum", "mirrored", "per_query_head", "sides",
+           "upper_stats", "upper_stats_from_scores"]

@@ -55,7 +55,7 @@ from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.lag_sums import DEFAULT_CHUNK, lower_stats
 from poskernel_tl.reducers.tile_sums import lag_weights, null_tile_sums
-from poskernel_tl.reducers.two_sided import per_query_head, sides
+from poskernel_tl.reducers.two_sided import mirrored, sides
 from poskernel_tl.schema import Part, stored
 from poskernel_tl.statistics.statistic import StatisticContext, StatisticSpec
 
@@ -216,8 +216,7 @@ class PermNullReducer:
                 self._add(p, L, lower_stats(qp, kp, batch.scale, self.chunk, last,
                                             self.dtype),
                           None if self.causal else lower_stats(
-                              per_query_head(kp, qp.shape[2]), qp, batch.scale, self.chunk,
-                              last, self.dtype))
+                              *mirrored(qp, kp), batch.scale, self.chunk, last, self.dtype))
         else:
             q, k = self._select(*batch.logit_qk, keep)
             self._update_from_scores(q.float(), k.float(), batch)
@@ -257,7 +256,7 @@ class PermNullReducer:
             upper = None
             if not self.causal:  # the lower triangle of A'ᵀ
                 upper, _ = lower_lag_stats(A.transpose(-1, -2),
-                                           lower_mean_from_qk(per_query_head(kp, h), qp,
+                                           lower_mean_from_qk(*mirrored(qp, kp),
                                                               batch.scale), [], work,
                                            max_lag=self.masks[L].last, bands=True)
             self._add(p, L, lower, upper)
