@@ -243,7 +243,7 @@ def compute_mean_field(result, model=None, eval_tokens=None, *, source: str = "a
     if result.mean_q is None or result.mean_k is None:
         return _nan_result(L, H, T, source)
     mean_q, mean_k = torch.from_numpy(result.mean_q), torch.from_numpy(result.mean_k)
-    masks = [result.geometry.mask(layer) for layer in range(L)]
+    masks = list(result.geometry.masks)
     scale = float(result.provenance.get("logit_scale", result.spec.d_head ** -0.5))
     if source == "result":
         if result.gram_raw is None or result.gram_centered is None:

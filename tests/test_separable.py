@@ -7,6 +7,7 @@ import matplotlib
 import numpy as np
 import pytest
 import torch
+from masks import masks
 
 from poskernel_tl.analyses.separable import (
     FITS,
@@ -125,7 +126,7 @@ def test_reducer_matches_function(rng):
     n, L, H, T, b = 5, 2, 3, 24, 2
     scores = torch.randn(n, L, H, T, T, generator=rng) * 3
     scores = scores + torch.arange(T)[None, None, None, None, :] * 0.1
-    red = SeparableReducer(n, L, H, T)
+    red = SeparableReducer(n, masks(T, L), H)
     order = [torch.tensor([3, 0]), torch.tensor([4, 1]), torch.tensor([2])]
     for idx in order[:b] + order[b:]:
         for layer in range(L):
@@ -160,7 +161,7 @@ def test_reducer_on_a_pooled_planted_kernel(rng):
     but per sequence it is."""
     n, T = 4, 16
     seqs = torch.stack([_planted(T, rng)["sum"] for _ in range(n)])
-    red = SeparableReducer(n, 1, 1, T)
+    red = SeparableReducer(n, masks(T), 1)
     red.update(SimpleNamespace(layer=0, index=torch.arange(n), scores=seqs[:, None]))
     res = red.result()
     assert np.allclose(res.R2_toeplitz_separable_per_seq, 1, atol=1e-9)

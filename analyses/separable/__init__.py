@@ -31,6 +31,7 @@ is the reverse.
 """
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,7 @@ from poskernel_tl.analyses.separable.fit import (
 )
 from poskernel_tl.measurement.measure import choose_scores_path, forward_pass
 from poskernel_tl.models.geometry import Geometry
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.models.mask import Mask, shared
 from poskernel_tl.schema import head_index_columns
 
 
@@ -83,10 +84,11 @@ class SeparableReducer:
 
     name = "separable"
 
-    def __init__(self, n_seqs: int, n_layers: int, n_heads: int, length: int,
-                 device: torch.device | str = "cpu", masks: list[Mask] | None = None):
-        T = length
-        self.masks = masks or [Mask(T)] * n_layers  # the entries each layer keeps
+    def __init__(self, n_seqs: int, masks: Sequence[Mask], n_heads: int,
+                 device: torch.device | str = "cpu"):
+        """``masks``: per layer, the entries its softmax keeps (the fits read only those)."""
+        T, _ = shared(masks)
+        self.masks, n_layers = list(masks), len(masks)
         f64 = dict(dtype=torch.float64, device=device)
         self.T, self.n_layers, self.n_heads = T, n_layers, n_heads
         zeros = lambda *lag: torch.zeros(n_seqs, n_layers, n_heads, *lag, **f64)
@@ -191,8 +193,8 @@ def analyze(inputs: AnalysisInputs, options: NoOptions) -> pd.DataFrame:
     geometry = Geometry.checked(spec, T)
     (red,) = forward_pass(
         model, eval_tokens,
-        lambda: [SeparableReducer(len(eval_tokens), spec.n_layers, spec.n_heads, T,
-                                  model.device, [geometry.mask(L) for L in range(spec.n_layers)])],
+        lambda: [SeparableReducer(len(eval_tokens), geometry.masks, spec.n_heads,
+                                  model.device)],
         batch_size, "separable fits", progress, choose_scores_path(model, "auto"))
     table = separable_table(red.result(), spec.name, "", T)
     return table.drop(columns=["model", "dataset", "length"])
