@@ -17,7 +17,7 @@ mean). Per head the analysis reports the Toeplitz R² of M (``R2_meanfield``, th
 g(Δ), zero-padded to 4T; frequencies in rad/token), and the variance shares of the three
 parts in Ḡ on the strictly lower triangle's entries the layer's softmax keeps (those every
 fit reads: a sliding window's band, a binding chunk's blocks; its
-:class:`~poskernel_tl.models.mask.Mask`; a windowed layer's spectrum is that of its kept
+:class:`~poskernel_tl.mask.Mask`; a windowed layer's spectrum is that of its kept
 offsets, interpolated onto the grid of T),
 
     share_P = ⟨P − p̄, Ḡ − ḡ⟩_F / ‖Ḡ − ḡ‖²_F,   P ∈ {M, X, C},
@@ -54,8 +54,8 @@ from poskernel_tl.analyses.spectral.processing import frequency_grid
 from poskernel_tl.analyses.spectral.processing import spectrum as spectral_spectrum
 from poskernel_tl.data.inputs import as_tokens, check_tokens
 from poskernel_tl.fit.toeplitz import shift_invariance_r2
+from poskernel_tl.mask import Mask
 from poskernel_tl.measurement.measure import forward_pass
-from poskernel_tl.models.mask import Mask
 from poskernel_tl.plan.config import option
 from poskernel_tl.schema import head_index_columns
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 
 BAND_BLOCK = 512  # queries per block; key starts are rounded down to a multiple of it
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from poskernel_tl.hooks.lazy_masks import LazyCausalMask
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 
 _BANDS: dict = {}
 

@@ -46,7 +46,7 @@ def estimate(path: str, T: int, H: int, d: int, chunk: int = 64) -> int:
 
 def one(path: str, T: int, H: int, Hkv: int, d: int, repeats: int) -> dict:
     """Time one path at one length in this process; returns the row as a dict."""
-    from poskernel_tl.models.mask import Mask
+    from poskernel_tl.mask import Mask
     from poskernel_tl.reducers import LayerBatch, TrackAReducer, Workspace
 
     g = torch.Generator().manual_seed(0)

@@ -77,10 +77,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import poskernel_tl as pk  # noqa: E402
 from poskernel_tl.fit.toeplitz import shift_invariance_r2  # noqa: E402
+from poskernel_tl.mask import Mask  # noqa: E402
 from poskernel_tl.measurement.measure import forward_pass  # noqa: E402
 from poskernel_tl.models.embedded import from_gguf  # noqa: E402
 from poskernel_tl.models.geometry import Geometry  # noqa: E402
-from poskernel_tl.models.mask import Mask  # noqa: E402
 from poskernel_tl.models.registry import resolve  # noqa: E402
 from poskernel_tl.plan import batching  # noqa: E402
 from poskernel_tl.plan.allocator import reuse_freed_memory  # noqa: E402

@@ -2,7 +2,7 @@
 ``T``, their last kept offsets ``lasts`` and binding ``chunks`` (None: none), as
 :attr:`~poskernel_tl.models.geometry.Geometry.masks` gives a run's."""
 
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 
 
 def masks(T: int, n_layers: int = 1, causal: bool = True, lasts=None, chunks=None

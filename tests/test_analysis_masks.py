@@ -1,5 +1,5 @@
 """Each layer's mask, read by the analyses: the entries a layer keeps
-(:class:`poskernel_tl.models.mask.Mask`) are those Hugging Face's own eager softmax keeps,
+(:class:`poskernel_tl.mask.Mask`) are those Hugging Face's own eager softmax keeps,
 and the separable baseline and the mean-field kernel fit only them — on a sliding window
 that binds (Mistral, Gemma 3's local layers) and a chunked mask that binds (Llama 4) —
 against dense least squares over the entries the model's softmax keeps."""
@@ -16,8 +16,8 @@ from poskernel_tl.analyses import mean_field as mf
 from poskernel_tl.analyses import separable as sep
 from poskernel_tl.analyses.base import AnalysisInputs, NoOptions
 from poskernel_tl.errors import UserError
+from poskernel_tl.mask import Mask
 from poskernel_tl.models.geometry import Geometry
-from poskernel_tl.models.mask import Mask
 
 T = 40
 MODELS = {"mistral": {}, "gemma3": {}, "llama4": {"attention_chunk_size": 16}}

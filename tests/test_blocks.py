@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from poskernel_tl.fit.blocks import block_size, block_sums, fit_blocks, fit_mask, read_offsets
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 
 
 @pytest.mark.parametrize("T,n_blocks", [(1, 4), (7, 3), (50, 7), (64, 8), (97, 10)])

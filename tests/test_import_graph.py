@@ -16,7 +16,7 @@ PACKAGES = {"poskernel_tl": "poskernel_tl", "hooks": "poskernel_tl.hooks",
             "analyses": "poskernel_tl.analyses"}
 # The layers above the core, lowest first: each names folders (subpackages of poskernel_tl,
 # with everything inside them). A module may import its own layer or any below; the core
-# (rank 0: errors, protocol, constants, io, schema, progress) imports only the core, so a
+# (rank 0: errors, protocol, constants, io, schema, progress, mask) imports only the core, so a
 # module that needs a folder belongs in a folder. The package's own ``__init__`` (the
 # public API) is the top.
 RANKS = [

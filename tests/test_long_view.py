@@ -14,7 +14,7 @@ from scipy.special import logsumexp
 
 from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.fit.one_matrix import matrix_fit
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.report import viewer_long as VL
 from poskernel_tl.report.viewer import (
     HeadPageData,

@@ -15,8 +15,8 @@ import poskernel_tl as pk
 import poskernel_tl.statistics.logits as saved_logits
 import poskernel_tl.statistics.long_view as LV
 from poskernel_tl.fit.blocks import block_size, fit_mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.measurement.result import ConditionResult
-from poskernel_tl.models.mask import Mask
 
 VIEW = 24  # VIEW_TOKENS in these tests (tiny models have a context of 128)
 T = 100

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 libc = ctypes.CDLL("libc.so.6")
 libc.mallopt(-3, 1 << 16), libc.mallopt(-1, 1 << 16)  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 torch.set_num_threads(1)
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.reducers import GramReducer, MomentsReducer, TrackAReducer, track_a
 from poskernel_tl.statistics import PermNullReducer
 from poskernel_tl.reducers.base import LayerBatch

@@ -21,7 +21,7 @@ factor per T, well conditioned (cond ≈ 2T), cached, and applied to every head 
 product. Pooling n sequences sums the statistics and scales XᵀX by n.
 
 A layer whose softmax keeps fewer entries — a sliding window's band, a chunked mask's
-blocks — is fitted on those entries only (its :class:`~poskernel_tl.models.mask.Mask`, read
+blocks — is fitted on those entries only (its :class:`~poskernel_tl.mask.Mask`, read
 from the model: the same three models, each parameter fitted over the kept entries that
 hold it, :mod:`poskernel_tl.analyses.separable.fit`).
 
@@ -51,9 +51,9 @@ from poskernel_tl.analyses.separable.fit import (
     separable_r2_from_stats,
     separable_stats,
 )
+from poskernel_tl.mask import Mask, shared
 from poskernel_tl.measurement.measure import choose_scores_path, forward_pass
 from poskernel_tl.models.geometry import Geometry
-from poskernel_tl.models.mask import Mask, shared
 from poskernel_tl.schema import head_index_columns
 
 

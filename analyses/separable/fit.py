@@ -4,7 +4,7 @@
 linear models from them by the normal equations (:func:`separable_r2_from_stats`).
 
 The design is over the strictly lower triangle's entries the layer's mask keeps
-(:class:`~poskernel_tl.models.mask.Mask`: the whole triangle, a sliding window's band or a
+(:class:`~poskernel_tl.mask.Mask`: the whole triangle, a sliding window's band or a
 chunked mask's blocks). On the whole triangle XᵀX's null space is known in closed form
 (the module docstring of the package); on a band or blocks the solve is XᵀX's
 pseudo-inverse, from its eigenvalues, cached per mask.
@@ -20,7 +20,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.fit.toeplitz import shifted_lower
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 
 FITS = ("R2_toeplitz", "R2_separable", "R2_toeplitz_separable")
 

@@ -36,9 +36,9 @@ from poskernel_tl.fit.variants import variant_r2
 from poskernel_tl.hooks import capture_qk, scores_hook_name
 from poskernel_tl.hooks.names import scores_hook_is_logits
 from poskernel_tl.io import sentence
+from poskernel_tl.mask import Mask
 from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.models.mask import Mask
 from poskernel_tl.models.softmax_ops import attention_pattern, head_logits, sink_logits
 from poskernel_tl.reducers.track_a_result import NO_SINK
 from poskernel_tl.report import (
@@ -118,7 +118,7 @@ class HeadView:
 
     @property
     def mask(self) -> Mask:
-        """The entries the view's fit reads (:class:`~poskernel_tl.models.mask.Mask`)."""
+        """The entries the view's fit reads (:class:`~poskernel_tl.mask.Mask`)."""
         return Mask(len(self.tokens), not self.two_sided, self.max_lag, self.chunk)
 
     @property

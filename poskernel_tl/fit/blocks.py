@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 
 N_BLOCKS = 256  # the overview's grid: at most N_BLOCKS × N_BLOCKS blocks
 
@@ -34,13 +34,13 @@ def block_size(T: int, n_blocks: int = N_BLOCKS) -> tuple[int, int]:
 
 def read_offsets(T: int, two_sided: bool, last: int | None) -> np.ndarray:
     """[2T − 1] booleans over the offsets t − s = −(T−1) … T−1: those the fit reads
-    (:meth:`~poskernel_tl.models.mask.Mask.offsets`)."""
+    (:meth:`~poskernel_tl.mask.Mask.offsets`)."""
     return Mask(T, not two_sided, last).offsets()
 
 
 def fit_mask(mask: Mask, rows: slice = slice(None)) -> Bool[np.ndarray, "query_pos key_pos"]:
     """The entries of the rows ``rows`` a head's fit reads under ``mask``: its offset test
-    (:meth:`~poskernel_tl.models.mask.Mask.offsets`: entry (t, s) is offset t − s, read
+    (:meth:`~poskernel_tl.mask.Mask.offsets`: entry (t, s) is offset t − s, read
     from a Toeplitz view of the offsets, so that no T × T index is formed) and its chunk."""
     T = mask.length
     back = mask.offsets()[::-1]  # back[T − 1 − t + s] = (t − s read)

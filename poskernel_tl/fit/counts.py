@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from poskernel_tl.models.mask import Mask, within
+from poskernel_tl.mask import Mask, within
 
 
 def chunk_rows(lo: Tensor | int, hi: Tensor | int, lag: Tensor, chunk: int) -> Tensor:

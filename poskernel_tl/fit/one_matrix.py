@@ -8,7 +8,7 @@ from jaxtyping import Float
 
 from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.fit.toeplitz import shift_invariance_r2, shift_invariance_r2_two_sided
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 
 
 def matrix_fit(logits: Float[np.ndarray, "query_pos key_pos"], mask: Mask | None = None

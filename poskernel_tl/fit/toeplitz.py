@@ -33,7 +33,7 @@ from torch import Tensor
 
 from poskernel_tl.errors import UserError
 from poskernel_tl.fit.counts import lag_counts
-from poskernel_tl.models.mask import Mask, within
+from poskernel_tl.mask import Mask, within
 from poskernel_tl.protocol import band_ends
 
 

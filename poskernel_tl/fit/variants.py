@@ -30,7 +30,7 @@ from torch import Tensor
 
 from poskernel_tl.fit.counts import chunk_rows
 from poskernel_tl.fit.toeplitz import r2_two_sided, skew_lower
-from poskernel_tl.models.mask import Mask, within
+from poskernel_tl.mask import Mask, within
 
 Block = tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]
 

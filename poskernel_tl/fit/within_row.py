@@ -51,7 +51,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from poskernel_tl.fit.counts import lag_counts
-from poskernel_tl.models.mask import Mask, within
+from poskernel_tl.mask import Mask, within
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ def kept_offset(lag, last, DIAGONAL: tl.constexpr):
     """The kernels' entry test of a layer's mask at offsets ``lag`` (t − s; s − t for a
     two-sided layer's upper side, read as the mirrored lower one): 1 ≤ lag ≤ ``last``, the
     diagonal too where ``DIAGONAL`` (the softmax's test, which reads s = t), as
-    :meth:`~poskernel_tl.models.mask.Mask.keeps` (the kernels take no binding chunk)."""
+    :meth:`~poskernel_tl.mask.Mask.keeps` (the kernels take no binding chunk)."""
     if DIAGONAL:
         return (lag >= 0) & (lag <= last)
     return (lag >= 1) & (lag <= last)

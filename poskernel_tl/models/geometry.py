@@ -18,7 +18,7 @@ logits across chunks are never read: :func:`~poskernel_tl.models.softmax_ops.chu
 from dataclasses import dataclass
 
 from poskernel_tl.errors import UserError
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.models.registry import ModelSpec
 
 
@@ -78,7 +78,7 @@ class Geometry:
         return max([1] + [-(-self.length // m.chunk) for m in self.masks if m.chunk])
 
     def mask(self, layer: int) -> Mask:
-        """The entries layer ``layer``'s softmax keeps (:class:`~poskernel_tl.models.mask.Mask`)."""
+        """The entries layer ``layer``'s softmax keeps (:class:`~poskernel_tl.mask.Mask`)."""
         return Mask(self.length, self.causal, self.lags[layer], self.chunk(layer))
 
     @property

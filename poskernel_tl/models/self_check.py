@@ -12,7 +12,7 @@ rebuilt from the captured q and k and the layer's positional terms, as every fit
 :func:`~poskernel_tl.models.softmax_ops.finish_scores`). :func:`verify_probe` compares the two,
 per layer and head (:func:`verify_probe`):
 
-- the entries kept: the layer's :class:`~poskernel_tl.models.mask.Mask` against the
+- the entries kept: the layer's :class:`~poskernel_tl.mask.Mask` against the
   entries the model's softmax keeps (off the diagonal), exactly;
 - the values on the kept entries, each row less its mean over them (a softmax ignores a
   constant per row), within the forward dtype's tolerance (:data:`TOLERANCE`) relative to

@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl import kernels
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.models.softmax_ops import (
     chunk_qk,
     entry_offsets,
@@ -207,7 +207,7 @@ class LayerBatch:
         :func:`poskernel_tl.kernels.active`, the one rule) rather than the chunked
         sums designed for a CPU; a chunk that binds, or an offset table that does not
         fold, takes those sums on every device, as does a layer whose mask the kernels do
-        not take: :attr:`~poskernel_tl.models.mask.Mask.kernels`)."""
+        not take: :attr:`~poskernel_tl.mask.Mask.kernels`)."""
         return kernels.takes(self.q, self.chunk) and not self.terms.offsets \
             and (self.mask is None or self.mask.kernels)
 

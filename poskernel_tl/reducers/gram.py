@@ -53,7 +53,7 @@ from torch import Tensor
 
 from poskernel_tl import kernels
 from poskernel_tl.constants import GRAM_SAVE_MAX_T
-from poskernel_tl.models.mask import Mask, shared
+from poskernel_tl.mask import Mask, shared
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram_cost import GRAM_ROWS, as_path, gram_row_blocks
 from poskernel_tl.reducers.gram_fit import Pieces, dense_pieces, factor_pieces, tile_pieces

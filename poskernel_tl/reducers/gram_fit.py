@@ -48,7 +48,7 @@ from torch import Tensor
 
 from poskernel_tl import kernels
 from poskernel_tl.fit.diagonals import diagonal_lines
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.models.softmax_ops import chunk_qk
 from poskernel_tl.reducers.gram_cost import FACTOR_RANK_MAX, GRAM_ROWS, gram_row_blocks
 from poskernel_tl.reducers.lag_sums import (

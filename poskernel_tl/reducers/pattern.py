@@ -29,7 +29,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from poskernel_tl import kernels
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.models.softmax_ops import (
     entry_offsets,
     finish_scores,
@@ -50,7 +50,7 @@ class PatternRows:
     (float32, or float64 where an ALiBi ramp is folded in); ``lse``: log of each row's
     normaliser (its keys and any sink logits); ``token_mass``: the share of each row on
     tokens (1 less what the learned sinks take; None without sinks); ``mask``: the keys a
-    row reads (:class:`~poskernel_tl.models.mask.Mask` over ``positions``);
+    row reads (:class:`~poskernel_tl.mask.Mask` over ``positions``);
     ``offset_mean``: each row's Σ_s p(t, s)·|t − s|, formed in the same pass as its
     normaliser."""
 
@@ -223,7 +223,7 @@ def score_blocks(q: Float[Tensor, "seq pos head_index d_logit"],
                  mask: Mask, terms, rows: int = ROWS, align: int = 1):
     """Yield (r0, r1, lo, A) per block of ``rows`` query rows: A [seq, kv, group, r1 − r0,
     hi − lo] what the softmax reads of the keys [lo, hi) the block's rows read
-    (:meth:`~poskernel_tl.models.mask.Mask.keys`, lo a multiple of ``align``), −inf where
+    (:meth:`~poskernel_tl.mask.Mask.keys`, lo a multiple of ``align``), −inf where
     ``mask`` removes them."""
     b, T, H, d = q.shape
     kv = k.shape[2]

@@ -42,9 +42,9 @@ from poskernel_tl.fit.variants import (
     region_sums,
     strip_bytes,
 )
+from poskernel_tl.mask import Mask, shared
 from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.models.mask import Mask, shared
 from poskernel_tl.protocol import (
     N_SPLITS,
     SPLIT_FRACTION,

@@ -22,7 +22,7 @@ import numpy as np
 
 from poskernel_tl.encode import num, typed
 from poskernel_tl.fit.blocks import block_size, fit_blocks
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.report.collect import SavedCondition
 from poskernel_tl.report.html import write_script_data
 from poskernel_tl.report.viewer_data import DATA_DIR, condition_key

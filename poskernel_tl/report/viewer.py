@@ -28,7 +28,7 @@ from poskernel_tl.encode import num, typed
 from poskernel_tl.fit.blocks import fit_mask
 from poskernel_tl.fit.one_matrix import matrix_fit
 from poskernel_tl.io import atomic_write
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.panels import histogram
 from poskernel_tl.report import head_page as HP
 from poskernel_tl.report.html import (

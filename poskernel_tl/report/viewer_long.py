@@ -31,7 +31,7 @@ from jaxtyping import Float
 
 from poskernel_tl.encode import num, typed
 from poskernel_tl.fit.blocks import N_BLOCKS, block_size, fit_blocks, fit_mask, reduce_blocks
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.statistics.long_view import CHECK_ROWS  # rows sampled for the factors' error
 
 ZOOM = 256  # the default zoom window: ZOOM rows × ZOOM keys

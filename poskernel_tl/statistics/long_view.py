@@ -28,7 +28,7 @@ from jaxtyping import Float, Int
 
 from poskernel_tl.constants import VIEW_TOKENS, VIS_DIR
 from poskernel_tl.fit.blocks import block_size, reduce_blocks
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.models.softmax_ops import logsumexp_with_sinks, sink_logits
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import ROWS, score_blocks

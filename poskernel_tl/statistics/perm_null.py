@@ -48,8 +48,8 @@ from torch import Tensor
 from poskernel_tl.fit.bands import band_r2
 from poskernel_tl.fit.counts import layer_lag_counts
 from poskernel_tl.fit.toeplitz import lower_lag_stats, lower_mean_from_qk, r2_two_sided
+from poskernel_tl.mask import Mask, shared
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.models.mask import Mask, shared
 from poskernel_tl.models.softmax_ops import chunk_qk, entry_offsets, finish_scores, qk_scores
 from poskernel_tl.protocol import band_ends
 from poskernel_tl.reducers.base import LayerBatch

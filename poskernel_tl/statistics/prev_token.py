@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
-from poskernel_tl.models.mask import Mask
+from poskernel_tl.mask import Mask
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.pattern import MAX_POS, PatternReader
 from poskernel_tl.schema import Part, column

@@ -23,9 +23,9 @@ from typing import Any
 
 import pandas as pd
 
+from poskernel_tl.mask import Mask
 from poskernel_tl.models.geometry import Geometry
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.models.mask import Mask
 from poskernel_tl.models.registry import ModelSpec
 from poskernel_tl.schema import Part
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from jaxtyping import Float
 
+from poskernel_tl.mask import Mask
 from poskernel_tl.models.loading import LoadedModel
-from poskernel_tl.models.mask import Mask
 from poskernel_tl.reducers.base import LayerBatch
 from poskernel_tl.reducers.gram import GramReducer
 from poskernel_tl.reducers.gram_cost import accumulator_bytes
