@@ -272,9 +272,9 @@ def test_the_report_page_reads_a_sliding_window(tiny_tokenizer, tmp_path):
     res = pk.measure(model, ids, progress=False, null_perms=0, logits_for=[0])
     res.save(tmp_path)
     page = build_report(tmp_path, workers=1)
-    windowed = [L for L in range(res.n_layers) if res.geometry.window(L) is not None]
+    windowed = [L for L, m in enumerate(res.geometry.masks) if m.max_lag is not None]
     assert windowed
-    last = res.geometry.window(windowed[0])
+    last = res.geometry.mask(windowed[0]).max_lag
     anchor = head_anchor(res.model, res.dataset, T, windowed[0], 0)
     run = load_page(page, budget_ms=8000, fragment=anchor)
     box = run.dom.find_all("div", id="pk-head")[0].find_all("div", class_="pk-cv")[0]

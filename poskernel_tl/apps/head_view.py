@@ -335,7 +335,8 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     ids = token_ids(model, text_or_tokens, max_tokens)
     geometry = Geometry.checked(spec, len(ids), what="a sequence of")
     t = head_tensors(model, ids, layer, head)
-    max_lag, chunk = geometry.window(layer), geometry.chunk(layer)
+    mask = geometry.mask(layer)
+    max_lag, chunk = mask.max_lag, mask.chunk
     fit = fit_one(t["scores"], spec.causal, max_lag, chunk)
     r2_nosink = variant_r2(t["scores"], NO_SINK, spec.causal, max_lag, chunk)
     thetas = spec.rotary_frequencies(layer)

@@ -62,9 +62,6 @@ class Geometry:
         """Whether some layer keeps fewer offsets than the whole triangle."""
         return any(m < self.length - 1 for m in self.lags)
 
-    def max_lag(self, layer: int) -> int:
-        return self.lags[layer]
-
     def chunk(self, layer: int) -> int | None:
         """The chunk of layer ``layer``'s mask where it binds (T > chunk), else None."""
         c = self.chunks[layer] if self.chunks else None
@@ -98,10 +95,6 @@ class Geometry:
                 raise UserError(f"{what} reads every entry of each layer's triangle; layer "
                                 f"{L} keeps {kept} at T = {self.length}: not measured; "
                                 f"choose a length ≤ {most}")
-
-    def window(self, layer: int) -> int | None:
-        """The last offset layer ``layer`` keeps where a window cuts its triangle, else None."""
-        return self.lags[layer] if self.lags[layer] < self.length - 1 else None
 
 
 __all__ = ["Geometry"]

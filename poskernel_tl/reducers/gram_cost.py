@@ -50,8 +50,7 @@ def block_entries(length: int, full: bool, max_lag: int | None = None) -> int:
 
 def layer_lags(model: LoadedModel, length: int) -> list[int | None]:
     """Per layer, the last offset its window keeps (None: the whole triangle)."""
-    geometry = Geometry.of(model.spec, length)
-    return [geometry.window(layer) for layer in range(geometry.n_layers)]
+    return [mask.max_lag for mask in Geometry.of(model.spec, length).masks]
 
 
 def low_rank(model: LoadedModel, n_eval: int) -> bool:
