@@ -201,7 +201,7 @@ def summarise(layers: list[dict[str, Tensor]], source: str, keep_matrices: bool 
         for layer, parts in enumerate(layers):
             mask = None if masks is None else masks[layer]
             for p in r2:
-                fit = shift_invariance_r2(parts[p], *((mask.max_lag, mask.chunk) if mask
+                fit = shift_invariance_r2(parts[p], *((mask.window_last, mask.chunk) if mask
                                                       else ()))
                 r2[p].append(fit[0].cpu().numpy())
                 g[p].append(fit[1].cpu().numpy())

@@ -47,9 +47,9 @@ class Mask:
             object.__setattr__(self, "chunk", None)
 
     @property
-    def max_lag(self) -> int | None:
-        """The last offset kept where a window cuts the triangle, else None (the fits'
-        ``max_lag`` argument)."""
+    def window_last(self) -> int | None:
+        """The last offset kept where a window cuts the triangle, else None: what the fits
+        and streamed sums take as ``last`` (None: every offset, as in :func:`within`)."""
         return self.last if self.last < self.length - 1 else None
 
     @property
@@ -60,7 +60,7 @@ class Mask:
     @property
     def whole(self) -> bool:
         """Whether the layer keeps every entry of its triangle(s)."""
-        return self.max_lag is None and self.chunk is None
+        return self.window_last is None and self.chunk is None
 
     @property
     def every_key(self) -> bool:
@@ -107,7 +107,7 @@ class Mask:
         """What a page's script reads of the mask (``PK.keeps`` in ``viewer.js``):
         ``twoSided``, ``last`` (the last offset kept where a window cuts, else null) and
         ``chunk`` (null: none binds)."""
-        return {"twoSided": not self.causal, "last": self.max_lag, "chunk": self.chunk}
+        return {"twoSided": not self.causal, "last": self.window_last, "chunk": self.chunk}
 
     def kept(self, rows: Any = None, keys: Any = None, device=None,
              diagonal: bool = False) -> Any:

@@ -34,18 +34,18 @@ from poskernel_tl.models.registry import resolve  # noqa: E402
 from poskernel_tl.protocol import band_ends  # noqa: E402
 
 
-def whole_only(q, k, scale, chunk=lag.DEFAULT_CHUNK, max_lag=None, dtype=lag.ACC):
+def whole_only(q, k, scale, chunk=lag.DEFAULT_CHUNK, last=None, dtype=lag.ACC):
     """:func:`lag.band_sum_squares` without its band ends (zeros in their place)."""
     T = q.shape[1]
-    last = T - 1 if max_lag is None else min(max_lag, T - 1)
-    upto = lag.sum_squares_upto(q, k, scale, [T - 1, last], chunk, dtype)
+    end = T - 1 if last is None else min(last, T - 1)
+    upto = lag.sum_squares_upto(q, k, scale, [T - 1, end], chunk, dtype)
     return upto[..., 0], upto[..., 1], upto.new_zeros(*upto.shape[:-1], len(band_ends(T)))
 
 
-def null_stats(q, k, scale, chunk=lag.DEFAULT_CHUNK, max_lag=None, dtype=lag.ACC):
+def null_stats(q, k, scale, chunk=lag.DEFAULT_CHUNK, last=None, dtype=lag.ACC):
     """:func:`lag.lower_stats` without the band ends."""
-    _, kept, bands = whole_only(q, k, scale, chunk, max_lag, dtype)
-    return lag.windowed(lag.lag_sums(q, k, scale, dtype), max_lag), kept, bands
+    _, kept, bands = whole_only(q, k, scale, chunk, last, dtype)
+    return lag.windowed(lag.lag_sums(q, k, scale, dtype), last), kept, bands
 
 
 @contextmanager

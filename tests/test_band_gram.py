@@ -25,9 +25,9 @@ def _qk(n: int, L: int, H: int, kv: int, d: int, seed: int = 0):
             torch.randn(n, L, T, kv, d, generator=g) - 0.3)
 
 
-def _fitted(q, k, max_lags, causal=True, **kw) -> GramReducer:
+def _fitted(q, k, lasts, causal=True, **kw) -> GramReducer:
     n, L, _, H, d = q.shape
-    red = GramReducer(masks(T, L, causal=causal, lasts=max_lags), H, k.shape[3], d, SCALE, **kw)
+    red = GramReducer(masks(T, L, causal=causal, lasts=lasts), H, k.shape[3], d, SCALE, **kw)
     for i in range(0, n, 2):
         for layer in range(L):
             red.update(LayerBatch(layer, q[i:i + 2, layer], k[i:i + 2, layer],
@@ -36,27 +36,27 @@ def _fitted(q, k, max_lags, causal=True, **kw) -> GramReducer:
     return red
 
 
-def _naive(q, k, layer: int, max_lag: int | None, causal=True):
+def _naive(q, k, layer: int, last: int | None, causal=True):
     qd, kd = q[:, layer].double(), k[:, layer].double()
     kd = kd.repeat_interleave(qd.shape[2] // kd.shape[2], 2)
     gram = torch.einsum("nthd,nshd->hts", qd, kd) * SCALE / len(qd)
     if causal:
-        return shift_invariance_r2(gram, max_lag=max_lag)
+        return shift_invariance_r2(gram, last=last)
     return shift_invariance_r2(gram), shift_invariance_r2(gram.transpose(1, 2))
 
 
 def test_band_accumulator_holds_the_window_and_equals_the_whole_matrix():
     q, k = _qk(5, 2, 4, 2, 8)
-    max_lags = [20, T - 1]
-    band = _fitted(q, k, max_lags, full=False)
-    whole = _fitted(q, k, max_lags, full=True)  # every key of every row
+    lasts = [20, T - 1]
+    band = _fitted(q, k, lasts, full=False)
+    whole = _fitted(q, k, lasts, full=True)  # every key of every row
     held = sum(a.numel() for a in band.acc[0])
     assert held == 4 * gram_cost.block_entries(T, False, 20)
     assert held < 4 * T * (20 + 64)  # the band, not the triangle
     assert sum(a.numel() for a in band.acc[1]) == 4 * gram_cost.block_entries(T, False)
     assert all(k0 == max(0, r0 - 20) for r0, _, k0, _ in band.blocks[0])
     a, b = band.result(), whole.result()
-    for layer, lag in enumerate(max_lags):
+    for layer, lag in enumerate(lasts):
         r2, g = _naive(q, k, layer, lag)
         assert np.allclose(a.r2_gram_raw[layer], r2.numpy(), atol=1e-6)
         assert np.allclose(a.r2_gram_raw[layer], b.r2_gram_raw[layer], atol=1e-9, rtol=0)
@@ -66,16 +66,16 @@ def test_band_accumulator_holds_the_window_and_equals_the_whole_matrix():
     assert np.isnan(a.g_gram_raw[0][:, 20:]).all()
 
 
-@pytest.mark.parametrize("max_lags", [[17, T - 1], None])
-def test_factors_above_the_moments_rank_form_the_blocks(max_lags):
+@pytest.mark.parametrize("lasts", [[17, T - 1], None])
+def test_factors_above_the_moments_rank_form_the_blocks(lasts):
     """n·d_head = 6·48 = 288 > FACTOR_RANK_MAX: the factors' fit reads blocks formed from
     them, equal to the accumulator's and to the naive fit (windowed and global layers)."""
     q, k = _qk(6, 2, 4, 2, 48, seed=1)
     assert 6 * 48 > gram_cost.FACTOR_RANK_MAX
-    fac = _fitted(q, k, max_lags, full=False, factors=True).result()
-    acc = _fitted(q, k, max_lags, full=False).result()
+    fac = _fitted(q, k, lasts, full=False, factors=True).result()
+    acc = _fitted(q, k, lasts, full=False).result()
     for layer in range(2):
-        lag = None if max_lags is None else max_lags[layer]
+        lag = None if lasts is None else lasts[layer]
         r2, _ = _naive(q, k, layer, lag)
         assert np.allclose(fac.r2_gram_raw[layer], r2.numpy(), atol=1e-6)
         assert np.allclose(fac.r2_gram_raw[layer], acc.r2_gram_raw[layer], atol=1e-6)
@@ -98,10 +98,10 @@ def test_a_path_per_layer():
     """Factors on the global layer, the band accumulator on the windowed one: the same
     numbers as either path on every layer."""
     q, k = _qk(4, 2, 4, 2, 8, seed=3)
-    max_lags = [12, T - 1]
-    mixed = _fitted(q, k, max_lags, full=False, factors=(False, True))
+    lasts = [12, T - 1]
+    mixed = _fitted(q, k, lasts, full=False, factors=(False, True))
     assert mixed.acc[1] == [] and mixed.acc[0] and mixed.kept[0] == []
-    one = _fitted(q, k, max_lags, full=False).result()
+    one = _fitted(q, k, lasts, full=False).result()
     res = mixed.result()
     assert np.allclose(res.r2_gram_raw, one.r2_gram_raw, atol=1e-6)
     with pytest.raises(ValueError, match="keeps no matrix"):

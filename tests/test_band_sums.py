@@ -112,13 +112,13 @@ def test_null_sums_are_the_same_on_either_path(either_path, T, W):
     q, k = draw(2, T, 6, 2, 8, seed=3)
     pi = torch.randperm(T, generator=torch.Generator().manual_seed(1))
     qp, kp = q[:, pi], k[:, pi]
-    null = either_path(lambda: lower_stats(qp.float(), kp.float(), SCALE, max_lag=W,
+    null = either_path(lambda: lower_stats(qp.float(), kp.float(), SCALE, last=W,
                                            dtype=torch.float32))
     for a, b in zip(*null):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-4)
     assert (null[0][0][..., W:] == 0).all()  # the lags past the window are not summed
-    exact = either_path(lambda: lower_stats(qp, kp, SCALE, max_lag=W))
-    moments = track_a_stats(qp, kp, SCALE, max_lag=W)
+    exact = either_path(lambda: lower_stats(qp, kp, SCALE, last=W))
+    moments = track_a_stats(qp, kp, SCALE, last=W)
     for a, b, c in zip(*exact, (windowed(moments.s1, W), moments.sq, moments.bands)):
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-9)
         torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-9)
@@ -135,6 +135,6 @@ def test_track_b_corrections_are_the_same_on_either_path(either_path):
     s1[:, W:] = 0
     pieces = lambda: Pieces(s1.clone(), torch.full((H,), 50.0, dtype=torch.float64),
                             torch.zeros(H, T, r, dtype=torch.float64))
-    band, moments = either_path(lambda: variant_fit(pieces(), u, v, w, 0.3, max_lag=W))
+    band, moments = either_path(lambda: variant_fit(pieces(), u, v, w, 0.3, last=W))
     torch.testing.assert_close(band[0], moments[0], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(band[1], moments[1], rtol=1e-9, atol=1e-9, equal_nan=True)

@@ -23,11 +23,11 @@ def naive_r2(values: list[tuple[int, float]]) -> float:
     return 1 - (res ** 2).sum() / ((vals - vals.mean()) ** 2).sum()
 
 
-def band_entries(a: np.ndarray, lo: int, hi: int, both: bool, max_lag: int):
+def band_entries(a: np.ndarray, lo: int, hi: int, both: bool, last: int):
     """(lag, value) of the logits at offsets t − s in [lo, hi] (and s − t, ``both``)."""
     T = len(a)
     out = [(t - s, a[t, s]) for t in range(T) for s in range(t)
-           if lo <= t - s <= min(hi, max_lag)]
+           if lo <= t - s <= min(hi, last)]
     if both:
         out += [(t - s, a[t, s]) for t in range(T) for s in range(t + 1, T)
                 if lo <= s - t <= hi]
@@ -57,26 +57,26 @@ def test_offset_bands_partition_then_cumulative():
 
 
 @pytest.mark.parametrize("source", ["lags", "scores"])
-@pytest.mark.parametrize("T,causal,max_lag", [(90, True, None), (90, True, 40),
+@pytest.mark.parametrize("T,causal,last", [(90, True, None), (90, True, 40),
                                                (70, False, None)])
-def test_band_r2_equals_naive_fits(source, T, causal, max_lag):
+def test_band_r2_equals_naive_fits(source, T, causal, last):
     """Pooled and per-sequence band R² equal the naive fit of each band's entries, on
     both triangles for a bidirectional model and within a sliding window."""
     q, k = qk(T)
-    red = TrackAReducer(B, masks(T, causal=causal, lasts=None if max_lag is None else [max_lag]), H,
+    red = TrackAReducer(B, masks(T, causal=causal, lasts=None if last is None else [last]), H,
                         source=source)
     feed(red, q.float(), k.float())
     res = red.result()
     assert [tuple(b) for b in zip(res.band_lo, res.band_hi)] == offset_bands(T)
     qf, kf = q.float().double().numpy(), k.float().double().numpy()
     mats = [[qf[x, :, h] @ kf[x, :, h].T * SCALE for x in range(B)] for h in range(H)]
-    last = T - 1 if max_lag is None else max_lag
+    end = T - 1 if last is None else last
     for b, (lo, hi) in enumerate(offset_bands(T)):
         for h in range(H):
-            if lo > last:
+            if lo > end:
                 assert np.isnan(res.r2_band_pooled[b, 0, h])
                 continue
-            each = [band_entries(m, lo, hi, not causal, last) for m in mats[h]]
+            each = [band_entries(m, lo, hi, not causal, end) for m in mats[h]]
             assert res.r2_band_pooled[b, 0, h] == pytest.approx(naive_r2(sum(each, [])),
                                                                 abs=1e-6)
             assert res.r2_band_per_seq[b, 0, h] == pytest.approx(

@@ -53,7 +53,7 @@ def test_the_counts_are_the_masks(T):
     within-row layout, against the explicit mask (T = 7: the chunk does not bind)."""
     keep = kept(T, CHUNK)
     t, s = torch.arange(T)[:, None], torch.arange(T)[None]
-    assert torch.equal(lag_counts(T, chunk=CHUNK, max_lag=CHUNK - 1), by_lag(keep))
+    assert torch.equal(lag_counts(T, chunk=CHUNK, last=CHUNK - 1), by_lag(keep))
     for lo, hi in [(0, 21), (5, 40), (17, 18), (30, 60)]:
         rows = keep & (t >= lo) & (t < hi)
         assert torch.equal(lag_counts(T, lo, hi, chunk=CHUNK), by_lag(rows))
@@ -272,9 +272,9 @@ def test_the_report_page_reads_a_sliding_window(tiny_tokenizer, tmp_path):
     res = pk.measure(model, ids, progress=False, null_perms=0, logits_for=[0])
     res.save(tmp_path)
     page = build_report(tmp_path, workers=1)
-    windowed = [L for L, m in enumerate(res.geometry.masks) if m.max_lag is not None]
+    windowed = [L for L, m in enumerate(res.geometry.masks) if m.window_last is not None]
     assert windowed
-    last = res.geometry.mask(windowed[0]).max_lag
+    last = res.geometry.mask(windowed[0]).window_last
     anchor = head_anchor(res.model, res.dataset, T, windowed[0], 0)
     run = load_page(page, budget_ms=8000, fragment=anchor)
     box = run.dom.find_all("div", id="pk-head")[0].find_all("div", class_="pk-cv")[0]

@@ -20,7 +20,7 @@ def test_windows_are_read_per_layer(tiny_tokenizer):
     g = Geometry.of(spec, 40)
     assert g.lags == (15, 15, 39, 15) and g.n_layers == 4 and g.causal and g.windowed
     assert [m.last for m in g.masks] == [15, 15, 39, 15]
-    assert [m.max_lag for m in g.masks] == [15, 15, None, 15]
+    assert [m.window_last for m in g.masks] == [15, 15, None, 15]
     assert g.mask(2).last == 39 and g.mask(2).whole
     short = Geometry.of(spec, 12)  # shorter than the window: every layer keeps everything
     assert short.lags == (11,) * 4 and not short.windowed

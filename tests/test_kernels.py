@@ -179,12 +179,12 @@ def test_pattern_pass_equals_naive(terms, last, device):
         assert rel(got[0], want[0]) < 1e-5 and rel(got[1], want[1]) < 1e-5, (terms, last)
 
 
-@pytest.mark.parametrize("full,max_lag", [(False, None), (False, 40), (True, None)])
-def test_gram_tiles_update_every_block(full, max_lag, device):
+@pytest.mark.parametrize("full,last", [(False, None), (False, 40), (True, None)])
+def test_gram_tiles_update_every_block(full, last, device):
     """Track B's accumulator: every row block (the triangle, a window's band, every key)
     after two batches equals Σ_x q_x k_xᵀ over them, GQA keys by index."""
     q, k = qk(b=3, T=150, device=device)
-    blocks = gram_row_blocks(150, full, max_lag=max_lag)
+    blocks = gram_row_blocks(150, full, last=last)
     flat, views, table = gram_layout(blocks, 4, device)
     for _ in range(2):
         gram_tile_update(flat, table, 64, q, k)
@@ -272,7 +272,7 @@ def test_kernel_path_equals_cpu_path(arch, tiny_tokenizer):
         assert diff <= bound, (arch, field, diff)
 
 
-def gram_run(tiled: bool, factors: bool, causal: bool, max_lags, T: int = 140):
+def gram_run(tiled: bool, factors: bool, causal: bool, lasts, T: int = 140):
     """Track B of random q/k (1 layer; 4 centering, 4 evaluation sequences in batches of
     2) without its matrices kept (as past T = 256: the row blocks of 64 rows, the last one
     partial), on the kernels' path or the CPU's."""
@@ -288,7 +288,7 @@ def gram_run(tiled: bool, factors: bool, causal: bool, max_lags, T: int = 140):
             moments.update(LayerBatch(layer, q, k, torch.arange(2 * b, 2 * b + 2), 0.25))
     centering = moments.result()
     with kernels.forced() if tiled else contextlib.nullcontext():
-        red = GramReducer(masks(T, L, causal=causal, lasts=max_lags), H, kv, d, 0.25,
+        red = GramReducer(masks(T, L, causal=causal, lasts=lasts), H, kv, d, 0.25,
                           reference=centering, factors=factors, full=False)
         for b, (q, k) in enumerate(ev):
             for layer in range(L):
@@ -297,16 +297,16 @@ def gram_run(tiled: bool, factors: bool, causal: bool, max_lags, T: int = 140):
 
 
 @interpreted
-@pytest.mark.parametrize("factors,causal,max_lags", [
+@pytest.mark.parametrize("factors,causal,lasts", [
     (False, True, None), (False, True, [40]), (True, True, [40]), (True, True, None),
     (False, False, None), (True, False, None)])
-def test_track_b_tiles_equal_cpu(factors, causal, max_lags):
+def test_track_b_tiles_equal_cpu(factors, causal, lasts):
     """Track B without its matrices (the lower triangle's row blocks, a window's band, the kept
     factors; an encoder's two sides) on the kernels' path — the accumulator updated by
     tiles, its pieces read by tiles, the centering's U·Vᵀ terms from the lag tiles —
     equals the CPU path: R² (raw, centered, half) within 1e-6, g within 1e-6 of its
     scale."""
-    ref, got = (gram_run(tiled, factors, causal, max_lags) for tiled in (False, True))
+    ref, got = (gram_run(tiled, factors, causal, lasts) for tiled in (False, True))
     for name in ("r2_gram_raw", "r2_gram", "r2_gram_half"):
         assert np.nanmax(np.abs(getattr(ref, name) - getattr(got, name))) < 1e-6, name
     for name in ("g_gram_raw", "g_gram") + (() if causal else ("g_gram_back", "g_gram_self")):

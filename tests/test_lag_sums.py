@@ -163,38 +163,38 @@ def test_long_batches_are_taken_in_pieces(monkeypatch, tokens):
 
 
 @pytest.mark.parametrize("T", [3, 4, 21, 49, 50, 64])
-@pytest.mark.parametrize("max_lag", [None, 7])
-def test_region_sums_match_naive_loops(T, max_lag):
+@pytest.mark.parametrize("last", [None, 7])
+def test_region_sums_match_naive_loops(T, last):
     """Every Track A region (the variants and the sink column), on both sides, from the
     strip and the whole triangle's sums, against loops over the entries."""
     q, k = draw(T, n=2, seed=1)
-    st = track_a_stats(q, k, SCALE, chunk=16, max_lag=max_lag)
+    st = track_a_stats(q, k, SCALE, chunk=16, last=last)
     A = full_logits(q, k)
-    last = T - 1 if max_lag is None else max_lag
-    whole = (st.s1 * (torch.arange(1, T) <= last), st.sq)
+    end = T - 1 if last is None else last
+    whole = (st.s1 * (torch.arange(1, T) <= end), st.sq)
     kx = k.repeat_interleave(H // HKV, 2)  # the upper side swaps q and k: one k per q
     up_sk = skew_keys(key_strip(kx, q, SCALE, min(STRIP, T)))
     up_whole = (lag_sums(kx, q, SCALE), lower_sum_squares(kx, q, SCALE, 16))
     for v in [*VARIANTS.values(), SINK_COLUMN]:
         for upper in (False, True):
-            if upper and max_lag is not None:
+            if upper and last is not None:
                 continue  # windows are causal
             got1, gotsq = region_sums(up_sk if upper else st.skewed, v,
-                                      up_whole if upper else whole, max_lag, upper)
+                                      up_whole if upper else whole, last, upper)
             w1, wsq = np.zeros(got1.shape), np.zeros(gotsq.shape)
             for t in range(T):
                 for s in range(T):
                     lag = s - t if upper else t - s
-                    if 1 <= lag <= last and v.holds(torch.tensor(t), torch.tensor(s)):
+                    if 1 <= lag <= end and v.holds(torch.tensor(t), torch.tensor(s)):
                         w1[..., lag - 1] += A[:, :, t, s]
                         wsq += A[:, :, t, s] ** 2
             scale = np.abs(A).max() * T
             assert np.abs(got1.numpy() - w1).max() <= 1e-11 * scale, (v, upper)
             assert np.abs(gotsq.numpy() - wsq).max() <= 1e-11 * (A ** 2).sum(), (v, upper)
-            counts = v.counts(T, max_lag, upper)
+            counts = v.counts(T, last, upper)
             assert counts.tolist() == [float(sum(
                 1 for t in range(T) for s in range(T) if (s - t if upper else t - s) == lag
-                and lag <= last and v.holds(torch.tensor(t), torch.tensor(s))))
+                and lag <= end and v.holds(torch.tensor(t), torch.tensor(s))))
                 for lag in range(1, T)]
 
 

@@ -107,7 +107,7 @@ def test_each_layer_scheme_is_read_from_the_model(arch, tiny_tokenizer):
     if arch == "gemma3":  # each layer type its own base, from its own buffer
         assert spec.layers[2].base == pytest.approx(1e6, rel=1e-4)
         assert spec.layers[0].base == pytest.approx(1e4, rel=1e-4)
-        assert [m.max_lag for m in Geometry.of(spec, T).masks] == [15, 15, None, 15]
+        assert [m.window_last for m in Geometry.of(spec, T).masks] == [15, 15, None, 15]
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -182,20 +182,20 @@ def test_windowed_sums_equal_naive_loops():
          .permute(0, 2, 3, 1)) * 0.5
     lag = torch.arange(30)[:, None] - torch.arange(30)[None]
     x = torch.randn(30, 2, 3, generator=g, dtype=torch.float64)
-    for max_lag in (1, 7, 28, 29):
-        keep = (lag > 0) & (lag <= max_lag)
-        assert torch.allclose(lower_sum_squares(q, k, 0.5, chunk=8, max_lag=max_lag),
+    for last in (1, 7, 28, 29):
+        keep = (lag > 0) & (lag <= last)
+        assert torch.allclose(lower_sum_squares(q, k, 0.5, chunk=8, last=last),
                               (A * A * keep).sum((-2, -1)), rtol=1e-10)
-        st = track_a_stats(q, k, 0.5, chunk=8, max_lag=max_lag)
-        (s1, sq), _ = lower_lag_stats(A, lower_mean_from_qk(q, k, 0.5), [], max_lag=max_lag)
-        assert torch.allclose(windowed(st.s1, max_lag), s1, atol=1e-9)
+        st = track_a_stats(q, k, 0.5, chunk=8, last=last)
+        (s1, sq), _ = lower_lag_stats(A, lower_mean_from_qk(q, k, 0.5), [], last=last)
+        assert torch.allclose(windowed(st.s1, last), s1, atol=1e-9)
         assert torch.allclose(st.sq, sq, rtol=1e-10)
-        sink, _ = region_sums(st.skewed, SINK_COLUMN, (st.s1, st.sq), max_lag)
+        sink, _ = region_sums(st.skewed, SINK_COLUMN, (st.s1, st.sq), last)
         assert torch.allclose(sink, A[:, :, 1:, 0] * keep[1:, 0], atol=1e-12)
-        if max_lag > 1:
-            r2, _ = shift_invariance_r2(A, max_lag=max_lag)
+        if last > 1:
+            r2, _ = shift_invariance_r2(A, last=last)
             assert np.allclose(r2[0].numpy(), naive_r2(A[:1], keep), atol=1e-9)
-        Y = lower_apply(q[0].double(), k[0].double(), x, chunk=8, max_lag=max_lag)
+        Y = lower_apply(q[0].double(), k[0].double(), x, chunk=8, last=last)
         want = torch.einsum("hts,hsw->htw", A[0] * keep / 0.5,
                             x[:, [0, 0, 1, 1]].transpose(0, 1))
         assert torch.allclose(Y, want, atol=1e-9)
@@ -209,8 +209,8 @@ def test_track_b_fits_the_window(factors):
     g = torch.Generator().manual_seed(2)
     L, n, H, Hkv, d = 2, 6, 4, 2, 8
     q, k = torch.randn(n, L, T, H, d, generator=g), torch.randn(n, L, T, Hkv, d, generator=g)
-    max_lags = [9, T - 1]
-    red = GramReducer(masks(T, L, lasts=max_lags), H, Hkv, d, 0.25, factors=factors, full=False)
+    lasts = [9, T - 1]
+    red = GramReducer(masks(T, L, lasts=lasts), H, Hkv, d, 0.25, factors=factors, full=False)
     for i in range(0, n, 3):
         for layer in range(L):
             red.update(LayerBatch(layer, q[i:i + 3, layer], k[i:i + 3, layer],
@@ -219,7 +219,7 @@ def test_track_b_fits_the_window(factors):
     for layer in range(L):
         qd, kd = q[:, layer].double(), k[:, layer].double()
         gram = torch.einsum("nthd,nshd->hts", qd, kd.repeat_interleave(2, 2)) * 0.25 / n
-        r2, _ = shift_invariance_r2(gram, max_lag=max_lags[layer])
+        r2, _ = shift_invariance_r2(gram, last=lasts[layer])
         assert np.allclose(res.r2_gram_raw[layer], r2.numpy(), atol=1e-6)
     assert np.isnan(res.g_gram_raw[0, :, 9:]).all() and np.isfinite(res.g_gram_raw[0, :, :9]).all()
 
@@ -354,7 +354,7 @@ def test_a_head_view_fits_its_layers_window(tiny_tokenizer):
     ids = torch.randint(3, 290, (1, T), generator=torch.Generator().manual_seed(7))
     view = pk.inspect_head(model, ids[0], 0, 1)
     A, keep = hf_eager_logits(arch_hf_model("gemma3"), ids)[0]
-    assert view.max_lag == 15 and abs(view.r2 - naive_r2(A, keep)[1]) < 1e-6
+    assert view.last == 15 and abs(view.r2 - naive_r2(A, keep)[1]) < 1e-6
     assert np.isnan(view.g[15:]).all() and np.isfinite(view.g[:15]).all()
     assert view.kernel["kernel_class"] in CLASSES and view.kernel["last_lag"] <= 15
     assert np.isfinite(view.kernel["null_max"])  # the null reads unmasked scores

@@ -27,7 +27,7 @@ needs_chromium = pytest.mark.skipif(find_chromium() is None, reason="headless Ch
 EVIL = "<img src=x onerror=alert(5)>"
 
 
-def planted(T: int, d: int = 16, seed: int = 0, two_sided: bool = False, max_lag=None,
+def planted(T: int, d: int = 16, seed: int = 0, two_sided: bool = False, last=None,
             factor: bool = True) -> HeadPageData:
     rng = np.random.default_rng(seed)
     q, k = rng.standard_normal((T, d)).astype(np.float32), rng.standard_normal((T, d)).astype(
@@ -37,14 +37,14 @@ def planted(T: int, d: int = 16, seed: int = 0, two_sided: bool = False, max_lag
     if not factor:  # a ramp on top: not scale·q·kᵀ any more
         A = A - 0.5 * np.abs(np.arange(T)[:, None] - np.arange(T)[None])
     allowed = np.ones((T, T), bool) if two_sided else np.tril(np.ones((T, T), bool))
-    if max_lag is not None:  # |t − s| ≤ max_lag (on each side it keeps)
-        allowed &= np.abs(np.arange(T)[:, None] - np.arange(T)[None]) <= max_lag
+    if last is not None:  # |t − s| ≤ last (on each side it keeps)
+        allowed &= np.abs(np.arange(T)[:, None] - np.arange(T)[None]) <= last
     a = np.where(allowed, A, -np.inf)
     P = np.exp(a - logsumexp(a, axis=1, keepdims=True))
     logits = np.where(np.tril(np.ones((T, T), bool)) | two_sided, A, np.nan).astype(np.float32)
     tokens = [EVIL if i % 11 == 0 else f" tok{i}" for i in range(T)]
     return HeadPageData(title=f"planted T={T}", tokens=tokens, pattern=P.astype(np.float32),
-                        logits=logits, two_sided=two_sided, max_lag=max_lag, q=q, k=k,
+                        logits=logits, two_sided=two_sided, last=last, q=q, k=k,
                         logit_scale=scale)
 
 
@@ -71,12 +71,12 @@ def naive_maps(logits, pattern, keep, g, g_back, b):
     return out
 
 
-@pytest.mark.parametrize("T,n_blocks,two_sided,max_lag", [
+@pytest.mark.parametrize("T,n_blocks,two_sided,last", [
     (100, 16, False, None), (97, 10, False, 20), (61, 8, True, None), (40, 64, False, None),
     (61, 8, True, 12)])
-def test_overview_equals_a_naive_reduction(T, n_blocks, two_sided, max_lag):
-    data = planted(T, two_sided=two_sided, max_lag=max_lag)
-    mask = Mask(T, not two_sided, max_lag)
+def test_overview_equals_a_naive_reduction(T, n_blocks, two_sided, last):
+    data = planted(T, two_sided=two_sided, last=last)
+    mask = Mask(T, not two_sided, last)
     _, g, g_back = matrix_fit(data.logits, mask)
     keep = fit_mask(mask)
     b, maps = VL.overview_maps(data.logits, data.pattern, g, g_back, mask, n_blocks)
@@ -88,7 +88,7 @@ def test_overview_equals_a_naive_reduction(T, n_blocks, two_sided, max_lag):
 
 
 def test_row_normaliser_and_factor_check():
-    data = planted(50, max_lag=9)
+    data = planted(50, last=9)
     lse = VL.row_lse(data.logits, Mask(50, True, 9))
     t, s = np.meshgrid(np.arange(50), np.arange(50), indexing="ij")
     a = np.where((t - s >= 0) & (t - s <= 9), data.logits.astype(np.float64), -np.inf)

@@ -61,7 +61,7 @@ def test_each_stack_equals_the_naive_fit_of_the_softmax_input(folder, stack, mon
     assert model.self_check["checked"] and model.self_check["max_deviation"] <= 1e-4
     if stack == "encoder":  # grouped keys, a two-sided window that keeps |Δ| ≤ 39
         assert model.spec.n_kv_heads == 2
-        assert [s.max_lag for s in layers] == [ENCODER_WINDOW, None, ENCODER_WINDOW]
+        assert [s.last for s in layers] == [ENCODER_WINDOW, None, ENCODER_WINDOW]
     else:
         assert [s.window for s in layers] == [DECODER_WINDOW, None, DECODER_WINDOW]
     ids = torch.randint(3, 290, (3, T), generator=torch.Generator().manual_seed(2))

@@ -25,8 +25,8 @@ SCALE = 0.25
 
 def streamed(q, k, layout: RowLayout, from_scores: bool = False):
     """(per-sequence R², pooled R²) from the sums the reducers keep."""
-    st = track_a_stats(q, k, SCALE, max_lag=layout.max_lag)
-    kept = torch.arange(1, layout.T) <= layout.max_lag
+    st = track_a_stats(q, k, SCALE, last=layout.last)
+    kept = torch.arange(1, layout.T) <= layout.last
     s1, sq = st.s1 * kept, st.sq
     if layout.two_sided:
         up = upper_stats(q, k, SCALE)
@@ -45,7 +45,7 @@ def dense(q, k, layout: RowLayout):
     A = torch.einsum("bthd,bshd->bhts", q.double(), k.double().repeat_interleave(g, 2)) * SCALE
     t = torch.arange(layout.T)
     lag = t[:, None] - t[None]
-    keep = lag != 0 if layout.two_sided else (lag >= 1) & (lag <= layout.max_lag)
+    keep = lag != 0 if layout.two_sided else (lag >= 1) & (lag <= layout.last)
     return A, keep.expand_as(A)
 
 

@@ -100,7 +100,7 @@ class HeadView:
     notes: list[str] = field(default_factory=list)
     g_back: Float[np.ndarray, " lag"] | None = None
     g_self: float | None = None
-    max_lag: int | None = None  # a sliding window's last kept offset (the fit reads Δ ≤ it)
+    last: int | None = None  # a sliding window's last kept offset (the fit reads Δ ≤ it)
     chunk: int | None = None  # a chunked mask's chunk where it binds (the fit reads within it)
     kernel: dict | None = None  # this sequence's kernel descriptors and class
     # the zoom of a long view: post-rotary q of the head, k of its kv head, logits = scale·q·kᵀ
@@ -119,7 +119,7 @@ class HeadView:
     @property
     def mask(self) -> Mask:
         """The entries the view's fit reads (:class:`~poskernel_tl.mask.Mask`)."""
-        return Mask(len(self.tokens), not self.two_sided, self.max_lag, self.chunk)
+        return Mask(len(self.tokens), not self.two_sided, self.last, self.chunk)
 
     @property
     def n_tokens(self) -> int:
@@ -138,9 +138,9 @@ class HeadView:
         notes = [f"Logits from {self.scores_from}; pattern from {self.pattern_from}. "
                  "g(Δ) (drawn as Track A) and its spectrum are this one sequence's fit; "
                  "Track B needs many sequences (pk.measure).", *self.notes]
-        if self.max_lag is not None and self.chunk is None:
+        if self.last is not None and self.chunk is None:
             notes.append(f"The layer attends within a sliding window: the fit reads the "
-                         f"offsets 1 ≤ t − s ≤ {self.max_lag} only (g is not defined past).")
+                         f"offsets 1 ≤ t − s ≤ {self.last} only (g is not defined past).")
         if self.chunk is not None:
             notes.append(f"The layer attends within chunks of {self.chunk} positions: the fit "
                          "reads the entries t, s of one chunk only, each offset counted "
@@ -161,7 +161,7 @@ class HeadView:
             two_sided=self.two_sided, spectrum=self.spectrum, thetas=self.thetas,
             tables=tables,
             r2_values={"R² without the sink column (key 0)": self.r2_nosink},
-            notes=notes, max_lag=self.max_lag, chunk=self.chunk, q=self.q, k=self.k,
+            notes=notes, last=self.last, chunk=self.chunk, q=self.q, k=self.k,
             logit_scale=self.logit_scale,
             fit=(self.r2, self.g, self.g_back), numbers=numbers, panels=panels)
 
@@ -252,22 +252,22 @@ def head_tensors(model: LoadedModel, ids: Int[Tensor, " pos"], layer: int, head:
 
 
 def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
-            max_lag: int | None = None, chunk: int | None = None) -> dict:
+            last: int | None = None, chunk: int | None = None) -> dict:
     """The head's fit on one matrix: ``r2``, ``g``, ``g_back``/``g_self`` (None when
     causal), ``residual`` (A − g(t − s) where the fit reads, NaN elsewhere) and ``logits``
-    (A with NaN above the diagonal when causal). ``max_lag``: a sliding window's last kept
-    offset (the fit reads t − s ≤ max_lag; g and the residual are NaN past it); ``chunk``:
+    (A with NaN above the diagonal when causal). ``last``: a sliding window's last kept
+    offset (the fit reads t − s ≤ last; g and the residual are NaN past it); ``chunk``:
     a chunked mask's (the fit reads within one chunk; the residual is NaN across)."""
     T = A.shape[-1]
     if causal:
-        (r2, g), g_back, g_self = shift_invariance_r2(A, max_lag, chunk), None, None
+        (r2, g), g_back, g_self = shift_invariance_r2(A, last, chunk), None, None
         full = g
     else:
-        r2, g, g_back, g_self = shift_invariance_r2_two_sided(A, max_lag)
+        r2, g, g_back, g_self = shift_invariance_r2_two_sided(A, last)
         full = torch.from_numpy(two_sided(g.cpu().numpy(), g_back.cpu().numpy(),
                                           float(g_self)))
     lag = (torch.arange(T)[:, None] - torch.arange(T)[None]).to(A.device)
-    fitted = torch.from_numpy(fit_mask(Mask(T, causal, max_lag, chunk))).to(A.device)
+    fitted = torch.from_numpy(fit_mask(Mask(T, causal, last, chunk))).to(A.device)
     index = (lag.clamp(min=1) - 1) if causal else (lag + T - 1)
     residual = torch.where(fitted, A.double() - full.to(A.device)[index],
                            torch.full_like(A, math.nan, dtype=torch.float64))
@@ -279,7 +279,7 @@ def fit_one(A: Float[Tensor, "query_pos key_pos"], causal: bool,
 
 
 def position_permutation_null(A: Float[Tensor, "query_pos key_pos"], causal: bool,
-                              max_lag: int | None, n_perm: int = VIEW_NULL_PERMS,
+                              last: int | None, n_perm: int = VIEW_NULL_PERMS,
                               chunk: int | None = None) -> Float[np.ndarray, " perm"]:
     """R² of the fit to A[π][:, π] for ``n_perm`` joint position permutations π: the run's
     permutation null (:func:`~poskernel_tl.statistics.perm_null.joint_permutations`, seed
@@ -287,20 +287,20 @@ def position_permutation_null(A: Float[Tensor, "query_pos key_pos"], causal: boo
     out = []
     for pi in joint_permutations(A.shape[-1], n_perm).to(A.device):
         Ap = A[pi][:, pi]
-        out.append(shift_invariance_r2(Ap, max_lag, chunk)[0] if causal else
-                   shift_invariance_r2_two_sided(Ap, max_lag)[0])
+        out.append(shift_invariance_r2(Ap, last, chunk)[0] if causal else
+                   shift_invariance_r2_two_sided(Ap, last)[0])
     return torch.stack(out).double().cpu().numpy()
 
 
-def kernel_of(fit: dict, A: Float[Tensor, "query_pos key_pos"], max_lag: int | None,
+def kernel_of(fit: dict, A: Float[Tensor, "query_pos key_pos"], last: int | None,
               thetas: np.ndarray | None, chunk: int | None = None) -> dict:
     """:func:`~poskernel_tl.fit.kernel_class.head_kernels` of this one sequence's fit, against
     :func:`position_permutation_null`: class first, then the descriptors."""
     causal = fit["g_back"] is None
-    counts = lag_counts(A.shape[-1], max_lag=max_lag, chunk=chunk).numpy()
+    counts = lag_counts(A.shape[-1], last=last, chunk=chunk).numpy()
     sink = np.where(counts > 0, A[1:, 0].double().cpu().numpy(), np.nan)
     back = None if causal else fit["g_back"][None, None]
-    null = position_permutation_null(A, causal, max_lag, chunk=chunk)
+    null = position_permutation_null(A, causal, last, chunk=chunk)
     row = head_kernels(fit["g"][None, None], sink[None, None], counts[None],
                        np.array([[fit["r2"]]]), null[:, None, None], back, thetas).iloc[0]
     return {"kernel_class": row["kernel_class"],
@@ -336,15 +336,15 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
     geometry = Geometry.checked(spec, len(ids), what="a sequence of")
     t = head_tensors(model, ids, layer, head)
     mask = geometry.mask(layer)
-    max_lag, chunk = mask.max_lag, mask.chunk
-    fit = fit_one(t["scores"], spec.causal, max_lag, chunk)
-    r2_nosink = variant_r2(t["scores"], NO_SINK, spec.causal, max_lag, chunk)
+    last, chunk = mask.window_last, mask.chunk
+    fit = fit_one(t["scores"], spec.causal, last, chunk)
+    r2_nosink = variant_r2(t["scores"], NO_SINK, spec.causal, last, chunk)
     thetas = spec.rotary_frequencies(layer)
     usage = _usage(model, t["q"], t["k"]) if thetas is not None else None
     if usage is not None and len(usage) != len(thetas):
         usage = None
-    g_spec = fit["g"][:max_lag] if spec.causal else two_sided_for_spectrum(
-        fit["g"][:max_lag], fit["g_back"][:max_lag])  # the offsets the window keeps
+    g_spec = fit["g"][:last] if spec.causal else two_sided_for_spectrum(
+        fit["g"][:last], fit["g_back"][:last])  # the offsets the window keeps
     omega, power, alignment, note = kernel_spectrum(g_spec, thetas, usage=usage,
                                                     two_sided=not spec.causal)
     notes = [sentence(model.weights_note)] if spec.loader == "gguf" else []
@@ -355,8 +355,8 @@ def inspect_head(model: LoadedModel, text_or_tokens, layer: int, head: int, *,
         tokens=token_strings(model.tokenizer, ids.tolist()), token_ids=ids.numpy(),
         logits=fit["logits"], pattern=t["pattern"].float().cpu().numpy(), g=fit["g"],
         r2=fit["r2"], r2_nosink=r2_nosink, residual=fit["residual"], g_back=fit["g_back"],
-        g_self=fit["g_self"], max_lag=max_lag, chunk=chunk,
-        kernel=kernel_of(fit, t["scores"], max_lag, thetas, chunk),
+        g_self=fit["g_self"], last=last, chunk=chunk,
+        kernel=kernel_of(fit, t["scores"], last, thetas, chunk),
         spectrum=(omega, power), alignment=alignment, thetas=thetas,
         scores_from=str(t["scores_from"]), pattern_from=str(t["pattern_from"]), notes=notes,
         q=t["q"].float().cpu().numpy(), k=t["k"].float().cpu().numpy(),

@@ -24,10 +24,10 @@ def chunk_rows(lo: Tensor | int, hi: Tensor | int, lag: Tensor, chunk: int) -> T
 
 
 def lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,
-               device=None, max_lag: int | None = None, chunk: int | None = None
+               device=None, last: int | None = None, chunk: int | None = None
                ) -> Float[Tensor, " lag"]:
     """n(Δ) for Δ = 1..T−1: how many query rows t in [row_lo, row_hi) have a key at t−Δ
-    (0 past ``max_lag``, the last offset a sliding window keeps; with ``chunk``, only the
+    (0 past ``last``, the last offset a sliding window keeps; with ``chunk``, only the
     rows whose key lies in their own chunk: a chunked mask)."""
     row_hi = T if row_hi is None else min(row_hi, T)
     lags = torch.arange(1, T, device=device, dtype=torch.float64)
@@ -35,14 +35,14 @@ def lag_counts(T: int, row_lo: int = 0, row_hi: int | None = None,
         counts = chunk_rows(row_lo, row_hi, lags.long(), chunk).double()
     else:
         counts = torch.clamp(row_hi - torch.clamp(lags, min=row_lo), min=0)
-    return counts if max_lag is None else counts * within(lags, max_lag)
+    return counts if last is None else counts * within(lags, last)
 
 
 def layer_lag_counts(masks: Sequence[Mask], row_lo: int = 0, row_hi: int | None = None,
                      device=None) -> Float[Tensor, "layer 1 lag"]:
     """:func:`lag_counts` of every layer's mask (one per layer: its last kept offset and the
     chunk that binds), [layer, 1, lag] (broadcasts over heads)."""
-    return torch.stack([lag_counts(m.length, row_lo, row_hi, device, m.max_lag, m.chunk)
+    return torch.stack([lag_counts(m.length, row_lo, row_hi, device, m.window_last, m.chunk)
                         for m in masks])[:, None]
 
 

@@ -20,9 +20,9 @@ def matrix_fit(logits: Float[np.ndarray, "query_pos key_pos"], mask: Mask | None
     mask = Mask(T) if mask is None else mask
     clean = torch.from_numpy(np.where(fit_mask(mask), np.asarray(logits, np.float64), 0.0))
     if not mask.causal:
-        r2, g, g_back, _ = shift_invariance_r2_two_sided(clean, mask.max_lag)
+        r2, g, g_back, _ = shift_invariance_r2_two_sided(clean, mask.window_last)
         return float(r2), g.numpy(), g_back.numpy()
-    r2, g = shift_invariance_r2(clean, mask.max_lag, mask.chunk)
+    r2, g = shift_invariance_r2(clean, mask.window_last, mask.chunk)
     return float(r2), g.numpy(), None
 
 

@@ -54,15 +54,15 @@ def lag_sums(
     scores: Float[Tensor, "*batch query_pos key_pos"],
     row_lo: int = 0,
     row_hi: int | None = None,
-    max_lag: int | None = None,
+    last: int | None = None,
 ) -> tuple[Float[Tensor, "*batch lag"], Float[Tensor, "*batch"]]:
     """Per-lag sums S1(Δ) and the total sum of squares over the strictly lower triangle
-    (optionally only query rows in [row_lo, row_hi), only offsets Δ ≤ ``max_lag``), all
-    in float64; lags past ``max_lag`` sum to 0. This is the reference path of
+    (optionally only query rows in [row_lo, row_hi), only offsets Δ ≤ ``last``), all
+    in float64; lags past ``last`` sum to 0. This is the reference path of
     :func:`shift_invariance_r2`; the streaming reducers use :func:`lower_lag_stats`."""
     z = skew_lower(scores)[..., row_lo:row_hi, :].double()
-    if max_lag is not None:
-        z = z * within(torch.arange(1, scores.shape[-1], device=z.device), max_lag)
+    if last is not None:
+        z = z * within(torch.arange(1, scores.shape[-1], device=z.device), last)
     return z.sum(dim=-2), (z * z).sum(dim=(-2, -1))
 
 
@@ -122,15 +122,15 @@ def kept_finite(g: Float[np.ndarray, "*batch lag"]) -> bool:
 
 
 def shift_invariance_r2(
-    scores: Float[Tensor, "*batch query_pos key_pos"], max_lag: int | None = None,
+    scores: Float[Tensor, "*batch query_pos key_pos"], last: int | None = None,
     chunk: int | None = None,
 ) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"]]:
     """Fit g(Δ) to the strictly lower triangle of ``scores`` and return ``(r2, g)``.
 
     ``g[..., Δ−1]`` is the mean of sub-diagonal Δ (Δ = 1..T−1); R² = 1 − SS_res/SS_tot
     over all entries with s < t, accumulated in float64. Entries on or above the
-    diagonal are ignored whatever they hold (masked fills included). ``max_lag``: fit
-    only the entries with t − s ≤ max_lag (what a sliding window keeps; g is NaN past it).
+    diagonal are ignored whatever they hold (masked fills included). ``last``: fit
+    only the entries with t − s ≤ last (what a sliding window keeps; g is NaN past it).
     ``chunk``: only the entries with t and s in one chunk of that many positions (a
     chunked mask).
     """
@@ -141,8 +141,8 @@ def shift_invariance_r2(
         pos = torch.arange(T, device=scores.device)
         scores = torch.where(Mask(T, chunk=chunk).same_chunk(pos[:, None], pos[None]), scores,
                              0.0)
-    s1, sq = lag_sums(scores, max_lag=max_lag)
-    return r2_from_sums(s1, sq, lag_counts(T, device=scores.device, max_lag=max_lag,
+    s1, sq = lag_sums(scores, last=last)
+    return r2_from_sums(s1, sq, lag_counts(T, device=scores.device, last=last,
                                            chunk=chunk))
 
 
@@ -169,19 +169,19 @@ def r2_two_sided(front: Sums, back: Sums | None, warn: bool = True
 
 
 def shift_invariance_r2_two_sided(
-    scores: Float[Tensor, "*batch query_pos key_pos"], max_lag: int | None = None,
+    scores: Float[Tensor, "*batch query_pos key_pos"], last: int | None = None,
 ) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch lag"], Float[Tensor, "*batch lag"],
            Float[Tensor, "*batch"]]:
     """:func:`shift_invariance_r2` over every off-diagonal entry (bidirectional models):
     ``(r2, g, g_back, g_self)`` with ``g[..., Δ−1]`` the mean of sub-diagonal Δ,
     ``g_back[..., Δ−1]`` that of super-diagonal Δ (lag −Δ), ``g_self`` the diagonal's mean
-    (Δ = 0, not fitted). ``max_lag``: the entries with |t − s| ≤ max_lag only (a two-sided
+    (Δ = 0, not fitted). ``last``: the entries with |t − s| ≤ last only (a two-sided
     window: the lower triangle's rule on each side; g, g_back NaN past it)."""
     T = scores.shape[-1]
     if scores.shape[-2] != T or T < 3:
         raise UserError(f"need square score matrices with T >= 3, got {tuple(scores.shape)}")
-    counts = lag_counts(T, device=scores.device, max_lag=max_lag)
-    side = lambda x: (*lag_sums(x, max_lag=max_lag), counts)
+    counts = lag_counts(T, device=scores.device, last=last)
+    side = lambda x: (*lag_sums(x, last=last), counts)
     r2, g, g_back = r2_two_sided(side(scores), side(scores.transpose(-1, -2)))
     return r2, g, g_back, scores.diagonal(0, -2, -1).double().mean(-1)
 
@@ -251,22 +251,22 @@ def _upper_mask(T: int, device) -> Tensor:
 
 
 def key_block_index(T: int, key_hi: int, row_lo: int, device=None,
-                    max_lag: int | None = None) -> tuple[Tensor, Tensor]:
+                    last: int | None = None) -> tuple[Tensor, Tensor]:
     """For the entries with key s < ``key_hi`` and query row t ≥ ``row_lo`` (and s < t,
-    t − s ≤ ``max_lag``): ``rows[s, Δ−1] = s + Δ`` (clamped into range) and
+    t − s ≤ ``last``): ``rows[s, Δ−1] = s + Δ`` (clamped into range) and
     ``valid[s, Δ−1]``, Δ = 1..T−1."""
     s = torch.arange(key_hi, device=device)[:, None]
     lags = torch.arange(1, T, device=device)[None]
     t = s + lags
-    valid = (t < T) & (t >= row_lo) & (lags <= (T if max_lag is None else max_lag))
+    valid = (t < T) & (t >= row_lo) & (lags <= (T if last is None else last))
     return t.clamp(max=T - 1), valid
 
 
 def key_block_counts(T: int, key_hi: int, row_lo: int, device=None,
-                     max_lag: int | None = None) -> Float[Tensor, " lag"]:
+                     last: int | None = None) -> Float[Tensor, " lag"]:
     """n(Δ) of the entries with key s < ``key_hi`` and query row t ≥ ``row_lo`` (and
-    t − s ≤ ``max_lag``)."""
-    return key_block_index(T, key_hi, row_lo, device, max_lag)[1].sum(0).double()
+    t − s ≤ ``last``)."""
+    return key_block_index(T, key_hi, row_lo, device, last)[1].sum(0).double()
 
 
 def _unshift(s1p: Tensor, sqp: Tensor, counts: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
@@ -277,10 +277,10 @@ def _unshift(s1p: Tensor, sqp: Tensor, counts: Tensor, c: Tensor) -> tuple[Tenso
     return s1, sq
 
 
-def _row_block_stats(top: Tensor, c: Tensor, lo: int, hi: int, max_lag: int | None = None
+def _row_block_stats(top: Tensor, c: Tensor, lo: int, hi: int, last: int | None = None
                      ) -> tuple[Tensor, Tensor]:
     """(S1, Σ A²) of query rows [lo, hi) from ``top`` = A − c, zero on and above the
-    diagonal (and past the window, ``max_lag``)."""
+    diagonal (and past the window, ``last``)."""
     b, h, T, _ = top.shape
     hi = min(hi, T)
     if hi <= lo:
@@ -289,32 +289,32 @@ def _row_block_stats(top: Tensor, c: Tensor, lo: int, hi: int, max_lag: int | No
     lags = torch.arange(1, T, device=top.device)
     rows = torch.arange(lo, hi, device=top.device)[:, None]
     keys = rows - lags[None]  # [rows, lag]
-    valid = ((keys >= 0) & (lags[None] <= (T if max_lag is None else max_lag))).to(top.dtype)
+    valid = ((keys >= 0) & (lags[None] <= (T if last is None else last))).to(top.dtype)
     g = top[:, :, lo:hi].gather(-1, keys.clamp(min=0).expand(b, h, -1, -1)) * valid
     return _unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
-                    lag_counts(T, lo, hi, max_lag=max_lag), c)
+                    lag_counts(T, lo, hi, last=last), c)
 
 
 def _key_block_stats(top: Tensor, c: Tensor, key_hi: int, row_lo: int,
-                     max_lag: int | None = None) -> tuple[Tensor, Tensor]:
+                     last: int | None = None) -> tuple[Tensor, Tensor]:
     """(S1, Σ A²) of the keys s < ``key_hi`` in query rows t ≥ ``row_lo``, from ``top``
     as in :func:`_row_block_stats`."""
     b, h, T, _ = top.shape
     key_hi = min(key_hi, T)
-    rows, valid = key_block_index(T, key_hi, row_lo, top.device, max_lag)
+    rows, valid = key_block_index(T, key_hi, row_lo, top.device, last)
     cols = top.transpose(-1, -2)[:, :, :key_hi]  # [b, h, key, query]
     g = cols.gather(-1, rows.expand(b, h, -1, -1)) * valid.to(top.dtype)
     return _unshift(g.sum(-2).double(), (g * g).sum((-2, -1)).double(),
-                    key_block_counts(T, key_hi, row_lo, max_lag=max_lag), c)
+                    key_block_counts(T, key_hi, row_lo, last=last), c)
 
 
 def shifted_lower(scores: Float[Tensor, "batch head_index query_pos key_pos"],
                   shift: Float[Tensor, "batch head_index"], work: Tensor | None = None,
-                  max_lag: int | None = None
+                  last: int | None = None
                   ) -> tuple[Float[Tensor, "batch head_index query_pos key_pos"],
                              Float[Tensor, "batch head_index lag key_pos"]]:
     """``(top, diag)``: the strictly lower triangle of scores − shift (the rest zeroed, and
-    the offsets past ``max_lag``) in the top half of ``work`` [batch, head_index, 2T, T]
+    the offsets past ``last``) in the top half of ``work`` [batch, head_index, 2T, T]
     (lower half zero; made when None or of another shape), and its sub-diagonals Δ =
     1..T−1 as strided rows of the buffer (element (Δ, j) is work[Δ + j, j], running past
     row T − 1 into the zero half)."""
@@ -324,8 +324,8 @@ def shifted_lower(scores: Float[Tensor, "batch head_index query_pos key_pos"],
     top = work[:, :, :T]
     torch.sub(scores, shift[..., None, None], out=top)
     top.masked_fill_(_upper_mask(T, top.device), 0.0)
-    if max_lag is not None and max_lag < T - 1:
-        top.triu_(-max_lag)
+    if last is not None and last < T - 1:
+        top.triu_(-last)
     diag = work.as_strided((b, h, T - 1, T), (work.stride(0), work.stride(1), T, T + 1),
                            work.storage_offset() + T)
     return top, diag
@@ -338,7 +338,7 @@ def lower_lag_stats(
     work: Tensor | None = None,
     key_block: tuple[int, int] | None = None,
     key_blocks: Sequence[tuple[int, int]] = (),
-    max_lag: int | None = None,
+    last: int | None = None,
     bands: bool = False,
 ) -> tuple[tuple[Tensor, ...], list[tuple[Tensor, Tensor]]]:
     """Per-lag sums S1(Δ) and sums of squares of the strictly lower triangle, for the
@@ -352,7 +352,7 @@ def lower_lag_stats(
     :func:`lower_mean_from_qk`, so sums of squares do not cancel), within one lag or
     one row in the input dtype, and converted back to raw float64 statistics exactly.
     ``work`` is an optional reusable buffer [batch, head_index, 2T, T] whose lower half
-    is zero. ``max_lag``: every sum over the entries with t − s ≤ max_lag only (those a
+    is zero. ``last``: every sum over the entries with t − s ≤ last only (those a
     sliding window keeps). ``bands``: the whole triangle's sums also hold Σ A² over each
     band of offsets of :func:`~poskernel_tl.protocol.band_ends` (:func:`band_part_sums`
     of the per-lag sums of squares, one more pass over the lags). Returns ``((s1, sq[,
@@ -360,16 +360,16 @@ def lower_lag_stats(
     """
     T = scores.shape[-1]
     c = shift.to(torch.float64)
-    top, diag = shifted_lower(scores, c.to(scores.dtype), work, max_lag)
+    top, diag = shifted_lower(scores, c.to(scores.dtype), work, last)
     s1_shift = diag.sum(-1).double()
     sq_shift = torch.linalg.vector_norm(top, dim=-1).double().pow(2).sum(-1)
-    counts = lag_counts(T, max_lag=max_lag, device=c.device)
+    counts = lag_counts(T, last=last, device=c.device)
     total = _unshift(s1_shift, sq_shift, counts, c)
     if bands:  # Σ (a − c)² per lag, unshifted lag by lag
         sq_lag = torch.linalg.vector_norm(diag, dim=-1).double().pow(2)
         sq_lag = sq_lag + c[..., None] * (2 * s1_shift + c[..., None] * counts)
         total = (*total, band_part_sums(sq_lag))
-    blocks = [_row_block_stats(top, c, lo, hi, max_lag) for lo, hi in small_blocks]
+    blocks = [_row_block_stats(top, c, lo, hi, last) for lo, hi in small_blocks]
     for block in ([key_block] if key_block is not None else []) + list(key_blocks):
-        blocks.append(_key_block_stats(top, c, *block, max_lag=max_lag))
+        blocks.append(_key_block_stats(top, c, *block, last=last))
     return total, blocks

@@ -69,9 +69,9 @@ class Variant:
             inside &= s < k1
         return inside
 
-    def counts(self, T: int, max_lag: int | None = None, upper: bool = False,
+    def counts(self, T: int, last: int | None = None, upper: bool = False,
                device=None, chunk: int | None = None) -> Float[Tensor, " lag"]:
-        """n(Δ) of the region, Δ = 1..T−1 (upper: Δ = −1..−(T−1)), within ``max_lag``
+        """n(Δ) of the region, Δ = 1..T−1 (upper: Δ = −1..−(T−1)), within ``last``
         (and, lower side, ``chunk``: a chunked mask's): per Δ the rows t with t and its key
         s = t ∓ Δ both in range (O(T), no T×T mask)."""
         (r0, r1), (k0, k1) = self.rows, self.keys
@@ -85,7 +85,7 @@ class Variant:
         else:
             lo = torch.maximum(lo, lag)  # s ≥ 0
         n = (hi - lo).clamp(min=0) if chunk is None or upper else chunk_rows(lo, hi, lag, chunk)
-        return (n * within(lag, max_lag)).double()
+        return (n * within(lag, last)).double()
 
 
 def fitted(field: Any, variant: Variant) -> Any:
@@ -114,38 +114,38 @@ def strip_bytes(n_heads: int, length: int, strip: int) -> int:
     return n_heads * K * (4 * length + 8 * (length + K))
 
 
-def region_mask(variant: Variant, K: int, n_lag: int, max_lag: int | None = None,
+def region_mask(variant: Variant, K: int, n_lag: int, last: int | None = None,
                 upper: bool = False, device=None) -> Tensor:
     """Bool [K, n_lag]: the entries of the skewed strip :func:`region_sums` sums for
-    ``variant`` — the region's own within ``max_lag``, or (a region whose complement lies
+    ``variant`` — the region's own within ``last``, or (a region whose complement lies
     in the strip) the complement's."""
     p = torch.arange(K, device=device)[:, None]
     lag = torch.arange(1, n_lag + 1, device=device)[None]
     t, s = (p, p + lag) if upper else (p + lag, p)
-    kept = within(lag, max_lag)  # (every lag of the strip is ≤ n_lag)
+    kept = within(lag, last)  # (every lag of the strip is ≤ n_lag)
     return (variant.holds(t, s) if variant.inside()  # or the complement, within the window
             else ~variant.holds(t, s)) & kept
 
 
 def region_sums(skewed: Float[Tensor, "batch head_index pos lag"], variant: Variant,
-                whole: Block, max_lag: int | None = None, upper: bool = False) -> Block:
+                whole: Block, last: int | None = None, upper: bool = False) -> Block:
     """(S1(Δ), Σ A²) of ``variant``'s region from the skewed strip (entry (p, Δ−1) is
     A[p + Δ, p] with key p on the lower side, A[p, p + Δ] with row p on the upper) and the
-    whole side's sums ``whole`` (S1 may hold lags past ``max_lag``: they pass through);
+    whole side's sums ``whole`` (S1 may hold lags past ``last``: they pass through);
     positions past the end of the sequence are zero in the strip."""
     K, n_lag = skewed.shape[-2], skewed.shape[-1]
     if K < min(variant.strip_keys(), n_lag + 1):
         raise ValueError(f"{variant} needs a strip of {variant.strip_keys()} keys, got {K}")
-    mine = region_mask(variant, K, n_lag, max_lag, upper, skewed.device)
+    mine = region_mask(variant, K, n_lag, last, upper, skewed.device)
     part = torch.where(mine, skewed, 0.0)
     s1, sq = part.sum(-2), torch.linalg.vector_norm(part, dim=(-2, -1)).square()
     return (s1, sq) if variant.inside() else (whole[0] - s1, whole[1] - sq)
 
 
 def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: bool = True,
-               max_lag: int | None = None, chunk: int | None = None) -> float:
+               last: int | None = None, chunk: int | None = None) -> float:
     """R² of the shift-invariant fit over ``variant``'s region of one materialised matrix
-    (the head view's; entry by entry): its strictly lower entries within ``max_lag`` (and
+    (the head view's; entry by entry): its strictly lower entries within ``last`` (and
     ``chunk``), and for a bidirectional model (``causal`` false) its upper ones too, one g
     per signed lag."""
     T = A.shape[-1]
@@ -155,10 +155,10 @@ def variant_r2(A: Float[Tensor, "query_pos key_pos"], variant: Variant, causal: 
     def side(M: Tensor, upper: bool) -> tuple[Tensor, Tensor, Tensor]:
         rows, keys = (s, t) if upper else (t, s)  # M's (i, j) is A's (rows, keys)
         # the lower side's mask; the upper side's, mirrored (its own chunks are not read)
-        keep = Mask(T, True, max_lag, None if upper else chunk).keeps(t, s) \
+        keep = Mask(T, True, last, None if upper else chunk).keeps(t, s) \
             & variant.holds(rows, keys)
         z = skew_lower(torch.where(keep, M.double(), 0.0))
-        return z.sum(-2), (z * z).sum((-2, -1)), variant.counts(T, max_lag, upper, A.device,
+        return z.sum(-2), (z * z).sum((-2, -1)), variant.counts(T, last, upper, A.device,
                                                                  chunk)
 
     with warnings.catch_warnings():

@@ -56,14 +56,14 @@ from poskernel_tl.mask import Mask, within
 
 @dataclass(frozen=True)
 class RowLayout:
-    """The row/offset incidence of one layer's kept entries at length ``T``: ``max_lag``
+    """The row/offset incidence of one layer's kept entries at length ``T``: ``last``
     the last offset the layer keeps on each side it keeps (its window; T − 1 without one);
     ``two_sided`` for a bidirectional layer (both triangles); ``chunk`` a chunked mask's
     where it binds (row t keeps offsets up to t mod chunk). Lag axes follow Track A's:
-    Δ = 1..T−1 (zero past ``max_lag``), then, two-sided, Δ = −1..−(T−1)."""
+    Δ = 1..T−1 (zero past ``last``), then, two-sided, Δ = −1..−(T−1)."""
 
     T: int
-    max_lag: int
+    last: int
     two_sided: bool = False
     chunk: int | None = None
     _weights: dict = field(default_factory=dict, compare=False, repr=False)
@@ -75,11 +75,11 @@ class RowLayout:
 
     @property
     def mask(self) -> Mask:
-        return Mask(self.T, not self.two_sided, self.max_lag, self.chunk)
+        return Mask(self.T, not self.two_sided, self.last, self.chunk)
 
     @property
     def windowed(self) -> bool:
-        return self.max_lag < self.T - 1
+        return self.last < self.T - 1
 
     @property
     def n_lags(self) -> int:
@@ -89,13 +89,13 @@ class RowLayout:
         """m_t: how many entries row t keeps (0 for a causal layer's row 0)."""
         t = torch.arange(self.T, dtype=torch.float64, device=device)
         if self.two_sided:  # min(t, W) keys before, min(T − 1 − t, W) after
-            W = self.max_lag
+            W = self.last
             return torch.clamp(t, max=W) + torch.clamp(self.T - 1 - t, max=W)
-        return torch.clamp(t if self.chunk is None else t % self.chunk, max=self.max_lag)
+        return torch.clamp(t if self.chunk is None else t % self.chunk, max=self.last)
 
     def lag_counts(self, device=None) -> Float[Tensor, " lag"]:
         """n(Δ) of one sequence on the lag axis (Track A's counts of each side)."""
-        n = lag_counts(self.T, device=device, max_lag=self.max_lag, chunk=self.chunk)
+        n = lag_counts(self.T, device=device, last=self.last, chunk=self.chunk)
         return torch.cat([n, n]) if self.two_sided else n  # (a two-sided mask: symmetric)
 
     def weights(self, device) -> tuple[Tensor, Tensor | None]:
@@ -106,7 +106,7 @@ class RowLayout:
             m = self.row_counts(device)
             inv = torch.where(m > 0, 1.0 / torch.clamp(m, min=1.0), 0.0)
             kept = None if not self.windowed else \
-                within(torch.arange(1, self.T, device=device), self.max_lag).double()
+                within(torch.arange(1, self.T, device=device), self.last).double()
             if kept is not None and self.two_sided:
                 kept = torch.cat([kept, kept])
             self._weights[key] = inv, kept
@@ -141,7 +141,7 @@ class RowLayout:
         running Σ 1/m_t (every m_t is T − 1 without a window: that count over T − 1)."""
         T = self.T
         d = torch.arange(1, T, dtype=torch.float64)
-        kept = within(torch.cat([d, d]), self.max_lag)
+        kept = within(torch.cat([d, d]), self.last)
         signed = torch.cat([d, -d])[kept]
         hi, lo = torch.maximum(signed[:, None], signed[None]), \
             torch.minimum(signed[:, None], signed[None])
@@ -168,7 +168,7 @@ class RowLayout:
 
     def _recursion(self, rhs: Float[Tensor, "*batch lag"]) -> Float[Tensor, "*batch lag"]:
         """The causal sweep of the module docstring (zero past the window)."""
-        W, dev = self.max_lag, rhs.device
+        W, dev = self.last, rhs.device
         # τ(j) for j = 1..W+1 (τ(W+1) = 0)
         tau = _tails(self.row_counts(dev), self.weights(dev)[0], W)
         n = self.lag_counts(dev)[:W]

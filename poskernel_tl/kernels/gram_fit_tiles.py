@@ -121,11 +121,11 @@ def block_table(blocks: list[tuple[int, int, int, int]], n_heads: int, device
 
 
 def stored_lag_sums(acc: Float[Tensor, " entries"], table: Int[Tensor, "block five"],
-                    n_heads: int, length: int, rows: int, max_lag: int | None = None,
+                    n_heads: int, length: int, rows: int, last: int | None = None,
                     upper: bool = False) -> Float[Tensor, "stat head_index lag"]:
     """(S1, S2) of Δ = 1..W of the stored B's strictly lower (``upper``: upper)
     triangle, float64 [2, H, W]; ``rows``: the blocks' rows (a multiple of the tile)."""
-    grid = Diagonals(length, length - 1 if max_lag is None else min(max_lag, length - 1),
+    grid = Diagonals(length, length - 1 if last is None else min(last, length - 1),
                      TILE)
     splits = split_for(grid.nb, grid.n_diag * n_heads)
     out = acc.new_empty(2, splits, n_heads, grid.B, grid.span, dtype=torch.float64)
@@ -137,16 +137,16 @@ def stored_lag_sums(acc: Float[Tensor, " entries"], table: Int[Tensor, "block fi
 
 def stored_apply(acc: Float[Tensor, " entries"], table: Int[Tensor, "block five"],
                  x: Float[Tensor, "kv_head_index pos width"], n_heads: int, rows: int,
-                 max_lag: int | None = None, upper: bool = False
+                 last: int | None = None, upper: bool = False
                  ) -> Float[Tensor, "head_index pos width"]:
-    """Y = B_low·X over t − s ≤ ``max_lag`` (``upper``: B_up·X), float32 [H, T, m]; a key
+    """Y = B_low·X over t − s ≤ ``last`` (``upper``: B_up·X), float32 [H, T, m]; a key
     head's X serves its query heads."""
     kv, T, m = x.shape
     x = x.float().contiguous()
     y = x.new_empty(n_heads, T, m)
-    last = T - 1 if max_lag is None else min(max_lag, T - 1)
+    end = T - 1 if last is None else min(last, T - 1)
     launch(_stored_apply, (-(-T // TILE), n_heads, -(-m // COLUMNS)), acc, table, x, y, T,
-           rows, n_heads // kv, m, last, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+           rows, n_heads // kv, m, end, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
            BM=TILE, BN=TILE, BX=COLUMNS, UPPER=upper)
     return y
 

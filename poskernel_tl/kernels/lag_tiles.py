@@ -150,11 +150,11 @@ _NO_PERM: dict = {}
 
 def lag_tile_sums(q: Float[Tensor, "batch pos head_index d_head"],
                   k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                  terms: SoftmaxTerms, max_lag: int | None = None,
+                  terms: SoftmaxTerms, last: int | None = None,
                   perms: Int[Tensor, "draw pos"] | None = None, pooled: bool = False,
                   splits: int | None = None, transposed: bool = False, full: bool = False
                   ) -> Float[Tensor, "stat out head_index lag"]:
-    """(S1, S2) of Δ = 1..W (W = ``max_lag``, default T − 1), float64 [2, out, H, W]:
+    """(S1, S2) of Δ = 1..W (W = ``last``, default T − 1), float64 [2, out, H, W]:
     ``out`` the sequences, or with ``perms`` [draw, T] (positions read through each
     permutation) the draws; ``pooled``: summed over the sequences (then ``out`` is 1, or
     the draws). ``splits``: programs per block diagonal (default: enough for
@@ -163,7 +163,7 @@ def lag_tile_sums(q: Float[Tensor, "batch pos head_index d_head"],
     terms are read accordingly. ``full``: every lag Δ = 1..T−1, zero past W."""
     b, T, H, d = q.shape
     kv = k.shape[2]
-    grid = Diagonals(T, T - 1 if max_lag is None else min(max_lag, T - 1), TILE)
+    grid = Diagonals(T, T - 1 if last is None else min(last, T - 1), TILE)
     W, B, span = grid.W, grid.B, grid.span
     draws = 1 if perms is None else perms.shape[0]
     n_groups, seqs = (1, b) if pooled else (b, 1)

@@ -38,8 +38,8 @@ class Geometry:
         registry's before loading; :meth:`checked` for a run)."""
         layers = spec.layers or [None] * spec.n_layers
         chunks = tuple(None if s is None else s.terms.chunk for s in layers)
-        lags = tuple(min(length, c or length, length if s is None or s.max_lag is None
-                         else s.max_lag + 1) - 1 for s, c in zip(layers, chunks))
+        lags = tuple(min(length, c or length, length if s is None or s.last is None
+                         else s.last + 1) - 1 for s, c in zip(layers, chunks))
         return cls(length, spec.causal, lags, chunks)
 
     @classmethod

@@ -69,7 +69,7 @@ class LayerScheme:
     site: str | None = None
 
     @property
-    def max_lag(self) -> int | None:
+    def last(self) -> int | None:
         """The largest offset Δ = t − s (|Δ| for a bidirectional window) whose logit the
         mask keeps (None: no limit)."""
         return None if self.window is None else self.window - 1
@@ -84,7 +84,7 @@ class LayerScheme:
             head += f" {self.base:.3g}"
         if self.window is not None:
             head += (f", window {self.window}" if self.mask == "sliding" else
-                     f", window ±{self.max_lag}")
+                     f", window ±{self.last}")
         extra = [x for x in self.terms.labels() if x not in ("alibi", "relative bias")]
         return ", ".join([head, *extra])
 

@@ -115,7 +115,7 @@ class Probe:
 def probe_length(spec: ModelSpec) -> int:
     """Past the shortest window or chunk of any layer by 16 tokens (32 without one), at
     most the context and :data:`MAX_PROBE`."""
-    spans = [s.max_lag + 1 for s in spec.layers or () if s.max_lag is not None]
+    spans = [s.last + 1 for s in spec.layers or () if s.last is not None]
     spans += [s.terms.chunk for s in spec.layers or () if s.terms.chunk is not None]
     want = min(spans) + 16 if spans else 32
     return max(3, min(want, MAX_PROBE, spec.n_ctx or MAX_PROBE))

@@ -40,25 +40,25 @@ PIECE_BYTES = 8 << 20  # blocks formed at once (stay in cache while summed)
 BAND_KEYS_PER_DIM = 8
 
 
-def band_is_cheaper(length: int, max_lag: int | None, d_head: int) -> bool:
-    """Whether a window of offsets 1..``max_lag`` is summed on its band (not by FFT and
+def band_is_cheaper(length: int, last: int | None, d_head: int) -> bool:
+    """Whether a window of offsets 1..``last`` is summed on its band (not by FFT and
     running moments over the whole triangle)."""
-    if max_lag is None or max_lag >= length - 1:
+    if last is None or last >= length - 1:
         return False
-    return max_lag + BAND_CHUNK <= BAND_KEYS_PER_DIM * d_head
+    return last + BAND_CHUNK <= BAND_KEYS_PER_DIM * d_head
 
 
 def band_lag_sums(q: Float[Tensor, "batch pos head_index d_head"],
                   k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                  max_lag: int, dtype: torch.dtype = ACC, chunk: int = BAND_CHUNK
+                  last: int, dtype: torch.dtype = ACC, chunk: int = BAND_CHUNK
                   ) -> tuple[Float[Tensor, "batch head_index lag"],
                              Float[Tensor, "batch head_index lag"]]:
-    """S1(Δ) and S2(Δ), Δ = 1..``max_lag``, of scale·q·kᵀ per sequence and query head
+    """S1(Δ) and S2(Δ), Δ = 1..``last``, of scale·q·kᵀ per sequence and query head
     (float64; blocks formed in ``dtype``; see the module docstring)."""
     b, T, H, d = q.shape
     kv = k.shape[2]
     g, C = H // kv, max(1, min(chunk, T))
-    W = min(max_lag, T - 1)
+    W = min(last, T - 1)
     nc, P = -(-T // C), -(-W // C) * C
     span = P + C
     qc = torch.empty(b, kv, nc, g * C, d, dtype=dtype, device=q.device)

@@ -116,7 +116,7 @@ class GramReducer:
         if any(self.factors) and self.full:
             raise ValueError("GramReducer: factors=True keeps no matrix (full=False)")
         every_key = self.full or not causal
-        self.blocks = [gram_row_blocks(length, every_key, max_lag=None if every_key else
+        self.blocks = [gram_row_blocks(length, every_key, last=None if every_key else
                                        self.masks[L].last) for L in self.layers]
         f64 = dict(dtype=torch.float64, device=device)
         # on the tiled kernels' device each layer's blocks are views of one flat buffer,
@@ -278,7 +278,7 @@ class GramReducer:
         for name, t in terms.items():
             u, v = uv.get(name, (None, None))
             fit = variant_fit(pieces, u, v, applied(pieces.y, t, d), self.scale,
-                              applied(pieces.y_up, t, d), max_lag=mask.last,
+                              applied(pieces.y_up, t, d), last=mask.last,
                               chunk=mask.chunk)
             out[name] = (*fit, mats.get(name))
         return out
@@ -303,17 +303,17 @@ class GramReducer:
         """B's pieces of layer slot ``i`` over the entries its mask keeps (the offsets of
         its window, within its chunk)."""
         mask = self.masks[self.layers[i]]
-        window, chunk = mask.max_lag, mask.chunk
+        last, chunk = mask.window_last, mask.chunk
         if self.factors[i]:
             q = torch.cat([q for q, _ in self.kept[i]])
             return factor_pieces(q, torch.cat([k for _, k in self.kept[i]]), x,
-                                 upper=not self.causal, max_lag=window, chunk=chunk)
+                                 upper=not self.causal, last=last, chunk=chunk)
         if self.flat[i] is not None:  # read by tiles (one flat buffer)
             return tile_pieces(self.flat[i][0], self.blocks[i], self.acc[i][0].shape[0],
                                self.count[i], x, keep, self.acc[i], upper=not self.causal,
-                               max_lag=window)
+                               last=last)
         return dense_pieces(zip(self.blocks[i], self.acc[i]), self.count[i], x, keep,
-                            upper=not self.causal, max_lag=window, chunk=chunk)
+                            upper=not self.causal, last=last, chunk=chunk)
 
     def result(self, centering: Moments | None = None, keep_matrices: bool = False
                ) -> GramResult:

@@ -30,27 +30,27 @@ Path = tuple[bool, ...]  # per layer: True keeps the factors, False the accumula
 
 
 def gram_row_blocks(length: int, full: bool, rows: int = GRAM_ROWS,
-                    max_lag: int | None = None) -> list[tuple[int, int, int, int]]:
+                    last: int | None = None) -> list[tuple[int, int, int, int]]:
     """How the Track B accumulator of one layer is laid out: ``(r0, r1, k0, k1)`` per block
     of query rows [r0, r1), holding keys [k0, k1): ``k0 = 0, k1 = r1`` (the strictly lower
     triangle plus the diagonal blocks, ≈ T²/2 + T·rows/2 entries), on a layer whose window
-    keeps the offsets Δ ≤ ``max_lag`` only the window's band ``k0 = r0 − max_lag``
-    (≈ T·(max_lag + rows) entries), or, ``full``, every key (T²: the whole matrix, for
+    keeps the offsets Δ ≤ ``last`` only the window's band ``k0 = r0 − last``
+    (≈ T·(last + rows) entries), or, ``full``, every key (T²: the whole matrix, for
     saving it)."""
-    band = not full and max_lag is not None and max_lag < length - 1
-    return [(r0, r1, max(0, r0 - max_lag) if band else 0, length if full else r1)
+    band = not full and last is not None and last < length - 1
+    return [(r0, r1, max(0, r0 - last) if band else 0, length if full else r1)
             for r0 in range(0, length, rows) for r1 in [min(r0 + rows, length)]]
 
 
-def block_entries(length: int, full: bool, max_lag: int | None = None) -> int:
+def block_entries(length: int, full: bool, last: int | None = None) -> int:
     """Entries of one head's accumulator (:func:`gram_row_blocks`)."""
     return sum((r1 - r0) * (k1 - k0) for r0, r1, k0, k1 in
-               gram_row_blocks(length, full, max_lag=max_lag))
+               gram_row_blocks(length, full, last=last))
 
 
 def layer_lags(model: LoadedModel, length: int) -> list[int | None]:
     """Per layer, the last offset its window keeps (None: the whole triangle)."""
-    return [mask.max_lag for mask in Geometry.of(model.spec, length).masks]
+    return [mask.window_last for mask in Geometry.of(model.spec, length).masks]
 
 
 def low_rank(model: LoadedModel, n_eval: int) -> bool:
@@ -61,7 +61,7 @@ def low_rank(model: LoadedModel, n_eval: int) -> bool:
 
 
 def layer_seconds(model: LoadedModel, length: int, n_eval: int, factors: bool,
-                  max_lag: int | None) -> float:
+                  last: int | None) -> float:
     """Estimated CPU seconds of Track B on one layer (:data:`COST`): the accumulator's
     updates, O(n·E·d), and fit, O(E·d), over the E entries of its row blocks (the
     triangle, or a window's band) — as much for factors above the moments' rank, whose
@@ -72,7 +72,7 @@ def layer_seconds(model: LoadedModel, length: int, n_eval: int, factors: bool,
         r = n_eval * s.d_head
         head = T * r * (COST["factor_lags"] * math.log2(2 * T) + COST["factor_rank"] * r)
     else:
-        entries = block_entries(T, False, max_lag) - T * min(GRAM_ROWS, T) / 2
+        entries = block_entries(T, False, last) - T * min(GRAM_ROWS, T) / 2
         head = entries * s.d_head * (COST["update"] * n_eval + COST["fit"])
     return s.n_heads * head * sides(model)
 
@@ -112,15 +112,15 @@ def gram_factors(model: LoadedModel, length: int, n_eval: int, full: bool) -> Pa
 
 
 def gram_layer_bytes(model: LoadedModel, length: int, full: bool, n_eval: int = 0,
-                     factors: bool = False, max_lag: int | None = None) -> int:
+                     factors: bool = False, last: int | None = None) -> int:
     """Track B's state for one layer: the float32 accumulator in row blocks (the window's
-    band where ``max_lag`` is one), or the ``factors``, and the float64 evaluation sums of
+    band where ``last`` is one), or the ``factors``, and the float64 evaluation sums of
     q and k."""
     s, T = model.spec, length
     sums = (s.n_heads + s.n_kv_heads) * T * s.d_head * 8
     if factors:
         return (s.n_heads + s.n_kv_heads) * n_eval * T * s.d_head * 4 + sums
-    return accumulator_bytes(model, T, full, max_lag) + sums
+    return accumulator_bytes(model, T, full, last) + sums
 
 
 def gram_block_bytes(model: LoadedModel, length: int, full: bool, n_eval: int,
@@ -133,11 +133,11 @@ def gram_block_bytes(model: LoadedModel, length: int, full: bool, n_eval: int,
 
 
 def accumulator_bytes(model: LoadedModel, length: int, full: bool,
-                      max_lag: int | None = None) -> int:
+                      last: int | None = None) -> int:
     """One layer's float32 Track B accumulator in row blocks (every key where ``full`` or
-    where the model is bidirectional; a window's band where ``max_lag`` is one)."""
+    where the model is bidirectional; a window's band where ``last`` is one)."""
     every_key = full or sides(model) == 2
-    return model.spec.n_heads * block_entries(length, every_key, max_lag) * 4
+    return model.spec.n_heads * block_entries(length, every_key, last) * 4
 
 
 def gram_fit_bytes(model: LoadedModel, length: int, n_eval: int, factors: bool,

@@ -148,7 +148,7 @@ Block = tuple[tuple[int, int, int, int], Tensor]  # (r0, r1, k0, k1), rows × ke
 
 def dense_pieces(blocks: Iterable[Block], n: int,
                  x: Float[Tensor, "kv_head_index pos rank"], keep=None,
-                 upper: bool = False, max_lag: int | None = None,
+                 upper: bool = False, last: int | None = None,
                  chunk: int | None = None) -> Pieces:
     """B = acc / n from the accumulator's row blocks ``((r0, r1, k0, k1), block)`` (the
     block holding keys [k0, k1) of rows [r0, r1)), read once: each block's kept keys
@@ -156,7 +156,7 @@ def dense_pieces(blocks: Iterable[Block], n: int,
     B_low·X formed in float32 and added up in float64 (the division by n applied to the
     totals). ``keep(r0, r1, block)``, if given, sees each block whole (float32, divided
     by n). ``upper``: the upper triangle's pieces too (the blocks must hold every key).
-    ``max_lag``: B_low keeps only the offsets t − s ≤ max_lag (a sliding window): the
+    ``last``: B_low keeps only the offsets t − s ≤ last (a sliding window): the
     keys before the window are never read (a block may start at the window's first).
     ``chunk``: B_low keeps only the entries within one chunk (a chunked mask)."""
     T, dev, out, flat = x.shape[1], str(x.device), None, None
@@ -172,7 +172,7 @@ def dense_pieces(blocks: Iterable[Block], n: int,
         if keep is not None:
             keep(r0, r1, a / n)
         # the lower side: keys [lo, r1) behind ``rows`` zero columns, s ≥ t zeroed
-        lo = 0 if max_lag is None else max(0, r0 - max_lag)
+        lo = 0 if last is None else max(0, r0 - last)
         if lo < k0:
             raise ValueError(f"dense_pieces: block [{r0}, {r1}) starts at key {k0} > {lo}")
         buf = flat[:H * rows * (r1 - lo + rows)].view(H, rows, r1 - lo + rows)
@@ -180,8 +180,8 @@ def dense_pieces(blocks: Iterable[Block], n: int,
         G = buf[:, :, rows:]
         G.copy_(a[:, :, lo - k0:r1 - k0])
         G[:, :, r0 - lo:].masked_fill_(_band_mask(rows, rows, 0, True, dev), 0.0)
-        if max_lag is not None and r1 - 1 - lo > max_lag:  # t − s > max_lag zeroed
-            G.masked_fill_(_band_mask(rows, r1 - lo, r0 - lo - max_lag - 1, False, dev), 0.0)
+        if last is not None and r1 - 1 - lo > last:  # t − s > last zeroed
+            G.masked_fill_(_band_mask(rows, r1 - lo, r0 - lo - last - 1, False, dev), 0.0)
         if chunk is not None:  # entries across chunks zeroed
             G.masked_fill_(~Mask(T, chunk=chunk).same_chunk(
                 torch.arange(r0, r1, device=dev)[:, None], torch.arange(lo, r1, device=dev)[None]),
@@ -193,8 +193,8 @@ def dense_pieces(blocks: Iterable[Block], n: int,
             buf[:, :, T - r0:].zero_()
             G = buf[:, :, :T - r0]
             G.copy_(a[:, :, r0:]).masked_fill_(_band_mask(rows, T - r0, 0, False, dev), 0.0)
-            if max_lag is not None and T - 1 - r0 > max_lag:  # s − t > max_lag zeroed
-                G.masked_fill_(_band_mask(rows, T - r0, max_lag + 1, True, dev), 0.0)
+            if last is not None and T - 1 - r0 > last:  # s − t > last zeroed
+                G.masked_fill_(_band_mask(rows, T - r0, last + 1, True, dev), 0.0)
             _add(out, True, r0, G, x32[:, r0:], upper_block_sums(buf, T))
     return out.divided(n)
 
@@ -226,18 +226,18 @@ def factor_blocks(q: Float[Tensor, "batch pos head_index d_head"],
 def lower_apply(q: Float[Tensor, "pos head_index rank"],
                 k: Float[Tensor, "pos kv_head_index rank"],
                 x: Float[Tensor, "pos kv_head_index width"], chunk: int = DEFAULT_CHUNK,
-                max_lag: int | None = None, dtype: torch.dtype = ACC
+                last: int | None = None, dtype: torch.dtype = ACC
                 ) -> Float[Tensor, "head_index pos width"]:
     """Y[h, t] = Σ_{s<t} (q_t·k_s)·x_s (query head h reads key/value head h // group), in
     chunks of positions: the chunk's own strictly lower C × C products, plus q_t against
     the running Σ k_s x_sᵀ of the chunks before (products in ``dtype``, the running sums
-    and the result in float64). ``max_lag``: only the keys t − s ≤ max_lag, i.e. less the
-    same product of q[w−1:] against k[:T−w+1] (w = max_lag + 1) placed at rows
+    and the result in float64). ``last``: only the keys t − s ≤ last, i.e. less the
+    same product of q[w−1:] against k[:T−w+1] (w = last + 1) placed at rows
     t ≥ w − 1."""
     T = q.shape[0]
     out = _lower_apply(q, k, x, chunk, dtype)
-    if max_lag is not None and max_lag < T - 1:
-        w = max_lag + 1
+    if last is not None and last < T - 1:
+        w = last + 1
         out[:, w - 1:] -= _lower_apply(q[w - 1:], k[:T - w + 1], x[:T - w + 1], chunk, dtype)
     return out
 
@@ -267,7 +267,7 @@ def _lower_apply(q: Float[Tensor, "pos head_index rank"],
 def tile_pieces(acc: Float[Tensor, " entries"], blocks: list[tuple[int, int, int, int]],
                 n_heads: int, n: int, x: Float[Tensor, "kv_head_index pos rank"], keep=None,
                 views: list[Tensor] | None = None, upper: bool = False,
-                max_lag: int | None = None) -> Pieces:
+                last: int | None = None) -> Pieces:
     """:func:`dense_pieces` on the tiled kernels' path: the accumulator ``acc`` is one flat
     buffer of ``blocks`` (:mod:`poskernel_tl.kernels.gram_tiles`), read by tiles
     (:mod:`poskernel_tl.kernels.gram_fit_tiles`: the per-lag sums and squares, Y = B_low·X,
@@ -277,13 +277,13 @@ def tile_pieces(acc: Float[Tensor, " entries"], blocks: list[tuple[int, int, int
     read = dict(n_heads=n_heads, length=T, rows=GRAM_ROWS)
 
     def side(up: bool, lag: int | None) -> tuple[Tensor, Tensor, Tensor]:
-        sums = kernels.stored_lag_sums(acc, table, max_lag=lag, upper=up, **read)
+        sums = kernels.stored_lag_sums(acc, table, last=lag, upper=up, **read)
         y = kernels.stored_apply(acc, table, x, n_heads, GRAM_ROWS, lag, up).double()
         return F.pad(sums[0], (0, T - 1 - sums.shape[-1])), sums[1].sum(-1), y
 
-    out = Pieces(*side(False, max_lag))
+    out = Pieces(*side(False, last))
     if upper:  # every key of every row is held: B's diagonal from its rows' offsets
-        out.s1_up, out.sq_up, out.y_up = side(True, max_lag)
+        out.s1_up, out.sq_up, out.y_up = side(True, last)
         t = torch.arange(T, device=acc.device)
         at = table[t // GRAM_ROWS]  # (r0, rows, k0, keys, offset) of each row's block
         h = torch.arange(n_heads, device=acc.device)[:, None]
@@ -298,10 +298,10 @@ def tile_pieces(acc: Float[Tensor, " entries"], blocks: list[tuple[int, int, int
 def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
                   k: Float[Tensor, "batch pos kv_head_index d_head"],
                   x: Float[Tensor, "kv_head_index pos rank"], upper: bool = False,
-                  max_lag: int | None = None, chunk: int | None = None) -> Pieces:
+                  last: int | None = None, chunk: int | None = None) -> Pieces:
     """B = mean_x q̃_x·k̃_xᵀ from the factors (``q`` already carries the scale). ``upper``:
     the upper triangle's pieces too (Bᵀ's lower ones, grouped keys repeated to their
-    query heads). ``max_lag``: the pieces of the offsets t − s ≤ max_lag only (a sliding
+    query heads). ``last``: the pieces of the offsets t − s ≤ last only (a sliding
     window). Above a rank n·d_head of :data:`FACTOR_RANK_MAX`, from the blocks
     (:func:`factor_blocks`). ``chunk``: a chunked mask's entries only (the factors spread by chunk,
     :func:`~poskernel_tl.models.softmax_ops.chunk_qk`: 0 across chunks)."""
@@ -309,29 +309,29 @@ def factor_pieces(q: Float[Tensor, "batch pos head_index d_head"],
         q, k = chunk_qk(q, k, chunk)
     n, T, H, d = q.shape
     if kernels.takes(q, chunk):  # the accumulator from the factors, then read
-        blocks = gram_row_blocks(T, upper, max_lag=max_lag)
+        blocks = gram_row_blocks(T, upper, last=last)
         flat, _, table = kernels.gram_layout(blocks, H, q.device)
         kernels.gram_tile_update(flat, table, GRAM_ROWS, q, k)
-        return tile_pieces(flat, blocks, H, n, x, upper=upper, max_lag=max_lag)
+        return tile_pieces(flat, blocks, H, n, x, upper=upper, last=last)
     if n * d > FACTOR_RANK_MAX:  # the moments would outgrow the blocks: form the blocks
-        blocks = gram_row_blocks(T, upper, max_lag=max_lag)
-        return dense_pieces(factor_blocks(q, k, blocks), n, x, upper=upper, max_lag=max_lag,
+        blocks = gram_row_blocks(T, upper, last=last)
+        return dense_pieces(factor_blocks(q, k, blocks), n, x, upper=upper, last=last,
                             chunk=chunk)
-    s1 = windowed(lag_sums(q, k, 1.0).sum(0), max_lag)  # (lag_sums bounds its FFTs)
+    s1 = windowed(lag_sums(q, k, 1.0).sum(0), last)  # (lag_sums bounds its FFTs)
     # the factors side by side, [1, T, heads, n·d] in FIT_DTYPE (one copy each): n·B = qs·ksᵀ
     side = lambda t: cast_permuted(t, (1, 2, 0, 3), FIT_DTYPE).view(1, T, t.shape[2], n * d)
     qs, ks = side(q), side(k)
     xs = x.transpose(0, 1)
-    out = Pieces(s1, lower_sum_squares(qs, ks, 1.0, max_lag=max_lag, dtype=FIT_DTYPE)[0],
-                 lower_apply(qs[0], ks[0], xs, max_lag=max_lag, dtype=FIT_DTYPE))
+    out = Pieces(s1, lower_sum_squares(qs, ks, 1.0, last=last, dtype=FIT_DTYPE)[0],
+                 lower_apply(qs[0], ks[0], xs, last=last, dtype=FIT_DTYPE))
     if upper:  # Bᵀ's lower triangle: keys as queries, one per query head
         kh, _ = mirrored(q, k)
         khs = side(kh)
-        out.s1_up = windowed(lag_sums(kh, q, 1.0).sum(0), max_lag)
-        out.sq_up = lower_sum_squares(khs, qs, 1.0, max_lag=max_lag)[0]
+        out.s1_up = windowed(lag_sums(kh, q, 1.0).sum(0), last)
+        out.sq_up = lower_sum_squares(khs, qs, 1.0, last=last)[0]
         # Y_up[t] = Σ_{s>t} B[t, s]·x_s: the lower product with positions reversed
         out.y_up = lower_apply(qs[0].flip(0), ks[0].flip(0), xs.flip(0),
-                               max_lag=max_lag).flip(1)
+                               last=last).flip(1)
         out.diag = (qs[0].double() * khs[0].double()).sum(-1).transpose(0, 1)
     return out.divided(n)
 

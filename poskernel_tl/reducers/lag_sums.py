@@ -162,43 +162,43 @@ def before(x: Tensor, dim: int) -> Tensor:
     return x
 
 
-def windowed(x: Float[Tensor, "*batch lag"], max_lag: int | None) -> Float[Tensor, "*batch lag"]:
-    """``x`` over lags Δ = 1..T−1 with the lags past ``max_lag`` (those a sliding window
+def windowed(x: Float[Tensor, "*batch lag"], last: int | None) -> Float[Tensor, "*batch lag"]:
+    """``x`` over lags Δ = 1..T−1 with the lags past ``last`` (those a sliding window
     removes) zeroed; ``x`` itself when the window keeps every lag."""
-    if max_lag is None or max_lag >= x.shape[-1]:
+    if last is None or last >= x.shape[-1]:
         return x
     out = x.clone()
-    out[..., max_lag:] = 0
+    out[..., last:] = 0
     return out
 
 
 def lower_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
                       k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                      chunk: int = DEFAULT_CHUNK, max_lag: int | None = None,
+                      chunk: int = DEFAULT_CHUNK, last: int | None = None,
                       dtype: torch.dtype = ACC) -> Float[Tensor, "batch head_index"]:
-    """Σ (scale·q_t·k_s)² over 0 < t − s ≤ ``max_lag`` (default: the whole strictly lower
+    """Σ (scale·q_t·k_s)² over 0 < t − s ≤ ``last`` (default: the whole strictly lower
     triangle), products in ``dtype``, totals in float64 (:func:`sum_squares_upto`)."""
     T = q.shape[1]
-    ends = [T - 1 if max_lag is None else max_lag]
+    ends = [T - 1 if last is None else last]
     return sum_squares_upto(q, k, scale, ends, chunk, dtype)[..., 0]
 
 
 def band_sum_squares(q: Float[Tensor, "batch pos head_index d_head"],
                      k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                     chunk: int = DEFAULT_CHUNK, max_lag: int | None = None,
+                     chunk: int = DEFAULT_CHUNK, last: int | None = None,
                      dtype: torch.dtype = ACC) -> tuple[Float[Tensor, "batch head_index"],
                                 Float[Tensor, "batch head_index"],
                                 Float[Tensor, "batch head_index part"]]:
-    """Σ (scale·q_t·k_s)² over the whole strictly lower triangle, over t − s ≤ ``max_lag``
+    """Σ (scale·q_t·k_s)² over the whole strictly lower triangle, over t − s ≤ ``last``
     (the whole again without one) and over each band of offsets of the partition
-    :func:`~poskernel_tl.protocol.band_ends` (0 past ``max_lag``), from one
+    :func:`~poskernel_tl.protocol.band_ends` (0 past ``last``), from one
     :func:`sum_squares_upto` (products formed in ``dtype``; with the whole triangle to
     sum, cheaper than a window's band plus the whole: 178 against 228 ms for a
     Gemma-3-270M local layer at T = 8192 in float64)."""
     T = q.shape[1]
-    last = T - 1 if max_lag is None else min(max_lag, T - 1)
+    end = T - 1 if last is None else min(last, T - 1)
     ends = band_ends(T)
-    upto = sum_squares_upto(q, k, scale, [T - 1, last] + [min(e, last) for e in ends], chunk,
+    upto = sum_squares_upto(q, k, scale, [T - 1, end] + [min(e, end) for e in ends], chunk,
                             dtype)
     bands = torch.diff(upto[..., 2:], dim=-1, prepend=torch.zeros_like(upto[..., :1]))
     return upto[..., 0], upto[..., 1], bands
@@ -320,7 +320,7 @@ class LowerStats:
     (:func:`~poskernel_tl.protocol.band_ends`), and the strip of the first
     :data:`~poskernel_tl.reducers.track_a_result.STRIP` keys skewed to [key, lag] (entry (s, Δ−1) =
     A[s + Δ, s]), from which every variant's region is summed
-    (:func:`~poskernel_tl.fit.variants.region_sums`). Under a window (``max_lag``) ``sq``
+    (:func:`~poskernel_tl.fit.variants.region_sums`). Under a window (``last``) ``sq``
     and ``bands`` are the window's, ``s1`` keeps every lag (the window is applied by the
     lag counts) and ``sq_whole`` is Σ A² of the whole triangle."""
 
@@ -333,35 +333,35 @@ class LowerStats:
 
 def track_a_stats(q: Float[Tensor, "batch pos head_index d_head"],
                   k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                  chunk: int = DEFAULT_CHUNK, max_lag: int | None = None) -> LowerStats:
+                  chunk: int = DEFAULT_CHUNK, last: int | None = None) -> LowerStats:
     """Every sum :class:`~poskernel_tl.reducers.track_a.TrackAReducer` keeps, from q/k
-    (identities 1–3 of the module docstring); ``max_lag``: Σ A² over the entries with
-    t − s ≤ max_lag only (those a sliding window keeps)."""
+    (identities 1–3 of the module docstring); ``last``: Σ A² over the entries with
+    t − s ≤ last only (those a sliding window keeps)."""
     T = q.shape[1]
     if T < 2:
         raise ValueError(f"need at least 2 positions, got T={T}")
     skewed = skew_keys(key_strip(q, k, scale, min(STRIP, T)))
-    whole, kept, bands = band_sum_squares(q, k, scale, chunk, max_lag)
+    whole, kept, bands = band_sum_squares(q, k, scale, chunk, last)
     return LowerStats(lag_sums(q, k, scale), kept, whole, bands, skewed)
 
 
 def lower_stats(q: Float[Tensor, "batch pos head_index d_head"],
                 k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                chunk: int = DEFAULT_CHUNK, max_lag: int | None = None,
+                chunk: int = DEFAULT_CHUNK, last: int | None = None,
                 dtype: torch.dtype = ACC
                 ) -> tuple[Float[Tensor, "batch head_index lag"],
                            Float[Tensor, "batch head_index"],
                            Float[Tensor, "batch head_index part"]]:
     """(S1(Δ), Σ A², Σ A² of each band of offsets) of the strictly lower triangle of
-    scale·q·kᵀ (identities 1, 2), over t − s ≤ ``max_lag`` where given, formed in
+    scale·q·kᵀ (identities 1, 2), over t − s ≤ ``last`` where given, formed in
     ``dtype`` with float64 totals; for the permutation null, pass q[:, π], k[:, π]. A
     window the band path sums more cheaply is summed on its band alone (no FFT)."""
     T = q.shape[1]
-    if band_is_cheaper(T, max_lag, q.shape[-1]):
-        s1, s2 = band_lag_sums(q, k, scale, max_lag, dtype)
+    if band_is_cheaper(T, last, q.shape[-1]):
+        s1, s2 = band_lag_sums(q, k, scale, last, dtype)
         return F.pad(s1, (0, T - 1 - s1.shape[-1])), s2.sum(-1), band_part_sums(s2, T)
-    _, kept, bands = band_sum_squares(q, k, scale, chunk, max_lag, dtype)
-    return windowed(lag_sums(q, k, scale, dtype), max_lag), kept, bands
+    _, kept, bands = band_sum_squares(q, k, scale, chunk, last, dtype)
+    return windowed(lag_sums(q, k, scale, dtype), last), kept, bands
 
 
 __all__ = ["LowerStats", "band_sum_squares", "cast_permuted", "cross_correlation", "key_strip",

@@ -24,15 +24,15 @@ from poskernel_tl.reducers.two_sided import UpperStats, diagonal_sum, mirrored
 _WEIGHTS: dict = {}
 
 
-def lag_weights(length: int, max_lag: int | None, device) -> Float[Tensor, "lag stat"]:
+def lag_weights(length: int, last: int | None, device) -> Float[Tensor, "lag stat"]:
     """float64 [T − 1, 2 + bands]: S2 @ it gives, per (sequence, head), Σ A² over the lags
-    Δ ≤ ``max_lag`` (column 0), over each band of offsets within them
+    Δ ≤ ``last`` (column 0), over each band of offsets within them
     (:func:`~poskernel_tl.protocol.band_ends`), and over every lag (the last column): the
-    layout of Track A's per-sequence state after S1. Made once per (T, max_lag, device)."""
-    key = (length, max_lag, str(device))
+    layout of Track A's per-sequence state after S1. Made once per (T, last, device)."""
+    key = (length, last, str(device))
     if key not in _WEIGHTS:
         lag = torch.arange(1, length, dtype=torch.float64)
-        kept = (lag <= (length - 1 if max_lag is None else max_lag)).double()
+        kept = (lag <= (length - 1 if last is None else last)).double()
         lo = 0
         cols = [kept]
         for hi in band_ends(length):
@@ -44,13 +44,13 @@ def lag_weights(length: int, max_lag: int | None, device) -> Float[Tensor, "lag 
 
 
 def lag_rows(sums: Float[Tensor, "stat batch head_index lag"], length: int,
-             max_lag: int | None) -> Float[Tensor, "batch head_index row"]:
+             last: int | None) -> Float[Tensor, "batch head_index row"]:
     """Per (sequence, head): S1 of every lag, Σ A² kept, by band, of the whole triangle (the
     row of Track A's per-sequence state) from the lag sums (S1, S2) of Δ = 1..T−1."""
-    return torch.cat([sums[0], sums[1] @ lag_weights(length, max_lag, sums.device)], -1)
+    return torch.cat([sums[0], sums[1] @ lag_weights(length, last, sums.device)], -1)
 
 
-def track_a_tile_rows(batch: LayerBatch, max_lag: int | None, regions
+def track_a_tile_rows(batch: LayerBatch, last: int | None, regions
                       ) -> tuple[Float[Tensor, "batch head_index row"],
                                  Float[Tensor, "region batch head_index sums"]]:
     """(Track A's per-sequence rows of ``batch`` (:func:`lag_rows`), the sums of each of
@@ -58,9 +58,9 @@ def track_a_tile_rows(batch: LayerBatch, max_lag: int | None, regions
     the batch's layers."""
     T = batch.q.shape[1]
     rows = lag_rows(kernels.lag_tile_sums(batch.q, batch.k, batch.scale, batch.terms), T,
-                    max_lag)
+                    last)
     return rows, kernels.strip_region_sums(batch.q, batch.k, batch.scale, batch.terms,
-                                           regions, STRIP, rows, max_lag)
+                                           regions, STRIP, rows, last)
 
 
 def upper_tile_stats(batch: LayerBatch, regions) -> tuple[UpperStats, Tensor]:
@@ -81,14 +81,14 @@ def upper_tile_stats(batch: LayerBatch, regions) -> tuple[UpperStats, Tensor]:
 
 
 def null_tile_sums(batch: LayerBatch, q: Tensor, k: Tensor, perms: Tensor,
-                   max_lag: int | None, causal: bool
+                   last: int | None, causal: bool
                    ) -> tuple[Float[Tensor, "stat draw head_index lag"],
                               Float[Tensor, "stat draw head_index lag"] | None]:
     """Per draw of ``perms`` [draw, T], summed over the sequences of ``q``/``k`` (the
     null's, as the model gave them): the lower triangle's (S1, S2) per lag of the permuted
-    product over Δ ≤ ``max_lag`` (0 past it), and (``causal`` false) its upper triangle's;
+    product over Δ ≤ ``last`` (0 past it), and (``causal`` false) its upper triangle's;
     each one launch for every draw."""
-    lower = kernels.lag_tile_sums(q, k, batch.scale, batch.terms, max_lag, perms,
+    lower = kernels.lag_tile_sums(q, k, batch.scale, batch.terms, last, perms,
                                   pooled=True, full=True)
     upper = None if causal else kernels.lag_tile_sums(
         *mirrored(q, k), batch.scale, batch.terms, None, perms, pooled=True, transposed=True)

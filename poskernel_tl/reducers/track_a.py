@@ -124,7 +124,7 @@ class TrackAReducer:
         self.s1 = torch.zeros(n_seqs, n_layers, n_heads, T - 1, **f64)
         self.sq = torch.zeros(n_seqs, n_layers, n_heads, **f64)
         self.bands = torch.zeros(n_seqs, n_layers, n_heads, len(band_ends(T)), **f64)
-        self.sq_whole = None if all(m.max_lag is None for m in self.masks) else \
+        self.sq_whole = None if all(m.window_last is None for m in self.masks) else \
             torch.zeros(n_seqs, n_layers, n_heads, **f64)
         # every region a variant (or g_sink) reads: its sums pooled over the sequences
         # (lower side, and upper for a bidirectional model), its n(Δ) per layer; one
@@ -186,7 +186,7 @@ class TrackAReducer:
         at once, in a fixed number of operations: the rows of the per-sequence state and
         the regions' sums, each stored by one operation."""
         mask = self.masks[batch.layers[0]]  # (a group's layers share their mask)
-        rows, regions = track_a_tile_rows(batch, mask.max_lag, self.regions)
+        rows, regions = track_a_tile_rows(batch, mask.window_last, self.regions)
         T, n_bands = self.T, self.bands.shape[-1]
         batch.put(self.s1, rows[..., :T - 1])
         batch.put(self.sq, rows[..., T - 1])
@@ -215,7 +215,7 @@ class TrackAReducer:
         A = batch.scores
         work = batch.workspace.get("track_a", (A.shape[0], A.shape[1], 2 * self.T, self.T),
                                    A, zero=True)  # lower half stays zero
-        (s1, sq, bands), _ = lower_lag_stats(A, shift, [], work, max_lag=self.masks[L].last,
+        (s1, sq, bands), _ = lower_lag_stats(A, shift, [], work, last=self.masks[L].last,
                                              bands=True)
         sq_whole = None
         if self.sq_whole is not None:  # every lag's sums, and Σ A² of the whole triangle

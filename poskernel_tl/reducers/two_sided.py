@@ -91,21 +91,21 @@ def diagonal_sum(q: Float[Tensor, "batch pos head_index d_head"],
 
 def upper_stats(q: Float[Tensor, "batch pos head_index d_head"],
                 k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                chunk: int = DEFAULT_CHUNK, max_lag: int | None = None) -> UpperStats:
+                chunk: int = DEFAULT_CHUNK, last: int | None = None) -> UpperStats:
     """Every upper-triangle sum Track A keeps, from q/k (see the module docstring): the
     lower triangle's sums of Aᵀ (:func:`~poskernel_tl.reducers.lag_sums.track_a_stats`
-    with q and k swapped, one key head per query head), within ``max_lag`` (a two-sided
+    with q and k swapped, one key head per query head), within ``last`` (a two-sided
     window: the same rule mirrored). The strip of Aᵀ holds entry (s, t) = A[t, s] for
     query rows t < K; skewed: (t, j) = A[t, t+j+1]."""
     kh, _ = mirrored(q, k)
-    st = track_a_stats(kh, q, scale, chunk, max_lag)
+    st = track_a_stats(kh, q, scale, chunk, last)
     return UpperStats((st.s1, st.sq), st.skewed, diagonal_sum(q, kh, scale), st.bands)
 
 
 def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos key_pos"],
                             q: Float[Tensor, "batch pos head_index d_head"],
                             k: Float[Tensor, "batch pos kv_head_index d_head"], scale: float,
-                            work: Tensor | None = None, max_lag: int | None = None
+                            work: Tensor | None = None, last: int | None = None
                             ) -> UpperStats:
     """:func:`upper_stats` from the materialised logits (every entry valid): rows of A are
     keys of Aᵀ, so rows < hi are the key block (hi, 0) of the transposed view."""
@@ -113,7 +113,7 @@ def upper_stats_from_scores(scores: Float[Tensor, "batch head_index query_pos ke
     # the mean of the upper triangle
     shift = lower_mean_from_qk(*mirrored(q, k), scale)
     (*whole, bands), _ = lower_lag_stats(scores.transpose(-1, -2), shift, [], work,
-                                         max_lag=max_lag, bands=True)
+                                         last=last, bands=True)
     sk = skew_keys(scores.transpose(-1, -2)[..., :min(STRIP, T)].double())
     diag = scores.diagonal(0, -2, -1).double().sum(-1)
     return UpperStats(tuple(whole), sk, diag, bands)

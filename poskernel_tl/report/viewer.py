@@ -157,7 +157,7 @@ class HeadPageData:
     notes: list[str] | tuple[str, ...] = ()
     links: dict[str, str] = field(default_factory=dict)
     beyond: pd.DataFrame | None = None
-    max_lag: int | None = None  # a sliding window's last kept offset: the fit reads Δ ≤ it
+    last: int | None = None  # a sliding window's last kept offset: the fit reads Δ ≤ it
     chunk: int | None = None  # a chunked mask's chunk where it binds: the fit reads within it
     # the zoom of a long view (past max_tokens): post-rotary q, the kv head's k, the factor
     q: Float[np.ndarray, "query_pos d_head"] | None = None
@@ -184,7 +184,7 @@ class HeadPageData:
     @property
     def mask(self) -> Mask:
         """The entries the head's fit reads, at the view's length."""
-        return Mask(len(self.tokens), not self.two_sided, self.max_lag, self.chunk)
+        return Mask(len(self.tokens), not self.two_sided, self.last, self.chunk)
 
 
 def _frame_table(title: str, df: pd.DataFrame) -> dict:

@@ -251,14 +251,14 @@ class PermNullReducer:
             A = finish_scores(qk_scores(qp, kp, batch.scale,
                                         partial(batch.workspace.get, "perm_null_scores")),
                               batch.terms, partial(entry_offsets, pi, pi), T)  # offsets permuted
-            lower, _ = lower_lag_stats(A, shift, [], work, max_lag=self.masks[L].last,
+            lower, _ = lower_lag_stats(A, shift, [], work, last=self.masks[L].last,
                                        bands=True)
             upper = None
             if not self.causal:  # the lower triangle of A'ᵀ
                 upper, _ = lower_lag_stats(A.transpose(-1, -2),
                                            lower_mean_from_qk(*mirrored(qp, kp),
                                                               batch.scale), [], work,
-                                           max_lag=self.masks[L].last, bands=True)
+                                           last=self.masks[L].last, bands=True)
             self._add(p, L, lower, upper)
 
     def _add(self, p: int, L: int, lower: tuple[Tensor, Tensor, Tensor],

@@ -73,7 +73,7 @@ def row_sums(batch: LayerBatch, layout: RowLayout, source: str
              ) -> Float[Tensor, "batch head_index query_pos"]:
     """R(t): each row's sum over the entries its mask keeps, float64 (``source``: the run's,
     "lags" or "scores": :meth:`~poskernel_tl.reducers.base.LayerBatch.path`)."""
-    T, W = layout.T, layout.max_lag
+    T, W = layout.T, layout.last
     if batch.path(source, tiles=False) == "scores":  # the materialised logits, in blocks
         A, t, mask = batch.scores, torch.arange(T, device=batch.q.device), layout.mask
         out = torch.empty(*A.shape[:2], T, dtype=torch.float64, device=A.device)
