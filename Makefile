@@ -22,7 +22,7 @@ demo: setup
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-1} $(BIN)/poskernel demo
 
 test: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 --dist loadgroup --durations=15
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=15
 
 # The docs site: its own virtual environment (mkdocs-material, mkdocstrings), a strict build
 # into site/ (open site/index.html offline), then the checks of scripts/check_docs.py with

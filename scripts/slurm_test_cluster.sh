@@ -25,14 +25,17 @@ export SLURM_CONF=$CONF
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-stop_one() {  # pid file: TERM, wait up to 10 s, then KILL
-  local pidfile=$1 pid i
-  alive "$pidfile" || { rm -f "$pidfile"; return 0; }
-  pid=$(cat "$pidfile")
-  kill "$pid" 2>/dev/null || true
-  for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
-  rm -f "$pidfile"
+stop_all() {  # pid files: TERM to every daemon at once, wait up to 10 s, then KILL
+  local pidfile pids=() pid i
+  for pidfile in "$@"; do
+    alive "$pidfile" && pids+=("$(cat "$pidfile")")
+  done
+  [ ${#pids[@]} -eq 0 ] || kill "${pids[@]}" 2>/dev/null || true
+  for pid in "${pids[@]}"; do
+    for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  rm -f "$@"
 }
 
 stop() {
@@ -40,11 +43,8 @@ stop() {
   if alive "$DIR/slurmctld.pid" && command -v scancel >/dev/null; then
     scancel --quiet --full "--user=$(id -un)" 2>/dev/null || true
   fi
-  stop_one "$DIR/slurmd.pid"
-  stop_one "$DIR/slurmctld.pid"
-  stop_one "$DIR/slurmdbd.pid"
-  stop_one "$DIR/db-run/mariadb.pid"
-  stop_one "$DIR/munged.pid"
+  stop_all "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/slurmdbd.pid" \
+    "$DIR/db-run/mariadb.pid" "$DIR/munged.pid"
 }
 
 ports() {  # a port block per folder, so two clusters' daemons never meet

@@ -17,16 +17,18 @@ def pytest_addoption(parser):
 
 
 # Tests that share something outside their process run on one pytest-xdist worker, one
-# after another (``make test`` runs ``-n 2 --dist loadgroup``): the Slurm cluster's daemons.
+# after another: ``make test`` runs ``-n 2 --dist loadfile``, which keeps each test file on
+# one worker, so every test of such a mark lives in one file (the Slurm cluster's daemons:
+# two clusters started at once would contend for munge's socket).
 SERIAL_MARKS = ("slurm",)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        for mark in SERIAL_MARKS:
-            if item.get_closest_marker(mark):
-                item.add_marker(pytest.mark.xdist_group(mark))
+    for mark in SERIAL_MARKS:
+        files = sorted({item.path.name for item in items if item.get_closest_marker(mark)})
+        if len(files) > 1:
+            raise pytest.UsageError(f"the tests marked {mark!r} share one cluster and must "
+                                    f"run on one worker: keep them in one file, not {files}")
 
 
 @pytest.fixture(scope="session")

@@ -58,7 +58,11 @@ def test_the_rows_not_measured_are_what_the_script_writes(script, committed):
     from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
 
     listed = {row[1] for row in committed.values()}
-    missing = set(SUPPORTED_ARCHITECTURES) - listed
+    # TransformerLens's own adapters: not those a family of ours registers when one of
+    # its models loads (MPNet's), which an earlier test in this process may have done
+    shipped = {name for name, adapter in SUPPORTED_ARCHITECTURES.items()
+               if not adapter.__module__.startswith("poskernel_tl.")}
+    missing = shipped - listed
     assert missing <= ALIASES_AND_COVERED_ELSEWHERE, sorted(missing - ALIASES_AND_COVERED_ELSEWHERE)
 
 

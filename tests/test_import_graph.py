@@ -59,17 +59,24 @@ def rank(module: str) -> int:
     raise AssertionError(f"{module} is in no folder of RANKS: add its folder")
 
 
+def imports(tree: ast.Module):
+    """(import statement, whether it sits inside a function) for each of ``tree``'s."""
+    stack = [(tree, False)]
+    while stack:
+        node, local = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, local
+        inner = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        stack.extend((child, inner) for child in ast.iter_child_nodes(node))
+
+
 def edges(mods: dict[str, Path]):
     """(importer, imported module, name imported or None, function-local, line)."""
     for mod, path in mods.items():
-        tree = ast.parse(path.read_text())
-        local = {id(n) for f in ast.walk(tree)
-                 if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 for n in ast.walk(f)}
-        for node in ast.walk(tree):
+        for node, local in imports(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [(a.name, None) for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            elif node.module and node.level == 0:
                 targets = [(f"{node.module}.{a.name}", a.name) for a in node.names]
             else:
                 continue
@@ -81,11 +88,11 @@ def edges(mods: dict[str, Path]):
                     t = t.rsplit(".", 1)[0]
                 if name is not None and t == target:  # `from pkg import submodule`
                     name = None
-                yield mod, t, name, id(node) in local, node.lineno
+                yield mod, t, name, local, node.lineno
 
 
 MODS = modules()
-EDGES = list(edges(MODS))
+EDGES = sorted(edges(MODS), key=lambda e: (e[0], e[4]))
 
 
 def test_every_module_has_a_layer():
