@@ -87,16 +87,21 @@ class Mask:
     def offsets(self) -> Bool[np.ndarray, " offset"]:
         """[2T − 1] booleans over the offsets t − s = −(T − 1) … T − 1: those kept."""
         lag = np.arange(-(self.length - 1), self.length)
-        keep = (lag >= 1) if self.causal else (lag != 0)
-        return keep & within(np.abs(lag), self.last)
+        return self.side(lag) & within(np.abs(lag), self.last)
+
+    def side(self, lag: Any, diagonal: bool = False) -> Any:
+        """The side test, the one in Python: whether offsets ``lag`` = t − s lie on a kept
+        side (causal: Δ ≥ 1; two-sided: Δ ≠ 0; ``diagonal``: Δ = 0 kept as well)."""
+        if self.causal:
+            return lag >= (0 if diagonal else 1)
+        return (lag != 0) | diagonal
 
     def keeps(self, t: Any, s: Any, diagonal: bool = False) -> Any:
         """Whether query position ``t`` keeps key position ``s`` (tensors or numpy arrays,
         broadcast): the entry test. ``diagonal``: the softmax's test, which keeps s = t (the fits
         never read it)."""
         lag = t - s
-        side = lag >= (0 if diagonal else 1) if self.causal else (lag != 0) | diagonal
-        keep = side & within(abs(lag), self.last)
+        keep = self.side(lag, diagonal) & within(abs(lag), self.last)
         return keep if self.chunk is None else keep & self.same_chunk(t, s)
 
     def same_chunk(self, t: Any, s: Any) -> Any:

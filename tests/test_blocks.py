@@ -39,6 +39,8 @@ def test_fit_blocks_count_the_read_entries(two_sided, last, chunk):
     assert (keep == rule).all() and (read_offsets(T, two_sided, last)[lag + T - 1] == offsets).all()
     assert (fit_mask(mask, slice(5, 9)) == rule[5:9]).all()
     assert (mask.keeps(t, s) == rule).all()  # the entry test on numpy arrays
+    assert (mask.keeps(t, s, diagonal=True) == (rule | (lag == 0))).all()  # the softmax's
+    assert (mask.offsets()[lag + T - 1] == offsets).all()  # the offset test
     g = np.arange(1.0, T)
     f_sum, count = fit_blocks(g, -g if two_sided else None, b, mask)
     fit = np.where(lag > 0, lag, -lag if not two_sided else lag).astype(float)
